@@ -1,0 +1,68 @@
+// DeviceMesh: the five parallel axes (dp, tp, pp, cp, ep) laid over world ranks by an order string,
+// Megatron-style: "tp-cp-ep-dp-pp" lists axes from fastest-varying (adjacent ranks) to slowest.
+// The world size is the product of the five sizes. Builds each rank's process groups; no backend code.
+#pragma once
+
+#include <array>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "comm/communicator.hpp"
+
+namespace shardcheck::comm {
+
+enum class Axis : std::uint8_t { dp, tp, pp, cp, ep };
+inline constexpr std::array<Axis, 5> kAllAxes = {Axis::dp, Axis::tp, Axis::pp, Axis::cp, Axis::ep};
+std::string_view name_of(Axis a);
+
+struct MeshShape {
+  int dp = 1, tp = 1, pp = 1, cp = 1, ep = 1;
+  int size(Axis a) const;
+  int world_size() const { return dp * tp * pp * cp * ep; }
+};
+
+// A mesh the caller asked for that cannot exist (bad order string, size < 1).
+class MeshError : public std::invalid_argument {
+ public:
+  using std::invalid_argument::invalid_argument;
+};
+
+class DeviceMesh {
+ public:
+  // order: axes joined by '-', each at most once; axes of size 1 may be left out (they are
+  // appended, slowest). Throws MeshError naming what is wrong.
+  explicit DeviceMesh(MeshShape shape, std::string_view order = "tp-cp-ep-dp-pp");
+
+  const MeshShape& shape() const { return shape_; }
+  int world_size() const { return shape_.world_size(); }
+  int size(Axis a) const { return shape_.size(a); }
+  std::string order_string() const;  // the full order, all five axes
+
+  int coord(int rank, Axis a) const;
+  // World ranks of the group of `rank` that varies along `axes` (others fixed), ascending.
+  std::vector<int> group(int rank, std::span<const Axis> axes) const;
+  std::vector<int> group(int rank, Axis a) const { return group(rank, std::span<const Axis>(&a, 1)); }
+  // Which group of that kind `rank` is in: 0 .. world/prod(sizes of axes) - 1. Used as split color.
+  int group_index(int rank, std::span<const Axis> axes) const;
+
+  // The rank -> group table: one line per rank with its coordinates and each axis group.
+  std::string table() const;
+
+ private:
+  MeshShape shape_;
+  std::array<Axis, 5> order_{};     // fastest first
+  std::array<int, 5> stride_{};     // indexed by Axis
+};
+
+// One communicator per axis for the calling rank, built by splitting `world` (a collective: every
+// rank of `world` must call it, in the same order as every other collective).
+struct MeshGroups {
+  std::unique_ptr<Communicator> dp, tp, pp, cp, ep;
+  Communicator& get(Axis a);
+};
+MeshGroups build_groups(const DeviceMesh& mesh, Communicator& world);
+
+}  // namespace shardcheck::comm

@@ -1,0 +1,61 @@
+// SimCommunicator: comm::Communicator over shared memory between rank threads of one SimWorld.
+// Every collective is a rendezvous at a per-group sequence number: members register their buffers,
+// then each rank does its share of the data movement (reduce-scatter-then-gather style: rank i
+// reduces chunk i of every input in rank order and writes it to every output), then all depart.
+// Results are bitwise identical whatever the interleaving. Ops complete before the call returns.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <utility>
+
+#include "comm/communicator.hpp"
+#include "sim/state.hpp"
+
+namespace shardcheck::sim {
+
+class SimCommunicator final : public comm::Communicator {
+ public:
+  SimCommunicator(std::shared_ptr<WorldState> world, std::shared_ptr<SimGroup> group, int rank);
+
+  int rank() const override { return rank_; }
+  int size() const override { return static_cast<int>(group_->members.size()); }
+  const std::string& name() const override { return group_->name; }
+  const std::vector<int>& members() const override { return group_->members; }
+
+ protected:
+  comm::WorkPtr do_all_reduce(comm::ConstBuffer send, comm::Buffer recv, comm::ReduceOptions o) override;
+  comm::WorkPtr do_reduce_scatter(comm::ConstBuffer send, comm::Buffer recv,
+                                  comm::ReduceOptions o) override;
+  comm::WorkPtr do_all_gather(comm::ConstBuffer send, comm::Buffer recv) override;
+  comm::WorkPtr do_broadcast(comm::ConstBuffer send, comm::Buffer recv,
+                             comm::BroadcastOptions o) override;
+  comm::WorkPtr do_all_to_all(comm::ConstBuffer send, comm::Buffer recv) override;
+  comm::WorkPtr do_all_to_all_v(comm::ConstBuffer send, std::span<const std::size_t> send_counts,
+                                comm::Buffer recv, std::span<const std::size_t> recv_counts) override;
+  comm::WorkPtr do_send(comm::ConstBuffer buf, int peer, comm::P2POptions o) override;
+  comm::WorkPtr do_recv(comm::Buffer buf, int peer, comm::P2POptions o) override;
+  comm::WorkPtr do_barrier() override;
+  std::unique_ptr<comm::Communicator> do_split(int color, int key, const comm::SplitOptions& o) override;
+
+ private:
+  using Register = std::function<void(Slot&)>;
+  using Data = std::function<void(const Slot&)>;
+  using Complete = std::function<void(Slot&)>;  // run once, by the last arriving rank, lock held
+  // Arrive at the next sequence number, wait for every member, run `data`, depart.
+  std::shared_ptr<Slot> collective(const OpDesc& desc, const Register& reg, const Data& data,
+                                   const Complete& complete = {});
+  comm::OpContext context(OpKind k) const;
+  comm::OpContext p2p_context(OpKind k, int peer, int tag) const;
+  [[noreturn]] void invalid(OpKind k, const std::string& what) const;
+  void check_buffer(OpKind k, const comm::ConstBuffer& b, const char* which) const;
+  comm::WorkPtr post_p2p(std::shared_ptr<P2POp> op, int peer, int tag);
+
+  std::shared_ptr<WorldState> world_;
+  std::shared_ptr<SimGroup> group_;
+  int rank_;
+  std::uint64_t seq_ = 0;
+  std::map<std::tuple<int, int, bool>, std::uint64_t> p2p_seq_;  // (peer, tag, is_send)
+};
+
+}  // namespace shardcheck::sim

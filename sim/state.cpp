@@ -1,0 +1,134 @@
+// Deadlock detection and abort for the simulator. Detection is by global state under the world
+// lock: a rank counts as active unless it is blocked or finished; when none is active and some are
+// blocked, nobody can ever wake them, so every blocked rank gets a DeadlockError naming the picture.
+#include "sim/state.hpp"
+
+#include <sstream>
+
+namespace shardcheck::sim {
+
+std::string_view name_of(OpKind k) {
+  switch (k) {
+    case OpKind::all_reduce: return "all_reduce";
+    case OpKind::reduce_scatter: return "reduce_scatter";
+    case OpKind::all_gather: return "all_gather";
+    case OpKind::broadcast: return "broadcast";
+    case OpKind::all_to_all: return "all_to_all";
+    case OpKind::all_to_all_v: return "all_to_all_v";
+    case OpKind::barrier: return "barrier";
+    case OpKind::split: return "split";
+    case OpKind::send: return "send";
+    case OpKind::recv: return "recv";
+  }
+  return "?";
+}
+
+std::string OpDesc::describe() const {
+  std::ostringstream os;
+  os << name_of(kind) << "(count=" << count << ", dtype=" << comm::name_of(dtype);
+  if (kind == OpKind::all_reduce || kind == OpKind::reduce_scatter)
+    os << ", op=" << comm::name_of(redop);
+  if (kind == OpKind::broadcast) os << ", root=" << root;
+  os << ")";
+  return os.str();
+}
+
+Slot::Slot(std::uint64_t s, int n, OpDesc d, int first)
+    : seq(s), size(n), desc(d), first_rank(first) {
+  const auto un = static_cast<std::size_t>(n);
+  send.resize(un);
+  recv.resize(un);
+  send_counts.resize(un);
+  recv_counts.resize(un);
+  colors.resize(un);
+  keys.resize(un);
+  names.resize(un);
+  split_result.resize(un);
+  arrived_mask.resize(un);
+}
+
+WorldState::WorldState(int n) : ranks_(static_cast<std::size_t>(n)), active_(n) {}
+
+void WorldState::wake(int rank) {
+  RankInfo& r = ranks_[static_cast<std::size_t>(rank)];
+  if (r.state == RunState::blocked) {
+    r.state = RunState::running;
+    ++active_;
+  }
+  r.cv.notify_one();
+}
+
+void WorldState::wake_all(const std::vector<int>& ranks) {
+  for (int r : ranks) wake(r);
+}
+
+void WorldState::finish(int rank) {
+  RankInfo& r = ranks_[static_cast<std::size_t>(rank)];
+  if (r.state != RunState::blocked) --active_;
+  r.state = RunState::finished;
+  detect_deadlock();
+}
+
+void WorldState::abort(int failed_rank, const std::string& reason) {
+  if (!aborted_) {
+    aborted_ = true;
+    failed_rank_ = failed_rank;
+    failure_ = reason;
+  }
+  for (std::size_t r = 0; r < ranks_.size(); ++r) ranks_[r].cv.notify_one();
+}
+
+void WorldState::check_usable(const comm::OpContext& ctx) const {
+  if (aborted_)
+    throw comm::AbortedError(ctx, "communicator aborted after rank " + std::to_string(failed_rank_) +
+                                      " failed: " + failure_);
+}
+
+void WorldState::throw_for(RankInfo& me, int rank) {
+  const comm::OpContext ctx{rank, me.wait.group, me.wait.op, me.wait.seq};
+  if (me.state == RunState::blocked) {
+    me.state = RunState::running;
+    ++active_;
+  }
+  if (me.deadlock) std::rethrow_exception(me.deadlock);
+  throw comm::PeerError(ctx, "peer rank " + std::to_string(failed_rank_) + " failed: " + failure_,
+                        failed_rank_);
+}
+
+namespace {
+std::string list(const std::vector<int>& v) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
+  return s + "]";
+}
+}  // namespace
+
+void WorldState::detect_deadlock() {
+  if (active_ > 0 || aborted_) return;
+  std::ostringstream os;
+  os << "deadlock: every live rank is blocked and none can progress.";
+  bool any_blocked = false;
+  std::vector<std::vector<int>> missing(ranks_.size());
+  for (std::size_t r = 0; r < ranks_.size(); ++r) {
+    const RankInfo& ri = ranks_[r];
+    if (ri.state == RunState::finished) {
+      os << "\n  rank " << r << ": finished";
+    } else if (ri.state == RunState::blocked) {
+      any_blocked = true;
+      missing[r] = ri.wait.missing ? ri.wait.missing() : std::vector<int>{};
+      os << "\n  rank " << r << ": waits in " << ri.wait.op << " seq " << ri.wait.seq << " of group "
+         << ri.wait.group << ", never arrived: " << list(missing[r]);
+    }
+  }
+  if (!any_blocked) return;
+  const std::string report = os.str();
+  for (std::size_t r = 0; r < ranks_.size(); ++r) {
+    RankInfo& ri = ranks_[r];
+    if (ri.state != RunState::blocked) continue;
+    const comm::OpContext ctx{static_cast<int>(r), ri.wait.group, ri.wait.op, ri.wait.seq};
+    ri.deadlock = std::make_exception_ptr(comm::DeadlockError(ctx, report, missing[r]));
+    ri.cv.notify_one();
+  }
+}
+
+}  // namespace shardcheck::sim

@@ -1,0 +1,71 @@
+// DeviceMesh: coordinates and groups follow the order string (fastest axis first), bad meshes are
+// refused with a message naming what is wrong, and the printed table lists every rank's groups.
+#include <gtest/gtest.h>
+
+#include "comm/mesh.hpp"
+
+namespace shardcheck::comm {
+namespace {
+
+using V = std::vector<int>;
+
+TEST(DeviceMesh, MegatronOrderPutsTpInnermost) {
+  DeviceMesh m({.dp = 2, .tp = 2, .pp = 2}, "tp-cp-ep-dp-pp");
+  EXPECT_EQ(m.world_size(), 8);
+  EXPECT_EQ(m.group(0, Axis::tp), (V{0, 1}));
+  EXPECT_EQ(m.group(0, Axis::dp), (V{0, 2}));
+  EXPECT_EQ(m.group(0, Axis::pp), (V{0, 4}));
+  EXPECT_EQ(m.group(5, Axis::tp), (V{4, 5}));
+  EXPECT_EQ(m.group(5, Axis::dp), (V{5, 7}));
+  EXPECT_EQ(m.coord(6, Axis::dp), 1);
+  EXPECT_EQ(m.coord(6, Axis::pp), 1);
+  EXPECT_EQ(m.coord(6, Axis::tp), 0);
+  const Axis dp_tp[] = {Axis::dp, Axis::tp};
+  EXPECT_EQ(m.group(6, dp_tp), (V{4, 5, 6, 7}));
+  EXPECT_EQ(m.order_string(), "tp-cp-ep-dp-pp");
+}
+
+TEST(DeviceMesh, OtherOrderPutsDpInnermost) {
+  DeviceMesh m({.dp = 2, .tp = 2}, "dp-tp");
+  EXPECT_EQ(m.group(0, Axis::dp), (V{0, 1}));
+  EXPECT_EQ(m.group(0, Axis::tp), (V{0, 2}));
+  EXPECT_EQ(m.order_string(), "dp-tp-pp-cp-ep");
+}
+
+TEST(DeviceMesh, GroupIndexIsAColorThatPartitionsRanks) {
+  DeviceMesh m({.dp = 3, .tp = 2, .cp = 2});
+  for (Axis a : kAllAxes) {
+    const int groups = m.world_size() / m.size(a);
+    std::vector<int> seen(static_cast<std::size_t>(groups), 0);
+    for (int r = 0; r < m.world_size(); ++r) {
+      const int c = m.group_index(r, std::span<const Axis>(&a, 1));
+      ASSERT_GE(c, 0);
+      ASSERT_LT(c, groups);
+      ++seen[static_cast<std::size_t>(c)];
+      for (int peer : m.group(r, a)) EXPECT_EQ(m.group_index(peer, std::span<const Axis>(&a, 1)), c);
+    }
+    for (int s : seen) EXPECT_EQ(s, m.size(a));
+  }
+}
+
+TEST(DeviceMesh, RefusesBadOrdersAndSizes) {
+  EXPECT_THROW(DeviceMesh({.dp = 0}), MeshError);
+  EXPECT_THROW(DeviceMesh({.dp = 2}, "tp-xx"), MeshError);
+  EXPECT_THROW(DeviceMesh({.dp = 2}, "dp-dp"), MeshError);
+  try {
+    DeviceMesh({.dp = 2, .tp = 2}, "dp-pp");
+    FAIL() << "an order leaving out tp of size 2 was accepted";
+  } catch (const MeshError& e) {
+    EXPECT_NE(std::string(e.what()).find("leaves out axis tp"), std::string::npos) << e.what();
+  }
+}
+
+TEST(DeviceMesh, TableListsEveryRankAndItsGroups) {
+  DeviceMesh m({.dp = 2, .tp = 2});
+  const std::string t = m.table();
+  EXPECT_NE(t.find("world=4"), std::string::npos);
+  EXPECT_NE(t.find("   3   1  1  0  0  0  [1,3]  [2,3]  [3]  [3]  [3]"), std::string::npos) << t;
+}
+
+}  // namespace
+}  // namespace shardcheck::comm
