@@ -1,0 +1,91 @@
+// The shardcheck executable: exit codes for every class of bad input (2), success (0), and the
+// fields of `bench collectives --json`, read back as JSON (never compared as stdout text).
+#include <gtest/gtest.h>
+
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+
+namespace {
+
+struct Result {
+  int code = -1;
+  std::string output;
+};
+
+Result shardcheck(const std::string& args) {
+  const std::string cmd = std::string(SHARDCHECK_BIN) + " " + args + " 2>&1";
+  Result r;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return r;
+  char buf[4096];
+  while (std::fgets(buf, sizeof buf, p)) r.output += buf;
+  const int status = pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+TEST(Cli, BadInputExitsTwoAndSaysWhat) {
+  const std::pair<std::string, std::string> cases[] = {
+      {"", "subcommand"},
+      {"bench", "subcommand"},
+      {"nonsense", "nonsense"},
+      {"bench collectives --op all_sum", "--op: unknown collective 'all_sum'"},
+      {"bench collectives --dtype f8", "--dtype: unknown dtype 'f8'"},
+      {"bench collectives --redop mean", "--redop: unknown reduction 'mean'"},
+      {"bench collectives --ranks 0", "--ranks"},
+      {"bench collectives --ranks two", "--ranks"},
+      {"bench collectives -b 1MB -e 4KB", "--min-bytes must be positive and at most --max-bytes"},
+      {"bench collectives --backend mpi", "--backend"},
+      {"bench collectives --backend nccl", "built without the gpu/ backend"},
+      {"bench collectives --frobnicate", "frobnicate"},
+  };
+  for (const auto& [args, message] : cases) {
+    const Result r = shardcheck(args);
+    EXPECT_EQ(r.code, 2) << args << "\n" << r.output;
+    EXPECT_TRUE(has(r.output, message)) << args << "\n" << r.output;
+  }
+}
+
+TEST(Cli, HelpExitsZero) {
+  const Result r = shardcheck("bench collectives --help");
+  EXPECT_EQ(r.code, 0);
+  EXPECT_TRUE(has(r.output, "--min-bytes"));
+}
+
+TEST(Cli, BenchWritesJsonWithNcclTestsFields) {
+  const auto path = std::filesystem::temp_directory_path() / "shardcheck_cli_bench.json";
+  const Result r = shardcheck("bench collectives --ranks 4 --op all_gather --dtype bf16 -b 1KB -e 8KB --iters 2 --json " +
+                              path.string());
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_TRUE(has(r.output, "# Out of bounds values : 0 OK")) << r.output;
+  std::ifstream f(path);
+  const auto j = nlohmann::json::parse(f);
+  EXPECT_EQ(j.at("backend"), "sim");
+  EXPECT_EQ(j.at("ranks"), 4);
+  EXPECT_EQ(j.at("op"), "all_gather");
+  EXPECT_EQ(j.at("dtype"), "bf16");
+  EXPECT_DOUBLE_EQ(j.at("busbw_factor").get<double>(), 0.75);
+  ASSERT_EQ(j.at("rows").size(), 4u);
+  std::size_t bytes = 1024;
+  for (const auto& row : j.at("rows")) {
+    EXPECT_EQ(row.at("bytes"), bytes);
+    EXPECT_EQ(row.at("count").get<std::size_t>() * 2, bytes);
+    for (const char* mode : {"out_of_place", "in_place"}) {
+      const auto& c = row.at(mode);
+      EXPECT_EQ(c.at("wrong"), 0);
+      EXPECT_GT(c.at("time_us").get<double>(), 0.0);
+      EXPECT_NEAR(c.at("busbw_gbps").get<double>(), c.at("algbw_gbps").get<double>() * 0.75, 1e-9);
+    }
+    bytes *= 2;
+  }
+  std::filesystem::remove(path);
+}
+
+}  // namespace
