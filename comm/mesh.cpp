@@ -123,13 +123,20 @@ std::string DeviceMesh::table() const {
   std::ostringstream os;
   os << "mesh dp=" << shape_.dp << " tp=" << shape_.tp << " pp=" << shape_.pp << " cp=" << shape_.cp
      << " ep=" << shape_.ep << " order=" << order_string() << " world=" << world_size() << "\n";
+  std::array<std::size_t, 5> width{};
+  for (Axis a : kAllAxes) {
+    width[idx(a)] = 8;  // "dp-group"
+    for (int r = 0; r < world_size(); ++r) width[idx(a)] = std::max(width[idx(a)], list(group(r, a)).size());
+  }
+  auto pad = [](std::string s, std::size_t w) { return s + std::string(w - s.size(), ' '); };
   os << "rank  dp tp pp cp ep";
-  for (Axis a : kAllAxes) os << "  " << name_of(a) << "-group";
+  for (Axis a : kAllAxes) os << "  " << pad(std::string(name_of(a)) + "-group", width[idx(a)]);
   os << "\n";
   for (int r = 0; r < world_size(); ++r) {
-    os << (r < 10 ? "   " : r < 100 ? "  " : r < 1000 ? " " : "") << r << " ";
+    const std::string rs = std::to_string(r);
+    os << std::string(rs.size() < 4 ? 4 - rs.size() : 0, ' ') << rs << " ";
     for (Axis a : kAllAxes) os << (coord(r, a) < 10 ? "  " : " ") << coord(r, a);
-    for (Axis a : kAllAxes) os << "  " << list(group(r, a));
+    for (Axis a : kAllAxes) os << "  " << pad(list(group(r, a)), width[idx(a)]);
     os << "\n";
   }
   return os.str();

@@ -32,6 +32,16 @@ std::pair<std::string, bool> classify(const std::exception_ptr& e) {
     return {"unknown exception (not derived from std::exception)", true};
   }
 }
+bool is_deadlock(const std::exception_ptr& e) {
+  if (!e) return false;
+  try {
+    std::rethrow_exception(e);
+  } catch (const comm::DeadlockError&) {
+    return true;
+  } catch (...) {
+    return false;
+  }
+}
 }  // namespace
 
 void SimWorld::run(const std::function<void(comm::Communicator&)>& fn) {
@@ -74,6 +84,14 @@ void SimWorld::run(const std::function<void(comm::Communicator&)>& fn) {
       if (o.ok || (pass == 0 && !o.root_cause)) continue;
       if (chosen < 0 || order[static_cast<std::size_t>(r)] < order[static_cast<std::size_t>(chosen)]) chosen = r;
     }
+  if (chosen >= 0 && is_deadlock(outcomes_[static_cast<std::size_t>(chosen)].error)) {
+    // Every blocked rank saw the same deadlock at once: report the lowest rank, deterministically.
+    for (int r = 0; r < ranks_; ++r)
+      if (is_deadlock(outcomes_[static_cast<std::size_t>(r)].error)) {
+        chosen = r;
+        break;
+      }
+  }
   if (chosen >= 0) {
     const RankOutcome& o = outcomes_[static_cast<std::size_t>(chosen)];
     throw RankFailure(chosen, o.message, o.error);

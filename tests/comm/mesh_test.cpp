@@ -64,7 +64,7 @@ TEST(DeviceMesh, TableListsEveryRankAndItsGroups) {
   DeviceMesh m({.dp = 2, .tp = 2});
   const std::string t = m.table();
   EXPECT_NE(t.find("world=4"), std::string::npos);
-  EXPECT_NE(t.find("   3   1  1  0  0  0  [1,3]  [2,3]  [3]  [3]  [3]"), std::string::npos) << t;
+  EXPECT_NE(t.find("   3   1  1  0  0  0  [1,3]     [2,3]     [3]       [3]       [3]"), std::string::npos) << t;
 }
 
 }  // namespace
