@@ -32,30 +32,44 @@ void run_collective(benchmark::State& state, Op op) {
         c.all_reduce(std::span<const float>(i), std::span<float>(o))->wait();
       } else if (op == kAllGather) {
         c.all_gather(shardcheck::comm::cview(std::span<const float>(i.data(), per_rank)),
-                     shardcheck::comm::view(std::span<float>(o.data(), per_rank * static_cast<std::size_t>(n))))->wait();
+                     shardcheck::comm::view(
+                         std::span<float>(o.data(), per_rank * static_cast<std::size_t>(n))))
+            ->wait();
       } else {
-        c.reduce_scatter(shardcheck::comm::cview(std::span<const float>(i.data(), per_rank * static_cast<std::size_t>(n))),
-                         shardcheck::comm::view(std::span<float>(o.data(), per_rank)))->wait();
+        c.reduce_scatter(shardcheck::comm::cview(std::span<const float>(
+                             i.data(), per_rank * static_cast<std::size_t>(n))),
+                         shardcheck::comm::view(std::span<float>(o.data(), per_rank)))
+            ->wait();
       }
       c.barrier()->wait();
-      if (c.rank() == 0) seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (c.rank() == 0)
+        seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     });
     state.SetIterationTime(seconds);
   }
   const double factor = op == kAllReduce ? 2.0 * (n - 1) / n : double(n - 1) / n;
-  state.counters["algbw_GBps"] = benchmark::Counter(static_cast<double>(bytes) * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
-  state.counters["busbw_GBps"] = benchmark::Counter(static_cast<double>(bytes) * 1e-9 * factor, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["algbw_GBps"] = benchmark::Counter(static_cast<double>(bytes) * 1e-9,
+                                                    benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["busbw_GBps"] = benchmark::Counter(static_cast<double>(bytes) * 1e-9 * factor,
+                                                    benchmark::Counter::kIsIterationInvariantRate);
 }
 
 void args(benchmark::internal::Benchmark* b) {
   for (int n : {2, 4, 8})
-    for (std::int64_t bytes = 4096; bytes <= (std::int64_t{64} << 20); bytes *= 4) b->Args({n, bytes});
+    for (std::int64_t bytes = 4096; bytes <= (std::int64_t{64} << 20); bytes *= 4)
+      b->Args({n, bytes});
   b->ArgNames({"ranks", "bytes"})->UseManualTime()->Unit(benchmark::kMicrosecond);
 }
 
-void BM_AllReduce(benchmark::State& s) { run_collective(s, kAllReduce); }
-void BM_AllGather(benchmark::State& s) { run_collective(s, kAllGather); }
-void BM_ReduceScatter(benchmark::State& s) { run_collective(s, kReduceScatter); }
+void BM_AllReduce(benchmark::State& s) {
+  run_collective(s, kAllReduce);
+}
+void BM_AllGather(benchmark::State& s) {
+  run_collective(s, kAllGather);
+}
+void BM_ReduceScatter(benchmark::State& s) {
+  run_collective(s, kReduceScatter);
+}
 BENCHMARK(BM_AllReduce)->Apply(args);
 BENCHMARK(BM_AllGather)->Apply(args);
 BENCHMARK(BM_ReduceScatter)->Apply(args);

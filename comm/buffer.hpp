@@ -52,8 +52,7 @@ struct ConstBuffer {
 };
 
 template <class T>
-  requires(!std::is_const_v<T>)
-Buffer view(std::span<T> s, Device dev = {}) {
+requires(!std::is_const_v<T>) Buffer view(std::span<T> s, Device dev = {}) {
   return {s.data(), s.size(), dtype_v<T>, dev};
 }
 
@@ -63,6 +62,8 @@ ConstBuffer cview(std::span<const T> s, Device dev = {}) {
 }
 
 // True when the two views start at the same address: the in-place form of a call.
-inline bool same_start(const ConstBuffer& a, const Buffer& b) { return a.data == b.data; }
+inline bool same_start(const ConstBuffer& a, const Buffer& b) {
+  return a.data == b.data;
+}
 
 }  // namespace shardcheck::comm

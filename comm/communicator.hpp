@@ -3,9 +3,9 @@
 //
 // In-place calls: pass the same storage as send and receive, with the layouts NCCL uses:
 //   all_reduce / broadcast:  send.data == recv.data
-//   reduce_scatter:          send.data == recv.data - rank*count   (recv is this rank's chunk of send)
-//   all_gather:              send.data == recv.data + rank*count   (send is this rank's chunk of recv)
-//   all_to_all(_v):          send.data == recv.data
+//   reduce_scatter:          send.data == recv.data - rank*count   (recv is this rank's chunk of
+//   send) all_gather:              send.data == recv.data + rank*count   (send is this rank's chunk
+//   of recv) all_to_all(_v):          send.data == recv.data
 // Each operation has a one-buffer overload that is the in-place form.
 //
 // Reductions: sum, avg (= sum / group size; integer avg truncates toward zero), max, min, prod.
@@ -71,7 +71,9 @@ class Communicator {
   [[nodiscard]] WorkPtr reduce_scatter(Buffer inout, ReduceOptions o = {});
 
   // recv[r*c + i] = send_r[i], c = send.count; recv.count == c * size().
-  [[nodiscard]] WorkPtr all_gather(ConstBuffer send, Buffer recv) { return do_all_gather(send, recv); }
+  [[nodiscard]] WorkPtr all_gather(ConstBuffer send, Buffer recv) {
+    return do_all_gather(send, recv);
+  }
   // In place: this rank's contribution already sits at inout[rank*c, (rank+1)*c).
   [[nodiscard]] WorkPtr all_gather(Buffer inout);
 
@@ -84,7 +86,9 @@ class Communicator {
   }
 
   // Equal splits: recv[j*c + i] = send_j[rank*c + i], c = send.count / size(); counts equal.
-  [[nodiscard]] WorkPtr all_to_all(ConstBuffer send, Buffer recv) { return do_all_to_all(send, recv); }
+  [[nodiscard]] WorkPtr all_to_all(ConstBuffer send, Buffer recv) {
+    return do_all_to_all(send, recv);
+  }
   [[nodiscard]] WorkPtr all_to_all(Buffer inout) { return do_all_to_all(inout, inout); }
 
   // Variable splits (MoE dispatch/combine): this rank sends send_counts[j] elements to rank j,
@@ -99,8 +103,12 @@ class Communicator {
   // Point to point, matched in order per (sender, receiver, tag). Rendezvous: a send completes
   // only when the matching receive has taken the data, so two ranks that both wait on a send to
   // each other deadlock, as they may with NCCL.
-  [[nodiscard]] WorkPtr send(ConstBuffer buf, int peer, P2POptions o = {}) { return do_send(buf, peer, o); }
-  [[nodiscard]] WorkPtr recv(Buffer buf, int peer, P2POptions o = {}) { return do_recv(buf, peer, o); }
+  [[nodiscard]] WorkPtr send(ConstBuffer buf, int peer, P2POptions o = {}) {
+    return do_send(buf, peer, o);
+  }
+  [[nodiscard]] WorkPtr recv(Buffer buf, int peer, P2POptions o = {}) {
+    return do_recv(buf, peer, o);
+  }
 
   [[nodiscard]] WorkPtr barrier() { return do_barrier(); }
 
@@ -112,7 +120,8 @@ class Communicator {
 
   // Typed-span conveniences (element counts and dtype come from the span).
   template <class T>
-  [[nodiscard]] WorkPtr all_reduce(std::span<const T> send, std::span<T> recv, ReduceOptions o = {}) {
+  [[nodiscard]] WorkPtr all_reduce(std::span<const T> send, std::span<T> recv,
+                                   ReduceOptions o = {}) {
     return all_reduce(cview(send), view(recv), o);
   }
   template <class T>

@@ -1,5 +1,6 @@
 // Element sizes and names, and the bf16/f16 <-> float conversions (round to nearest even).
-// The conversions are bit manipulation on purpose: no compiler extension, same code on host and device.
+// The conversions are bit manipulation on purpose: no compiler extension, same code on host and
+// device.
 #include "comm/dtype.hpp"
 
 #include <bit>
@@ -13,13 +14,20 @@ std::size_t size_of(DType t) {
 
 std::string_view name_of(DType t) {
   switch (t) {
-    case DType::f64: return "f64";
-    case DType::f32: return "f32";
-    case DType::bf16: return "bf16";
-    case DType::f16: return "f16";
-    case DType::i32: return "i32";
-    case DType::i64: return "i64";
-    case DType::u8: return "u8";
+    case DType::f64:
+      return "f64";
+    case DType::f32:
+      return "f32";
+    case DType::bf16:
+      return "bf16";
+    case DType::f16:
+      return "f16";
+    case DType::i32:
+      return "i32";
+    case DType::i64:
+      return "i64";
+    case DType::u8:
+      return "u8";
   }
   return "?";
 }
@@ -44,7 +52,9 @@ bf16::bf16(float f) {
   bits = static_cast<std::uint16_t>((u + rounding) >> 16);
 }
 
-bf16::operator float() const { return std::bit_cast<float>(static_cast<std::uint32_t>(bits) << 16); }
+bf16::operator float() const {
+  return std::bit_cast<float>(static_cast<std::uint32_t>(bits) << 16);
+}
 
 f16::f16(float f) {
   const std::uint32_t u = std::bit_cast<std::uint32_t>(f);

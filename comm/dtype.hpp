@@ -1,6 +1,6 @@
 // Element types carried by collectives, and the 16-bit float formats (bf16, f16) as plain structs.
-// This is the one place that knows element sizes; buffers carry element counts and derive bytes here.
-// Not a numeric library: bf16/f16 only convert to and from float (round to nearest even).
+// This is the one place that knows element sizes; buffers carry element counts and derive bytes
+// here. Not a numeric library: bf16/f16 only convert to and from float (round to nearest even).
 #pragma once
 
 #include <cstddef>
@@ -20,7 +20,8 @@ std::string_view name_of(DType t);
 std::optional<DType> parse_dtype(std::string_view name);
 bool is_floating(DType t);
 
-// bfloat16: the upper 16 bits of an IEEE binary32. Conversion rounds to nearest even; NaN stays NaN.
+// bfloat16: the upper 16 bits of an IEEE binary32. Conversion rounds to nearest even; NaN stays
+// NaN.
 struct bf16 {
   std::uint16_t bits = 0;
   bf16() = default;
@@ -50,13 +51,34 @@ struct f16 {
 
 template <class T>
 struct dtype_of;
-template <> struct dtype_of<double> { static constexpr DType value = DType::f64; };
-template <> struct dtype_of<float> { static constexpr DType value = DType::f32; };
-template <> struct dtype_of<bf16> { static constexpr DType value = DType::bf16; };
-template <> struct dtype_of<f16> { static constexpr DType value = DType::f16; };
-template <> struct dtype_of<std::int32_t> { static constexpr DType value = DType::i32; };
-template <> struct dtype_of<std::int64_t> { static constexpr DType value = DType::i64; };
-template <> struct dtype_of<std::uint8_t> { static constexpr DType value = DType::u8; };
+template <>
+struct dtype_of<double> {
+  static constexpr DType value = DType::f64;
+};
+template <>
+struct dtype_of<float> {
+  static constexpr DType value = DType::f32;
+};
+template <>
+struct dtype_of<bf16> {
+  static constexpr DType value = DType::bf16;
+};
+template <>
+struct dtype_of<f16> {
+  static constexpr DType value = DType::f16;
+};
+template <>
+struct dtype_of<std::int32_t> {
+  static constexpr DType value = DType::i32;
+};
+template <>
+struct dtype_of<std::int64_t> {
+  static constexpr DType value = DType::i64;
+};
+template <>
+struct dtype_of<std::uint8_t> {
+  static constexpr DType value = DType::u8;
+};
 
 template <class T>
 inline constexpr DType dtype_v = dtype_of<std::remove_cv_t<T>>::value;
@@ -65,13 +87,20 @@ inline constexpr DType dtype_v = dtype_of<std::remove_cv_t<T>>::value;
 template <class F>
 decltype(auto) visit_dtype(DType t, F&& f) {
   switch (t) {
-    case DType::f64: return f(double{});
-    case DType::f32: return f(float{});
-    case DType::bf16: return f(bf16{});
-    case DType::f16: return f(f16{});
-    case DType::i32: return f(std::int32_t{});
-    case DType::i64: return f(std::int64_t{});
-    case DType::u8: return f(std::uint8_t{});
+    case DType::f64:
+      return f(double{});
+    case DType::f32:
+      return f(float{});
+    case DType::bf16:
+      return f(bf16{});
+    case DType::f16:
+      return f(f16{});
+    case DType::i32:
+      return f(std::int32_t{});
+    case DType::i64:
+      return f(std::int64_t{});
+    case DType::u8:
+      return f(std::uint8_t{});
   }
   return f(std::uint8_t{});  // unreachable: every enumerator is handled above
 }

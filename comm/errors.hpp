@@ -1,5 +1,6 @@
 // The two kinds of error in shardcheck. Typed exceptions a caller can act on (a collective that
-// failed, with rank, group, op and sequence number), and SC_CHECK for broken invariants (file:line).
+// failed, with rank, group, op and sequence number), and SC_CHECK for broken invariants
+// (file:line).
 #pragma once
 
 #include <cstdint>
@@ -83,17 +84,18 @@ class InvariantError : public std::logic_error {
 };
 
 namespace detail {
-[[noreturn]] void check_failed(const char* file, int line, const char* expr, const std::string& msg);
+[[noreturn]] void check_failed(const char* file, int line, const char* expr,
+                               const std::string& msg);
 }
 
 }  // namespace shardcheck::comm
 
 // SC_CHECK(cond, "message " << value): throws InvariantError naming file, line and the condition.
-#define SC_CHECK(cond, msg)                                                              \
-  do {                                                                                   \
-    if (!(cond)) {                                                                       \
-      std::ostringstream sc_check_os_;                                                   \
-      sc_check_os_ << msg;                                                               \
+#define SC_CHECK(cond, msg)                                                                    \
+  do {                                                                                         \
+    if (!(cond)) {                                                                             \
+      std::ostringstream sc_check_os_;                                                         \
+      sc_check_os_ << msg;                                                                     \
       ::shardcheck::comm::detail::check_failed(__FILE__, __LINE__, #cond, sc_check_os_.str()); \
-    }                                                                                    \
+    }                                                                                          \
   } while (false)

@@ -10,28 +10,40 @@ namespace shardcheck::comm {
 
 std::string_view name_of(Axis a) {
   switch (a) {
-    case Axis::dp: return "dp";
-    case Axis::tp: return "tp";
-    case Axis::pp: return "pp";
-    case Axis::cp: return "cp";
-    case Axis::ep: return "ep";
+    case Axis::dp:
+      return "dp";
+    case Axis::tp:
+      return "tp";
+    case Axis::pp:
+      return "pp";
+    case Axis::cp:
+      return "cp";
+    case Axis::ep:
+      return "ep";
   }
   return "?";
 }
 
 int MeshShape::size(Axis a) const {
   switch (a) {
-    case Axis::dp: return dp;
-    case Axis::tp: return tp;
-    case Axis::pp: return pp;
-    case Axis::cp: return cp;
-    case Axis::ep: return ep;
+    case Axis::dp:
+      return dp;
+    case Axis::tp:
+      return tp;
+    case Axis::pp:
+      return pp;
+    case Axis::cp:
+      return cp;
+    case Axis::ep:
+      return ep;
   }
   return 1;
 }
 
 namespace {
-std::size_t idx(Axis a) { return static_cast<std::size_t>(a); }
+std::size_t idx(Axis a) {
+  return static_cast<std::size_t>(a);
+}
 }  // namespace
 
 DeviceMesh::DeviceMesh(MeshShape shape, std::string_view order) : shape_(shape) {
@@ -46,7 +58,8 @@ DeviceMesh::DeviceMesh(MeshShape shape, std::string_view order) : shape_(shape) 
     const std::size_t dash = order.find('-', pos);
     const std::string_view tok =
         order.substr(pos, dash == std::string_view::npos ? std::string_view::npos : dash - pos);
-    auto it = std::find_if(kAllAxes.begin(), kAllAxes.end(), [&](Axis a) { return name_of(a) == tok; });
+    auto it =
+        std::find_if(kAllAxes.begin(), kAllAxes.end(), [&](Axis a) { return name_of(a) == tok; });
     if (it == kAllAxes.end())
       throw MeshError("order \"" + std::string(order) + "\": unknown axis \"" + std::string(tok) +
                       "\"; expected axes dp, tp, pp, cp, ep joined by '-'");
@@ -82,7 +95,8 @@ std::string DeviceMesh::order_string() const {
 }
 
 int DeviceMesh::coord(int rank, Axis a) const {
-  SC_CHECK(rank >= 0 && rank < world_size(), "rank " << rank << " outside mesh of " << world_size());
+  SC_CHECK(rank >= 0 && rank < world_size(),
+           "rank " << rank << " outside mesh of " << world_size());
   return (rank / stride_[idx(a)]) % shape_.size(a);
 }
 
@@ -126,7 +140,8 @@ std::string DeviceMesh::table() const {
   std::array<std::size_t, 5> width{};
   for (Axis a : kAllAxes) {
     width[idx(a)] = 8;  // "dp-group"
-    for (int r = 0; r < world_size(); ++r) width[idx(a)] = std::max(width[idx(a)], list(group(r, a)).size());
+    for (int r = 0; r < world_size(); ++r)
+      width[idx(a)] = std::max(width[idx(a)], list(group(r, a)).size());
   }
   auto pad = [](std::string s, std::size_t w) { return s + std::string(w - s.size(), ' '); };
   os << "rank  dp tp pp cp ep";

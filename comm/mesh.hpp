@@ -1,6 +1,7 @@
 // DeviceMesh: the five parallel axes (dp, tp, pp, cp, ep) laid over world ranks by an order string,
 // Megatron-style: "tp-cp-ep-dp-pp" lists axes from fastest-varying (adjacent ranks) to slowest.
-// The world size is the product of the five sizes. Builds each rank's process groups; no backend code.
+// The world size is the product of the five sizes. Builds each rank's process groups; no backend
+// code.
 #pragma once
 
 #include <array>
@@ -44,7 +45,9 @@ class DeviceMesh {
   int coord(int rank, Axis a) const;
   // World ranks of the group of `rank` that varies along `axes` (others fixed), ascending.
   std::vector<int> group(int rank, std::span<const Axis> axes) const;
-  std::vector<int> group(int rank, Axis a) const { return group(rank, std::span<const Axis>(&a, 1)); }
+  std::vector<int> group(int rank, Axis a) const {
+    return group(rank, std::span<const Axis>(&a, 1));
+  }
   // Which group of that kind `rank` is in: 0 .. world/prod(sizes of axes) - 1. Used as split color.
   int group_index(int rank, std::span<const Axis> axes) const;
 
@@ -53,8 +56,8 @@ class DeviceMesh {
 
  private:
   MeshShape shape_;
-  std::array<Axis, 5> order_{};     // fastest first
-  std::array<int, 5> stride_{};     // indexed by Axis
+  std::array<Axis, 5> order_{};  // fastest first
+  std::array<int, 5> stride_{};  // indexed by Axis
 };
 
 // One communicator per axis for the calling rank, built by splitting `world` (a collective: every

@@ -4,7 +4,8 @@
 //     result and the send buffer may be reused or freed. Before wait() returns, touching either
 //     buffer is undefined (as with NCCL and c10d).
 //   - It is idempotent: a second call returns at once, or throws the same error again.
-//   - On failure it throws a subclass of comm::CommError naming rank, group, op and sequence number:
+//   - On failure it throws a subclass of comm::CommError naming rank, group, op and sequence
+//   number:
 //     MismatchError (members disagree on the op), PeerError (a peer failed or left), DeadlockError
 //     (no rank can progress), AbortedError (the communicator was aborted by a failure elsewhere).
 //     After such an error the communicator is unusable: every later call throws AbortedError.

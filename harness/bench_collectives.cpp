@@ -12,11 +12,16 @@ namespace shardcheck::harness {
 
 std::string_view name_of(BenchOp op) {
   switch (op) {
-    case BenchOp::all_reduce: return "all_reduce";
-    case BenchOp::all_gather: return "all_gather";
-    case BenchOp::reduce_scatter: return "reduce_scatter";
-    case BenchOp::all_to_all: return "all_to_all";
-    case BenchOp::broadcast: return "broadcast";
+    case BenchOp::all_reduce:
+      return "all_reduce";
+    case BenchOp::all_gather:
+      return "all_gather";
+    case BenchOp::reduce_scatter:
+      return "reduce_scatter";
+    case BenchOp::all_to_all:
+      return "all_to_all";
+    case BenchOp::broadcast:
+      return "broadcast";
   }
   return "?";
 }
@@ -55,8 +60,10 @@ using AccOf = std::conditional_t<std::is_same_v<T, double>, double,
 
 template <class T>
 T to_type(AccOf<T> v) {
-  if constexpr (std::is_same_v<T, comm::bf16> || std::is_same_v<T, comm::f16>) return T(static_cast<float>(v));
-  else return static_cast<T>(v);
+  if constexpr (std::is_same_v<T, comm::bf16> || std::is_same_v<T, comm::f16>)
+    return T(static_cast<float>(v));
+  else
+    return static_cast<T>(v);
 }
 
 int pattern(int rank, std::size_t k, comm::ReduceOp op) {
@@ -79,20 +86,31 @@ std::vector<T> reduced_table(int n, comm::ReduceOp op) {
   for (std::size_t k = 0; k < kPeriod; ++k) {
     using A = AccOf<T>;
     auto load = [&](int r) {
-      if constexpr (std::is_same_v<T, comm::bf16> || std::is_same_v<T, comm::f16>) return static_cast<A>(static_cast<float>(value<T>(r, k, op)));
-      else return static_cast<A>(value<T>(r, k, op));
+      if constexpr (std::is_same_v<T, comm::bf16> || std::is_same_v<T, comm::f16>)
+        return static_cast<A>(static_cast<float>(value<T>(r, k, op)));
+      else
+        return static_cast<A>(value<T>(r, k, op));
     };
     A acc = load(0);
     for (int r = 1; r < n; ++r) {
       const A x = load(r);
       switch (op) {
         case comm::ReduceOp::sum:
-        case comm::ReduceOp::avg: acc = acc + x; break;
-        case comm::ReduceOp::prod: acc = acc * x; break;
-        case comm::ReduceOp::max: acc = std::max(acc, x); break;
-        case comm::ReduceOp::min: acc = std::min(acc, x); break;
+        case comm::ReduceOp::avg:
+          acc = acc + x;
+          break;
+        case comm::ReduceOp::prod:
+          acc = acc * x;
+          break;
+        case comm::ReduceOp::max:
+          acc = std::max(acc, x);
+          break;
+        case comm::ReduceOp::min:
+          acc = std::min(acc, x);
+          break;
       }
-      if constexpr (std::is_integral_v<T>) acc = static_cast<A>(static_cast<T>(acc));  // wrap as T does
+      if constexpr (std::is_integral_v<T>)
+        acc = static_cast<A>(static_cast<T>(acc));  // wrap as T does
     }
     if (op == comm::ReduceOp::avg) acc = acc / static_cast<A>(n);
     t[k] = to_type<T>(acc);
@@ -114,9 +132,12 @@ Layout layout(BenchOp op, std::size_t count, int n) {
   switch (op) {
     case BenchOp::all_reduce:
     case BenchOp::broadcast:
-    case BenchOp::all_to_all: return {count, count};
-    case BenchOp::all_gather: return {count / un, count};
-    case BenchOp::reduce_scatter: return {count, count / un};
+    case BenchOp::all_to_all:
+      return {count, count};
+    case BenchOp::all_gather:
+      return {count / un, count};
+    case BenchOp::reduce_scatter:
+      return {count, count / un};
   }
   return {count, count};
 }
@@ -125,7 +146,11 @@ template <class T>
 class Case {
  public:
   Case(comm::Communicator& c, const BenchOptions& o, std::size_t count, bool in_place)
-      : c_(c), o_(o), count_(count), in_place_(in_place), lay_(layout(o.op, count, c.size())),
+      : c_(c),
+        o_(o),
+        count_(count),
+        in_place_(in_place),
+        lay_(layout(o.op, count, c.size())),
         table_(reduced_table<T>(c.size(), o.redop)) {
     const std::size_t len = std::max(lay_.send, lay_.recv);
     send_.resize(in_place ? len : lay_.send);
@@ -154,16 +179,26 @@ class Case {
     ConstBuffer s = comm::cview(std::span<const T>(send_.data(), lay_.send));
     Buffer d = in_place_ ? all : comm::view(std::span<T>(recv_));
     switch (o_.op) {
-      case BenchOp::all_reduce: c_.all_reduce(s, d, {.op = o_.redop})->wait(); break;
-      case BenchOp::broadcast: c_.broadcast(s, d, {.root = 0})->wait(); break;
-      case BenchOp::all_to_all: c_.all_to_all(s, d)->wait(); break;
+      case BenchOp::all_reduce:
+        c_.all_reduce(s, d, {.op = o_.redop})->wait();
+        break;
+      case BenchOp::broadcast:
+        c_.broadcast(s, d, {.root = 0})->wait();
+        break;
+      case BenchOp::all_to_all:
+        c_.all_to_all(s, d)->wait();
+        break;
       case BenchOp::all_gather:
-        if (in_place_) c_.all_gather(all)->wait();
-        else c_.all_gather(s, d)->wait();
+        if (in_place_)
+          c_.all_gather(all)->wait();
+        else
+          c_.all_gather(s, d)->wait();
         break;
       case BenchOp::reduce_scatter:
-        if (in_place_) c_.reduce_scatter(all, {.op = o_.redop})->wait();
-        else c_.reduce_scatter(s, d, {.op = o_.redop})->wait();
+        if (in_place_)
+          c_.reduce_scatter(all, {.op = o_.redop})->wait();
+        else
+          c_.reduce_scatter(s, d, {.op = o_.redop})->wait();
         break;
     }
     (void)r;
@@ -184,16 +219,19 @@ class Case {
         break;
       case BenchOp::all_gather:
         for (std::size_t q = 0; q < static_cast<std::size_t>(n); ++q)
-          for (std::size_t i = 0; i < per; ++i) bad += !same(out[q * per + i], value<T>(static_cast<int>(q), i, o_.redop));
+          for (std::size_t i = 0; i < per; ++i)
+            bad += !same(out[q * per + i], value<T>(static_cast<int>(q), i, o_.redop));
         break;
       case BenchOp::reduce_scatter: {
         const std::size_t base = in_place_ ? r * per : 0;
-        for (std::size_t i = 0; i < per; ++i) bad += !same(out[base + i], table_[(r * per + i) % kPeriod]);
+        for (std::size_t i = 0; i < per; ++i)
+          bad += !same(out[base + i], table_[(r * per + i) % kPeriod]);
         break;
       }
       case BenchOp::all_to_all:
         for (std::size_t j = 0; j < static_cast<std::size_t>(n); ++j)
-          for (std::size_t i = 0; i < per; ++i) bad += !same(out[j * per + i], value<T>(static_cast<int>(j), r * per + i, o_.redop));
+          for (std::size_t i = 0; i < per; ++i)
+            bad += !same(out[j * per + i], value<T>(static_cast<int>(j), r * per + i, o_.redop));
         break;
     }
     return bad;
@@ -211,7 +249,8 @@ class Case {
 
 // One size, one mode, on every rank: check run, warm-up, calibrated timed loop.
 template <class T>
-BenchCell measure(const RankRunner& run, int n, const BenchOptions& o, std::size_t count, bool in_place) {
+BenchCell measure(const RankRunner& run, int n, const BenchOptions& o, std::size_t count,
+                  bool in_place) {
   std::vector<std::uint64_t> wrong(static_cast<std::size_t>(n));
   double seconds = 0;
   std::int64_t iters_used = 0;
@@ -226,8 +265,10 @@ BenchCell measure(const RankRunner& run, int n, const BenchOptions& o, std::size
       c.barrier()->wait();
       const auto t0 = std::chrono::steady_clock::now();
       cs.run();
-      const double one = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      iters = std::clamp<std::int64_t>(static_cast<std::int64_t>(o.target_seconds / std::max(one, 1e-7)), 3, 2000);
+      const double one =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      iters = std::clamp<std::int64_t>(
+          static_cast<std::int64_t>(o.target_seconds / std::max(one, 1e-7)), 3, 2000);
       c.broadcast(comm::view(std::span<std::int64_t>(&iters, 1)), {.root = 0})->wait();
     }
     c.barrier()->wait();
@@ -255,7 +296,8 @@ BenchResult bench_collectives(const RankRunner& run, const std::string& backend,
                               const BenchOptions& o) {
   BenchResult res{backend, ranks, o, {}};
   const std::size_t esize = comm::size_of(o.dtype);
-  const bool split = o.op == BenchOp::all_gather || o.op == BenchOp::reduce_scatter || o.op == BenchOp::all_to_all;
+  const bool split =
+      o.op == BenchOp::all_gather || o.op == BenchOp::reduce_scatter || o.op == BenchOp::all_to_all;
   const std::size_t align = split ? static_cast<std::size_t>(ranks) : 1;
   for (std::size_t bytes = o.min_bytes; bytes <= o.max_bytes; bytes *= 2) {
     const std::size_t count = bytes / esize / align * align;
@@ -277,13 +319,20 @@ BenchResult bench_collectives(const RankRunner& run, const std::string& backend,
 namespace {
 std::string_view type_name(comm::DType t) {
   switch (t) {
-    case comm::DType::f64: return "double";
-    case comm::DType::f32: return "float";
-    case comm::DType::bf16: return "bfloat16";
-    case comm::DType::f16: return "half";
-    case comm::DType::i32: return "int32";
-    case comm::DType::i64: return "int64";
-    case comm::DType::u8: return "uint8";
+    case comm::DType::f64:
+      return "double";
+    case comm::DType::f32:
+      return "float";
+    case comm::DType::bf16:
+      return "bfloat16";
+    case comm::DType::f16:
+      return "half";
+    case comm::DType::i32:
+      return "int32";
+    case comm::DType::i64:
+      return "int64";
+    case comm::DType::u8:
+      return "uint8";
   }
   return "?";
 }
@@ -291,25 +340,31 @@ std::string_view type_name(comm::DType t) {
 
 void print_table(std::ostream& os, const BenchResult& r) {
   char line[256];
-  const bool reduces = r.options.op == BenchOp::all_reduce || r.options.op == BenchOp::reduce_scatter;
-  os << "# shardcheck bench collectives: " << name_of(r.options.op) << ", backend " << r.backend << ", "
-     << r.ranks << " ranks, dtype " << comm::name_of(r.options.dtype) << "\n";
-  os << "#                                                  out-of-place                       in-place\n";
-  os << "#        size        count      type   redop     time   algbw   busbw  #wrong     time   algbw   busbw  #wrong\n";
-  os << "#         (B)   (elements)                       (us)  (GB/s)  (GB/s)             (us)  (GB/s)  (GB/s)\n";
+  const bool reduces =
+      r.options.op == BenchOp::all_reduce || r.options.op == BenchOp::reduce_scatter;
+  os << "# shardcheck bench collectives: " << name_of(r.options.op) << ", backend " << r.backend
+     << ", " << r.ranks << " ranks, dtype " << comm::name_of(r.options.dtype) << "\n";
+  os << "#                                                  out-of-place                       "
+        "in-place\n";
+  os << "#        size        count      type   redop     time   algbw   busbw  #wrong     time   "
+        "algbw   busbw  #wrong\n";
+  os << "#         (B)   (elements)                       (us)  (GB/s)  (GB/s)             (us)  "
+        "(GB/s)  (GB/s)\n";
   double bus_sum = 0;
   for (const auto& row : r.rows) {
-    std::snprintf(line, sizeof line, "%13zu %12zu %9s %7s %8.1f %7.2f %7.2f %7llu %8.1f %7.2f %7.2f %7llu\n", row.bytes,
-                  row.count, std::string(type_name(r.options.dtype)).c_str(),
-                  reduces ? std::string(comm::name_of(r.options.redop)).c_str() : "none", row.out_of_place.time_us,
-                  row.out_of_place.algbw_gbps, row.out_of_place.busbw_gbps,
-                  static_cast<unsigned long long>(row.out_of_place.wrong), row.in_place.time_us,
-                  row.in_place.algbw_gbps, row.in_place.busbw_gbps,
-                  static_cast<unsigned long long>(row.in_place.wrong));
+    std::snprintf(
+        line, sizeof line, "%13zu %12zu %9s %7s %8.1f %7.2f %7.2f %7llu %8.1f %7.2f %7.2f %7llu\n",
+        row.bytes, row.count, std::string(type_name(r.options.dtype)).c_str(),
+        reduces ? std::string(comm::name_of(r.options.redop)).c_str() : "none",
+        row.out_of_place.time_us, row.out_of_place.algbw_gbps, row.out_of_place.busbw_gbps,
+        static_cast<unsigned long long>(row.out_of_place.wrong), row.in_place.time_us,
+        row.in_place.algbw_gbps, row.in_place.busbw_gbps,
+        static_cast<unsigned long long>(row.in_place.wrong));
     os << line;
     bus_sum += row.out_of_place.busbw_gbps + row.in_place.busbw_gbps;
   }
-  os << "# Out of bounds values : " << r.total_wrong() << (r.total_wrong() == 0 ? " OK" : " FAILED") << "\n";
+  os << "# Out of bounds values : " << r.total_wrong() << (r.total_wrong() == 0 ? " OK" : " FAILED")
+     << "\n";
   std::snprintf(line, sizeof line, "# Avg bus bandwidth    : %.3f GB/s\n",
                 r.rows.empty() ? 0.0 : bus_sum / (2.0 * static_cast<double>(r.rows.size())));
   os << line;

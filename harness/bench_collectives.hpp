@@ -28,7 +28,7 @@ struct BenchOptions {
   std::size_t min_bytes = 4096;
   std::size_t max_bytes = std::size_t{64} << 20;
   int warmup = 2;
-  int iters = 0;                // 0: chosen per size so that a size takes about target_seconds
+  int iters = 0;  // 0: chosen per size so that a size takes about target_seconds
   double target_seconds = 0.2;
 };
 

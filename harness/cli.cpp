@@ -35,11 +35,14 @@ class BadInput : public std::runtime_error {
 
 nlohmann::json to_json(const BenchResult& r) {
   auto cell = [](const BenchCell& c) {
-    return nlohmann::json{{"time_us", c.time_us}, {"algbw_gbps", c.algbw_gbps},
-                          {"busbw_gbps", c.busbw_gbps}, {"wrong", c.wrong}};
+    return nlohmann::json{{"time_us", c.time_us},
+                          {"algbw_gbps", c.algbw_gbps},
+                          {"busbw_gbps", c.busbw_gbps},
+                          {"wrong", c.wrong}};
   };
   nlohmann::json rows = nlohmann::json::array();
-  const bool reduces = r.options.op == BenchOp::all_reduce || r.options.op == BenchOp::reduce_scatter;
+  const bool reduces =
+      r.options.op == BenchOp::all_reduce || r.options.op == BenchOp::reduce_scatter;
   for (const auto& row : r.rows)
     rows.push_back({{"bytes", row.bytes},
                     {"count", row.count},
@@ -62,28 +65,36 @@ int bench_collectives_cmd(const BenchArgs& a) {
     throw BadInput("--op: unknown collective '" + a.op +
                    "'; expected all_reduce, all_gather, reduce_scatter, all_to_all or broadcast");
   const auto dt = comm::parse_dtype(a.dtype);
-  if (!dt) throw BadInput("--dtype: unknown dtype '" + a.dtype + "'; expected f64, f32, bf16, f16, i32, i64 or u8");
+  if (!dt)
+    throw BadInput("--dtype: unknown dtype '" + a.dtype +
+                   "'; expected f64, f32, bf16, f16, i32, i64 or u8");
   o.dtype = *dt;
   bool found = false;
-  for (auto r : {comm::ReduceOp::sum, comm::ReduceOp::avg, comm::ReduceOp::max, comm::ReduceOp::min, comm::ReduceOp::prod})
+  for (auto r : {comm::ReduceOp::sum, comm::ReduceOp::avg, comm::ReduceOp::max, comm::ReduceOp::min,
+                 comm::ReduceOp::prod})
     if (comm::name_of(r) == a.redop) {
       o.redop = r;
       found = true;
     }
-  if (!found) throw BadInput("--redop: unknown reduction '" + a.redop + "'; expected sum, avg, max, min or prod");
+  if (!found)
+    throw BadInput("--redop: unknown reduction '" + a.redop +
+                   "'; expected sum, avg, max, min or prod");
   if (a.min_bytes == 0 || a.min_bytes > a.max_bytes)
-    throw BadInput("--min-bytes must be positive and at most --max-bytes (got " + std::to_string(a.min_bytes) +
-                   " and " + std::to_string(a.max_bytes) + ")");
+    throw BadInput("--min-bytes must be positive and at most --max-bytes (got " +
+                   std::to_string(a.min_bytes) + " and " + std::to_string(a.max_bytes) + ")");
   o.min_bytes = a.min_bytes;
   o.max_bytes = a.max_bytes;
   o.warmup = a.warmup;
   o.iters = a.iters;
 
   if (a.backend == "nccl")
-    throw BadInput("--backend nccl: this shardcheck was built without the gpu/ backend (configure with the "
-                   "'cuda' preset on a machine with CUDA and NCCL)");
+    throw BadInput(
+        "--backend nccl: this shardcheck was built without the gpu/ backend (configure with the "
+        "'cuda' preset on a machine with CUDA and NCCL)");
   sim::SimWorld world(a.ranks);
-  const RankRunner runner = [&world](const std::function<void(comm::Communicator&)>& fn) { world.run(fn); };
+  const RankRunner runner = [&world](const std::function<void(comm::Communicator&)>& fn) {
+    world.run(fn);
+  };
   const BenchResult r = bench_collectives(runner, "sim", a.ranks, o);
   print_table(std::cout, r);
   if (!a.json.empty()) {
@@ -97,27 +108,40 @@ int bench_collectives_cmd(const BenchArgs& a) {
 }  // namespace
 
 int run_cli(int argc, char** argv) {
-  CLI::App app{"shardcheck: deterministic multi-rank simulator and parity harness for distributed training"};
+  CLI::App app{
+      "shardcheck: deterministic multi-rank simulator and parity harness for distributed training"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "shardcheck 0.1.0");
 
   auto* bench = app.add_subcommand("bench", "Benchmarks");
   bench->require_subcommand(1);
   BenchArgs ba;
-  auto* coll = bench->add_subcommand("collectives", "nccl-tests-style collective benchmark with a #wrong check");
+  auto* coll = bench->add_subcommand("collectives",
+                                     "nccl-tests-style collective benchmark with a #wrong check");
   coll->add_option("--backend", ba.backend, "sim (CPU threads) or nccl (GPUs)")
-      ->check(CLI::IsMember({"sim", "nccl"}))->capture_default_str();
-  coll->add_option("--ranks", ba.ranks, "Number of ranks (sim)")->check(CLI::Range(1, 4096))->capture_default_str();
-  coll->add_option("--op", ba.op, "all_reduce, all_gather, reduce_scatter, all_to_all or broadcast")->capture_default_str();
-  coll->add_option("--dtype", ba.dtype, "f64, f32, bf16, f16, i32, i64 or u8")->capture_default_str();
-  coll->add_option("--redop", ba.redop, "sum, avg, max, min or prod (reducing ops)")->capture_default_str();
+      ->check(CLI::IsMember({"sim", "nccl"}))
+      ->capture_default_str();
+  coll->add_option("--ranks", ba.ranks, "Number of ranks (sim)")
+      ->check(CLI::Range(1, 4096))
+      ->capture_default_str();
+  coll->add_option("--op", ba.op, "all_reduce, all_gather, reduce_scatter, all_to_all or broadcast")
+      ->capture_default_str();
+  coll->add_option("--dtype", ba.dtype, "f64, f32, bf16, f16, i32, i64 or u8")
+      ->capture_default_str();
+  coll->add_option("--redop", ba.redop, "sum, avg, max, min or prod (reducing ops)")
+      ->capture_default_str();
   coll->add_option("--min-bytes,-b", ba.min_bytes, "Smallest size (e.g. 4096, 4KB, 1MB)")
-      ->transform(CLI::AsSizeValue(false))->capture_default_str();
+      ->transform(CLI::AsSizeValue(false))
+      ->capture_default_str();
   coll->add_option("--max-bytes,-e", ba.max_bytes, "Largest size; sizes double from min to max")
-      ->transform(CLI::AsSizeValue(false))->capture_default_str();
-  coll->add_option("--warmup", ba.warmup, "Warm-up iterations per size")->check(CLI::Range(0, 1000))->capture_default_str();
+      ->transform(CLI::AsSizeValue(false))
+      ->capture_default_str();
+  coll->add_option("--warmup", ba.warmup, "Warm-up iterations per size")
+      ->check(CLI::Range(0, 1000))
+      ->capture_default_str();
   coll->add_option("--iters", ba.iters, "Timed iterations per size (0: about 0.2 s per size)")
-      ->check(CLI::Range(0, 1000000))->capture_default_str();
+      ->check(CLI::Range(0, 1000000))
+      ->capture_default_str();
   coll->add_option("--json", ba.json, "Also write the results as JSON to this file");
 
   if (argc > 1 && argv[1][0] != '-' && std::string_view(argv[1]) != "bench") {

@@ -76,8 +76,8 @@ comm::OpContext SimCommunicator::p2p_context(OpKind k, int peer, int tag) const 
   auto it = p2p_seq_.find({peer, tag, k == OpKind::send});
   const std::uint64_t seq = it == p2p_seq_.end() ? 0 : it->second;
   std::string op = std::string(name_of(k)) + (k == OpKind::send ? " to " : " from ") + "rank " +
-                   std::to_string(group_->members[static_cast<std::size_t>(peer)]) +
-                   " tag " + std::to_string(tag);
+                   std::to_string(group_->members[static_cast<std::size_t>(peer)]) + " tag " +
+                   std::to_string(tag);
   return {world_rank(), group_->name, op, seq};
 }
 
@@ -89,7 +89,8 @@ void SimCommunicator::check_buffer(OpKind k, const comm::ConstBuffer& b, const c
   if (b.device.kind != comm::DeviceKind::host)
     invalid(k, std::string(which) + " buffer is on a device; the sim backend needs host buffers");
   if (b.count > 0 && b.data == nullptr)
-    invalid(k, std::string(which) + " buffer is null with " + std::to_string(b.count) + " elements");
+    invalid(k,
+            std::string(which) + " buffer is null with " + std::to_string(b.count) + " elements");
 }
 
 std::shared_ptr<Slot> SimCommunicator::collective(const OpDesc& desc, const Register& reg,
@@ -106,8 +107,8 @@ std::shared_ptr<Slot> SimCommunicator::collective(const OpDesc& desc, const Regi
     const int other = group_->members[static_cast<std::size_t>(slot->first_rank)];
     std::ostringstream os;
     os << "collective mismatch in group " << group_->name << " at seq " << slot->seq << ": rank "
-       << other << " called " << slot->desc.describe() << " but rank " << world_rank()
-       << " called " << desc.describe();
+       << other << " called " << slot->desc.describe() << " but rank " << world_rank() << " called "
+       << desc.describe();
     comm::MismatchError e(ctx, os.str(), {other, world_rank()});
     slot->error = std::make_exception_ptr(e);
     world_->wake_all(group_->members);
@@ -151,7 +152,8 @@ std::shared_ptr<Slot> SimCommunicator::collective(const OpDesc& desc, const Regi
     world_->wake_all(group_->members);
   } else {
     info.op += " (leaving)";
-    world_->block(lk, world_rank(), info, [&] { return slot->departed == slot->size; }, true);
+    world_->block(
+        lk, world_rank(), info, [&] { return slot->departed == slot->size; }, true);
   }
   if (data_error) std::rethrow_exception(data_error);
   return slot;
@@ -202,7 +204,8 @@ comm::WorkPtr SimCommunicator::do_reduce_scatter(comm::ConstBuffer send, comm::B
       [&](const Slot& s) {
         const std::size_t off = desc.count * static_cast<std::size_t>(rank_);
         std::vector<const void*> srcs;
-        for (int r = 0; r < s.size; ++r) srcs.push_back(at(s.send[static_cast<std::size_t>(r)], off));
+        for (int r = 0; r < s.size; ++r)
+          srcs.push_back(at(s.send[static_cast<std::size_t>(r)], off));
         void* dst = recv.data;
         reduce_into(desc.dtype, o.op, srcs, std::span<void* const>(&dst, 1), desc.count, rank_);
       });
@@ -257,9 +260,11 @@ comm::WorkPtr SimCommunicator::do_all_to_all(comm::ConstBuffer send, comm::Buffe
   check_buffer(OpKind::all_to_all, recv, "recv");
   const auto n = static_cast<std::size_t>(size());
   if (send.count != recv.count || send.dtype != recv.dtype || send.count % n != 0)
-    invalid(OpKind::all_to_all, "send and recv must have the same dtype and count, divisible by the "
-                                "group size " + std::to_string(n) + "; got send " +
-                                    std::to_string(send.count) + ", recv " + std::to_string(recv.count));
+    invalid(OpKind::all_to_all,
+            "send and recv must have the same dtype and count, divisible by the "
+            "group size " +
+                std::to_string(n) + "; got send " + std::to_string(send.count) + ", recv " +
+                std::to_string(recv.count));
   Staging staging;
   const comm::ConstBuffer src_buf = staging.stage(send, recv);
   const OpDesc desc{OpKind::all_to_all, send.dtype, send.count, comm::ReduceOp::sum, 0};
@@ -283,15 +288,18 @@ comm::WorkPtr SimCommunicator::do_all_to_all_v(comm::ConstBuffer send,
   check_buffer(OpKind::all_to_all_v, recv, "recv");
   const auto n = static_cast<std::size_t>(size());
   if (send_counts.size() != n || recv_counts.size() != n)
-    invalid(OpKind::all_to_all_v, "send_counts and recv_counts need one entry per rank (" +
-                                      std::to_string(n) + ")");
+    invalid(OpKind::all_to_all_v,
+            "send_counts and recv_counts need one entry per rank (" + std::to_string(n) + ")");
   if (send.dtype != recv.dtype) invalid(OpKind::all_to_all_v, "send and recv dtypes differ");
-  const std::size_t send_total = std::accumulate(send_counts.begin(), send_counts.end(), std::size_t{0});
-  const std::size_t recv_total = std::accumulate(recv_counts.begin(), recv_counts.end(), std::size_t{0});
+  const std::size_t send_total =
+      std::accumulate(send_counts.begin(), send_counts.end(), std::size_t{0});
+  const std::size_t recv_total =
+      std::accumulate(recv_counts.begin(), recv_counts.end(), std::size_t{0});
   if (send_total > send.count || recv_total > recv.count)
-    invalid(OpKind::all_to_all_v, "split sizes sum to " + std::to_string(send_total) + " sent / " +
-                                      std::to_string(recv_total) + " received, more than the buffers (" +
-                                      std::to_string(send.count) + " / " + std::to_string(recv.count) + ")");
+    invalid(OpKind::all_to_all_v,
+            "split sizes sum to " + std::to_string(send_total) + " sent / " +
+                std::to_string(recv_total) + " received, more than the buffers (" +
+                std::to_string(send.count) + " / " + std::to_string(recv.count) + ")");
   Staging staging;
   const comm::ConstBuffer src_buf = staging.stage(send, recv);
   const OpDesc desc{OpKind::all_to_all_v, send.dtype, 0, comm::ReduceOp::sum, 0};
@@ -309,10 +317,12 @@ comm::WorkPtr SimCommunicator::do_all_to_all_v(comm::ConstBuffer send,
         std::size_t recv_off = 0;
         for (std::size_t j = 0; j < n; ++j) {
           const auto& sc = s.send_counts[j];
-          const std::size_t send_off = std::accumulate(sc.begin(), sc.begin() + static_cast<long>(me), std::size_t{0});
+          const std::size_t send_off =
+              std::accumulate(sc.begin(), sc.begin() + static_cast<long>(me), std::size_t{0});
           const std::size_t cnt = s.recv_counts[me][j];
           if (cnt > 0)
-            std::memcpy(at(recv, recv_off), at(s.send[j], send_off), cnt * comm::size_of(desc.dtype));
+            std::memcpy(at(recv, recv_off), at(s.send[j], send_off),
+                        cnt * comm::size_of(desc.dtype));
           recv_off += cnt;
         }
       },
@@ -321,13 +331,13 @@ comm::WorkPtr SimCommunicator::do_all_to_all_v(comm::ConstBuffer send,
           for (std::size_t j = 0; j < n; ++j)
             if (s.recv_counts[i][j] != s.send_counts[j][i]) {
               const int ri = group_->members[i], rj = group_->members[j];
-              throw comm::MismatchError(
-                  ctx,
-                  "all_to_all_v split sizes disagree in group " + group_->name + ": rank " +
-                      std::to_string(ri) + " expects " + std::to_string(s.recv_counts[i][j]) +
-                      " elements from rank " + std::to_string(rj) + ", which sends " +
-                      std::to_string(s.send_counts[j][i]),
-                  {ri, rj});
+              throw comm::MismatchError(ctx,
+                                        "all_to_all_v split sizes disagree in group " +
+                                            group_->name + ": rank " + std::to_string(ri) +
+                                            " expects " + std::to_string(s.recv_counts[i][j]) +
+                                            " elements from rank " + std::to_string(rj) +
+                                            ", which sends " + std::to_string(s.send_counts[j][i]),
+                                        {ri, rj});
             }
       });
   return std::make_shared<comm::CompletedWork>();
@@ -383,14 +393,16 @@ comm::WorkPtr SimCommunicator::post_p2p(std::shared_ptr<P2POp> op, int peer, int
     P2POp& s = op->is_send ? *op : *other;
     P2POp& r = op->is_send ? *other : *op;
     if (s.send.count != r.recv.count || s.send.dtype != r.recv.dtype) {
-      const std::string what = "send/recv mismatch in group " + group_->name + ": rank " +
-                               std::to_string(s.world_rank) + " sends " + std::to_string(s.send.count) +
-                               " " + std::string(comm::name_of(s.send.dtype)) + ", rank " +
-                               std::to_string(r.world_rank) + " receives " +
-                               std::to_string(r.recv.count) + " " +
-                               std::string(comm::name_of(r.recv.dtype));
-      s.error = std::make_exception_ptr(comm::MismatchError(s.ctx, what, {s.world_rank, r.world_rank}));
-      r.error = std::make_exception_ptr(comm::MismatchError(r.ctx, what, {s.world_rank, r.world_rank}));
+      const std::string what =
+          "send/recv mismatch in group " + group_->name + ": rank " + std::to_string(s.world_rank) +
+          " sends " + std::to_string(s.send.count) + " " +
+          std::string(comm::name_of(s.send.dtype)) + ", rank " + std::to_string(r.world_rank) +
+          " receives " + std::to_string(r.recv.count) + " " +
+          std::string(comm::name_of(r.recv.dtype));
+      s.error =
+          std::make_exception_ptr(comm::MismatchError(s.ctx, what, {s.world_rank, r.world_rank}));
+      r.error =
+          std::make_exception_ptr(comm::MismatchError(r.ctx, what, {s.world_rank, r.world_rank}));
     } else {
       if (s.send.bytes() > 0) std::memcpy(r.recv.data, s.send.data, s.send.bytes());
       s.done = r.done = true;
@@ -403,7 +415,8 @@ comm::WorkPtr SimCommunicator::post_p2p(std::shared_ptr<P2POp> op, int peer, int
 comm::WorkPtr SimCommunicator::do_send(comm::ConstBuffer buf, int peer, comm::P2POptions o) {
   check_buffer(OpKind::send, buf, "send");
   if (peer < 0 || peer >= size())
-    invalid(OpKind::send, "peer " + std::to_string(peer) + " is outside the group of " + std::to_string(size()));
+    invalid(OpKind::send,
+            "peer " + std::to_string(peer) + " is outside the group of " + std::to_string(size()));
   std::lock_guard lk(world_->mu);
   auto op = std::make_shared<P2POp>();
   op->is_send = true;
@@ -419,7 +432,8 @@ comm::WorkPtr SimCommunicator::do_send(comm::ConstBuffer buf, int peer, comm::P2
 comm::WorkPtr SimCommunicator::do_recv(comm::Buffer buf, int peer, comm::P2POptions o) {
   check_buffer(OpKind::recv, buf, "recv");
   if (peer < 0 || peer >= size())
-    invalid(OpKind::recv, "peer " + std::to_string(peer) + " is outside the group of " + std::to_string(size()));
+    invalid(OpKind::recv,
+            "peer " + std::to_string(peer) + " is outside the group of " + std::to_string(size()));
   std::lock_guard lk(world_->mu);
   auto op = std::make_shared<P2POp>();
   op->recv = buf;

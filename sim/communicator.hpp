@@ -24,7 +24,8 @@ class SimCommunicator final : public comm::Communicator {
   const std::vector<int>& members() const override { return group_->members; }
 
  protected:
-  comm::WorkPtr do_all_reduce(comm::ConstBuffer send, comm::Buffer recv, comm::ReduceOptions o) override;
+  comm::WorkPtr do_all_reduce(comm::ConstBuffer send, comm::Buffer recv,
+                              comm::ReduceOptions o) override;
   comm::WorkPtr do_reduce_scatter(comm::ConstBuffer send, comm::Buffer recv,
                                   comm::ReduceOptions o) override;
   comm::WorkPtr do_all_gather(comm::ConstBuffer send, comm::Buffer recv) override;
@@ -32,11 +33,13 @@ class SimCommunicator final : public comm::Communicator {
                              comm::BroadcastOptions o) override;
   comm::WorkPtr do_all_to_all(comm::ConstBuffer send, comm::Buffer recv) override;
   comm::WorkPtr do_all_to_all_v(comm::ConstBuffer send, std::span<const std::size_t> send_counts,
-                                comm::Buffer recv, std::span<const std::size_t> recv_counts) override;
+                                comm::Buffer recv,
+                                std::span<const std::size_t> recv_counts) override;
   comm::WorkPtr do_send(comm::ConstBuffer buf, int peer, comm::P2POptions o) override;
   comm::WorkPtr do_recv(comm::Buffer buf, int peer, comm::P2POptions o) override;
   comm::WorkPtr do_barrier() override;
-  std::unique_ptr<comm::Communicator> do_split(int color, int key, const comm::SplitOptions& o) override;
+  std::unique_ptr<comm::Communicator> do_split(int color, int key,
+                                               const comm::SplitOptions& o) override;
 
  private:
   using Register = std::function<void(Slot&)>;

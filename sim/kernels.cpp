@@ -18,8 +18,12 @@ namespace testing {
 namespace {
 std::atomic<Mutation> g_mutation{Mutation::none};
 }
-void set_mutation(Mutation m) { g_mutation.store(m, std::memory_order_relaxed); }
-Mutation mutation() { return g_mutation.load(std::memory_order_relaxed); }
+void set_mutation(Mutation m) {
+  g_mutation.store(m, std::memory_order_relaxed);
+}
+Mutation mutation() {
+  return g_mutation.load(std::memory_order_relaxed);
+}
 }  // namespace testing
 
 Range chunk(std::size_t count, int n, int i) {
@@ -35,9 +39,18 @@ namespace {
 using comm::ReduceOp;
 
 // Accumulator type per element type: floats reduce in f32 or better, integers wrap (unsigned).
-template <class T> struct Acc { using type = T; };
-template <> struct Acc<comm::bf16> { using type = float; };
-template <> struct Acc<comm::f16> { using type = float; };
+template <class T>
+struct Acc {
+  using type = T;
+};
+template <>
+struct Acc<comm::bf16> {
+  using type = float;
+};
+template <>
+struct Acc<comm::f16> {
+  using type = float;
+};
 
 template <class T>
 typename Acc<T>::type load(T v) {
@@ -60,18 +73,26 @@ A combine(ReduceOp op, A a, A b) {
     using U = std::make_unsigned_t<A>;
     switch (op) {
       case ReduceOp::sum:
-      case ReduceOp::avg: return static_cast<A>(static_cast<U>(a) + static_cast<U>(b));
-      case ReduceOp::prod: return static_cast<A>(static_cast<U>(a) * static_cast<U>(b));
-      case ReduceOp::max: return b > a ? b : a;
-      case ReduceOp::min: return b < a ? b : a;
+      case ReduceOp::avg:
+        return static_cast<A>(static_cast<U>(a) + static_cast<U>(b));
+      case ReduceOp::prod:
+        return static_cast<A>(static_cast<U>(a) * static_cast<U>(b));
+      case ReduceOp::max:
+        return b > a ? b : a;
+      case ReduceOp::min:
+        return b < a ? b : a;
     }
   } else {
     switch (op) {
       case ReduceOp::sum:
-      case ReduceOp::avg: return a + b;
-      case ReduceOp::prod: return a * b;
-      case ReduceOp::max: return (std::isnan(a) || std::isnan(b)) ? a + b : (b > a ? b : a);
-      case ReduceOp::min: return (std::isnan(a) || std::isnan(b)) ? a + b : (b < a ? b : a);
+      case ReduceOp::avg:
+        return a + b;
+      case ReduceOp::prod:
+        return a * b;
+      case ReduceOp::max:
+        return (std::isnan(a) || std::isnan(b)) ? a + b : (b > a ? b : a);
+      case ReduceOp::min:
+        return (std::isnan(a) || std::isnan(b)) ? a + b : (b < a ? b : a);
     }
   }
   return a;
@@ -128,9 +149,8 @@ void reduce_typed(ReduceOp op, std::span<const void* const> srcs, std::span<void
 void reduce_into(comm::DType dtype, comm::ReduceOp op, std::span<const void* const> srcs,
                  std::span<void* const> dsts, std::size_t count, int chunk_index) {
   if (count == 0 || srcs.empty() || dsts.empty()) return;
-  comm::visit_dtype(dtype, [&](auto tag) {
-    reduce_typed<decltype(tag)>(op, srcs, dsts, count, chunk_index);
-  });
+  comm::visit_dtype(
+      dtype, [&](auto tag) { reduce_typed<decltype(tag)>(op, srcs, dsts, count, chunk_index); });
 }
 
 }  // namespace shardcheck::sim

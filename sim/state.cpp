@@ -1,6 +1,7 @@
 // Deadlock detection and abort for the simulator. Detection is by global state under the world
 // lock: a rank counts as active unless it is blocked or finished; when none is active and some are
-// blocked, nobody can ever wake them, so every blocked rank gets a DeadlockError naming the picture.
+// blocked, nobody can ever wake them, so every blocked rank gets a DeadlockError naming the
+// picture.
 #include "sim/state.hpp"
 
 #include <sstream>
@@ -9,16 +10,26 @@ namespace shardcheck::sim {
 
 std::string_view name_of(OpKind k) {
   switch (k) {
-    case OpKind::all_reduce: return "all_reduce";
-    case OpKind::reduce_scatter: return "reduce_scatter";
-    case OpKind::all_gather: return "all_gather";
-    case OpKind::broadcast: return "broadcast";
-    case OpKind::all_to_all: return "all_to_all";
-    case OpKind::all_to_all_v: return "all_to_all_v";
-    case OpKind::barrier: return "barrier";
-    case OpKind::split: return "split";
-    case OpKind::send: return "send";
-    case OpKind::recv: return "recv";
+    case OpKind::all_reduce:
+      return "all_reduce";
+    case OpKind::reduce_scatter:
+      return "reduce_scatter";
+    case OpKind::all_gather:
+      return "all_gather";
+    case OpKind::broadcast:
+      return "broadcast";
+    case OpKind::all_to_all:
+      return "all_to_all";
+    case OpKind::all_to_all_v:
+      return "all_to_all_v";
+    case OpKind::barrier:
+      return "barrier";
+    case OpKind::split:
+      return "split";
+    case OpKind::send:
+      return "send";
+    case OpKind::recv:
+      return "recv";
   }
   return "?";
 }
@@ -80,8 +91,8 @@ void WorldState::abort(int failed_rank, const std::string& reason) {
 
 void WorldState::check_usable(const comm::OpContext& ctx) const {
   if (aborted_)
-    throw comm::AbortedError(ctx, "communicator aborted after rank " + std::to_string(failed_rank_) +
-                                      " failed: " + failure_);
+    throw comm::AbortedError(ctx, "communicator aborted after rank " +
+                                      std::to_string(failed_rank_) + " failed: " + failure_);
 }
 
 void WorldState::throw_for(RankInfo& me, int rank) {
@@ -116,8 +127,8 @@ void WorldState::detect_deadlock() {
     } else if (ri.state == RunState::blocked) {
       any_blocked = true;
       missing[r] = ri.wait.missing ? ri.wait.missing() : std::vector<int>{};
-      os << "\n  rank " << r << ": waits in " << ri.wait.op << " seq " << ri.wait.seq << " of group "
-         << ri.wait.group << ", never arrived: " << list(missing[r]);
+      os << "\n  rank " << r << ": waits in " << ri.wait.op << " seq " << ri.wait.seq
+         << " of group " << ri.wait.group << ", never arrived: " << list(missing[r]);
     }
   }
   if (!any_blocked) return;

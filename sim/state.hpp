@@ -21,8 +21,16 @@
 namespace shardcheck::sim {
 
 enum class OpKind : std::uint8_t {
-  all_reduce, reduce_scatter, all_gather, broadcast, all_to_all, all_to_all_v, barrier, split,
-  send, recv
+  all_reduce,
+  reduce_scatter,
+  all_gather,
+  broadcast,
+  all_to_all,
+  all_to_all_v,
+  barrier,
+  split,
+  send,
+  recv
 };
 std::string_view name_of(OpKind k);
 
@@ -49,9 +57,9 @@ struct Slot {
   std::vector<comm::ConstBuffer> send;
   std::vector<comm::Buffer> recv;
   std::vector<std::vector<std::size_t>> send_counts, recv_counts;  // all_to_all_v
-  std::vector<int> colors, keys;                                    // split
-  std::vector<std::string> names;                                   // split
-  std::vector<std::shared_ptr<SimGroup>> split_result;              // split, by group rank
+  std::vector<int> colors, keys;                                   // split
+  std::vector<std::string> names;                                  // split
+  std::vector<std::shared_ptr<SimGroup>> split_result;             // split, by group rank
   std::vector<bool> arrived_mask;
   int arrived = 0;
   int departed = 0;
@@ -63,8 +71,8 @@ struct P2POp {
   bool is_send = false;
   comm::ConstBuffer send;
   comm::Buffer recv;
-  int world_rank = 0;   // the rank that posted it
-  int peer_world = 0;   // the rank it talks to
+  int world_rank = 0;  // the rank that posted it
+  int peer_world = 0;  // the rank it talks to
   comm::OpContext ctx;
   bool done = false;
   std::exception_ptr error;
@@ -90,7 +98,8 @@ class WorldState {
     std::string group;
     std::string op;
     std::uint64_t seq = 0;
-    std::function<std::vector<int>()> missing;  // world ranks that have not arrived (evaluated late)
+    std::function<std::vector<int>()>
+        missing;  // world ranks that have not arrived (evaluated late)
   };
 
   std::mutex mu;
@@ -122,9 +131,9 @@ class WorldState {
     }
   }
 
-  void wake(int rank);                             // lock held
-  void wake_all(const std::vector<int>& ranks);    // lock held
-  void finish(int rank);                           // lock held
+  void wake(int rank);                                     // lock held
+  void wake_all(const std::vector<int>& ranks);            // lock held
+  void finish(int rank);                                   // lock held
   void abort(int failed_rank, const std::string& reason);  // lock held
   bool aborted() const { return aborted_; }
   // Throws AbortedError for a new op issued after a failure (lock held).

@@ -12,7 +12,8 @@
 namespace shardcheck::sim {
 
 SimWorld::SimWorld(int ranks) : ranks_(ranks) {
-  if (ranks < 1) throw std::invalid_argument("SimWorld needs at least one rank, got " + std::to_string(ranks));
+  if (ranks < 1)
+    throw std::invalid_argument("SimWorld needs at least one rank, got " + std::to_string(ranks));
 }
 
 SimWorld::~SimWorld() = default;
@@ -82,7 +83,9 @@ void SimWorld::run(const std::function<void(comm::Communicator&)>& fn) {
     for (int r = 0; r < ranks_; ++r) {
       const RankOutcome& o = outcomes_[static_cast<std::size_t>(r)];
       if (o.ok || (pass == 0 && !o.root_cause)) continue;
-      if (chosen < 0 || order[static_cast<std::size_t>(r)] < order[static_cast<std::size_t>(chosen)]) chosen = r;
+      if (chosen < 0 ||
+          order[static_cast<std::size_t>(r)] < order[static_cast<std::size_t>(chosen)])
+        chosen = r;
     }
   if (chosen >= 0 && is_deadlock(outcomes_[static_cast<std::size_t>(chosen)].error)) {
     // Every blocked rank saw the same deadlock at once: report the lowest rank, deterministically.

@@ -22,7 +22,9 @@ class WorldState;
 class RankFailure : public std::runtime_error {
  public:
   RankFailure(int rank, const std::string& what, std::exception_ptr cause)
-      : std::runtime_error("rank " + std::to_string(rank) + ": " + what), rank_(rank), cause_(cause) {}
+      : std::runtime_error("rank " + std::to_string(rank) + ": " + what),
+        rank_(rank),
+        cause_(cause) {}
   int rank() const { return rank_; }
   std::exception_ptr cause() const { return cause_; }
   [[noreturn]] void rethrow_cause() const { std::rethrow_exception(cause_); }

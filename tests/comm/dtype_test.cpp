@@ -65,11 +65,14 @@ TEST(DType, F16MatchesCompilerFloat16) {
       if (std::isnan(f)) continue;
       const _Float16 h = static_cast<_Float16>(f);
       ASSERT_EQ(f16(f).bits, std::bit_cast<std::uint16_t>(h)) << std::hexfloat << f;
-      ASSERT_EQ(static_cast<float>(f16::from_bits(std::bit_cast<std::uint16_t>(h))), static_cast<float>(h));
+      ASSERT_EQ(static_cast<float>(f16::from_bits(std::bit_cast<std::uint16_t>(h))),
+                static_cast<float>(h));
     }
 }
 #else
-TEST(DType, F16MatchesCompilerFloat16) { GTEST_SKIP() << "compiler has no _Float16 to compare with"; }
+TEST(DType, F16MatchesCompilerFloat16) {
+  GTEST_SKIP() << "compiler has no _Float16 to compare with";
+}
 #endif
 
 }  // namespace

@@ -42,7 +42,8 @@ TEST(DeviceMesh, GroupIndexIsAColorThatPartitionsRanks) {
       ASSERT_GE(c, 0);
       ASSERT_LT(c, groups);
       ++seen[static_cast<std::size_t>(c)];
-      for (int peer : m.group(r, a)) EXPECT_EQ(m.group_index(peer, std::span<const Axis>(&a, 1)), c);
+      for (int peer : m.group(r, a))
+        EXPECT_EQ(m.group_index(peer, std::span<const Axis>(&a, 1)), c);
     }
     for (int s : seen) EXPECT_EQ(s, m.size(a));
   }
@@ -64,7 +65,9 @@ TEST(DeviceMesh, TableListsEveryRankAndItsGroups) {
   DeviceMesh m({.dp = 2, .tp = 2});
   const std::string t = m.table();
   EXPECT_NE(t.find("world=4"), std::string::npos);
-  EXPECT_NE(t.find("   3   1  1  0  0  0  [1,3]     [2,3]     [3]       [3]       [3]"), std::string::npos) << t;
+  EXPECT_NE(t.find("   3   1  1  0  0  0  [1,3]     [2,3]     [3]       [3]       [3]"),
+            std::string::npos)
+      << t;
 }
 
 }  // namespace

@@ -13,7 +13,8 @@ TEST(Gpu, NcclIsLinkedAndReportsItsVersion) {
 
 TEST(Gpu, DeviceIsUsableWhenPresent) {
   const DeviceInfo d = probe();
-  if (d.count == 0) GTEST_SKIP() << "no GPU here (" << d.why_none << "); GPU checks run where a device is lent";
+  if (d.count == 0)
+    GTEST_SKIP() << "no GPU here (" << d.why_none << "); GPU checks run where a device is lent";
   EXPECT_FALSE(d.name0.empty());
 }
 

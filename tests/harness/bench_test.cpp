@@ -30,7 +30,8 @@ TEST(BenchCollectives, NoWrongElementsOnEveryOpAndDtype) {
                                    comm::ReduceOp::max, comm::ReduceOp::min}) {
         const BenchResult r = small_bench(3, op, dt, redop);
         ASSERT_EQ(r.rows.size(), 8u);
-        EXPECT_EQ(r.total_wrong(), 0u) << name_of(op) << " " << comm::name_of(dt) << " " << comm::name_of(redop);
+        EXPECT_EQ(r.total_wrong(), 0u)
+            << name_of(op) << " " << comm::name_of(dt) << " " << comm::name_of(redop);
         for (const auto& row : r.rows) {
           EXPECT_EQ(row.bytes, row.count * comm::size_of(dt));
           EXPECT_GT(row.out_of_place.time_us, 0.0);
@@ -50,10 +51,15 @@ TEST(BenchCollectives, BusBandwidthFactorsAreNcclTests) {
 TEST(BenchCollectives, PlantedBugsShowUpAsWrongElements) {
   {
     sim::testing::ScopedMutation m(sim::testing::Mutation::skip_last_element_of_chunk);
-    EXPECT_GT(small_bench(4, BenchOp::all_reduce, comm::DType::f32, comm::ReduceOp::sum).total_wrong(), 0u);
-    EXPECT_GT(small_bench(4, BenchOp::reduce_scatter, comm::DType::i32, comm::ReduceOp::max).total_wrong(), 0u);
+    EXPECT_GT(
+        small_bench(4, BenchOp::all_reduce, comm::DType::f32, comm::ReduceOp::sum).total_wrong(),
+        0u);
+    EXPECT_GT(small_bench(4, BenchOp::reduce_scatter, comm::DType::i32, comm::ReduceOp::max)
+                  .total_wrong(),
+              0u);
   }
-  EXPECT_EQ(small_bench(4, BenchOp::all_reduce, comm::DType::f32, comm::ReduceOp::sum).total_wrong(), 0u);
+  EXPECT_EQ(
+      small_bench(4, BenchOp::all_reduce, comm::DType::f32, comm::ReduceOp::sum).total_wrong(), 0u);
 }
 
 }  // namespace

@@ -29,7 +29,9 @@ Result shardcheck(const std::string& args) {
   return r;
 }
 
-bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+bool has(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
 
 TEST(Cli, BadInputExitsTwoAndSaysWhat) {
   const std::pair<std::string, std::string> cases[] = {
@@ -61,8 +63,9 @@ TEST(Cli, HelpExitsZero) {
 
 TEST(Cli, BenchWritesJsonWithNcclTestsFields) {
   const auto path = std::filesystem::temp_directory_path() / "shardcheck_cli_bench.json";
-  const Result r = shardcheck("bench collectives --ranks 4 --op all_gather --dtype bf16 -b 1KB -e 8KB --iters 2 --json " +
-                              path.string());
+  const Result r = shardcheck(
+      "bench collectives --ranks 4 --op all_gather --dtype bf16 -b 1KB -e 8KB --iters 2 --json " +
+      path.string());
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_TRUE(has(r.output, "# Out of bounds values : 0 OK")) << r.output;
   std::ifstream f(path);

@@ -27,14 +27,19 @@ T value(int src, int dst, std::size_t idx) {  // payload element idx sent from s
 }
 
 std::size_t split_size(int src, int dst, std::size_t count) {
-  return count == 0 ? 0 : (count + 3 * static_cast<std::size_t>(src) + 5 * static_cast<std::size_t>(dst)) % 7 + count / 4;
+  return count == 0
+             ? 0
+             : (count + 3 * static_cast<std::size_t>(src) + 5 * static_cast<std::size_t>(dst)) % 7 +
+                   count / 4;
 }
 
 template <class T>
 void note(std::vector<std::string>& errors, const std::string& what, const std::vector<T>& got,
           const std::vector<T>& want, std::size_t offset = 0) {
   const std::size_t wrong = count_bitwise_diff(got.data() + offset, want.data(), want.size());
-  if (wrong) errors.push_back(what + ": " + std::to_string(wrong) + " wrong of " + std::to_string(want.size()));
+  if (wrong)
+    errors.push_back(what + ": " + std::to_string(wrong) + " wrong of " +
+                     std::to_string(want.size()));
 }
 
 // Inputs of every rank and the serial result, per reduce op, computed once before the ranks run.
@@ -47,9 +52,11 @@ template <class T>
 std::vector<Reduction<T>> reductions(int n, std::size_t count) {
   std::vector<Reduction<T>> out;
   for (ReduceOp op : kAllReduceOps) {
-    Reduction<T> red{std::vector<std::vector<T>>(static_cast<std::size_t>(n), std::vector<T>(count)), {}};
+    Reduction<T> red{
+        std::vector<std::vector<T>>(static_cast<std::size_t>(n), std::vector<T>(count)), {}};
     for (int q = 0; q < n; ++q)
-      for (std::size_t k = 0; k < count; ++k) red.in[static_cast<std::size_t>(q)][k] = pattern<T>(q, k, op);
+      for (std::size_t k = 0; k < count; ++k)
+        red.in[static_cast<std::size_t>(q)][k] = pattern<T>(q, k, op);
     red.want = serial_reduce(red.in, op);
     out.push_back(std::move(red));
   }
@@ -75,7 +82,8 @@ std::vector<std::string> check_all_ops(Communicator& c, std::size_t count, bool 
       c.all_reduce(comm::view(std::span<T>(in)), {.op = op})->wait();
       note(errors, "all_reduce " + std::string(comm::name_of(op)), in, want);
     } else {
-      c.all_reduce(comm::cview(std::span<const T>(in)), comm::view(std::span<T>(out)), {.op = op})->wait();
+      c.all_reduce(comm::cview(std::span<const T>(in)), comm::view(std::span<T>(out)), {.op = op})
+          ->wait();
       note(errors, "all_reduce " + std::string(comm::name_of(op)), out, want);
     }
   }
@@ -84,15 +92,19 @@ std::vector<std::string> check_all_ops(Communicator& c, std::size_t count, bool 
     const ReduceOp op = kAllReduceOps[o];
     const auto& all = rs[o].in;
     const std::vector<T>& full = rs[o].want;
-    const std::vector<T> want(full.begin() + static_cast<long>(per_rank * static_cast<std::size_t>(r)),
-                              full.begin() + static_cast<long>(per_rank * static_cast<std::size_t>(r + 1)));
+    const std::vector<T> want(
+        full.begin() + static_cast<long>(per_rank * static_cast<std::size_t>(r)),
+        full.begin() + static_cast<long>(per_rank * static_cast<std::size_t>(r + 1)));
     std::vector<T> send = all[static_cast<std::size_t>(r)], recv(per_rank);
     poison(recv);
     if (in_place) {
       c.reduce_scatter(comm::view(std::span<T>(send)), {.op = op})->wait();
-      note(errors, "reduce_scatter " + std::string(comm::name_of(op)), send, want, per_rank * static_cast<std::size_t>(r));
+      note(errors, "reduce_scatter " + std::string(comm::name_of(op)), send, want,
+           per_rank * static_cast<std::size_t>(r));
     } else {
-      c.reduce_scatter(comm::cview(std::span<const T>(send)), comm::view(std::span<T>(recv)), {.op = op})->wait();
+      c.reduce_scatter(comm::cview(std::span<const T>(send)), comm::view(std::span<T>(recv)),
+                       {.op = op})
+          ->wait();
       note(errors, "reduce_scatter " + std::string(comm::name_of(op)), recv, want);
     }
   }
@@ -100,11 +112,13 @@ std::vector<std::string> check_all_ops(Communicator& c, std::size_t count, bool 
   {
     std::vector<T> want(per_rank * un), buf(per_rank * un), mine(per_rank);
     for (int q = 0; q < n; ++q)
-      for (std::size_t k = 0; k < per_rank; ++k) want[static_cast<std::size_t>(q) * per_rank + k] = value<T>(q, 0, k);
+      for (std::size_t k = 0; k < per_rank; ++k)
+        want[static_cast<std::size_t>(q) * per_rank + k] = value<T>(q, 0, k);
     for (std::size_t k = 0; k < per_rank; ++k) mine[k] = value<T>(r, 0, k);
     poison(buf);
     if (in_place) {
-      std::copy(mine.begin(), mine.end(), buf.begin() + static_cast<long>(per_rank * static_cast<std::size_t>(r)));
+      std::copy(mine.begin(), mine.end(),
+                buf.begin() + static_cast<long>(per_rank * static_cast<std::size_t>(r)));
       c.all_gather(comm::view(std::span<T>(buf)))->wait();
     } else {
       c.all_gather(comm::cview(std::span<const T>(mine)), comm::view(std::span<T>(buf)))->wait();
@@ -115,14 +129,19 @@ std::vector<std::string> check_all_ops(Communicator& c, std::size_t count, bool 
   for (int root : {0, n - 1}) {
     std::vector<T> want(count), buf(count);
     for (std::size_t k = 0; k < count; ++k) want[k] = value<T>(root, 1, k);
-    if (r == root) buf = want; else poison(buf);
+    if (r == root)
+      buf = want;
+    else
+      poison(buf);
     if (in_place) {
       c.broadcast(comm::view(std::span<T>(buf)), {.root = root})->wait();
       note(errors, "broadcast root " + std::to_string(root), buf, want);
     } else {
       std::vector<T> out(count);
       poison(out);
-      c.broadcast(comm::cview(std::span<const T>(buf)), comm::view(std::span<T>(out)), {.root = root})->wait();
+      c.broadcast(comm::cview(std::span<const T>(buf)), comm::view(std::span<T>(out)),
+                  {.root = root})
+          ->wait();
       note(errors, "broadcast root " + std::to_string(root), out, want);
     }
   }
@@ -152,18 +171,22 @@ std::vector<std::string> check_all_ops(Communicator& c, std::size_t count, bool 
     }
     std::vector<T> send, want;
     for (int j = 0; j < n; ++j) {
-      for (std::size_t i = 0; i < sc[static_cast<std::size_t>(j)]; ++i) send.push_back(value<T>(r, j, i));
-      for (std::size_t i = 0; i < rc[static_cast<std::size_t>(j)]; ++i) want.push_back(value<T>(j, r, i));
+      for (std::size_t i = 0; i < sc[static_cast<std::size_t>(j)]; ++i)
+        send.push_back(value<T>(r, j, i));
+      for (std::size_t i = 0; i < rc[static_cast<std::size_t>(j)]; ++i)
+        want.push_back(value<T>(j, r, i));
     }
     const std::size_t len = std::max(send.size(), want.size());
     send.resize(len);
     std::vector<T> out(len);
     poison(out);
     if (in_place) {
-      c.all_to_all_v(comm::view(std::span<T>(send)), sc, comm::view(std::span<T>(send)), rc)->wait();
+      c.all_to_all_v(comm::view(std::span<T>(send)), sc, comm::view(std::span<T>(send)), rc)
+          ->wait();
       note(errors, "all_to_all_v", send, want);
     } else {
-      c.all_to_all_v(comm::cview(std::span<const T>(send)), sc, comm::view(std::span<T>(out)), rc)->wait();
+      c.all_to_all_v(comm::cview(std::span<const T>(send)), sc, comm::view(std::span<T>(out)), rc)
+          ->wait();
       note(errors, "all_to_all_v", out, want);
     }
   }
@@ -196,7 +219,8 @@ TEST_P(Collectives, EveryOpEveryDtypeMatchesTheExactResult) {
 INSTANTIATE_TEST_SUITE_P(WorldCountInPlace, Collectives,
                          ::testing::Combine(::testing::Values(1, 2, 3, 4, 7, 8, 16),
                                             ::testing::Values(std::size_t{0}, std::size_t{1},
-                                                              std::size_t{13}, std::size_t{1} << 16),
+                                                              std::size_t{13},
+                                                              std::size_t{1} << 16),
                                             ::testing::Bool()),
                          [](const auto& p) {
                            return "n" + std::to_string(std::get<0>(p.param)) + "_count" +

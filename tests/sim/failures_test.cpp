@@ -34,7 +34,9 @@ std::pair<sim::RankFailure, E> expect_failure(int n, const std::function<void(Co
   throw std::logic_error("no failure");
 }
 
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+bool contains(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
 
 TEST(Failures, CountMismatchNamesBothRanksAndSeq) {
   auto [f, e] = expect_failure<comm::MismatchError>(3, [](Communicator& c) {
@@ -55,29 +57,40 @@ TEST(Failures, CountMismatchNamesBothRanksAndSeq) {
 TEST(Failures, EveryKindOfDisagreementIsAMismatch) {
   using Call = std::function<void(Communicator&, bool odd)>;
   const std::vector<std::pair<std::string, Call>> cases = {
-      {"op kind", [](Communicator& c, bool odd) {
+      {"op kind",
+       [](Communicator& c, bool odd) {
          std::vector<float> v(4 * static_cast<std::size_t>(c.size()));
-         if (odd) c.all_gather(comm::view(std::span<float>(v)))->wait();
-         else c.all_reduce(comm::view(std::span<float>(v)))->wait();
+         if (odd)
+           c.all_gather(comm::view(std::span<float>(v)))->wait();
+         else
+           c.all_reduce(comm::view(std::span<float>(v)))->wait();
        }},
-      {"dtype", [](Communicator& c, bool odd) {
+      {"dtype",
+       [](Communicator& c, bool odd) {
          std::vector<float> f(4);
          std::vector<std::int32_t> i(4);
-         if (odd) c.all_reduce(comm::view(std::span<std::int32_t>(i)))->wait();
-         else c.all_reduce(comm::view(std::span<float>(f)))->wait();
+         if (odd)
+           c.all_reduce(comm::view(std::span<std::int32_t>(i)))->wait();
+         else
+           c.all_reduce(comm::view(std::span<float>(f)))->wait();
        }},
-      {"reduce op", [](Communicator& c, bool odd) {
+      {"reduce op",
+       [](Communicator& c, bool odd) {
          std::vector<float> v(4);
-         c.all_reduce(comm::view(std::span<float>(v)), {.op = odd ? comm::ReduceOp::max : comm::ReduceOp::sum})->wait();
+         c.all_reduce(comm::view(std::span<float>(v)),
+                      {.op = odd ? comm::ReduceOp::max : comm::ReduceOp::sum})
+             ->wait();
        }},
-      {"root", [](Communicator& c, bool odd) {
+      {"root",
+       [](Communicator& c, bool odd) {
          std::vector<float> v(4);
          c.broadcast(comm::view(std::span<float>(v)), {.root = odd ? 1 : 0})->wait();
        }},
   };
   for (const auto& [what, call] : cases) {
     SCOPED_TRACE(what);
-    auto [f, e] = expect_failure<comm::MismatchError>(4, [&](Communicator& c) { call(c, c.rank() == 3); });
+    auto [f, e] =
+        expect_failure<comm::MismatchError>(4, [&](Communicator& c) { call(c, c.rank() == 3); });
     EXPECT_EQ(e.ranks().size(), 2u);
   }
 }
@@ -86,7 +99,8 @@ TEST(Failures, SplitSizesThatDisagreeAreAMismatch) {
   auto [f, e] = expect_failure<comm::MismatchError>(2, [](Communicator& c) {
     std::vector<float> send(4), recv(4);
     std::vector<std::size_t> sc{2, 2}, rc{2, c.rank() == 0 ? 1u : 2u};
-    c.all_to_all_v(comm::view(std::span<float>(send)), sc, comm::view(std::span<float>(recv)), rc)->wait();
+    c.all_to_all_v(comm::view(std::span<float>(send)), sc, comm::view(std::span<float>(recv)), rc)
+        ->wait();
   });
   EXPECT_TRUE(contains(e.what(), "expects 1 elements from rank 1")) << e.what();
 }
@@ -120,7 +134,8 @@ TEST(Failures, CollectivesInDifferentOrderDeadlock) {
     }
   });
   EXPECT_TRUE(contains(e.what(), "rank 0: waits in all_reduce seq 1 of group world")) << e.what();
-  EXPECT_TRUE(contains(e.what(), "rank 1: waits in all_reduce seq 0 of group pair[0,1]")) << e.what();
+  EXPECT_TRUE(contains(e.what(), "rank 1: waits in all_reduce seq 0 of group pair[0,1]"))
+      << e.what();
 }
 
 TEST(Failures, CyclicBlockingSendsDeadlock) {
@@ -163,7 +178,8 @@ TEST(Failures, BadArgumentsAreInvalidArgumentOnTheCallingRank) {
   EXPECT_EQ(f.rank(), 0);
   std::vector<float> dev(4);
   comm::Buffer on_gpu{dev.data(), 4, comm::DType::f32, {comm::DeviceKind::cuda, 0}};
-  auto [f2, e2] = expect_failure<comm::InvalidArgument>(1, [&](Communicator& c) { c.all_reduce(on_gpu)->wait(); });
+  auto [f2, e2] = expect_failure<comm::InvalidArgument>(
+      1, [&](Communicator& c) { c.all_reduce(on_gpu)->wait(); });
   EXPECT_TRUE(contains(e2.what(), "host buffers")) << e2.what();
   auto [f3, e3] = expect_failure<comm::InvalidArgument>(2, [&](Communicator& c) {
     std::vector<float> v(4);

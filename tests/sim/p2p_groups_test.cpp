@@ -59,8 +59,10 @@ TEST(P2P, CountMismatchIsTyped) {
         try {
           w.run([](Communicator& c) {
             std::vector<float> v(c.rank() == 0 ? 3 : 4);
-            if (c.rank() == 0) c.send(comm::view(std::span<float>(v)), 1)->wait();
-            else c.recv(comm::view(std::span<float>(v)), 0)->wait();
+            if (c.rank() == 0)
+              c.send(comm::view(std::span<float>(v)), 1)->wait();
+            else
+              c.recv(comm::view(std::span<float>(v)), 0)->wait();
           });
         } catch (const sim::RankFailure& f) {
           f.rethrow_cause();
@@ -113,7 +115,8 @@ TEST(Groups, DisjointGroupsRunConcurrently) {
     auto half = c.split(c.rank() / 2, c.rank());
     std::vector<float> v(64, 1.0f);
     const int rounds = c.rank() < 2 ? 5 : 50;
-    for (int i = 0; i < rounds; ++i) half->all_reduce(comm::view(std::span<float>(v)), {.op = comm::ReduceOp::avg})->wait();
+    for (int i = 0; i < rounds; ++i)
+      half->all_reduce(comm::view(std::span<float>(v)), {.op = comm::ReduceOp::avg})->wait();
     c.barrier()->wait();
     EXPECT_EQ(v[0], 1.0f);
   });

@@ -39,9 +39,11 @@ std::vector<T> random_values(std::uint64_t seed, std::size_t count) {
 // all_reduce on n ranks of random data; returns the number of elements, over all ranks, that differ
 // bitwise from the serial definition.
 template <class T>
-std::size_t all_reduce_wrong(int n, std::size_t count, ReduceOp op, bool in_place, std::uint64_t seed) {
+std::size_t all_reduce_wrong(int n, std::size_t count, ReduceOp op, bool in_place,
+                             std::uint64_t seed) {
   std::vector<std::vector<T>> in;
-  for (int r = 0; r < n; ++r) in.push_back(random_values<T>(seed + static_cast<std::uint64_t>(r), count));
+  for (int r = 0; r < n; ++r)
+    in.push_back(random_values<T>(seed + static_cast<std::uint64_t>(r), count));
   const std::vector<T> want = serial_reduce(in, op);
   std::vector<std::size_t> wrong(static_cast<std::size_t>(n));
   sim::SimWorld w(n);
@@ -51,7 +53,8 @@ std::size_t all_reduce_wrong(int n, std::size_t count, ReduceOp op, bool in_plac
       c.all_reduce(comm::view(std::span<T>(mine)), {.op = op})->wait();
       out = mine;
     } else {
-      c.all_reduce(comm::cview(std::span<const T>(mine)), comm::view(std::span<T>(out)), {.op = op})->wait();
+      c.all_reduce(comm::cview(std::span<const T>(mine)), comm::view(std::span<T>(out)), {.op = op})
+          ->wait();
     }
     wrong[static_cast<std::size_t>(c.rank())] = count_bitwise_diff(out.data(), want.data(), count);
   });
@@ -63,13 +66,14 @@ std::size_t all_reduce_wrong(int n, std::size_t count, ReduceOp op, bool in_plac
 RC_GTEST_PROP(Properties, AllReduceEqualsSerialDefinition, ()) {
   const int n = *rc::gen::inRange(1, 10);
   const auto count = static_cast<std::size_t>(*rc::gen::inRange(0, 400));
-  const DType dt = *rc::gen::elementOf(std::vector<DType>(std::begin(comm::kAllDTypes), std::end(comm::kAllDTypes)));
-  const ReduceOp op = *rc::gen::elementOf(std::vector<ReduceOp>(std::begin(kAllReduceOps), std::end(kAllReduceOps)));
+  const DType dt = *rc::gen::elementOf(
+      std::vector<DType>(std::begin(comm::kAllDTypes), std::end(comm::kAllDTypes)));
+  const ReduceOp op = *rc::gen::elementOf(
+      std::vector<ReduceOp>(std::begin(kAllReduceOps), std::end(kAllReduceOps)));
   const bool in_place = *rc::gen::arbitrary<bool>();
   const auto seed = *rc::gen::arbitrary<std::uint32_t>();
-  const std::size_t wrong = comm::visit_dtype(dt, [&](auto tag) {
-    return all_reduce_wrong<decltype(tag)>(n, count, op, in_place, seed);
-  });
+  const std::size_t wrong = comm::visit_dtype(
+      dt, [&](auto tag) { return all_reduce_wrong<decltype(tag)>(n, count, op, in_place, seed); });
   RC_ASSERT(wrong == 0u);
 }
 
@@ -84,8 +88,10 @@ RC_GTEST_PROP(Properties, AllGatherOfReduceScatterEqualsAllReduce, ()) {
     const auto in = random_values<float>(seed + static_cast<std::uint64_t>(c.rank()), count);
     std::vector<float> ar(count), shard(per_rank), ag(count);
     c.all_reduce(std::span<const float>(in), std::span<float>(ar))->wait();
-    c.reduce_scatter(comm::cview(std::span<const float>(in)), comm::view(std::span<float>(shard)))->wait();
-    c.all_gather(comm::cview(std::span<const float>(shard)), comm::view(std::span<float>(ag)))->wait();
+    c.reduce_scatter(comm::cview(std::span<const float>(in)), comm::view(std::span<float>(shard)))
+        ->wait();
+    c.all_gather(comm::cview(std::span<const float>(shard)), comm::view(std::span<float>(ag)))
+        ->wait();
     ok[static_cast<std::size_t>(c.rank())] = count_bitwise_diff(ar.data(), ag.data(), count) == 0;
   });
   for (int x : ok) RC_ASSERT(x == 1);
@@ -93,12 +99,14 @@ RC_GTEST_PROP(Properties, AllGatherOfReduceScatterEqualsAllReduce, ()) {
 
 RC_GTEST_PROP(Properties, SubGroupCollectivesEqualSerialDefinitions, ()) {
   const int n = *rc::gen::inRange(1, 10);
-  const auto colors = *rc::gen::container<std::vector<int>>(static_cast<std::size_t>(n), rc::gen::inRange(-1, 3));
+  const auto colors =
+      *rc::gen::container<std::vector<int>>(static_cast<std::size_t>(n), rc::gen::inRange(-1, 3));
   const auto count = static_cast<std::size_t>(*rc::gen::inRange(0, 40));
   const auto root_pick = *rc::gen::inRange(0, 100);
   const auto seed = *rc::gen::arbitrary<std::uint32_t>();
   std::vector<std::vector<double>> in;
-  for (int r = 0; r < n; ++r) in.push_back(random_values<double>(seed + static_cast<std::uint64_t>(r), count));
+  for (int r = 0; r < n; ++r)
+    in.push_back(random_values<double>(seed + static_cast<std::uint64_t>(r), count));
   std::vector<int> bad(static_cast<std::size_t>(n), 0);
   sim::SimWorld w(n);
   w.run([&](Communicator& c) {
@@ -108,13 +116,16 @@ RC_GTEST_PROP(Properties, SubGroupCollectivesEqualSerialDefinitions, ()) {
     for (int m : g->members()) group_in.push_back(in[static_cast<std::size_t>(m)]);
     std::vector<double> v = in[static_cast<std::size_t>(c.rank())];
     g->all_reduce(std::span<double>(v), {.op = ReduceOp::max})->wait();
-    bad[static_cast<std::size_t>(c.rank())] += count_bitwise_diff(v.data(), serial_reduce(group_in, ReduceOp::max).data(), count) != 0;
+    bad[static_cast<std::size_t>(c.rank())] +=
+        count_bitwise_diff(v.data(), serial_reduce(group_in, ReduceOp::max).data(), count) != 0;
     const int root = root_pick % g->size();
     std::vector<double> b = in[static_cast<std::size_t>(c.rank())];
     g->broadcast(comm::view(std::span<double>(b)), {.root = root})->wait();
     bad[static_cast<std::size_t>(c.rank())] += b != group_in[static_cast<std::size_t>(root)];
     std::vector<double> all(count * static_cast<std::size_t>(g->size())), want;
-    g->all_gather(comm::cview(std::span<const double>(in[static_cast<std::size_t>(c.rank())])), comm::view(std::span<double>(all)))->wait();
+    g->all_gather(comm::cview(std::span<const double>(in[static_cast<std::size_t>(c.rank())])),
+                  comm::view(std::span<double>(all)))
+        ->wait();
     for (const auto& x : group_in) want.insert(want.end(), x.begin(), x.end());
     bad[static_cast<std::size_t>(c.rank())] += all != want;
   });
@@ -123,9 +134,14 @@ RC_GTEST_PROP(Properties, SubGroupCollectivesEqualSerialDefinitions, ()) {
 
 RC_GTEST_PROP(Properties, AllToAllVEqualsItsDefinition, ()) {
   const int n = *rc::gen::inRange(1, 8);
-  const auto splits = *rc::gen::container<std::vector<int>>(static_cast<std::size_t>(n * n), rc::gen::inRange(0, 6));
-  auto s = [&](int src, int dst) { return static_cast<std::size_t>(splits[static_cast<std::size_t>(src * n + dst)]); };
-  auto val = [](int src, int dst, std::size_t i) { return std::int64_t{src} * 1000000 + dst * 1000 + static_cast<std::int64_t>(i); };
+  const auto splits = *rc::gen::container<std::vector<int>>(static_cast<std::size_t>(n * n),
+                                                            rc::gen::inRange(0, 6));
+  auto s = [&](int src, int dst) {
+    return static_cast<std::size_t>(splits[static_cast<std::size_t>(src * n + dst)]);
+  };
+  auto val = [](int src, int dst, std::size_t i) {
+    return std::int64_t{src} * 1000000 + dst * 1000 + static_cast<std::int64_t>(i);
+  };
   std::vector<int> bad(static_cast<std::size_t>(n), 0);
   sim::SimWorld w(n);
   w.run([&](Communicator& c) {
@@ -139,8 +155,11 @@ RC_GTEST_PROP(Properties, AllToAllVEqualsItsDefinition, ()) {
       for (std::size_t i = 0; i < s(j, r); ++i) want.push_back(val(j, r, i));
     }
     std::vector<std::int64_t> out(want.size() + 3, -1);
-    c.all_to_all_v(comm::cview(std::span<const std::int64_t>(send)), sc, comm::view(std::span<std::int64_t>(out)), rc_)->wait();
-    bad[static_cast<std::size_t>(r)] = !std::equal(want.begin(), want.end(), out.begin()) || out.back() != -1;
+    c.all_to_all_v(comm::cview(std::span<const std::int64_t>(send)), sc,
+                   comm::view(std::span<std::int64_t>(out)), rc_)
+        ->wait();
+    bad[static_cast<std::size_t>(r)] =
+        !std::equal(want.begin(), want.end(), out.begin()) || out.back() != -1;
   });
   for (int x : bad) RC_ASSERT(x == 0);
 }
@@ -171,7 +190,9 @@ TEST(Determinism, BitwiseIdenticalAcrossRunsWithRandomDelays) {
       continue;
     }
     for (int r = 0; r < n; ++r)
-      ASSERT_EQ(count_bitwise_diff(results[static_cast<std::size_t>(r)].data(), first[static_cast<std::size_t>(r)].data(), count), 0u)
+      ASSERT_EQ(count_bitwise_diff(results[static_cast<std::size_t>(r)].data(),
+                                   first[static_cast<std::size_t>(r)].data(), count),
+                0u)
           << "run " << run << " rank " << r;
   }
 }

@@ -17,19 +17,32 @@ using comm::bf16;
 using comm::f16;
 using comm::ReduceOp;
 
-template <class T> struct OracleAcc { using type = T; };
-template <> struct OracleAcc<bf16> { using type = float; };
-template <> struct OracleAcc<f16> { using type = float; };
+template <class T>
+struct OracleAcc {
+  using type = T;
+};
+template <>
+struct OracleAcc<bf16> {
+  using type = float;
+};
+template <>
+struct OracleAcc<f16> {
+  using type = float;
+};
 
 template <class T>
 auto to_acc(T v) {
-  if constexpr (std::is_same_v<T, bf16> || std::is_same_v<T, f16>) return static_cast<float>(v);
-  else return v;
+  if constexpr (std::is_same_v<T, bf16> || std::is_same_v<T, f16>)
+    return static_cast<float>(v);
+  else
+    return v;
 }
 template <class T, class A>
 T from_acc(A v) {
-  if constexpr (std::is_same_v<T, bf16> || std::is_same_v<T, f16>) return T(static_cast<float>(v));
-  else return static_cast<T>(v);
+  if constexpr (std::is_same_v<T, bf16> || std::is_same_v<T, f16>)
+    return T(static_cast<float>(v));
+  else
+    return static_cast<T>(v);
 }
 
 // The serial definition: out[k] = op(in[0][k], in[1][k], ...) folded left in rank order.
@@ -51,13 +64,17 @@ std::vector<T> serial_reduce(const std::vector<std::vector<T>>& in, ReduceOp op)
       } else {
         if (op == ReduceOp::sum || op == ReduceOp::avg) acc = acc + x;
         if (op == ReduceOp::prod) acc = acc * x;
-        if (op == ReduceOp::max) acc = (std::isnan(acc) || std::isnan(x)) ? NAN : (x > acc ? x : acc);
-        if (op == ReduceOp::min) acc = (std::isnan(acc) || std::isnan(x)) ? NAN : (x < acc ? x : acc);
+        if (op == ReduceOp::max)
+          acc = (std::isnan(acc) || std::isnan(x)) ? NAN : (x > acc ? x : acc);
+        if (op == ReduceOp::min)
+          acc = (std::isnan(acc) || std::isnan(x)) ? NAN : (x < acc ? x : acc);
       }
     }
     if (op == ReduceOp::avg) {
-      if constexpr (std::is_integral_v<A>) acc = static_cast<A>(static_cast<std::int64_t>(acc) / static_cast<std::int64_t>(in.size()));
-      else acc = acc / static_cast<A>(in.size());
+      if constexpr (std::is_integral_v<A>)
+        acc = static_cast<A>(static_cast<std::int64_t>(acc) / static_cast<std::int64_t>(in.size()));
+      else
+        acc = acc / static_cast<A>(in.size());
     }
     out[k] = from_acc<T>(acc);
   }
