@@ -168,7 +168,8 @@ class Case {
     } else {
       for (std::size_t i = 0; i < lay_.send; ++i) send_[i] = value<T>(r, i, o_.redop);
     }
-    if (!in_place_) std::memset(static_cast<void*>(recv_.data()), 0x5a, recv_.size() * sizeof(T));
+    if (!in_place_ && !recv_.empty())
+      std::memset(static_cast<void*>(recv_.data()), 0x5a, recv_.size() * sizeof(T));
   }
 
   void run() {

@@ -225,11 +225,12 @@ comm::WorkPtr SimCommunicator::do_all_gather(comm::ConstBuffer send, comm::Buffe
       desc, [&](Slot& s) { s.send[static_cast<std::size_t>(rank_)] = send; },
       [&](const Slot& s) {
         const std::size_t bytes = send.bytes();
+        const bool stream = recv.bytes() >= kStreamBytes;
         for (int r = 0; r < s.size; ++r) {
           const void* src = s.send[static_cast<std::size_t>(r)].data;
-          std::byte* dst = at(recv, desc.count * static_cast<std::size_t>(r));
-          if (bytes > 0 && src != dst) std::memcpy(dst, src, bytes);
+          copy_bytes(at(recv, desc.count * static_cast<std::size_t>(r)), src, bytes, stream);
         }
+        if (stream) copy_fence();
       });
   return std::make_shared<comm::CompletedWork>();
 }
@@ -250,7 +251,8 @@ comm::WorkPtr SimCommunicator::do_broadcast(comm::ConstBuffer send, comm::Buffer
       desc, [&](Slot& s) { s.send[static_cast<std::size_t>(rank_)] = send; },
       [&](const Slot& s) {
         const void* src = s.send[static_cast<std::size_t>(o.root)].data;
-        if (recv.bytes() > 0 && src != recv.data) std::memcpy(recv.data, src, recv.bytes());
+        copy_bytes(recv.data, src, recv.bytes(), recv.bytes() >= kStreamBytes);
+        copy_fence();
       });
   return std::make_shared<comm::CompletedWork>();
 }
@@ -273,9 +275,11 @@ comm::WorkPtr SimCommunicator::do_all_to_all(comm::ConstBuffer send, comm::Buffe
       desc, [&](Slot& s) { s.send[static_cast<std::size_t>(rank_)] = src_buf; },
       [&](const Slot& s) {
         const std::size_t bytes = c * comm::size_of(desc.dtype);
-        if (bytes == 0) return;
+        const bool stream = recv.bytes() >= kStreamBytes;
         for (std::size_t j = 0; j < n; ++j)
-          std::memcpy(at(recv, j * c), at(s.send[j], static_cast<std::size_t>(rank_) * c), bytes);
+          copy_bytes(at(recv, j * c), at(s.send[j], static_cast<std::size_t>(rank_) * c), bytes,
+                     stream);
+        if (stream) copy_fence();
       });
   return std::make_shared<comm::CompletedWork>();
 }

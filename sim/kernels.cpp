@@ -12,6 +12,10 @@
 
 #include "sim/testing.hpp"
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 namespace shardcheck::sim {
 
 namespace testing {
@@ -25,6 +29,35 @@ Mutation mutation() {
   return g_mutation.load(std::memory_order_relaxed);
 }
 }  // namespace testing
+
+void copy_bytes(void* dst, const void* src, std::size_t bytes, bool stream) {
+  if (bytes == 0 || dst == src) return;
+#if defined(__SSE2__)
+  if (stream) {
+    auto* d = static_cast<std::byte*>(dst);
+    const auto* s = static_cast<const std::byte*>(src);
+    const std::size_t head = std::min(bytes, (16 - reinterpret_cast<std::uintptr_t>(d) % 16) % 16);
+    std::memcpy(d, s, head);
+    d += head;
+    s += head;
+    bytes -= head;
+    const std::size_t vecs = bytes / 16;
+    for (std::size_t i = 0; i < vecs; ++i)
+      _mm_stream_si128(reinterpret_cast<__m128i*>(d) + i,
+                       _mm_loadu_si128(reinterpret_cast<const __m128i*>(s) + i));
+    std::memcpy(d + vecs * 16, s + vecs * 16, bytes - vecs * 16);
+    return;
+  }
+#endif
+  (void)stream;
+  std::memcpy(dst, src, bytes);
+}
+
+void copy_fence() {
+#if defined(__SSE2__)
+  _mm_sfence();
+#endif
+}
 
 Range chunk(std::size_t count, int n, int i) {
   const auto nn = static_cast<std::size_t>(n);
@@ -119,6 +152,8 @@ void reduce_typed(ReduceOp op, std::span<const void* const> srcs, std::span<void
                         (chunk_index % 2) == 1;
   if (testing::mutation() == testing::Mutation::skip_last_element_of_chunk && count > 0) --count;
   A acc[kTile];
+  T out[kTile];
+  const bool stream = count * sizeof(T) >= kStreamBytes;
   for (std::size_t base = 0; base < count; base += kTile) {
     const std::size_t len = std::min(kTile, count - base);
     const int first = reversed ? n - 1 : 0;
@@ -135,6 +170,11 @@ void reduce_typed(ReduceOp op, std::span<const void* const> srcs, std::span<void
       }
       for (std::size_t k = 0; k < len; ++k) acc[k] = combine<A>(op, acc[k], load(s[k]));
     }
+    if (stream) {  // stage the tile, then write it to every output without reading them first
+      for (std::size_t k = 0; k < len; ++k) out[k] = store<T>(finish<A>(op, acc[k], n));
+      for (void* d : dsts) copy_bytes(static_cast<T*>(d) + base, out, len * sizeof(T), true);
+      continue;
+    }
     T* d0 = static_cast<T*>(dsts[0]) + base;
     for (std::size_t k = 0; k < len; ++k) d0[k] = store<T>(finish<A>(op, acc[k], n));
     for (std::size_t d = 1; d < dsts.size(); ++d) {
@@ -142,6 +182,7 @@ void reduce_typed(ReduceOp op, std::span<const void* const> srcs, std::span<void
       if (dst != d0) std::memcpy(dst, d0, len * sizeof(T));
     }
   }
+  if (stream) copy_fence();
 }
 
 }  // namespace

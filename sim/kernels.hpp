@@ -16,6 +16,16 @@ struct Range {
 };
 Range chunk(std::size_t count, int n, int i);
 
+// Outputs at least this large are written with streaming (non-temporal) stores: the data goes to
+// another rank's buffer that this core will not read again, so reading it into cache first (as a
+// plain store does) would only add memory traffic.
+inline constexpr std::size_t kStreamBytes = std::size_t{1} << 18;
+
+// memcpy, or with `stream` a copy with non-temporal stores; call copy_fence() after the last
+// streaming copy and before other threads may read the data.
+void copy_bytes(void* dst, const void* src, std::size_t bytes, bool stream);
+void copy_fence();
+
 // For k in [0, count): value = op over srcs[0][k], srcs[1][k], ... in that order (avg divides the
 // sum by srcs.size()); the same value is written to dsts[d][k] for every d. Floating types
 // accumulate in their own precision (f64, f32) or f32 (bf16, f16) and round once. A dst may alias

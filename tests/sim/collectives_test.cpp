@@ -18,7 +18,7 @@ using comm::Communicator;
 
 template <class T>
 void poison(std::vector<T>& v) {
-  std::memset(static_cast<void*>(v.data()), 0x5a, v.size() * sizeof(T));
+  if (!v.empty()) std::memset(static_cast<void*>(v.data()), 0x5a, v.size() * sizeof(T));
 }
 
 template <class T>
