@@ -12,6 +12,12 @@ std::string OpContext::describe() const {
 CommError::CommError(OpContext ctx, const std::string& what)
     : std::runtime_error("[" + ctx.describe() + "] " + what), ctx_(std::move(ctx)) {}
 
+std::string rank_list(const std::vector<int>& ranks) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < ranks.size(); ++i) s += (i ? "," : "") + std::to_string(ranks[i]);
+  return s + "]";
+}
+
 namespace detail {
 void check_failed(const char* file, int line, const char* expr, const std::string& msg) {
   std::ostringstream os;

@@ -83,6 +83,9 @@ class InvariantError : public std::logic_error {
   using std::logic_error::logic_error;
 };
 
+// "[0,2,5]": how rank lists appear in every message and table.
+std::string rank_list(const std::vector<int>& ranks);
+
 namespace detail {
 [[noreturn]] void check_failed(const char* file, int line, const char* expr,
                                const std::string& msg);

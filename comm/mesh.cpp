@@ -125,14 +125,6 @@ int DeviceMesh::group_index(int rank, std::span<const Axis> axes) const {
   return index;
 }
 
-namespace {
-std::string list(const std::vector<int>& v) {
-  std::string s = "[";
-  for (std::size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
-  return s + "]";
-}
-}  // namespace
-
 std::string DeviceMesh::table() const {
   std::ostringstream os;
   os << "mesh dp=" << shape_.dp << " tp=" << shape_.tp << " pp=" << shape_.pp << " cp=" << shape_.cp
@@ -141,7 +133,7 @@ std::string DeviceMesh::table() const {
   for (Axis a : kAllAxes) {
     width[idx(a)] = 8;  // "dp-group"
     for (int r = 0; r < world_size(); ++r)
-      width[idx(a)] = std::max(width[idx(a)], list(group(r, a)).size());
+      width[idx(a)] = std::max(width[idx(a)], rank_list(group(r, a)).size());
   }
   auto pad = [](std::string s, std::size_t w) { return s + std::string(w - s.size(), ' '); };
   os << "rank  dp tp pp cp ep";
@@ -151,7 +143,7 @@ std::string DeviceMesh::table() const {
     const std::string rs = std::to_string(r);
     os << std::string(rs.size() < 4 ? 4 - rs.size() : 0, ' ') << rs << " ";
     for (Axis a : kAllAxes) os << (coord(r, a) < 10 ? "  " : " ") << coord(r, a);
-    for (Axis a : kAllAxes) os << "  " << pad(list(group(r, a)), width[idx(a)]);
+    for (Axis a : kAllAxes) os << "  " << pad(rank_list(group(r, a)), width[idx(a)]);
     os << "\n";
   }
   return os.str();

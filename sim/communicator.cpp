@@ -14,12 +14,6 @@ namespace shardcheck::sim {
 
 namespace {
 
-std::string list(const std::vector<int>& v) {
-  std::string s = "[";
-  for (std::size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
-  return s + "]";
-}
-
 std::byte* at(const comm::Buffer& b, std::size_t elems) {
   return static_cast<std::byte*>(b.data) + elems * comm::size_of(b.dtype);
 }
@@ -373,7 +367,8 @@ std::unique_ptr<comm::Communicator> SimCommunicator::do_split(int color, int key
           std::sort(v.begin(), v.end());
           auto g = std::make_shared<SimGroup>();
           for (auto [k, r] : v) g->members.push_back(group_->members[static_cast<std::size_t>(r)]);
-          g->name = s.names[static_cast<std::size_t>(v.front().second)] + list(g->members);
+          g->name =
+              s.names[static_cast<std::size_t>(v.front().second)] + comm::rank_list(g->members);
           for (auto [k, r] : v) s.split_result[static_cast<std::size_t>(r)] = g;
         }
       });

@@ -106,14 +106,6 @@ void WorldState::throw_for(RankInfo& me, int rank) {
                         failed_rank_);
 }
 
-namespace {
-std::string list(const std::vector<int>& v) {
-  std::string s = "[";
-  for (std::size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
-  return s + "]";
-}
-}  // namespace
-
 void WorldState::detect_deadlock() {
   if (active_ > 0 || aborted_) return;
   std::ostringstream os;
@@ -128,7 +120,7 @@ void WorldState::detect_deadlock() {
       any_blocked = true;
       missing[r] = ri.wait.missing ? ri.wait.missing() : std::vector<int>{};
       os << "\n  rank " << r << ": waits in " << ri.wait.op << " seq " << ri.wait.seq
-         << " of group " << ri.wait.group << ", never arrived: " << list(missing[r]);
+         << " of group " << ri.wait.group << ", never arrived: " << comm::rank_list(missing[r]);
     }
   }
   if (!any_blocked) return;
