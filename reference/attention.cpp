@@ -1,0 +1,176 @@
+// Attention as three plain loops per head (scores, softmax, weighted sum), with the dropout mask
+// redrawn from the counter-based RNG in backward instead of stored (so recompute reproduces it).
+#include "reference/attention.hpp"
+
+#include <cmath>
+#include <limits>
+#include <string>
+
+#include "reference/rng.hpp"
+#include "reference/testing.hpp"
+
+namespace shardcheck::ref {
+
+template <class T>
+void rope_apply(Tensor<T>& x, std::span<const int32_t> positions, int heads, bool inverse) {
+  const int64_t s = x.dim(0);
+  const int64_t d = x.dim(1) / heads;
+  REF_CHECK(d % 2 == 0, "RoPE needs an even head dimension");
+  const int shift = testing::mutated(testing::Mutation::kRopeOffByOne) ? 1 : 0;
+  for (int64_t t = 0; t < s; ++t) {
+    const double pos = positions[static_cast<size_t>(t)] + shift;
+    for (int64_t j = 0; j < d / 2; ++j) {
+      const double freq =
+          std::pow(kRopeTheta, -2.0 * static_cast<double>(j) / static_cast<double>(d));
+      const double angle = (inverse ? -pos : pos) * freq;
+      const auto c = static_cast<T>(std::cos(angle)), sn = static_cast<T>(std::sin(angle));
+      for (int h = 0; h < heads; ++h) {
+        T& x0 = x.at(t, h * d + 2 * j);
+        T& x1 = x.at(t, h * d + 2 * j + 1);
+        const T a = x0, b = x1;
+        x0 = a * c - b * sn;
+        x1 = a * sn + b * c;
+      }
+    }
+  }
+}
+
+namespace {
+bool visible(std::span<const int32_t> doc_ids, int64_t i, int64_t j) {
+  if (j > i) return false;
+  if (testing::mutated(testing::Mutation::kNoDocumentMask)) return true;
+  return doc_ids[static_cast<size_t>(i)] == doc_ids[static_cast<size_t>(j)];
+}
+
+RngStream dropout_stream(const AttentionDropout& d) {
+  return RngStream::of(d.seed, "dropout/layers." + std::to_string(d.layer), d.step);
+}
+
+double scale_from(const RngStream& rng, const AttentionDropout& d, int total_heads, int64_t s,
+                  int64_t head, int64_t i, int64_t j) {
+  if (d.rate <= 0.0) return 1.0;
+  const auto idx = static_cast<uint64_t>(((d.sequence * total_heads + head) * s + i) * s + j);
+  return rng.uniform(idx) >= d.rate ? 1.0 / (1.0 - d.rate) : 0.0;
+}
+
+// The mask of the local heads, with the stream built once.
+struct DropMask {
+  const AttentionDropout& cfg;
+  RngStream rng;
+  int total_heads;
+  int64_t s;
+  DropMask(const AttentionDropout& c, int local_heads, int64_t len)
+      : cfg(c),
+        rng(dropout_stream(c)),
+        total_heads(c.total_heads > 0 ? c.total_heads : local_heads),
+        s(len) {}
+  double operator()(int h, int64_t i, int64_t j) const {
+    return scale_from(rng, cfg, total_heads, s, cfg.head_offset + h, i, j);
+  }
+};
+}  // namespace
+
+double attention_dropout_scale(const AttentionDropout& dropout, int total_heads, int64_t s,
+                               int64_t head, int64_t i, int64_t j) {
+  return scale_from(dropout_stream(dropout), dropout, total_heads, s, head, i, j);
+}
+
+template <class T>
+Tensor<T> attention_forward(const Tensor<T>& q, const Tensor<T>& k, const Tensor<T>& v,
+                            std::span<const int32_t> doc_ids, AttentionShape shape,
+                            const AttentionDropout& dropout,
+                            std::type_identity_t<Tensor<T>>* probs) {
+  const int64_t s = q.dim(0);
+  const int a = shape.heads, kv = shape.kv_heads;
+  REF_CHECK(a % kv == 0, "heads must be a multiple of kv_heads");
+  const int64_t d = q.dim(1) / a;
+  REF_CHECK(k.dim(1) == kv * d && v.dim(1) == kv * d, "k/v width != kv_heads * head_dim");
+  const T scale = T{1} / std::sqrt(static_cast<T>(d));
+  const DropMask mask(dropout, a, s);
+  Tensor<T> o({s, a * d});
+  if (probs) *probs = Tensor<T>({a, s, s});
+  std::vector<T> p(static_cast<size_t>(s));
+  for (int h = 0; h < a; ++h) {
+    const int64_t g = h / (a / kv);
+    for (int64_t i = 0; i < s; ++i) {
+      T mx = -std::numeric_limits<T>::infinity();
+      for (int64_t j = 0; j < s; ++j) {
+        if (!visible(doc_ids, i, j)) continue;
+        T dot = 0;
+        for (int64_t c = 0; c < d; ++c) dot += q.at(i, h * d + c) * k.at(j, g * d + c);
+        p[static_cast<size_t>(j)] = dot * scale;
+        mx = std::max(mx, p[static_cast<size_t>(j)]);
+      }
+      T sum = 0;
+      for (int64_t j = 0; j < s; ++j) {
+        T& pj = p[static_cast<size_t>(j)];
+        pj = visible(doc_ids, i, j) ? std::exp(pj - mx) : T{0};
+        sum += pj;
+      }
+      for (int64_t j = 0; j < s; ++j) {
+        T& pj = p[static_cast<size_t>(j)];
+        pj /= sum;
+        if (probs) (*probs)[(h * s + i) * s + j] = pj;
+        const T w = pj * static_cast<T>(mask(h, i, j));
+        if (w == T{0}) continue;
+        for (int64_t c = 0; c < d; ++c) o.at(i, h * d + c) += w * v.at(j, g * d + c);
+      }
+    }
+  }
+  return o;
+}
+
+template <class T>
+void attention_backward(const Tensor<T>& dout, const Tensor<T>& q, const Tensor<T>& k,
+                        const Tensor<T>& v, AttentionShape shape, const AttentionDropout& dropout,
+                        const Tensor<T>& probs, Tensor<T>& dq, Tensor<T>& dk, Tensor<T>& dv) {
+  const int64_t s = q.dim(0);
+  const int a = shape.heads, kv = shape.kv_heads;
+  const int64_t d = q.dim(1) / a;
+  const T scale = T{1} / std::sqrt(static_cast<T>(d));
+  const DropMask mask(dropout, a, s);
+  dq = Tensor<T>(q.shape());
+  dk = Tensor<T>(k.shape());
+  dv = Tensor<T>(v.shape());
+  std::vector<T> dp(static_cast<size_t>(s));
+  for (int h = 0; h < a; ++h) {
+    const int64_t g = h / (a / kv);
+    for (int64_t i = 0; i < s; ++i) {
+      T dot_pdp = 0;
+      for (int64_t j = 0; j < s; ++j) {
+        const T pj = probs[(h * s + i) * s + j];
+        const auto m = static_cast<T>(mask(h, i, j));
+        T dpd = 0;  // d loss / d (dropped probability)
+        for (int64_t c = 0; c < d; ++c) {
+          dpd += dout.at(i, h * d + c) * v.at(j, g * d + c);
+          dv.at(j, g * d + c) += pj * m * dout.at(i, h * d + c);
+        }
+        dp[static_cast<size_t>(j)] = dpd * m;
+        dot_pdp += pj * dp[static_cast<size_t>(j)];
+      }
+      for (int64_t j = 0; j < s; ++j) {
+        const T pj = probs[(h * s + i) * s + j];
+        if (pj == T{0}) continue;
+        const T ds = pj * (dp[static_cast<size_t>(j)] - dot_pdp) * scale;
+        for (int64_t c = 0; c < d; ++c) {
+          dq.at(i, h * d + c) += ds * k.at(j, g * d + c);
+          dk.at(j, g * d + c) += ds * q.at(i, h * d + c);
+        }
+      }
+    }
+  }
+}
+
+#define REF_INSTANTIATE(T)                                                                    \
+  template void rope_apply(Tensor<T>&, std::span<const int32_t>, int, bool);                  \
+  template Tensor<T> attention_forward(const Tensor<T>&, const Tensor<T>&, const Tensor<T>&,  \
+                                       std::span<const int32_t>, AttentionShape,              \
+                                       const AttentionDropout&, Tensor<T>*);                  \
+  template void attention_backward(const Tensor<T>&, const Tensor<T>&, const Tensor<T>&,      \
+                                   const Tensor<T>&, AttentionShape, const AttentionDropout&, \
+                                   const Tensor<T>&, Tensor<T>&, Tensor<T>&, Tensor<T>&);
+REF_INSTANTIATE(double)
+REF_INSTANTIATE(float)
+#undef REF_INSTANTIATE
+
+}  // namespace shardcheck::ref

@@ -1,0 +1,71 @@
+// Plain configuration structs of the reference model and training run (the scenario's "model",
+// "train" and "data" objects). No parsing here: harness/ maps JSON onto these.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace shardcheck::ref {
+
+struct MoeConfig {
+  int experts = 4;
+  int top_k = 2;
+  double capacity_factor = 1.25;
+  int every = 2;  // layer i is an MoE layer iff (i + 1) % every == 0
+  double aux_loss = 0.01;
+};
+
+struct ModelConfig {
+  int vocab = 64;
+  int hidden = 32;
+  int layers = 2;
+  int heads = 4;
+  int kv_heads = 2;
+  int ffn = 64;  // MLP width, also each expert's width
+  int seq_len = 16;
+  bool tie_embeddings = true;
+  double dropout = 0.0;  // on attention probabilities only
+  std::optional<MoeConfig> moe;
+
+  int head_dim() const { return hidden / heads; }
+  bool is_moe_layer(int layer) const { return moe && (layer + 1) % moe->every == 0; }
+  // Throws std::invalid_argument naming the field when the shape is impossible.
+  void validate() const;
+};
+
+enum class Precision { kF64, kF32, kBf16 };
+std::string to_string(Precision p);
+
+struct OptimizerConfig {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double weight_decay = 0.1;  // decoupled, on 2-D weights only
+  int warmup = 1;             // steps of linear warmup
+  double min_lr = 1e-4;       // cosine floor, reached at the last step
+};
+
+struct TrainConfig {
+  int steps = 3;
+  int global_batch = 8;  // sequences per optimizer step
+  int micro_batch = 1;   // sequences per forward/backward; global_batch % micro_batch == 0
+  Precision precision = Precision::kF64;
+  OptimizerConfig optimizer;
+  double clip_grad_norm = 1.0;  // <= 0 disables clipping
+  bool activation_checkpointing = false;
+  void validate() const;
+};
+
+struct DataConfig {
+  int64_t documents = 256;
+  int min_len = 4;   // tokens per document, inclusive
+  int max_len = 24;  // inclusive
+  bool packing = true;
+  bool drop_last =
+      true;  // false: the last short global batch wraps around (pads) to the epoch start
+  void validate() const;
+};
+
+}  // namespace shardcheck::ref
