@@ -312,6 +312,7 @@ BenchResult bench_collectives(const RankRunner& run, const std::string& backend,
       row.in_place = measure<T>(run, ranks, o, count, true);
     });
     res.rows.push_back(row);
+    if (o.on_row) o.on_row(row);
     if (bytes > o.max_bytes / 2) break;  // avoid overflow past the last size
   }
   return res;
@@ -339,36 +340,46 @@ std::string_view type_name(comm::DType t) {
 }
 }  // namespace
 
-void print_table(std::ostream& os, const BenchResult& r) {
-  char line[256];
-  const bool reduces =
-      r.options.op == BenchOp::all_reduce || r.options.op == BenchOp::reduce_scatter;
-  os << "# shardcheck bench collectives: " << name_of(r.options.op) << ", backend " << r.backend
-     << ", " << r.ranks << " ranks, dtype " << comm::name_of(r.options.dtype) << "\n";
+void print_header(std::ostream& os, const std::string& backend, int ranks, const BenchOptions& o) {
+  os << "# shardcheck bench collectives: " << name_of(o.op) << ", backend " << backend << ", "
+     << ranks << " ranks, dtype " << comm::name_of(o.dtype) << "\n";
   os << "#                                                  out-of-place                       "
         "in-place\n";
   os << "#        size        count      type   redop     time   algbw   busbw  #wrong     time   "
         "algbw   busbw  #wrong\n";
   os << "#         (B)   (elements)                       (us)  (GB/s)  (GB/s)             (us)  "
         "(GB/s)  (GB/s)\n";
+}
+
+void print_row(std::ostream& os, const BenchOptions& o, const BenchRow& row) {
+  char line[256];
+  const bool reduces = o.op == BenchOp::all_reduce || o.op == BenchOp::reduce_scatter;
+  std::snprintf(line, sizeof line,
+                "%13zu %12zu %9s %7s %8.1f %7.2f %7.2f %7llu %8.1f %7.2f %7.2f %7llu\n", row.bytes,
+                row.count, std::string(type_name(o.dtype)).c_str(),
+                reduces ? std::string(comm::name_of(o.redop)).c_str() : "none",
+                row.out_of_place.time_us, row.out_of_place.algbw_gbps, row.out_of_place.busbw_gbps,
+                static_cast<unsigned long long>(row.out_of_place.wrong), row.in_place.time_us,
+                row.in_place.algbw_gbps, row.in_place.busbw_gbps,
+                static_cast<unsigned long long>(row.in_place.wrong));
+  os << line << std::flush;
+}
+
+void print_footer(std::ostream& os, const BenchResult& r) {
   double bus_sum = 0;
-  for (const auto& row : r.rows) {
-    std::snprintf(
-        line, sizeof line, "%13zu %12zu %9s %7s %8.1f %7.2f %7.2f %7llu %8.1f %7.2f %7.2f %7llu\n",
-        row.bytes, row.count, std::string(type_name(r.options.dtype)).c_str(),
-        reduces ? std::string(comm::name_of(r.options.redop)).c_str() : "none",
-        row.out_of_place.time_us, row.out_of_place.algbw_gbps, row.out_of_place.busbw_gbps,
-        static_cast<unsigned long long>(row.out_of_place.wrong), row.in_place.time_us,
-        row.in_place.algbw_gbps, row.in_place.busbw_gbps,
-        static_cast<unsigned long long>(row.in_place.wrong));
-    os << line;
-    bus_sum += row.out_of_place.busbw_gbps + row.in_place.busbw_gbps;
-  }
+  for (const auto& row : r.rows) bus_sum += row.out_of_place.busbw_gbps + row.in_place.busbw_gbps;
   os << "# Out of bounds values : " << r.total_wrong() << (r.total_wrong() == 0 ? " OK" : " FAILED")
      << "\n";
+  char line[128];
   std::snprintf(line, sizeof line, "# Avg bus bandwidth    : %.3f GB/s\n",
                 r.rows.empty() ? 0.0 : bus_sum / (2.0 * static_cast<double>(r.rows.size())));
   os << line;
+}
+
+void print_table(std::ostream& os, const BenchResult& r) {
+  print_header(os, r.backend, r.ranks, r.options);
+  for (const auto& row : r.rows) print_row(os, r.options, row);
+  print_footer(os, r);
 }
 
 }  // namespace shardcheck::harness

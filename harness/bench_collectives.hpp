@@ -21,6 +21,8 @@ bool parse_bench_op(std::string_view s, BenchOp& out);
 // reduce_scatter and all_to_all, 1 for broadcast.
 double bus_factor(BenchOp op, int n);
 
+struct BenchRow;
+
 struct BenchOptions {
   BenchOp op = BenchOp::all_reduce;
   comm::DType dtype = comm::DType::f32;
@@ -30,6 +32,7 @@ struct BenchOptions {
   int warmup = 2;
   int iters = 0;  // 0: chosen per size so that a size takes about target_seconds
   double target_seconds = 0.2;
+  std::function<void(const BenchRow&)> on_row;  // called as each size completes (progress)
 };
 
 struct BenchCell {
@@ -56,6 +59,10 @@ using RankRunner = std::function<void(const std::function<void(comm::Communicato
 BenchResult bench_collectives(const RankRunner& run, const std::string& backend, int ranks,
                               const BenchOptions& options);
 
+// The table in nccl-tests layout: header, one row per size, footer (wrong count, avg busbw).
+void print_header(std::ostream& os, const std::string& backend, int ranks, const BenchOptions& o);
+void print_row(std::ostream& os, const BenchOptions& o, const BenchRow& row);
+void print_footer(std::ostream& os, const BenchResult& r);
 void print_table(std::ostream& os, const BenchResult& r);
 
 }  // namespace shardcheck::harness

@@ -95,8 +95,11 @@ int bench_collectives_cmd(const BenchArgs& a) {
   const RankRunner runner = [&world](const std::function<void(comm::Communicator&)>& fn) {
     world.run(fn);
   };
+  // Rows print as each size completes, so a long run shows its progress.
+  o.on_row = [&o](const BenchRow& row) { print_row(std::cout, o, row); };
+  print_header(std::cout, "sim", a.ranks, o);
   const BenchResult r = bench_collectives(runner, "sim", a.ranks, o);
-  print_table(std::cout, r);
+  print_footer(std::cout, r);
   if (!a.json.empty()) {
     std::ofstream f(a.json);
     if (!f) throw BadInput("--json: cannot write '" + a.json + "'");
