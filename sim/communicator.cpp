@@ -43,7 +43,12 @@ class P2PWork final : public comm::Work {
     const int peer = op_->peer_world;
     WorldState::WaitInfo info{op_->ctx.group, op_->ctx.op, op_->ctx.seq,
                               [peer] { return std::vector<int>{peer}; }};
-    world_->block(lk, op_->world_rank, info, [this] { return op_->done || op_->error; });
+    try {
+      world_->block(lk, op_->world_rank, info, [this] { return op_->done || op_->error; });
+    } catch (...) {
+      world_->mark(op_->world_rank, op_->record, OpState::failed);
+      throw;
+    }
     if (op_->error) std::rethrow_exception(op_->error);
   }
   bool is_completed() override {
@@ -96,8 +101,25 @@ std::shared_ptr<Slot> SimCommunicator::collective(const OpDesc& desc, const Regi
   if (!entry) entry = std::make_shared<Slot>(seq_, size(), desc, rank_);
   std::shared_ptr<Slot> slot = entry;
   ++seq_;
-  if (slot->error) std::rethrow_exception(slot->error);
+  const int me = world_rank();
+  FlightRecord record{0,
+                      group_->name,
+                      std::string(name_of(desc.kind)),
+                      slot->seq,
+                      desc.dtype,
+                      desc.count,
+                      desc.kind == OpKind::broadcast ? desc.root : -1,
+                      OpState::issued,
+                      world_->now(),
+                      0,
+                      0};
+  const std::uint64_t rec = world_->recorder(me).push(std::move(record));
+  if (slot->error) {
+    world_->mark(me, rec, OpState::failed);
+    std::rethrow_exception(slot->error);
+  }
   if (!(slot->desc == desc)) {
+    world_->mark(me, rec, OpState::failed);
     const int other = group_->members[static_cast<std::size_t>(slot->first_rank)];
     std::ostringstream os;
     os << "collective mismatch in group " << group_->name << " at seq " << slot->seq << ": rank "
@@ -128,9 +150,18 @@ std::shared_ptr<Slot> SimCommunicator::collective(const OpDesc& desc, const Regi
                                 if (!slot->arrived_mask[r]) missing.push_back(group->members[r]);
                               return missing;
                             }};
-  world_->block(lk, world_rank(), info,
-                [&] { return slot->arrived == slot->size || slot->error != nullptr; });
-  if (slot->error) std::rethrow_exception(slot->error);
+  try {
+    world_->block(lk, me, info,
+                  [&] { return slot->arrived == slot->size || slot->error != nullptr; });
+  } catch (...) {
+    world_->mark(me, rec, OpState::failed);
+    throw;
+  }
+  if (slot->error) {
+    world_->mark(me, rec, OpState::failed);
+    std::rethrow_exception(slot->error);
+  }
+  world_->mark(me, rec, OpState::started);
   lk.unlock();
 
   std::exception_ptr data_error;
@@ -147,8 +178,9 @@ std::shared_ptr<Slot> SimCommunicator::collective(const OpDesc& desc, const Regi
   } else {
     info.op += " (leaving)";
     world_->block(
-        lk, world_rank(), info, [&] { return slot->departed == slot->size; }, true);
+        lk, me, info, [&] { return slot->departed == slot->size; }, true);
   }
+  world_->mark(me, rec, data_error ? OpState::failed : OpState::completed);
   if (data_error) std::rethrow_exception(data_error);
   return slot;
 }
@@ -379,6 +411,11 @@ std::unique_ptr<comm::Communicator> SimCommunicator::do_split(int color, int key
 }
 
 comm::WorkPtr SimCommunicator::post_p2p(std::shared_ptr<P2POp> op, int peer, int tag) {
+  const comm::DType dt = op->is_send ? op->send.dtype : op->recv.dtype;
+  const std::size_t count = op->is_send ? op->send.count : op->recv.count;
+  op->record = world_->recorder(op->world_rank)
+                   .push({0, group_->name, op->ctx.op, op->ctx.seq, dt, count, -1, OpState::issued,
+                          world_->now(), 0, 0});
   const int src = op->is_send ? rank_ : peer;
   const int dst = op->is_send ? peer : rank_;
   Channel& ch = group_->channels[{src, dst, tag}];
@@ -406,6 +443,9 @@ comm::WorkPtr SimCommunicator::post_p2p(std::shared_ptr<P2POp> op, int peer, int
       if (s.send.bytes() > 0) std::memcpy(r.recv.data, s.send.data, s.send.bytes());
       s.done = r.done = true;
     }
+    const OpState st = s.done ? OpState::completed : OpState::failed;
+    world_->mark(s.world_rank, s.record, st);
+    world_->mark(r.world_rank, r.record, st);
     world_->wake(other->world_rank);
   }
   return std::make_shared<P2PWork>(world_, std::move(op));

@@ -89,6 +89,20 @@ void WorldState::abort(int failed_rank, const std::string& reason) {
   for (std::size_t r = 0; r < ranks_.size(); ++r) ranks_[r].cv.notify_one();
 }
 
+double WorldState::now() const {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+}
+
+void WorldState::mark(int rank, std::uint64_t record, OpState state) {
+  FlightRecord* r = recorder(rank).find(record);
+  if (!r) return;
+  r->state = state;
+  if (state == OpState::started)
+    r->t_started = now();
+  else if (state != OpState::issued)
+    r->t_ended = now();
+}
+
 void WorldState::check_usable(const comm::OpContext& ctx) const {
   if (aborted_)
     throw comm::AbortedError(ctx, "communicator aborted after rank " +
@@ -121,7 +135,11 @@ void WorldState::detect_deadlock() {
       missing[r] = ri.wait.missing ? ri.wait.missing() : std::vector<int>{};
       os << "\n  rank " << r << ": waits in " << ri.wait.op << " seq " << ri.wait.seq
          << " of group " << ri.wait.group << ", never arrived: " << comm::rank_list(missing[r]);
+    } else {
+      continue;
     }
+    const FlightRecord* last = ri.recorder.last_completed();
+    os << "; last completed: " << (last ? last->describe() : "nothing");
   }
   if (!any_blocked) return;
   const std::string report = os.str();

@@ -3,6 +3,7 @@
 // and abort from global state. Internal to sim/; users see SimWorld and comm::Communicator.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -17,6 +18,7 @@
 
 #include "comm/communicator.hpp"
 #include "comm/errors.hpp"
+#include "sim/recorder.hpp"
 
 namespace shardcheck::sim {
 
@@ -74,6 +76,7 @@ struct P2POp {
   int world_rank = 0;  // the rank that posted it
   int peer_world = 0;  // the rank it talks to
   comm::OpContext ctx;
+  std::uint64_t record = 0;  // flight-recorder id on the posting rank
   bool done = false;
   std::exception_ptr error;
 };
@@ -139,12 +142,19 @@ class WorldState {
   // Throws AbortedError for a new op issued after a failure (lock held).
   void check_usable(const comm::OpContext& ctx) const;
 
+  // Flight recorder of each rank (lock held), and seconds since the run started.
+  FlightRecorder& recorder(int rank) { return ranks_[static_cast<std::size_t>(rank)].recorder; }
+  double now() const;
+  // Sets the state (and the matching timestamp) of a record, if still in the ring (lock held).
+  void mark(int rank, std::uint64_t record, OpState state);
+
  private:
   struct RankInfo {
     RunState state = RunState::running;
     WaitInfo wait;
     std::condition_variable cv;
     std::exception_ptr deadlock;
+    FlightRecorder recorder;
   };
   void detect_deadlock();
   [[noreturn]] void throw_for(RankInfo& me, int rank);
@@ -154,6 +164,7 @@ class WorldState {
   bool aborted_ = false;
   int failed_rank_ = -1;
   std::string failure_;
+  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
 };
 
 }  // namespace shardcheck::sim

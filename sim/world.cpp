@@ -77,6 +77,8 @@ void SimWorld::run(const std::function<void(comm::Communicator&)>& fn) {
     });
   }
   for (auto& t : threads) t.join();
+  records_.clear();
+  for (int r = 0; r < ranks_; ++r) records_.push_back(state->recorder(r).snapshot());
 
   int chosen = -1;
   for (int pass = 0; pass < 2 && chosen < 0; ++pass)

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "comm/communicator.hpp"
+#include "sim/recorder.hpp"
 
 namespace shardcheck::sim {
 
@@ -58,10 +59,13 @@ class SimWorld {
 
   // Outcomes of the last run, one per rank.
   const std::vector<RankOutcome>& outcomes() const { return outcomes_; }
+  // Each rank's flight recorder at the end of the last run (its newest ops, oldest first).
+  const std::vector<std::vector<FlightRecord>>& flight_records() const { return records_; }
 
  private:
   int ranks_;
   std::vector<RankOutcome> outcomes_;
+  std::vector<std::vector<FlightRecord>> records_;
 };
 
 }  // namespace shardcheck::sim
