@@ -6,7 +6,6 @@
 #include <limits>
 #include <string>
 
-#include "reference/rng.hpp"
 #include "reference/testing.hpp"
 
 namespace shardcheck::ref {
@@ -42,37 +41,35 @@ bool visible(std::span<const int32_t> doc_ids, int64_t i, int64_t j) {
   return doc_ids[static_cast<size_t>(i)] == doc_ids[static_cast<size_t>(j)];
 }
 
-RngStream dropout_stream(const AttentionDropout& d) {
-  return RngStream::of(d.seed, "dropout/layers." + std::to_string(d.layer), d.step);
-}
-
-double scale_from(const RngStream& rng, const AttentionDropout& d, int total_heads, int64_t s,
-                  int64_t head, int64_t i, int64_t j) {
-  if (d.rate <= 0.0) return 1.0;
-  const auto idx = static_cast<uint64_t>(((d.sequence * total_heads + head) * s + i) * s + j);
-  return rng.uniform(idx) >= d.rate ? 1.0 / (1.0 - d.rate) : 0.0;
-}
-
-// The mask of the local heads, with the stream built once.
+// The mask of the local heads (local head h is global head head_offset + h).
 struct DropMask {
-  const AttentionDropout& cfg;
-  RngStream rng;
-  int total_heads;
-  int64_t s;
+  int head_offset;
+  AttentionDropoutMask mask;
   DropMask(const AttentionDropout& c, int local_heads, int64_t len)
-      : cfg(c),
-        rng(dropout_stream(c)),
-        total_heads(c.total_heads > 0 ? c.total_heads : local_heads),
-        s(len) {}
-  double operator()(int h, int64_t i, int64_t j) const {
-    return scale_from(rng, cfg, total_heads, s, cfg.head_offset + h, i, j);
-  }
+      : head_offset(c.head_offset), mask(c, c.total_heads > 0 ? c.total_heads : local_heads, len) {}
+  double operator()(int h, int64_t i, int64_t j) const { return mask.scale(head_offset + h, i, j); }
 };
 }  // namespace
 
+AttentionDropoutMask::AttentionDropoutMask(const AttentionDropout& dropout, int total_heads,
+                                           int64_t s)
+    : cfg_(dropout),
+      rng_(RngStream::of(dropout.seed, "dropout/layers." + std::to_string(dropout.layer),
+                         dropout.step)),
+      total_heads_(total_heads),
+      s_(s) {
+  REF_CHECK(total_heads > 0 && s >= 0, "dropout mask needs total_heads > 0 and s >= 0");
+}
+
+double AttentionDropoutMask::scale(int64_t head, int64_t i, int64_t j) const {
+  if (cfg_.rate <= 0.0) return 1.0;
+  const auto idx = static_cast<uint64_t>(((cfg_.sequence * total_heads_ + head) * s_ + i) * s_ + j);
+  return rng_.uniform(idx) >= cfg_.rate ? 1.0 / (1.0 - cfg_.rate) : 0.0;
+}
+
 double attention_dropout_scale(const AttentionDropout& dropout, int total_heads, int64_t s,
                                int64_t head, int64_t i, int64_t j) {
-  return scale_from(dropout_stream(dropout), dropout, total_heads, s, head, i, j);
+  return AttentionDropoutMask(dropout, total_heads, s).scale(head, i, j);
 }
 
 template <class T>

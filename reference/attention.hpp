@@ -6,6 +6,7 @@
 #include <span>
 #include <type_traits>
 
+#include "reference/rng.hpp"
 #include "reference/tensor.hpp"
 
 namespace shardcheck::ref {
@@ -32,8 +33,24 @@ struct AttentionDropout {
   int total_heads = 0;
 };
 
-// The multiplier of probability (global head, i, j) in a sequence of length s: 0 if dropped,
-// 1 / (1 - rate) if kept, 1 when rate == 0. total_heads is the model's query head count.
+// The dropout multipliers of one (layer, step, sequence), with the RNG stream (a hash of
+// "dropout/layers.<layer>") built once: use this in loops. scale(head, i, j) is the multiplier of
+// probability (global head, i, j) in a sequence of length s: 0 if dropped, 1 / (1 - rate) if kept,
+// 1 when rate == 0. total_heads is the model's query head count.
+class AttentionDropoutMask {
+ public:
+  AttentionDropoutMask(const AttentionDropout& dropout, int total_heads, int64_t s);
+  double scale(int64_t head, int64_t i, int64_t j) const;
+
+ private:
+  AttentionDropout cfg_;
+  RngStream rng_;
+  int total_heads_;
+  int64_t s_;
+};
+
+// One element's multiplier, as AttentionDropoutMask(dropout, total_heads, s).scale(head, i, j).
+// It rebuilds the stream on every call: fine for a spot check, not for a loop over elements.
 double attention_dropout_scale(const AttentionDropout& dropout, int total_heads, int64_t s,
                                int64_t head, int64_t i, int64_t j);
 

@@ -152,6 +152,9 @@ Tensor<T> block_backward(const ModelConfig& cfg, const ParamMap<T>& params, int 
 template <class T>
 void head_forward(const ModelConfig& cfg, const ParamMap<T>& params, const Sequence& seq,
                   const Tensor<T>& x, HeadCache<T>& c, SequenceLoss* loss) {
+  REF_CHECK(loss != nullptr,
+            "head_forward needs a SequenceLoss to write the per-token losses into (unlike "
+            "block_forward, whose loss argument may be null)");
   c.x = x;
   c.y = rmsnorm_forward(x, params["final_norm.weight"], &c.rstd);
   c.logits = cfg.tie_embeddings ? linear_t_forward(c.y, params["embed.weight"])

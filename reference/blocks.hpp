@@ -66,7 +66,7 @@ template <class T>
 void embed_backward(const Tensor<T>& dx, const Sequence& seq, ParamMap<T>& grads);
 
 // x_out = x + Attn(RMSNorm(x)); x_out += MLP or MoE(RMSNorm(x_out)), for layer `layer`.
-// Adds the layer's aux loss and dropped assignments into *loss.
+// Adds the layer's aux loss and dropped assignments into *loss (loss may be null: recompute).
 template <class T>
 Tensor<T> block_forward(const ModelConfig& cfg, const ParamMap<T>& params, int layer,
                         const Sequence& seq, const StepContext& ctx, const Tensor<T>& x,
@@ -77,7 +77,8 @@ Tensor<T> block_backward(const ModelConfig& cfg, const ParamMap<T>& params, int 
                          const Sequence& seq, const StepContext& ctx, const BlockCache<T>& cache,
                          const Tensor<T>& dy, ParamMap<T>& grads);
 
-// Final norm, LM head (tied: x . embed^T; untied: x . lm_head), per-token losses into *loss.
+// Final norm, LM head (tied: x . embed^T; untied: x . lm_head), per-token losses into *loss
+// (required: a null loss throws std::logic_error).
 template <class T>
 void head_forward(const ModelConfig& cfg, const ParamMap<T>& params, const Sequence& seq,
                   const Tensor<T>& x, HeadCache<T>& cache, SequenceLoss* loss);

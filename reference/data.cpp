@@ -3,6 +3,7 @@
 #include "reference/data.hpp"
 
 #include <numeric>
+#include <string>
 #include <utility>
 
 #include "reference/check.hpp"
@@ -162,18 +163,26 @@ std::vector<int64_t> DistributedSampler::rank_slice(const std::vector<int64_t>& 
   return {global_batch.begin() + rank * per, global_batch.begin() + (rank + 1) * per};
 }
 
-Batch gather_batch(const Dataset& data, const std::vector<int64_t>& sample_ids) {
+Batch gather_batch(const Dataset& data, const std::vector<int64_t>& sample_ids,
+                   int64_t first_index) {
+  REF_CHECK(first_index >= 0, "first_index must be >= 0");
   Batch b;
   for (size_t i = 0; i < sample_ids.size(); ++i) {
     Sequence s = data.samples.at(static_cast<size_t>(sample_ids[i]));
-    s.index = static_cast<int64_t>(i);
+    s.index = first_index + static_cast<int64_t>(i);
     b.push_back(std::move(s));
   }
   return b;
 }
 
 std::function<Batch(int)> sampler_batch_source(const Dataset& data, DistributedSampler& sampler) {
-  return [&data, &sampler](int) { return gather_batch(data, sampler.next_global_batch()); };
+  return [&data, &sampler](int step) {
+    REF_CHECK(step == sampler.state().steps + 1,
+              "sampler_batch_source: step " + std::to_string(step) +
+                  " requested, but the sampler's next global batch is step " +
+                  std::to_string(sampler.state().steps + 1));
+    return gather_batch(data, sampler.next_global_batch());
+  };
 }
 
 }  // namespace shardcheck::ref

@@ -75,10 +75,17 @@ class DistributedSampler {
   SamplerState state_;
 };
 
-// Gathers the samples of a global batch; Sequence::index = position in the global batch.
-Batch gather_batch(const Dataset& data, const std::vector<int64_t>& sample_ids);
+// Gathers the given samples; sample_ids[i] gets Sequence::index = first_index + i, its position in
+// the step's global batch (it keys dropout). A DP rank gathering its slice
+// (DistributedSampler::rank_slice) passes the slice's offset, rank * B / D, so its sequences keep
+// their global indices; gathering the whole global batch uses first_index = 0.
+Batch gather_batch(const Dataset& data, const std::vector<int64_t>& sample_ids,
+                   int64_t first_index = 0);
 
-// A batch source over a dataset and sampler (both must outlive it): call n returns global batch n.
+// A batch source over a dataset and sampler (both must outlive it). The sampler is a cursor, not
+// random access: the batch for step n is the sampler's global batch n (1-based, counted by
+// SamplerState::steps, so a restored sampler continues a resumed Trainer), and asking for any other
+// step than state().steps + 1 throws std::logic_error.
 std::function<Batch(int)> sampler_batch_source(const Dataset& data, DistributedSampler& sampler);
 
 }  // namespace shardcheck::ref

@@ -27,6 +27,8 @@ double global_grad_norm(const ParamMap<T>& grads) {
 
 template <class T>
 double clip_grad_norm(ParamMap<T>& grads, double norm, double max_norm) {
+  // Deliberately skips at norm <= max_norm (PyTorch would still scale by max / (norm + 1e-6) when
+  // norm > max - 1e-6): the pinned rule, documented in optim.hpp and README.md.
   if (max_norm <= 0.0 || norm <= max_norm) return 1.0;
   const double factor = max_norm / (norm + 1e-6);
   for (auto& e : grads)

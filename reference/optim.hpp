@@ -18,8 +18,12 @@ double lr_at(const OptimizerConfig& opt, int step, int total_steps);
 template <class T>
 double global_grad_norm(const ParamMap<T>& grads);
 
-// If max_norm > 0 and norm > max_norm, scales every gradient by max_norm / (norm + 1e-6)
-// (the PyTorch clip_grad_norm_ rule). Returns the factor applied (1 when not clipped).
+// If max_norm > 0 and norm > max_norm, scales every gradient by max_norm / (norm + 1e-6), the
+// factor computed in f64 and each g replaced by T(double(g) * factor). Returns the factor applied
+// (1 when not clipped). Not exactly PyTorch's clip_grad_norm_, which always multiplies by
+// min(1, max_norm / (norm + 1e-6)): the two differ only for max_norm - 1e-6 < norm <= max_norm,
+// where PyTorch scales by a factor in (1 - 1e-6 / max_norm, 1) and this leaves the gradients alone
+// (see README "Optimizer and schedule").
 template <class T>
 double clip_grad_norm(ParamMap<T>& grads, double norm, double max_norm);
 

@@ -10,6 +10,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -74,24 +75,25 @@ struct NamedTensor {
 };
 
 // Insertion-ordered (the canonical parameter order of param_shapes), so iteration order is stable
-// and a parallel implementation can shard, reduce and compare parameters by name.
+// and a parallel implementation can shard, reduce and compare parameters by name. Lookup by name
+// is a hash of the name (O(1)); iteration visits the entries in insertion order. Entries may be
+// modified through iteration, but their names must not be (the index would go stale).
 template <class T>
 class ParamMap {
  public:
   Tensor<T>& add(std::string name, Shape shape) {
     REF_CHECK(find(name) == nullptr, "duplicate parameter " + name);
     entries_.push_back({std::move(name), Tensor<T>(std::move(shape))});
+    index_.emplace(entries_.back().name, entries_.size() - 1);
     return entries_.back().value;
   }
   Tensor<T>* find(std::string_view name) {
-    for (auto& e : entries_)
-      if (e.name == name) return &e.value;
-    return nullptr;
+    const auto it = index_.find(name);
+    return it == index_.end() ? nullptr : &entries_[it->second].value;
   }
   const Tensor<T>* find(std::string_view name) const {
-    for (const auto& e : entries_)
-      if (e.name == name) return &e.value;
-    return nullptr;
+    const auto it = index_.find(name);
+    return it == index_.end() ? nullptr : &entries_[it->second].value;
   }
   Tensor<T>& operator[](std::string_view name) {
     Tensor<T>* t = find(name);
@@ -129,7 +131,15 @@ class ParamMap {
   }
 
  private:
+  // Transparent hashing: find(string_view) does not build a std::string.
+  struct NameHash {
+    using is_transparent = void;
+    size_t operator()(std::string_view s) const noexcept {
+      return std::hash<std::string_view>{}(s);
+    }
+  };
   std::vector<NamedTensor<T>> entries_;
+  std::unordered_map<std::string, size_t, NameHash, std::equal_to<>> index_;  // name -> entry
 };
 
 }  // namespace shardcheck::ref

@@ -3,6 +3,8 @@
 // microbatch's gradients rounded to bf16 before they are accumulated in f32).
 #include "reference/trainer.hpp"
 
+#include <string>
+
 #include "reference/bf16.hpp"
 #include "reference/model.hpp"
 #include "reference/ops.hpp"
@@ -47,6 +49,12 @@ class EngineImpl final : public Trainer::Engine {
   StepRecord step(const Batch& batch) override {
     REF_CHECK(static_cast<int>(batch.size()) == train_.global_batch,
               "batch size != train.global_batch");
+    // Sequence::index keys dropout: it must be the position in this global batch, or the masks
+    // would depend on how the batch was gathered (e.g. rank-local indices from a DP slice).
+    for (size_t i = 0; i < batch.size(); ++i)
+      REF_CHECK(batch[i].index == static_cast<int64_t>(i),
+                "batch[" + std::to_string(i) + "].index = " + std::to_string(batch[i].index) +
+                    ", expected its position in the global batch (gather_batch first_index?)");
     const int n = ++steps_done;
     if (n == 1 && observer)
       for (const auto& e : master_) observer("init/param/" + e.name, HostArray::of(e.value));

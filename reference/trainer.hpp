@@ -60,7 +60,8 @@ class Trainer {
 
   void set_observer(TensorObserver observer);
   // One optimizer step on this global batch: microbatches of micro_batch sequences in order,
-  // gradients accumulated, then clip, schedule and AdamW.
+  // gradients accumulated, then clip, schedule and AdamW. batch[i].index must equal i (it keys
+  // dropout); a batch of the wrong size or with other indices throws std::logic_error.
   StepRecord step(const Batch& global_batch);
   // train.steps steps, batches from the source.
   TrainResult run(const BatchSource& source);

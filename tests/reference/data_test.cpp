@@ -155,6 +155,58 @@ TEST(Sampler, RefusesAStateSavedUnderAnotherPolicy) {
   EXPECT_THROW(drop.restore(pad.state()), std::logic_error);
 }
 
+TEST(GatherBatch, DpSlicesKeepTheirGlobalIndices) {
+  const ModelConfig cfg = test::tiny_dense();
+  DataConfig data;
+  data.documents = 40;
+  const Dataset ds = build_dataset(data, cfg, 2);
+  DistributedSampler sampler(static_cast<int64_t>(ds.samples.size()), 4, 2, true);
+  const std::vector<int64_t> global = sampler.next_global_batch();
+  const Batch full = gather_batch(ds, global);
+  Batch split;
+  for (int r = 0; r < 2; ++r) {
+    const Batch part =
+        gather_batch(ds, DistributedSampler::rank_slice(global, r, 2), int64_t{r} * 4 / 2);
+    split.insert(split.end(), part.begin(), part.end());
+  }
+  ASSERT_EQ(split.size(), full.size());
+  for (size_t i = 0; i < full.size(); ++i) {
+    EXPECT_EQ(full[i].index, static_cast<int64_t>(i));
+    EXPECT_EQ(split[i].index, full[i].index);
+    EXPECT_EQ(split[i].sample, full[i].sample);
+    EXPECT_EQ(split[i].tokens, full[i].tokens);
+  }
+  // The second half gathered without its offset would carry rank-local indices 0, 1: the trainer
+  // refuses such a batch instead of keying dropout by them.
+  Batch wrong = gather_batch(ds, DistributedSampler::rank_slice(global, 0, 2));
+  const Batch local = gather_batch(ds, DistributedSampler::rank_slice(global, 1, 2));
+  wrong.insert(wrong.end(), local.begin(), local.end());
+  EXPECT_EQ(wrong[2].index, 0);
+  TrainConfig train;
+  train.steps = 1;
+  train.global_batch = 4;
+  train.micro_batch = 2;
+  Trainer t(cfg, train, 3);
+  EXPECT_THROW(t.step(wrong), std::logic_error);
+  EXPECT_EQ(t.steps_done(), 0);
+  EXPECT_NO_THROW(t.step(split));
+}
+
+TEST(GatherBatch, SamplerSourceServesStepsInOrderOnly) {
+  const ModelConfig cfg = test::tiny_dense();
+  DataConfig data;
+  data.documents = 40;
+  const Dataset ds = build_dataset(data, cfg, 2);
+  DistributedSampler sampler(static_cast<int64_t>(ds.samples.size()), 4, 2, true);
+  DistributedSampler twin(static_cast<int64_t>(ds.samples.size()), 4, 2, true);
+  const auto source = sampler_batch_source(ds, sampler);
+  EXPECT_THROW(source(2), std::logic_error);  // the cursor is at step 1
+  EXPECT_EQ(source(1)[0].sample, gather_batch(ds, twin.next_global_batch())[0].sample);
+  EXPECT_EQ(source(2)[3].sample, gather_batch(ds, twin.next_global_batch())[3].sample);
+  EXPECT_THROW(source(2), std::logic_error);  // already served
+  EXPECT_EQ(sampler.state().steps, 2);
+}
+
 RC_GTEST_PROP(Packing, EveryPackedSequenceIsConsistent, ()) {
   const int seq_len = *rc::gen::inRange(2, 20);
   const bool packing = *rc::gen::arbitrary<bool>();

@@ -4,6 +4,7 @@
 #include <rapidcheck/gtest.h>
 
 #include <algorithm>
+#include <stdexcept>
 #include <string>
 
 #include "reference/blocks.hpp"
@@ -54,8 +55,11 @@ TEST_P(ModelGrad, EveryParameterMatchesFiniteDifferences) {
   auto loss = [&] {
     return forward_backward(cfg, params, std::span<const Sequence>(batch), ctx, nullptr).loss();
   };
+  // Every row and every column of every tensor, plus 32 elements spread evenly (tensors of <= 32
+  // elements, the norms, entirely), from a per-tensor offset (test::fd_sample).
+  int64_t offset = 0;
   for (auto& e : params) {
-    const double err = fd_rel_error(e.value, grads[e.name], loss, 32);
+    const double err = fd_rel_error(e.value, grads[e.name], loss, 128, 1e-5, offset += 97);
     EXPECT_LT(err, 1e-6) << e.name;
   }
 }
@@ -68,6 +72,47 @@ INSTANTIATE_TEST_SUITE_P(
                       ModelCase{"moe_tied_gqa", true, true, 2, 0.0, false},
                       ModelCase{"moe_untied_dropout_ckpt", true, false, 2, 0.2, true}),
     [](const auto& param_info) { return param_info.param.name; });
+
+TEST(FiniteDifferences, SampleCoversEveryRowAndColumn) {
+  EXPECT_EQ(test::fd_sample({16, 32}, 512).size(), 512u);  // small: every element
+  for (const Shape& shape : {Shape{40, 33}, Shape{7, 600}, Shape{600, 7}, Shape{10, 10, 10}}) {
+    for (int64_t offset : {0, 97, 1234}) {
+      const auto idx = test::fd_sample(shape, 32, offset);
+      const int64_t cols = shape.back(), rows = numel_of(shape) / cols;
+      std::vector<uint8_t> row(static_cast<size_t>(rows), 0), col(static_cast<size_t>(cols), 0);
+      for (int64_t i : idx) {
+        row[static_cast<size_t>(i / cols)] = 1;
+        col[static_cast<size_t>(i % cols)] = 1;
+      }
+      EXPECT_EQ(std::count(row.begin(), row.end(), 0), 0) << shape[0] << " offset " << offset;
+      EXPECT_EQ(std::count(col.begin(), col.end(), 0), 0) << shape[0] << " offset " << offset;
+      EXPECT_TRUE(std::is_sorted(idx.begin(), idx.end()));
+      EXPECT_LT(static_cast<int64_t>(idx.size()), numel_of(shape));
+    }
+  }
+  EXPECT_NE(test::fd_sample({40, 33}, 32, 0), test::fd_sample({40, 33}, 32, 97));
+}
+
+TEST(ParamMap, HashedLookupKeepsInsertionOrderAndSurvivesCopies) {
+  ParamMap<double> m;
+  const std::vector<std::string> names = {"z", "a", "layers.1.attn.wq", "m"};
+  for (size_t i = 0; i < names.size(); ++i) m.add(names[i], {static_cast<int64_t>(i + 1)});
+  EXPECT_THROW(m.add("a", {1}), std::logic_error);
+  std::vector<std::string> order;
+  for (const auto& e : m) order.push_back(e.name);
+  EXPECT_EQ(order, names);
+  for (size_t i = 0; i < names.size(); ++i)
+    EXPECT_EQ(m[names[i]].numel(), static_cast<int64_t>(i + 1)) << names[i];
+  EXPECT_EQ(m.find("missing"), nullptr);
+  EXPECT_THROW(m["missing"], std::logic_error);
+  ParamMap<double> copy = m;  // the copy's lookups reach the copy's tensors
+  copy["m"].fill(5.0);
+  EXPECT_EQ(m["m"][0], 0.0);
+  EXPECT_EQ(copy.find("m"), &(copy.begin() + 3)->value);
+  const ParamMap<double> zeros = copy.zeros_like();
+  EXPECT_TRUE(zeros.contains("layers.1.attn.wq"));
+  EXPECT_EQ(zeros["m"][0], 0.0);
+}
 
 TEST(Model, ParameterNamesFollowTheDumpContract) {
   ModelConfig cfg = test::tiny_moe();
@@ -159,6 +204,9 @@ TEST(Model, PipelineStagesOnPartialParameterMapsReproduceTheModel) {
     embed_backward(d0, seq, g0);
   }
   EXPECT_EQ(loss_sum, ref.loss_sum);
+  HeadCache<double> unused;  // the head must have somewhere to put its losses
+  EXPECT_THROW(head_forward(cfg, s1, batch[0], embed_forward(s1, batch[0]), unused, nullptr),
+               std::logic_error);
   for (const auto& e : whole) {
     if (e.name == "embed.weight") {
       // Summation order differs (head part first in the whole model), so compare closely.

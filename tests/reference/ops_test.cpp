@@ -256,6 +256,25 @@ TEST(AttentionValue, HeadShardsReproduceTheFullDropoutMasks) {
             true);
 }
 
+TEST(AttentionValue, DropoutMaskObjectEqualsThePerElementScale) {
+  // The prebuilt-stream mask (for loops, e.g. CP or a kernel's reference) and the one-element
+  // function agree everywhere, and about `rate` of the elements are dropped.
+  const AttentionDropout drop{.rate = 0.3, .seed = 11, .layer = 2, .step = 4, .sequence = 3};
+  const int64_t s = 9;
+  const AttentionDropoutMask mask(drop, 4, s);
+  int64_t dropped = 0;
+  for (int64_t h = 0; h < 4; ++h)
+    for (int64_t i = 0; i < s; ++i)
+      for (int64_t j = 0; j < s; ++j) {
+        const double m = mask.scale(h, i, j);
+        ASSERT_EQ(m, attention_dropout_scale(drop, 4, s, h, i, j)) << h << " " << i << " " << j;
+        ASSERT_TRUE(m == 0.0 || m == 1.0 / 0.7);
+        dropped += m == 0.0;
+      }
+  EXPECT_NEAR(static_cast<double>(dropped) / (4 * s * s), 0.3, 0.1);
+  EXPECT_EQ(AttentionDropoutMask({}, 4, s).scale(1, 2, 3), 1.0);  // rate 0: no dropout
+}
+
 struct MoeCase {
   double capacity_factor;
   int top_k;

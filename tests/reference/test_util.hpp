@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "reference/config.hpp"
 #include "reference/rng.hpp"
@@ -43,16 +44,41 @@ inline double dot(const Tensor<double>& a, const Tensor<double>& b) {
   return s;
 }
 
+// The flat indices a finite-difference check perturbs. All of them when numel <= max_elems;
+// otherwise, viewing the tensor as [rows, cols] (cols = last dim): in row r the column
+// (offset + 7 r) mod cols, in column c the row (offset + 5 c) mod rows, plus max_elems elements
+// spread evenly from `offset`. So every row and every column is perturbed at least once, and
+// tensors checked with different offsets sample different elements.
+inline std::vector<int64_t> fd_sample(const Shape& shape, int64_t max_elems, int64_t offset = 0) {
+  const int64_t n = numel_of(shape);
+  std::vector<int64_t> out;
+  if (n <= max_elems) {
+    for (int64_t i = 0; i < n; ++i) out.push_back(i);
+    return out;
+  }
+  const int64_t cols = shape.empty() ? 1 : shape.back();
+  const int64_t rows = n / cols;
+  std::vector<uint8_t> pick(static_cast<size_t>(n), 0);
+  offset = ((offset % n) + n) % n;
+  for (int64_t r = 0; r < rows; ++r)
+    pick[static_cast<size_t>(r * cols + (offset + 7 * r) % cols)] = 1;
+  for (int64_t c = 0; c < cols; ++c)
+    pick[static_cast<size_t>(((offset + 5 * c) % rows) * cols + c)] = 1;
+  const int64_t stride = std::max<int64_t>(1, n / std::max<int64_t>(1, max_elems));
+  for (int64_t k = 0; k < max_elems; ++k) pick[static_cast<size_t>((offset + k * stride) % n)] = 1;
+  for (int64_t i = 0; i < n; ++i)
+    if (pick[static_cast<size_t>(i)]) out.push_back(i);
+  return out;
+}
+
 // Central-difference check of `analytic` = d loss / d x. Returns
-// max_i |analytic_i - numeric_i| / max_i |numeric_i| over the checked elements (all of them, or
-// `max_elems` spread evenly over the tensor).
+// max_i |analytic_i - numeric_i| / max_i |numeric_i| over the elements fd_sample picks (all of
+// them when x has at most max_elems elements).
 inline double fd_rel_error(Tensor<double>& x, const Tensor<double>& analytic,
                            const std::function<double()>& loss, int64_t max_elems = 1 << 30,
-                           double h = 1e-5) {
-  const int64_t n = x.numel();
-  const int64_t stride = std::max<int64_t>(1, n / std::max<int64_t>(1, max_elems));
+                           double h = 1e-5, int64_t offset = 0) {
   double max_diff = 0.0, max_num = 0.0;
-  for (int64_t i = 0; i < n; i += stride) {
+  for (const int64_t i : fd_sample(x.shape(), max_elems, offset)) {
     const double keep = x[i];
     x[i] = keep + h;
     const double up = loss();
