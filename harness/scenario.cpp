@@ -1,0 +1,307 @@
+// Scenario parsing and validation. Each section has a parser that reads every key it knows with
+// type and range checks (unknown keys are errors), then cross-field checks name the JSON path of
+// the value to change: heads not divisible by tp, experts by ep, layers fewer than stages, ...
+#include "harness/scenario.hpp"
+
+#include <fstream>
+#include <sstream>
+
+namespace shardcheck::harness {
+
+namespace {
+
+constexpr int kBig = 1 << 30;
+
+std::string num(int v) {
+  return std::to_string(v);
+}
+
+ref::ModelConfig parse_model(ObjectReader o) {
+  ref::ModelConfig m;
+  m.vocab = o.integer("vocab", m.vocab, 2, kBig);
+  m.hidden = o.integer("hidden", m.hidden, 1, kBig);
+  m.layers = o.integer("layers", m.layers, 1, 100000);
+  m.heads = o.integer("heads", m.heads, 1, 100000);
+  m.kv_heads = o.integer("kv_heads", m.heads, 1, 100000);
+  m.ffn = o.integer("ffn", m.ffn, 1, kBig);
+  m.seq_len = o.integer("seq_len", m.seq_len, 2, kBig);
+  m.tie_embeddings = o.boolean("tie_embeddings", m.tie_embeddings);
+  m.dropout = o.number("dropout", m.dropout, 0.0, 0.99);
+  if (!o.is_null("moe")) {
+    ObjectReader mo = o.object("moe");
+    ref::MoeConfig c;
+    c.experts = mo.integer("experts", c.experts, 1, 100000);
+    c.top_k = mo.integer("top_k", c.top_k, 1, c.experts);
+    c.capacity_factor = mo.number("capacity_factor", c.capacity_factor, 1e-6, 1e6);
+    c.every = mo.integer("every", c.every, 1, m.layers);
+    c.aux_loss = mo.number("aux_loss", c.aux_loss, 0.0, 1e6);
+    mo.finish();
+    m.moe = c;
+  } else {
+    o.raw("moe");
+  }
+  o.finish();
+  if (m.hidden % m.heads != 0)
+    throw ScenarioError(o.at("hidden"), num(m.hidden) + " is not divisible by model.heads (" +
+                                            num(m.heads) + "); expected a multiple of it");
+  if (m.heads % m.kv_heads != 0)
+    throw ScenarioError(o.at("kv_heads"), num(m.kv_heads) + " does not divide model.heads (" +
+                                              num(m.heads) + "); expected a divisor of it");
+  return m;
+}
+
+ref::TrainConfig parse_train(ObjectReader o) {
+  ref::TrainConfig t;
+  t.steps = o.integer("steps", t.steps, 1, 10000000);
+  t.global_batch = o.integer("global_batch", t.global_batch, 1, kBig);
+  t.micro_batch = o.integer("micro_batch", t.micro_batch, 1, t.global_batch);
+  const std::string p = o.choice("precision", "f64", {"f64", "f32", "bf16"});
+  t.precision = p == "f64"   ? ref::Precision::kF64
+                : p == "f32" ? ref::Precision::kF32
+                             : ref::Precision::kBf16;
+  ObjectReader opt = o.object("optimizer");
+  auto& oc = t.optimizer;
+  oc.lr = opt.number("lr", oc.lr, 0.0, 10.0);
+  const nlohmann::json& betas = opt.array("betas");
+  if (!betas.empty()) {
+    if (betas.size() != 2 || !betas[0].is_number() || !betas[1].is_number() ||
+        betas[0].get<double>() < 0 || betas[0].get<double>() >= 1 || betas[1].get<double>() < 0 ||
+        betas[1].get<double>() >= 1)
+      throw ScenarioError(opt.at("betas"),
+                          "expected two numbers in [0, 1), got " + describe_json(betas));
+    oc.beta1 = betas[0].get<double>();
+    oc.beta2 = betas[1].get<double>();
+  }
+  oc.eps = opt.number("eps", oc.eps, 1e-30, 1.0);
+  oc.weight_decay = opt.number("weight_decay", oc.weight_decay, 0.0, 10.0);
+  oc.warmup = opt.integer("warmup", oc.warmup, 0, t.steps);
+  oc.min_lr = opt.number("min_lr", std::min(oc.min_lr, oc.lr), 0.0, oc.lr);
+  opt.finish();
+  t.clip_grad_norm = o.number("clip_grad_norm", t.clip_grad_norm, 0.0, 1e12);
+  t.activation_checkpointing = o.boolean("activation_checkpointing", t.activation_checkpointing);
+  o.finish();
+  if (t.global_batch % t.micro_batch != 0)
+    throw ScenarioError(
+        o.at("micro_batch"),
+        num(t.micro_batch) + " does not divide train.global_batch (" + num(t.global_batch) + ")");
+  return t;
+}
+
+ref::DataConfig parse_data(ObjectReader o) {
+  ref::DataConfig d;
+  d.documents = o.integer("documents", static_cast<int>(d.documents), 1, kBig);
+  d.min_len = o.integer("min_len", d.min_len, 1, kBig);
+  d.max_len = o.integer("max_len", std::max(d.max_len, d.min_len), d.min_len, kBig);
+  d.packing = o.boolean("packing", d.packing);
+  d.drop_last = o.boolean("drop_last", d.drop_last);
+  o.finish();
+  return d;
+}
+
+ParallelSpec parse_parallel(ObjectReader o, const ParallelSpec& base) {
+  ParallelSpec p = base;
+  p.mesh.dp = o.integer("dp", base.mesh.dp, 1, 65536);
+  p.mesh.tp = o.integer("tp", base.mesh.tp, 1, 65536);
+  p.mesh.pp = o.integer("pp", base.mesh.pp, 1, 65536);
+  p.mesh.cp = o.integer("cp", base.mesh.cp, 1, 65536);
+  p.mesh.ep = o.integer("ep", base.mesh.ep, 1, 65536);
+  p.order = o.text("order", base.order);
+  p.zero = o.integer("zero", base.zero, 0, 3);
+  if (const nlohmann::json* f = o.raw("fsdp")) {
+    if (f->is_null())
+      p.fsdp.reset();  // an explicit null clears it
+    else
+      p.fsdp = o.choice("fsdp", "", {"full_shard", "shard_grad_op", "no_shard", "hybrid_shard"});
+  }
+  p.sequence_parallel = o.boolean("sequence_parallel", base.sequence_parallel);
+  p.pp_schedule = o.choice("pp_schedule", base.pp_schedule, {"gpipe", "1f1b", "interleaved"});
+  p.virtual_stages = o.integer("virtual_stages", base.virtual_stages, 1, 1024);
+  p.cp_algo = o.choice("cp_algo", base.cp_algo, {"ring", "ulysses"});
+  const int world = o.integer("world_size", p.mesh.world_size(), 1, 1 << 20);
+  o.finish();
+  if (world != p.mesh.world_size())
+    throw ScenarioError(o.at("world_size"),
+                        num(world) + " is not dp*tp*pp*cp*ep = " + num(p.mesh.world_size()));
+  try {
+    comm::DeviceMesh mesh(p.mesh, p.order);
+  } catch (const comm::MeshError& e) {
+    throw ScenarioError(o.at("order"), e.what());
+  }
+  return p;
+}
+
+// Cross-checks one configuration against the model and batch; `o` names where it came from.
+void check_config(const ParallelSpec& p, const ref::ModelConfig& m, const ref::TrainConfig& t,
+                  const std::string& path) {
+  const auto& s = p.mesh;
+  auto fail = [&](const std::string& key, const std::string& msg) {
+    throw ScenarioError(path + "." + key, msg);
+  };
+  if (m.heads % s.tp != 0)
+    fail("tp", num(s.tp) + " does not divide model.heads (" + num(m.heads) + ")");
+  if (m.kv_heads % s.tp != 0 && s.tp % m.kv_heads != 0)
+    fail("tp", num(s.tp) + " and model.kv_heads (" + num(m.kv_heads) +
+                   ") must divide one another (kv heads split, or replicated across tp ranks)");
+  if (s.ep > 1 && !m.moe) fail("ep", "ep = " + num(s.ep) + " needs a model with moe experts");
+  if (m.moe && m.moe->experts % s.ep != 0)
+    fail("ep", num(s.ep) + " does not divide model.moe.experts (" + num(m.moe->experts) + ")");
+  if (m.layers < s.pp * p.virtual_stages)
+    fail("pp", "model.layers (" + num(m.layers) + ") is fewer than the pipeline stages (pp " +
+                   num(s.pp) + " x virtual_stages " + num(p.virtual_stages) + ")");
+  if (s.cp > 1 && m.seq_len % (2 * s.cp) != 0)
+    fail("cp", "model.seq_len (" + num(m.seq_len) + ") must be divisible by 2*cp (" +
+                   num(2 * s.cp) + ") for causal load balancing");
+  if (p.sequence_parallel && m.seq_len % s.tp != 0)
+    fail("sequence_parallel",
+         "model.seq_len (" + num(m.seq_len) + ") is not divisible by tp (" + num(s.tp) + ")");
+  const int data_ranks = s.dp * s.ep;  // ep ranks hold different data for the dense layers
+  if (t.global_batch % (data_ranks * t.micro_batch) != 0)
+    fail("dp", "train.global_batch (" + num(t.global_batch) +
+                   ") is not divisible by dp*ep*micro_batch (" + num(data_ranks * t.micro_batch) +
+                   ")");
+  if (p.zero > 0 && p.fsdp)
+    fail("fsdp", "choose either zero (stage " + num(p.zero) + ") or fsdp, not both");
+  if (p.pp_schedule == "interleaved" && p.virtual_stages < 2)
+    fail("virtual_stages", "the interleaved schedule needs virtual_stages >= 2");
+}
+
+FaultSpec parse_fault(ObjectReader o, int world) {
+  FaultSpec f;
+  f.kind = o.choice("kind", "",
+                    {"straggler", "hang", "crash", "skip_collective", "mismatch", "nan_gradient",
+                     "corrupt_payload", "memory_budget"});
+  f.rank = o.integer_required("rank", 0, world - 1);
+  f.step = o.integer(f.kind == "straggler" ? "from_step" : "step", 1, 1, kBig);
+  if (f.kind == "straggler") {
+    f.slowdown = o.number("slowdown", 2.0, 1.0, 1e6);
+  } else if (f.kind == "memory_budget") {
+    f.bytes = o.integer_required("bytes", 1, kBig);
+  } else {
+    f.op_index = o.integer("op_index", -1, -1, kBig);
+  }
+  o.finish();
+  return f;
+}
+
+}  // namespace
+
+std::string ParallelSpec::label() const {
+  std::string s;
+  for (comm::Axis a : comm::kAllAxes)
+    if (mesh.size(a) > 1)
+      s += (s.empty() ? "" : "-") + std::string(comm::name_of(a)) + num(mesh.size(a));
+  if (s.empty()) s = "single";
+  if (zero > 0) s += "-zero" + num(zero);
+  if (fsdp) s += "-fsdp_" + *fsdp;
+  if (sequence_parallel) s += "-sp";
+  if (mesh.pp > 1) s += "-" + pp_schedule + (virtual_stages > 1 ? "x" + num(virtual_stages) : "");
+  if (mesh.cp > 1) s += "-" + cp_algo;
+  return s;
+}
+
+Scenario parse_scenario(const nlohmann::json& j) {
+  ObjectReader o(j, "$");
+  Scenario sc;
+  sc.name = o.text("name", "");
+  if (sc.name.empty()) throw ScenarioError("$.name", "missing; expected a non-empty string");
+  sc.description = o.text("description", "");
+  if (const nlohmann::json* seed = o.raw("seed")) {  // may exceed int: read by hand
+    const auto& s = *seed;
+    if (!s.is_number_unsigned())
+      throw ScenarioError("$.seed", "expected an integer >= 0, got " + describe_json(s));
+    sc.seed = s.get<std::uint64_t>();
+  }
+  sc.model = parse_model(o.object("model"));
+  sc.train = parse_train(o.object("train"));
+  sc.data = parse_data(o.object("data"));
+  sc.parallel = parse_parallel(o.object("parallel"), ParallelSpec{});
+  check_config(sc.parallel, sc.model, sc.train, "$.parallel");
+  const nlohmann::json& matrix = o.array("matrix");
+  for (std::size_t i = 0; i < matrix.size(); ++i) {
+    const std::string path = "$.matrix[" + std::to_string(i) + "]";
+    ParallelSpec p = parse_parallel(ObjectReader(matrix[i], path), sc.parallel);
+    check_config(p, sc.model, sc.train, path);
+    sc.configs.push_back(p);
+  }
+  if (sc.configs.empty()) sc.configs.push_back(sc.parallel);
+
+  ObjectReader topo = o.object("topology");
+  sc.topology.ranks_per_node =
+      topo.integer("ranks_per_node", sc.topology.ranks_per_node, 1, 1 << 20);
+  for (const char* link : {"intra_node", "inter_node"}) {
+    ObjectReader l = topo.object(link);
+    LinkSpec& spec =
+        std::string(link) == "intra_node" ? sc.topology.intra_node : sc.topology.inter_node;
+    spec.bandwidth_gbps = l.number("bandwidth_gbps", spec.bandwidth_gbps, 1e-6, 1e9);
+    spec.latency_us = l.number("latency_us", spec.latency_us, 0.0, 1e9);
+    l.finish();
+  }
+  ObjectReader dev = topo.object("device");
+  sc.topology.peak_tflops = dev.number("peak_tflops", sc.topology.peak_tflops, 1e-6, 1e9);
+  sc.topology.hbm_gbps = dev.number("hbm_gbps", sc.topology.hbm_gbps, 1e-6, 1e9);
+  sc.topology.memory_gib = dev.number("memory_gib", sc.topology.memory_gib, 1e-6, 1e9);
+  dev.finish();
+  topo.finish();
+
+  int max_world = 0;
+  for (const auto& c : sc.configs) max_world = std::max(max_world, c.mesh.world_size());
+  const nlohmann::json& faults = o.array("faults");
+  for (std::size_t i = 0; i < faults.size(); ++i)
+    sc.faults.push_back(
+        parse_fault(ObjectReader(faults[i], "$.faults[" + std::to_string(i) + "]"), max_world));
+
+  ObjectReader ck = o.object("checkpoint");
+  sc.checkpoint.every = ck.integer("every", 0, 0, kBig);
+  sc.checkpoint.keep = ck.integer("keep", 2, 1, 1000);
+  if (!ck.is_null("restore_parallel")) {
+    sc.checkpoint.restore_parallel = parse_parallel(ck.object("restore_parallel"), sc.parallel);
+    check_config(*sc.checkpoint.restore_parallel, sc.model, sc.train, ck.at("restore_parallel"));
+  } else {
+    ck.raw("restore_parallel");
+  }
+  ck.finish();
+
+  const nlohmann::json& drills = o.array("drills");
+  static const std::vector<std::string> known = {
+      "restore_same",    "restore_resharded",   "missing_shard", "corrupt_shard",
+      "truncated_shard", "crash_before_commit", "stale_marker",  "resume_exact"};
+  for (std::size_t i = 0; i < drills.size(); ++i) {
+    const std::string path = "$.drills[" + std::to_string(i) + "]";
+    if (!drills[i].is_string() ||
+        std::find(known.begin(), known.end(), drills[i].get<std::string>()) == known.end()) {
+      std::string list;
+      for (const auto& k : known) list += (list.empty() ? "" : ", ") + k;
+      throw ScenarioError(path, "expected one of " + list + ", got " + describe_json(drills[i]));
+    }
+    sc.drills.push_back(drills[i].get<std::string>());
+  }
+
+  ObjectReader ex = o.object("expect");
+  sc.expect_parity = ex.boolean("parity", true);
+  if (!ex.is_null("fault"))
+    sc.expect_fault = ex.choice(
+        "fault", "", {"deadlock", "mismatch", "hang", "straggler", "nan", "corruption", "oom"});
+  else
+    ex.raw("fault");
+  ex.finish();
+  o.finish();
+  return sc;
+}
+
+Scenario load_scenario(const std::string& file) {
+  std::ifstream in(file);
+  if (!in) throw ScenarioError(file, "cannot open the scenario file");
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::parse_error& e) {
+    throw ScenarioError(file, std::string("not valid JSON: ") + e.what());
+  }
+  try {
+    return parse_scenario(j);
+  } catch (const ScenarioError& e) {
+    throw ScenarioError(file + ": " + e.path(), std::string(e.what()).substr(e.path().size() + 2));
+  }
+}
+
+}  // namespace shardcheck::harness

@@ -1,0 +1,78 @@
+// A scenario: the data that says what to check (model, training recipe, data, parallel mesh and the
+// matrix of configurations, topology, faults, checkpoint drills, expectations). Loading validates
+// every field and the mesh arithmetic; the schema is documented in scenarios/README.md.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "comm/mesh.hpp"
+#include "harness/json_reader.hpp"
+#include "reference/config.hpp"
+
+namespace shardcheck::harness {
+
+struct ParallelSpec {
+  comm::MeshShape mesh;
+  std::string order = "tp-cp-ep-dp-pp";
+  int zero = 0;                     // ZeRO stage 0..3 on the dp axis
+  std::optional<std::string> fsdp;  // full_shard, shard_grad_op, no_shard, hybrid_shard
+  bool sequence_parallel = false;
+  std::string pp_schedule = "1f1b";  // gpipe, 1f1b, interleaved
+  int virtual_stages = 1;
+  std::string cp_algo = "ring";  // ring, ulysses
+  std::string label() const;     // "dp2-tp2-zero3"
+};
+
+struct LinkSpec {
+  double bandwidth_gbps = 0;
+  double latency_us = 0;
+};
+struct TopologySpec {
+  int ranks_per_node = 8;
+  LinkSpec intra_node{450, 3};
+  LinkSpec inter_node{50, 10};
+  double peak_tflops = 989;
+  double hbm_gbps = 4800;
+  double memory_gib = 141;
+};
+
+struct FaultSpec {
+  std::string kind;  // straggler, hang, crash, skip_collective, mismatch, nan_gradient, ...
+  int rank = 0;
+  int step = 1;
+  int op_index = -1;
+  double slowdown = 1.0;
+  std::int64_t bytes = 0;
+};
+
+struct CheckpointSpec {
+  int every = 0;  // 0: never
+  int keep = 2;
+  std::optional<ParallelSpec> restore_parallel;
+};
+
+struct Scenario {
+  std::string name;
+  std::string description;
+  std::uint64_t seed = 1234;
+  ref::ModelConfig model;
+  ref::TrainConfig train;
+  ref::DataConfig data;
+  ParallelSpec parallel;              // the base configuration
+  std::vector<ParallelSpec> configs;  // parallel, or each matrix entry applied over it
+  TopologySpec topology;
+  std::vector<FaultSpec> faults;
+  CheckpointSpec checkpoint;
+  std::vector<std::string> drills;
+  bool expect_parity = true;
+  std::optional<std::string> expect_fault;
+};
+
+// Throws ScenarioError (JSON path + what was expected) for anything unusable.
+Scenario parse_scenario(const nlohmann::json& j);
+// Reads and parses a file; the error message is prefixed with the file name.
+Scenario load_scenario(const std::string& file);
+
+}  // namespace shardcheck::harness

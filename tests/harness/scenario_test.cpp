@@ -1,0 +1,141 @@
+// Scenario loading: the DESIGN.md example and every committed scenario parse; each class of bad
+// input is refused with the JSON path of the offending value and what was expected.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "harness/scenario.hpp"
+
+namespace shardcheck::harness {
+namespace {
+
+nlohmann::json base() {
+  return nlohmann::json::parse(R"({"name": "t", "model": {"vocab": 32, "hidden": 16, "layers": 2,
+    "heads": 4, "kv_heads": 2, "ffn": 32, "seq_len": 8}, "train": {"global_batch": 8}})");
+}
+
+TEST(Scenario, DesignExampleParses) {
+  const Scenario s =
+      load_scenario(std::string(SHARDCHECK_SCENARIOS_DIR) + "/examples/dp2-tp2-moe.json");
+  EXPECT_EQ(s.name, "dp2-tp2-moe");
+  EXPECT_EQ(s.seed, 1234u);
+  ASSERT_TRUE(s.model.moe.has_value());
+  EXPECT_EQ(s.model.moe->experts, 4);
+  EXPECT_DOUBLE_EQ(s.train.optimizer.beta2, 0.95);
+  ASSERT_EQ(s.configs.size(), 2u);
+  EXPECT_EQ(s.configs[0].label(), "dp4");
+  EXPECT_EQ(s.configs[1].label(), "dp2-tp2-zero3");
+  EXPECT_EQ(s.configs[1].mesh.world_size(), 4);
+  ASSERT_TRUE(s.checkpoint.restore_parallel.has_value());
+  EXPECT_EQ(s.checkpoint.restore_parallel->mesh.tp, 4);
+  EXPECT_EQ(s.checkpoint.restore_parallel->mesh.dp, 1);
+  EXPECT_EQ(s.drills.size(), 6u);
+  EXPECT_FALSE(s.expect_fault.has_value());
+}
+
+TEST(Scenario, EveryCommittedScenarioParses) {
+  int n = 0;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(SHARDCHECK_SCENARIOS_DIR))
+    if (e.path().extension() == ".json") {
+      EXPECT_NO_THROW(load_scenario(e.path().string())) << e.path();
+      ++n;
+    }
+  EXPECT_GT(n, 0);
+}
+
+TEST(Scenario, DefaultsFillWhatIsLeftOut) {
+  const Scenario s = parse_scenario(nlohmann::json{{"name", "minimal"}});
+  ASSERT_EQ(s.configs.size(), 1u);
+  EXPECT_EQ(s.configs[0].label(), "single");
+  EXPECT_EQ(s.model.kv_heads, s.model.heads);
+  EXPECT_TRUE(s.expect_parity);
+}
+
+struct Bad {
+  const char* patch;  // JSON merge-patch applied to base()
+  const char* path;
+  const char* says;
+};
+
+TEST(Scenario, BadInputNamesThePathAndTheExpectation) {
+  const Bad cases[] = {
+      {R"({"name": null})", "$.name", "missing"},
+      {R"({"modle": {}})", "$.modle", "unknown key"},
+      {R"({"model": {"heads": "four"}})", "$.model.heads", "expected an integer"},
+      {R"({"model": {"hidden": 30}})", "$.model.hidden", "not divisible by model.heads (4)"},
+      {R"({"model": {"kv_heads": 3}})", "$.model.kv_heads", "does not divide model.heads"},
+      {R"({"model": {"moe": {"experts": 4, "top_k": 5}}})", "$.model.moe.top_k",
+       "expected an integer in [1, 4]"},
+      {R"({"train": {"micro_batch": 3}})", "$.train.micro_batch",
+       "does not divide train.global_batch"},
+      {R"({"train": {"precision": "fp8"}})", "$.train.precision",
+       R"(expected one of "f64", "f32", "bf16")"},
+      {R"({"train": {"optimizer": {"betas": [0.9]}}})", "$.train.optimizer.betas", "two numbers"},
+      {R"({"train": {"optimizer": {"lr": -1}}})", "$.train.optimizer.lr", "expected a number"},
+      {R"({"data": {"min_len": 8, "max_len": 4}})", "$.data.max_len", "expected an integer in [8,"},
+      {R"({"parallel": {"tpp": 2}})", "$.parallel.tpp", "unknown key"},
+      {R"({"parallel": {"tp": 3}})", "$.parallel.tp", "does not divide model.heads (4)"},
+      {R"({"parallel": {"tp": 0}})", "$.parallel.tp", "expected an integer in [1,"},
+      {R"({"parallel": {"ep": 2}})", "$.parallel.ep", "needs a model with moe experts"},
+      {R"({"model": {"moe": {"experts": 4}}, "parallel": {"ep": 3}})", "$.parallel.ep",
+       "does not divide model.moe.experts (4)"},
+      {R"({"parallel": {"pp": 4}})", "$.parallel.pp", "fewer than the pipeline stages"},
+      {R"({"parallel": {"cp": 3}})", "$.parallel.cp", "divisible by 2*cp"},
+      {R"({"parallel": {"dp": 3}})", "$.parallel.dp", "not divisible by dp*ep*micro_batch"},
+      {R"({"parallel": {"dp": 2, "world_size": 8}})", "$.parallel.world_size",
+       "is not dp*tp*pp*cp*ep = 2"},
+      {R"({"parallel": {"dp": 2, "order": "tp-pp"}})", "$.parallel.order", "leaves out axis dp"},
+      {R"({"parallel": {"zero": 2, "fsdp": "full_shard"}})", "$.parallel.fsdp", "either zero"},
+      {R"({"parallel": {"zero": 4}})", "$.parallel.zero", "expected an integer in [0, 3]"},
+      {R"({"matrix": [{"dp": 2}, {"tp": 3}]})", "$.matrix[1].tp", "does not divide model.heads"},
+      {R"({"matrix": {"dp": 2}})", "$.matrix", "expected an array"},
+      {R"({"faults": [{"kind": "meteor", "rank": 0}]})", "$.faults[0].kind", "expected one of"},
+      {R"({"faults": [{"kind": "hang", "rank": 4}]})", "$.faults[0].rank",
+       "expected an integer in [0, 0]"},
+      {R"({"faults": [{"kind": "memory_budget", "rank": 0}]})", "$.faults[0].bytes", "missing"},
+      {R"({"drills": ["restore_same", "bogus"]})", "$.drills[1]", "expected one of"},
+      {R"({"expect": {"fault": "boom"}})", "$.expect.fault", "expected one of"},
+      {R"({"seed": -1})", "$.seed", "expected an integer >= 0"},
+      {R"({"checkpoint": {"restore_parallel": {"tp": 3}}})", "$.checkpoint.restore_parallel.tp",
+       "does not divide"},
+  };
+  for (const Bad& b : cases) {
+    nlohmann::json j = base();
+    j.merge_patch(nlohmann::json::parse(b.patch));
+    if (std::string(b.patch) == R"({"name": null})") j.erase("name");
+    try {
+      parse_scenario(j);
+      ADD_FAILURE() << "accepted: " << b.patch;
+    } catch (const ScenarioError& e) {
+      EXPECT_EQ(e.path(), b.path) << b.patch << " -> " << e.what();
+      EXPECT_NE(std::string(e.what()).find(b.says), std::string::npos)
+          << b.patch << " -> " << e.what();
+    }
+  }
+}
+
+TEST(Scenario, FileErrorsNameTheFile) {
+  const auto dir = std::filesystem::temp_directory_path();
+  EXPECT_THROW(load_scenario((dir / "no-such-scenario.json").string()), ScenarioError);
+  const auto bad = dir / "shardcheck-bad-scenario.json";
+  std::ofstream(bad) << "{\"name\": \"x\", ";
+  try {
+    load_scenario(bad.string());
+    ADD_FAILURE() << "invalid JSON accepted";
+  } catch (const ScenarioError& e) {
+    EXPECT_NE(std::string(e.what()).find("not valid JSON"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(bad.string()), std::string::npos) << e.what();
+  }
+  std::ofstream(bad) << R"({"name": "x", "parallel": {"tp": 3}})";
+  try {
+    load_scenario(bad.string());
+    ADD_FAILURE() << "tp 3 accepted";
+  } catch (const ScenarioError& e) {
+    EXPECT_EQ(e.path(), bad.string() + ": $.parallel.tp") << e.what();
+  }
+  std::filesystem::remove(bad);
+}
+
+}  // namespace
+}  // namespace shardcheck::harness
