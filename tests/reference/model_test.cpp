@@ -55,8 +55,8 @@ TEST_P(ModelGrad, EveryParameterMatchesFiniteDifferences) {
   auto loss = [&] {
     return forward_backward(cfg, params, std::span<const Sequence>(batch), ctx, nullptr).loss();
   };
-  // Every row and every column of every tensor, plus 32 elements spread evenly (tensors of <= 32
-  // elements, the norms, entirely), from a per-tensor offset (test::fd_sample).
+  // Every row and every column of every tensor plus 128 elements spread evenly (tensors of <= 128
+  // elements, e.g. norms, router, GQA wk/wv, entirely), from a per-tensor offset (fd_sample).
   int64_t offset = 0;
   for (auto& e : params) {
     const double err = fd_rel_error(e.value, grads[e.name], loss, 128, 1e-5, offset += 97);
