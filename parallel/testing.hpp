@@ -1,0 +1,37 @@
+// Test-only switches that plant known data-parallel bugs, so parity tests can prove they catch
+// them (DESIGN.md "Parity rule"). Never set outside tests; the default is no mutation. Not
+// synchronised: set it before SimWorld::run starts the rank threads, never while they run.
+#pragma once
+
+namespace shardcheck::parallel::testing {
+
+enum class Mutation {
+  kNone,
+  kMeanOfRankMeans,   // each rank normalises its loss locally; the step averages rank means
+  kLocalNormClip,     // clip by the local norm (ZeRO-2/3: own shard; DDP/ZeRO-1: before reduce)
+  kSkipBucket,        // DDP/ZeRO-1: the gradient all_reduce of one bucket is left out
+  kWrongShardOffset,  // ZeRO: the owner reads its gradient shard at r*floor(N/D), not r*S
+  kSameSamples,       // sampler bug: every rank reads DP rank 0's slice of the global batch
+};
+
+inline Mutation& mutation() {
+  static Mutation m = Mutation::kNone;
+  return m;
+}
+inline bool mutated(Mutation m) {
+  return mutation() == m;
+}
+
+// Sets a mutation for one scope; restores the previous one on exit (also on a failing ASSERT).
+class ScopedMutation {
+ public:
+  explicit ScopedMutation(Mutation m) : previous_(mutation()) { mutation() = m; }
+  ~ScopedMutation() { mutation() = previous_; }
+  ScopedMutation(const ScopedMutation&) = delete;
+  ScopedMutation& operator=(const ScopedMutation&) = delete;
+
+ private:
+  Mutation previous_;
+};
+
+}  // namespace shardcheck::parallel::testing
