@@ -8,7 +8,13 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+#include <filesystem>
+
 #include "harness/bench_collectives.hpp"
+#include "harness/report.hpp"
+#include "harness/runner.hpp"
+#include "harness/scenario.hpp"
 #include "sim/world.hpp"
 
 namespace shardcheck::harness {
@@ -108,6 +114,88 @@ int bench_collectives_cmd(const BenchArgs& a) {
   return r.total_wrong() == 0 ? kExitOk : kExitCheckFailed;
 }
 
+struct RunArgs {
+  std::string backend = "sim";
+  std::vector<std::string> paths;
+  std::string report;
+  std::string junit;
+};
+
+void check_backend(const std::string& backend) {
+  if (backend == "nccl")
+    throw BadInput(
+        "--backend nccl: this shardcheck was built without the gpu/ backend (configure "
+        "with the 'cuda' preset on a machine with CUDA and NCCL)");
+}
+
+void write_report(const std::string& dir, const nlohmann::json& j) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  std::ofstream f(std::filesystem::path(dir) / "report.json");
+  if (ec || !f) throw BadInput("--report: cannot write into '" + dir + "'");
+  f << j.dump(2) << "\n";
+}
+
+// Scenario files named on the command line: files as given, directories searched for *.json.
+std::vector<std::string> scenario_files(const std::vector<std::string>& paths) {
+  std::vector<std::string> files;
+  for (const auto& p : paths) {
+    std::error_code ec;
+    if (std::filesystem::is_directory(p, ec)) {
+      std::vector<std::string> found;
+      for (const auto& e : std::filesystem::recursive_directory_iterator(p))
+        if (e.path().extension() == ".json") found.push_back(e.path().string());
+      std::sort(found.begin(), found.end());
+      if (found.empty()) throw BadInput("'" + p + "' holds no .json scenario");
+      files.insert(files.end(), found.begin(), found.end());
+    } else if (std::filesystem::exists(p, ec)) {
+      files.push_back(p);
+    } else {
+      throw BadInput("no such scenario file or directory: '" + p + "'");
+    }
+  }
+  return files;
+}
+
+int run_scenarios(const RunArgs& a) {
+  check_backend(a.backend);
+  const std::vector<std::string> files = scenario_files(a.paths);
+  std::vector<Scenario> scenarios;
+  for (const auto& f : files) {
+    try {
+      scenarios.push_back(load_scenario(f));
+    } catch (const ScenarioError& e) {
+      throw BadInput(e.what());
+    }
+  }
+  std::vector<RunResult> runs;
+  nlohmann::json all = nlohmann::json::array();
+  for (const auto& sc : scenarios) {
+    try {
+      runs.push_back(run_scenario(sc));
+    } catch (const ScenarioError& e) {
+      throw BadInput(sc.name + ": " + e.what());
+    }
+    print_summary(std::cout, runs.back());
+    std::cout << std::flush;
+    all.push_back(report_json(runs.back(), a.backend));
+  }
+  bool pass = true;
+  for (const auto& r : runs) pass = pass && r.pass();
+  if (!a.report.empty())
+    write_report(a.report,
+                 runs.size() == 1 ? all[0] : nlohmann::json{{"pass", pass}, {"scenarios", all}});
+  if (!a.junit.empty()) write_junit(runs, a.junit);
+  std::size_t configs = 0, failed = 0;
+  for (const auto& r : runs)
+    for (const auto& c : r.configs) {
+      ++configs;
+      failed += !c.pass;
+    }
+  std::cout << "parity: " << configs - failed << " passed, " << failed << " failed\n";
+  return pass ? kExitOk : kExitCheckFailed;
+}
+
 }  // namespace
 
 int run_cli(int argc, char** argv) {
@@ -115,6 +203,25 @@ int run_cli(int argc, char** argv) {
       "shardcheck: deterministic multi-rank simulator and parity harness for distributed training"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "shardcheck 0.1.0");
+
+  RunArgs ra;
+  auto* run = app.add_subcommand(
+      "run", "Check one scenario's configurations for parity with the reference");
+  run->add_option("scenario", ra.paths, "Scenario JSON file")->required()->expected(1);
+  run->add_option("--backend", ra.backend, "sim (CPU threads) or nccl (GPUs)")
+      ->check(CLI::IsMember({"sim", "nccl"}))
+      ->capture_default_str();
+  run->add_option("--report", ra.report, "Write report.json into this directory");
+  RunArgs ma;
+  ma.paths = {"scenarios/parity"};
+  auto* matrix =
+      app.add_subcommand("matrix", "Run every scenario in the given files or directories");
+  matrix->add_option("scenarios", ma.paths, "Scenario files or directories")->capture_default_str();
+  matrix->add_option("--backend", ma.backend, "sim (CPU threads) or nccl (GPUs)")
+      ->check(CLI::IsMember({"sim", "nccl"}))
+      ->capture_default_str();
+  matrix->add_option("--report", ma.report, "Write report.json into this directory");
+  matrix->add_option("--junit", ma.junit, "Write JUnit XML (one testcase per configuration)");
 
   auto* bench = app.add_subcommand("bench", "Benchmarks");
   bench->require_subcommand(1);
@@ -147,8 +254,10 @@ int run_cli(int argc, char** argv) {
       ->capture_default_str();
   coll->add_option("--json", ba.json, "Also write the results as JSON to this file");
 
-  if (argc > 1 && argv[1][0] != '-' && std::string_view(argv[1]) != "bench") {
-    std::cerr << "shardcheck: error: unknown command '" << argv[1] << "'; expected one of: bench\n";
+  if (argc > 1 && argv[1][0] != '-' && std::string_view(argv[1]) != "bench" &&
+      std::string_view(argv[1]) != "run" && std::string_view(argv[1]) != "matrix") {
+    std::cerr << "shardcheck: error: unknown command '" << argv[1]
+              << "'; expected one of: run, matrix, bench\n";
     return kExitBadInput;
   }
   try {
@@ -159,6 +268,8 @@ int run_cli(int argc, char** argv) {
   }
   try {
     if (coll->parsed()) return bench_collectives_cmd(ba);
+    if (run->parsed()) return run_scenarios(ra);
+    if (matrix->parsed()) return run_scenarios(ma);
   } catch (const BadInput& e) {
     std::cerr << "shardcheck: error: " << e.what() << "\n";
     return kExitBadInput;

@@ -1,0 +1,151 @@
+// report.json, JUnit XML and the summary table for scenario runs.
+#include "harness/report.hpp"
+
+#include <cstdio>
+#include <fstream>
+#include <stdexcept>
+
+#include "comm/mesh.hpp"
+
+#ifndef SHARDCHECK_VERSION
+#define SHARDCHECK_VERSION "unknown"
+#endif
+
+namespace shardcheck::harness {
+
+namespace {
+
+nlohmann::json mesh_json(const ParallelSpec& p) {
+  return {{"dp", p.mesh.dp}, {"tp", p.mesh.tp},
+          {"pp", p.mesh.pp}, {"cp", p.mesh.cp},
+          {"ep", p.mesh.ep}, {"order", p.order},
+          {"zero", p.zero},  {"fsdp", p.fsdp ? nlohmann::json(*p.fsdp) : nlohmann::json(nullptr)}};
+}
+
+nlohmann::json groups_json(const ParallelSpec& p) {
+  const comm::DeviceMesh mesh(p.mesh, p.order);
+  nlohmann::json groups = nlohmann::json::array();
+  for (int r = 0; r < mesh.world_size(); ++r) {
+    nlohmann::json g{{"rank", r}};
+    for (comm::Axis a : comm::kAllAxes) g[std::string(comm::name_of(a))] = mesh.group(r, a);
+    groups.push_back(g);
+  }
+  return groups;
+}
+
+std::string xml_escape(const std::string& s) {
+  std::string o;
+  for (char c : s) {
+    switch (c) {
+      case '&':
+        o += "&amp;";
+        break;
+      case '<':
+        o += "&lt;";
+        break;
+      case '>':
+        o += "&gt;";
+        break;
+      case '"':
+        o += "&quot;";
+        break;
+      default:
+        o += c;
+    }
+  }
+  return o;
+}
+
+}  // namespace
+
+nlohmann::json report_json(const RunResult& r, const std::string& backend) {
+  const Scenario& s = r.scenario;
+  nlohmann::json parity = nlohmann::json::array();
+  for (const ConfigResult& c : r.configs) {
+    nlohmann::json steps = nlohmann::json::array();
+    for (const StepParity& sp : c.steps)
+      steps.push_back({{"step", sp.step},
+                       {"loss", sp.loss},
+                       {"ref_loss", sp.ref_loss},
+                       {"max_rel_err", sp.max_rel_err}});
+    parity.push_back({{"config", c.config},
+                      {"mesh", mesh_json(c.spec)},
+                      {"world_size", c.spec.mesh.world_size()},
+                      {"strategy", c.strategy},
+                      {"supported", c.supported},
+                      {"steps", steps},
+                      {"max_rel_err", c.max_rel_err},
+                      {"tolerance", c.tolerance},
+                      {"pass", c.pass},
+                      {"detail", c.detail},
+                      {"wall_s", c.wall_seconds}});
+  }
+  return {{"pass", r.pass()},
+          {"scenario", s.name},
+          {"description", s.description},
+          {"backend", backend},
+          {"world_size", s.parallel.mesh.world_size()},
+          {"manifest",
+           {{"mesh", mesh_json(s.parallel)},
+            {"order", comm::DeviceMesh(s.parallel.mesh, s.parallel.order).order_string()},
+            {"groups", groups_json(s.parallel)},
+            {"seed", s.seed},
+            {"precision", ref::to_string(s.train.precision)},
+            {"global_batch_sequences", s.train.global_batch},
+            {"code_version", SHARDCHECK_VERSION}}},
+          {"parity", parity}};
+}
+
+void write_junit(const std::vector<RunResult>& runs, const std::string& file) {
+  std::ofstream f(file);
+  if (!f) throw std::runtime_error("cannot write the JUnit file '" + file + "'");
+  std::size_t tests = 0, failures = 0;
+  for (const auto& r : runs)
+    for (const auto& c : r.configs) {
+      ++tests;
+      failures += !c.pass;
+    }
+  f << "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n";
+  f << "<testsuites tests=\"" << tests << "\" failures=\"" << failures << "\">\n";
+  for (const auto& r : runs) {
+    std::size_t fails = 0;
+    for (const auto& c : r.configs) fails += !c.pass;
+    f << "  <testsuite name=\"" << xml_escape(r.scenario.name) << "\" tests=\"" << r.configs.size()
+      << "\" failures=\"" << fails << "\">\n";
+    for (const auto& c : r.configs) {
+      f << "    <testcase classname=\"parity." << xml_escape(r.scenario.name) << "\" name=\""
+        << xml_escape(c.config) << "\" time=\"" << c.wall_seconds << "\">";
+      if (!c.pass) {
+        const std::string msg = c.supported ? "max_rel_err " + std::to_string(c.max_rel_err) +
+                                                  " > tolerance " + std::to_string(c.tolerance)
+                                            : "unsupported: " + c.detail;
+        f << "<failure message=\"" << xml_escape(msg) << "\">" << xml_escape(c.detail)
+          << "</failure>";
+      }
+      f << "</testcase>\n";
+    }
+    f << "  </testsuite>\n";
+  }
+  f << "</testsuites>\n";
+}
+
+void print_summary(std::ostream& os, const RunResult& r) {
+  os << "# scenario " << r.scenario.name << ": " << r.configs.size() << " configuration(s), "
+     << ref::to_string(r.scenario.train.precision) << ", " << r.scenario.train.steps << " steps\n";
+  char line[256];
+  std::snprintf(line, sizeof line, "  %-28s %-7s %6s %12s %10s  %s\n", "config", "strategy",
+                "ranks", "max_rel_err", "tolerance", "result");
+  os << line;
+  for (const auto& c : r.configs) {
+    std::snprintf(line, sizeof line, "  %-28s %-7s %6d %12.3e %10.0e  %s\n", c.config.c_str(),
+                  c.strategy.empty() ? "-" : c.strategy.c_str(), c.spec.mesh.world_size(),
+                  c.max_rel_err, c.tolerance,
+                  c.pass        ? "PASS"
+                  : c.supported ? "FAIL"
+                                : "UNSUPPORTED");
+    os << line;
+    if (!c.pass) os << "      " << c.detail << "\n";
+  }
+}
+
+}  // namespace shardcheck::harness

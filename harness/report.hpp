@@ -1,0 +1,19 @@
+// Report writers: report.json (the fields of DESIGN.md that exist so far), JUnit XML (one testcase
+// per configuration), and the human summary table. Only harness/ knows these formats.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "harness/runner.hpp"
+
+namespace shardcheck::harness {
+
+nlohmann::json report_json(const RunResult& r, const std::string& backend);
+// Writes JUnit XML; throws std::runtime_error naming the file when it cannot be written.
+void write_junit(const std::vector<RunResult>& runs, const std::string& file);
+void print_summary(std::ostream& os, const RunResult& r);
+
+}  // namespace shardcheck::harness

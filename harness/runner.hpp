@@ -1,0 +1,43 @@
+// Runs a scenario: the single-device reference once, then every configuration of its matrix on
+// the simulator, and measures parity per step (global loss and every parameter at full shape).
+// Configurations whose strategies are not built yet are reported as such, never silently passed.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "harness/scenario.hpp"
+
+namespace shardcheck::harness {
+
+struct StepParity {
+  int step = 0;
+  double loss = 0, ref_loss = 0;
+  double max_rel_err = 0;  // max over ranks of the loss error and every parameter tensor's error
+};
+
+struct ConfigResult {
+  std::string config;  // ParallelSpec::label()
+  ParallelSpec spec;
+  std::string strategy;  // "ddp", "zero1".. or "" when unsupported
+  std::vector<StepParity> steps;
+  double max_rel_err = 0;
+  double tolerance = 0;
+  bool supported = true;
+  bool pass = false;
+  std::string detail;  // why unsupported, or where the largest error was
+  double wall_seconds = 0;
+};
+
+struct RunResult {
+  Scenario scenario;
+  std::vector<ConfigResult> configs;
+  bool pass() const;
+};
+
+double tolerance_for(ref::Precision p);
+
+// Throws ScenarioError for configurations that cannot be run at all.
+RunResult run_scenario(const Scenario& s);
+
+}  // namespace shardcheck::harness

@@ -1,0 +1,115 @@
+// `shardcheck run` / `matrix`: the parity matrix passes and writes report.json and JUnit; planted
+// data-parallel bugs make the gate fail (exit 1); unsupported configurations are never passed;
+// bad scenarios exit 2 naming the JSON path.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "harness/runner.hpp"
+#include "parallel/testing.hpp"
+
+namespace shardcheck::harness {
+namespace {
+
+namespace fs = std::filesystem;
+const std::string kScenarios = SHARDCHECK_SCENARIOS_DIR;
+
+std::pair<int, std::string> shardcheck(const std::string& args) {
+  FILE* p = popen((std::string(SHARDCHECK_BIN) + " " + args + " 2>&1").c_str(), "r");
+  std::string out;
+  char buf[4096];
+  while (p && std::fgets(buf, sizeof buf, p)) out += buf;
+  const int status = p ? pclose(p) : -1;
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+nlohmann::json read_json(const fs::path& p) {
+  std::ifstream f(p);
+  return nlohmann::json::parse(f);
+}
+
+TEST(RunCommand, ParityMatrixPassesAndWritesReports) {
+  const fs::path dir = fs::temp_directory_path() / "shardcheck_matrix_report";
+  fs::remove_all(dir);
+  const auto [code, out] = shardcheck("matrix " + kScenarios + "/parity --report " + dir.string() +
+                                      " --junit " + (dir / "junit.xml").string());
+  ASSERT_EQ(code, 0) << out;
+  const auto j = read_json(dir / "report.json");
+  EXPECT_TRUE(j.at("pass").get<bool>());
+  std::size_t rows = 0;
+  for (const auto& sc : j.at("scenarios")) {
+    EXPECT_EQ(sc.at("backend"), "sim");
+    EXPECT_FALSE(sc.at("manifest").at("groups").empty());
+    for (const auto& row : sc.at("parity")) {
+      ++rows;
+      EXPECT_TRUE(row.at("pass").get<bool>()) << row.dump();
+      EXPECT_LE(row.at("max_rel_err").get<double>(), row.at("tolerance").get<double>());
+      EXPECT_EQ(row.at("steps").size(), 3u);
+      for (const auto& st : row.at("steps"))
+        EXPECT_NEAR(st.at("loss").get<double>(), st.at("ref_loss").get<double>(),
+                    1e-5 * std::abs(st.at("ref_loss").get<double>()));
+    }
+  }
+  EXPECT_GE(rows, 20u);
+  std::ifstream x(dir / "junit.xml");
+  std::stringstream xs;
+  xs << x.rdbuf();
+  EXPECT_NE(xs.str().find("<testsuites tests=\"" + std::to_string(rows) + "\" failures=\"0\">"),
+            std::string::npos);
+  fs::remove_all(dir);
+}
+
+TEST(RunCommand, PlantedBugsFailTheGate) {
+  const Scenario s = load_scenario(kScenarios + "/parity/data_parallel_moe.json");
+  ASSERT_TRUE(run_scenario(s).pass());
+  using parallel::testing::Mutation;
+  for (Mutation m : {Mutation::kMeanOfRankMeans, Mutation::kLocalNormClip, Mutation::kSkipBucket,
+                     Mutation::kWrongShardOffset, Mutation::kSameSamples}) {
+    parallel::testing::ScopedMutation planted(m);
+    const RunResult r = run_scenario(s);
+    EXPECT_FALSE(r.pass()) << "mutation " << static_cast<int>(m) << " was not caught";
+  }
+}
+
+TEST(RunCommand, UnsupportedConfigurationsAreReportedNotPassed) {
+  const fs::path dir = fs::temp_directory_path() / "shardcheck_run_example";
+  const auto [code, out] =
+      shardcheck("run " + kScenarios + "/examples/dp2-tp2-moe.json --report " + dir.string());
+  EXPECT_EQ(code, 1) << out;
+  const auto j = read_json(dir / "report.json");
+  EXPECT_FALSE(j.at("pass").get<bool>());
+  EXPECT_EQ(j.at("world_size"), 4);
+  ASSERT_EQ(j.at("manifest").at("groups").size(), 4u);
+  EXPECT_EQ(j.at("manifest").at("groups")[3].at("tp"), (std::vector<int>{2, 3}));
+  const auto& rows = j.at("parity");
+  ASSERT_EQ(rows.size(), 2u);
+  EXPECT_TRUE(rows[0].at("pass").get<bool>());        // dp4
+  EXPECT_FALSE(rows[1].at("supported").get<bool>());  // dp2-tp2-zero3
+  EXPECT_FALSE(rows[1].at("pass").get<bool>());
+  fs::remove_all(dir);
+}
+
+TEST(RunCommand, BadScenariosExitTwoWithThePath) {
+  const fs::path bad = fs::temp_directory_path() / "shardcheck_bad_run.json";
+  std::ofstream(bad) << R"({"name": "x", "parallel": {"dp": 2, "tp": 3}})";
+  auto [code, out] = shardcheck("run " + bad.string());
+  EXPECT_EQ(code, 2) << out;
+  EXPECT_NE(out.find("$.parallel.tp: 3 does not divide model.heads (4)"), std::string::npos) << out;
+  std::tie(code, out) = shardcheck("run /no/such/scenario.json");
+  EXPECT_EQ(code, 2) << out;
+  EXPECT_NE(out.find("no such scenario"), std::string::npos) << out;
+  std::tie(code, out) = shardcheck("run " + bad.string() + " --dump-tensors /tmp/x");
+  EXPECT_EQ(code, 2) << out;  // not built yet: refused, not ignored
+  std::ofstream(bad) << R"({"name": "x", "train": {"global_batch": 64}, "data": {"documents": 4}})";
+  std::tie(code, out) = shardcheck("run " + bad.string());
+  EXPECT_EQ(code, 2) << out;
+  EXPECT_NE(out.find("$.data.documents"), std::string::npos) << out;
+  fs::remove(bad);
+}
+
+}  // namespace
+}  // namespace shardcheck::harness
