@@ -9,6 +9,7 @@
 #include <mutex>
 
 #include "parallel/data_parallel.hpp"
+#include "parallel/parity.hpp"
 #include "reference/data.hpp"
 #include "reference/trainer.hpp"
 #include "sim/world.hpp"
@@ -21,24 +22,6 @@ struct Trace {
   std::vector<ref::StepRecord> steps;
   std::vector<ref::ParamMap<double>> params;  // after each step
 };
-
-double rel_err(double got, double want) {
-  const double d = std::abs(got - want);
-  if (!(d == d)) return INFINITY;
-  return want != 0.0 ? d / std::abs(want) : d;
-}
-
-double tensor_err(const ref::Tensor<double>& got, const ref::Tensor<double>& want) {
-  if (got.shape() != want.shape()) return INFINITY;
-  double diff = 0, scale = 0;
-  for (int64_t i = 0; i < want.numel(); ++i) {
-    const double d = std::abs(got[i] - want[i]);
-    if (!(d == d)) return INFINITY;
-    diff = std::max(diff, d);
-    scale = std::max(scale, std::abs(want[i]));
-  }
-  return scale > 0 ? diff / scale : diff;
-}
 
 Trace reference_run(const Scenario& s, const ref::Dataset& ds) {
   ref::DistributedSampler sampler(static_cast<int64_t>(ds.samples.size()), s.train.global_batch,
@@ -101,7 +84,7 @@ ConfigResult run_config(const Scenario& s, const ref::Dataset& ds, const Trace& 
     const auto uk = static_cast<std::size_t>(k);
     StepParity sp{k + 1, got[0].steps[uk].loss, want.steps[uk].loss, 0};
     for (std::size_t rank = 0; rank < got.size(); ++rank) {
-      const double le = rel_err(got[rank].steps[uk].loss, want.steps[uk].loss);
+      const double le = parallel::rel_err(got[rank].steps[uk].loss, want.steps[uk].loss);
       if (!(le <= sp.max_rel_err)) sp.max_rel_err = le;
       if (!(le <= worst)) {
         worst = le;
@@ -110,7 +93,7 @@ ConfigResult run_config(const Scenario& s, const ref::Dataset& ds, const Trace& 
       }
       for (const auto& e : want.params[uk]) {
         const ref::Tensor<double>* t = got[rank].params[uk].find(e.name);
-        const double te = t ? tensor_err(*t, e.value) : INFINITY;
+        const double te = t ? parallel::tensor_rel_err(*t, e.value) : INFINITY;
         if (!(te <= sp.max_rel_err)) sp.max_rel_err = te;
         if (!(te <= worst)) {
           worst = te;

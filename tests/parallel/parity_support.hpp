@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "parallel/data_parallel.hpp"
+#include "parallel/parity.hpp"
 #include "reference/data.hpp"
 #include "reference/trainer.hpp"
 #include "sim/world.hpp"
@@ -117,24 +118,6 @@ inline DpRun dp_run(const Scenario& s, int world, DataParallelOptions options) {
     }
   });
   return out;
-}
-
-inline double rel_err(double got, double want) {
-  const double diff = std::abs(got - want);
-  return want != 0.0 ? diff / std::abs(want) : diff;
-}
-
-// Per tensor: max |got - want| / max |want| (the tensor's scale; elementwise relative error is
-// meaningless for entries that pass through zero).
-inline double tensor_rel_err(const ref::Tensor<double>& got, const ref::Tensor<double>& want) {
-  if (got.shape() != want.shape()) return INFINITY;
-  double diff = 0.0, scale = 0.0;
-  for (int64_t i = 0; i < want.numel(); ++i) {
-    diff = std::max(diff, std::abs(got[i] - want[i]));
-    scale = std::max(scale, std::abs(want[i]));
-  }
-  if (!(diff == diff)) return INFINITY;  // NaN
-  return scale > 0.0 ? diff / scale : diff;
 }
 
 struct Parity {
