@@ -11,6 +11,19 @@ int64_t moe_capacity(const MoeSpec& spec, int64_t s) {
   return static_cast<int64_t>(std::ceil(c - 1e-9));
 }
 
+// Row of each kept slot (t * k + choice) inside its expert's batch: experts take first choices
+// in token order, then second choices, ... (the fill order of route()); -1 for dropped slots.
+static std::vector<int64_t> expert_rows(const MoeRouting& r, int e_n, int k, int64_t s) {
+  std::vector<int64_t> cursor(static_cast<size_t>(e_n), 0);
+  std::vector<int64_t> row_of(static_cast<size_t>(s * k), -1);
+  for (int ci = 0; ci < k; ++ci)
+    for (int64_t t = 0; t < s; ++t) {
+      const size_t slot = static_cast<size_t>(t * k + ci);
+      if (r.kept[slot]) row_of[slot] = cursor[static_cast<size_t>(r.choice[slot])]++;
+    }
+  return row_of;
+}
+
 template <class T>
 Tensor<T> moe_forward(const Tensor<T>& x, std::span<const int32_t> doc_ids, const Tensor<T>& router,
                       const std::vector<const Tensor<T>*>& w_up,
@@ -99,13 +112,7 @@ Tensor<T> moe_forward(const Tensor<T>& x, std::span<const int32_t> doc_ids, cons
 
   // Combine in choice order; row_of[slot] is the kept slot's row in its expert's batch.
   Tensor<T> y({s, h});
-  std::vector<int64_t> cursor(static_cast<size_t>(e_n), 0);
-  std::vector<int64_t> row_of(static_cast<size_t>(s * k), -1);
-  for (int ci = 0; ci < k; ++ci)
-    for (int64_t t = 0; t < s; ++t) {
-      const size_t slot = static_cast<size_t>(t * k + ci);
-      if (r.kept[slot]) row_of[slot] = cursor[static_cast<size_t>(r.choice[slot])]++;
-    }
+  const std::vector<int64_t> row_of = expert_rows(r, e_n, k, s);
   for (int64_t t = 0; t < s; ++t)
     for (int ci = 0; ci < k; ++ci) {
       const size_t slot = static_cast<size_t>(t * k + ci);
@@ -141,13 +148,7 @@ Tensor<T> moe_backward(const Tensor<T>& dy, const Tensor<T>& x, const Tensor<T>&
   Tensor<T> dx({s, h});
 
   // Row of each kept slot inside its expert's batch (same order as the forward fill).
-  std::vector<int64_t> cursor(static_cast<size_t>(e_n), 0);
-  std::vector<int64_t> row_of(static_cast<size_t>(s * k), -1);
-  for (int ci = 0; ci < k; ++ci)
-    for (int64_t t = 0; t < s; ++t) {
-      const size_t slot = static_cast<size_t>(t * k + ci);
-      if (r.kept[slot]) row_of[slot] = cursor[static_cast<size_t>(r.choice[slot])]++;
-    }
+  const std::vector<int64_t> row_of = expert_rows(r, e_n, k, s);
 
   // Gradients of expert outputs and of gates.
   std::vector<Tensor<T>> dout(static_cast<size_t>(e_n));
