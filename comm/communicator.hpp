@@ -19,9 +19,11 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "comm/buffer.hpp"
+#include "comm/memory.hpp"
 #include "comm/work.hpp"
 
 namespace shardcheck::comm {
@@ -40,6 +42,15 @@ struct P2POptions {
 };
 struct SplitOptions {
   std::string name;  // label of the new groups in messages and tables ("tp", "dp", ...)
+};
+
+// Local work a rank did (or, in a timing-only run, would have done) between collectives. The
+// simulator advances the rank's virtual compute stream by its cost model (max of flops over the
+// device rate and bytes over memory bandwidth); a real backend, whose time is real, only records it.
+struct ComputeCost {
+  std::string_view name;  // "forward layers.0", "adamw", ... (timeline label)
+  double flops = 0;
+  double bytes = 0;  // memory traffic
 };
 
 class Communicator {
@@ -118,6 +129,14 @@ class Communicator {
     return do_split(color, key, o);
   }
 
+  // Not collectives: per-rank bookkeeping every strategy reports through its communicator.
+  // compute(): see ComputeCost. begin_step(): training step `step` (1-based) starts on this rank
+  // (faults and timelines are keyed by step). memory(): this rank's tracked-allocator books, one
+  // per world rank, shared by every group the rank belongs to.
+  void compute(const ComputeCost& c) { do_compute(c); }
+  void begin_step(int step) { do_begin_step(step); }
+  MemoryTracker& memory() { return do_memory(); }
+
   // Typed-span conveniences (element counts and dtype come from the span).
   template <class T>
   [[nodiscard]] WorkPtr all_reduce(std::span<const T> send, std::span<T> recv,
@@ -141,6 +160,9 @@ class Communicator {
   virtual WorkPtr do_recv(Buffer buf, int peer, P2POptions o) = 0;
   virtual WorkPtr do_barrier() = 0;
   virtual std::unique_ptr<Communicator> do_split(int color, int key, const SplitOptions& o) = 0;
+  virtual void do_compute(const ComputeCost& c) = 0;
+  virtual void do_begin_step(int step) = 0;
+  virtual MemoryTracker& do_memory() = 0;
 };
 
 }  // namespace shardcheck::comm

@@ -484,4 +484,11 @@ comm::WorkPtr SimCommunicator::do_recv(comm::Buffer buf, int peer, comm::P2POpti
   return post_p2p(std::move(op), peer, o.tag);
 }
 
+// Virtual time and step-keyed faults are not modelled yet: compute and step markers are accepted
+// and ignored.
+void SimCommunicator::do_compute(const comm::ComputeCost& /*c*/) {}
+void SimCommunicator::do_begin_step(int /*step*/) {}
+
+comm::MemoryTracker& SimCommunicator::do_memory() { return world_->memory(world_rank()); }
+
 }  // namespace shardcheck::sim

@@ -40,6 +40,9 @@ class SimCommunicator final : public comm::Communicator {
   comm::WorkPtr do_barrier() override;
   std::unique_ptr<comm::Communicator> do_split(int color, int key,
                                                const comm::SplitOptions& o) override;
+  void do_compute(const comm::ComputeCost& c) override;
+  void do_begin_step(int step) override;
+  comm::MemoryTracker& do_memory() override;
 
  private:
   using Register = std::function<void(Slot&)>;

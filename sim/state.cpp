@@ -58,7 +58,9 @@ Slot::Slot(std::uint64_t s, int n, OpDesc d, int first)
   arrived_mask.resize(un);
 }
 
-WorldState::WorldState(int n) : ranks_(static_cast<std::size_t>(n)), active_(n) {}
+WorldState::WorldState(int n) : ranks_(static_cast<std::size_t>(n)), active_(n) {
+  for (int r = 0; r < n; ++r) ranks_[static_cast<std::size_t>(r)].memory = comm::MemoryTracker(r);
+}
 
 void WorldState::wake(int rank) {
   RankInfo& r = ranks_[static_cast<std::size_t>(rank)];

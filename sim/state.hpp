@@ -144,6 +144,8 @@ class WorldState {
 
   // Flight recorder of each rank (lock held), and seconds since the run started.
   FlightRecorder& recorder(int rank) { return ranks_[static_cast<std::size_t>(rank)].recorder; }
+  // Tracked-allocator books of each rank: touched only by that rank's thread (no lock needed).
+  comm::MemoryTracker& memory(int rank) { return ranks_[static_cast<std::size_t>(rank)].memory; }
   double now() const;
   // Sets the state (and the matching timestamp) of a record, if still in the ring (lock held).
   void mark(int rank, std::uint64_t record, OpState state);
@@ -155,6 +157,7 @@ class WorldState {
     std::condition_variable cv;
     std::exception_ptr deadlock;
     FlightRecorder recorder;
+    comm::MemoryTracker memory;
   };
   void detect_deadlock();
   [[noreturn]] void throw_for(RankInfo& me, int rank);
