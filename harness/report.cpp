@@ -58,6 +58,28 @@ std::string xml_escape(const std::string& s) {
 
 }  // namespace
 
+nlohmann::json manifest_json(const Scenario& s) {
+  const auto per_rank = [&](int n) { return n / s.parallel.mesh.dp; };
+  return {{"scenario", s.name},
+          {"mesh", mesh_json(s.parallel)},
+          {"world_size", s.parallel.mesh.world_size()},
+          {"order", comm::DeviceMesh(s.parallel.mesh, s.parallel.order).order_string()},
+          {"groups", groups_json(s.parallel)},
+          {"configs", [&] {
+             nlohmann::json c = nlohmann::json::array();
+             for (const ParallelSpec& p : s.configs) c.push_back(p.label());
+             return c;
+           }()},
+          {"seed", s.seed},
+          {"precision", ref::to_string(s.train.precision)},
+          {"global_batch_sequences", s.train.global_batch},
+          {"micro_batch_sequences", s.train.micro_batch},
+          {"sequences_per_dp_rank", per_rank(s.train.global_batch)},
+          {"seq_len", s.model.seq_len},
+          {"steps", s.train.steps},
+          {"code_version", SHARDCHECK_VERSION}};
+}
+
 nlohmann::json report_json(const RunResult& r, const std::string& backend) {
   const Scenario& s = r.scenario;
   nlohmann::json parity = nlohmann::json::array();
@@ -85,14 +107,7 @@ nlohmann::json report_json(const RunResult& r, const std::string& backend) {
           {"description", s.description},
           {"backend", backend},
           {"world_size", s.parallel.mesh.world_size()},
-          {"manifest",
-           {{"mesh", mesh_json(s.parallel)},
-            {"order", comm::DeviceMesh(s.parallel.mesh, s.parallel.order).order_string()},
-            {"groups", groups_json(s.parallel)},
-            {"seed", s.seed},
-            {"precision", ref::to_string(s.train.precision)},
-            {"global_batch_sequences", s.train.global_batch},
-            {"code_version", SHARDCHECK_VERSION}}},
+          {"manifest", manifest_json(s)},
           {"parity", parity}};
 }
 

@@ -11,6 +11,9 @@
 
 namespace shardcheck::harness {
 
+// The run manifest (DESIGN.md report contract): mesh, order, every rank's groups, precision, batch,
+// seed, code version. Also the "manifest" field of report.json.
+nlohmann::json manifest_json(const Scenario& s);
 nlohmann::json report_json(const RunResult& r, const std::string& backend);
 // Writes JUnit XML; throws std::runtime_error naming the file when it cannot be written.
 void write_junit(const std::vector<RunResult>& runs, const std::string& file);

@@ -7,10 +7,12 @@
 #include <chrono>
 #include <cmath>
 #include <mutex>
+#include <optional>
 
 #include "parallel/data_parallel.hpp"
 #include "parallel/parity.hpp"
 #include "reference/data.hpp"
+#include "reference/npy.hpp"
 #include "reference/trainer.hpp"
 #include "sim/world.hpp"
 
@@ -23,15 +25,22 @@ struct Trace {
   std::vector<ref::ParamMap<double>> params;  // after each step
 };
 
-Trace reference_run(const Scenario& s, const ref::Dataset& ds) {
+Trace reference_run(const Scenario& s, const ref::Dataset& ds, const std::string& dump_dir) {
   ref::DistributedSampler sampler(static_cast<int64_t>(ds.samples.size()), s.train.global_batch,
                                   s.seed, s.data.drop_last);
   ref::Trainer trainer(s.model, s.train, s.seed);
+  std::optional<ref::TensorDumper> dumper;
+  if (!dump_dir.empty()) {
+    dumper.emplace(dump_dir);
+    trainer.set_observer(
+        [&](const std::string& name, const ref::HostArray& a) { dumper->add(name, a); });
+  }
   Trace t;
   for (int n = 1; n <= s.train.steps; ++n) {
     t.steps.push_back(trainer.step(ref::gather_batch(ds, sampler.next_global_batch())));
     t.params.push_back(trainer.params());
   }
+  if (dumper) dumper->write_index();
   return t;
 }
 
@@ -128,7 +137,7 @@ bool RunResult::pass() const {
          std::all_of(configs.begin(), configs.end(), [](const ConfigResult& c) { return c.pass; });
 }
 
-RunResult run_scenario(const Scenario& s) {
+RunResult run_scenario(const Scenario& s, const RunOptions& o) {
   RunResult out{s, {}};
   const ref::Dataset ds = ref::build_dataset(s.data, s.model, s.seed);
   if (static_cast<int64_t>(ds.samples.size()) < s.train.global_batch)
@@ -136,8 +145,13 @@ RunResult run_scenario(const Scenario& s) {
                         "the corpus packs into " + std::to_string(ds.samples.size()) +
                             " sequences, fewer than train.global_batch (" +
                             std::to_string(s.train.global_batch) + "); add documents");
-  const Trace want = reference_run(s, ds);
-  for (const ParallelSpec& p : s.configs) out.configs.push_back(run_config(s, ds, want, p));
+  const int total = static_cast<int>(s.configs.size());
+  if (o.progress) o.progress("reference", 0, total);
+  const Trace want = reference_run(s, ds, o.dump_tensors);
+  for (const ParallelSpec& p : s.configs) {
+    if (o.progress) o.progress(p.label(), static_cast<int>(out.configs.size()) + 1, total);
+    out.configs.push_back(run_config(s, ds, want, p));
+  }
   return out;
 }
 

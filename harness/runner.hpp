@@ -3,6 +3,7 @@
 // Configurations whose strategies are not built yet are reported as such, never silently passed.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -37,7 +38,16 @@ struct RunResult {
 
 double tolerance_for(ref::Precision p);
 
+struct RunOptions {
+  // When set, the reference run's tensors are written there as .npy files plus index.json
+  // (DESIGN.md "Tensor dumps").
+  std::string dump_tensors;
+  // Called before each configuration starts ("reference", then each config label).
+  using Progress = std::function<void(const std::string& what, int index, int total)>;
+  Progress progress;
+};
+
 // Throws ScenarioError for configurations that cannot be run at all.
-RunResult run_scenario(const Scenario& s);
+RunResult run_scenario(const Scenario& s, const RunOptions& o = {});
 
 }  // namespace shardcheck::harness

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 
 #include "harness/runner.hpp"
@@ -109,6 +110,43 @@ TEST(RunCommand, BadScenariosExitTwoWithThePath) {
   EXPECT_EQ(code, 2) << out;
   EXPECT_NE(out.find("$.data.documents"), std::string::npos) << out;
   fs::remove(bad);
+}
+
+}  // namespace
+}  // namespace shardcheck::harness
+
+namespace shardcheck::harness {
+namespace {
+
+// --dump-tensors writes the reference run's tensors with DESIGN.md's names; --report writes the
+// manifest with every rank's groups.
+TEST(RunCommand, DumpsTensorsAndWritesTheManifest) {
+  const fs::path dir = fs::temp_directory_path() / "shardcheck_dump_test";
+  fs::remove_all(dir);
+  const auto [code, out] =
+      shardcheck("run " + kScenarios + "/parity/data_parallel_f32.json --report " +
+                 (dir / "report").string() + " --dump-tensors " + (dir / "dump").string());
+  ASSERT_EQ(code, 0) << out;
+  const auto index = read_json(dir / "dump" / "index.json");
+  std::set<std::string> names;
+  for (const auto& e : index) {
+    names.insert(e.at("name").get<std::string>());
+    EXPECT_TRUE(fs::exists(dir / "dump" / e.at("file").get<std::string>())) << e.dump();
+  }
+  for (const char* want : {"init/param/embed.weight", "batch/0/tokens", "step1/loss",
+                           "step1/grad/final_norm.weight", "step2/param/layers.0.attn.wq"})
+    EXPECT_TRUE(names.count(want)) << want;
+  const auto manifest = read_json(dir / "report" / "manifest.json");
+  EXPECT_EQ(manifest.at("groups").size(), manifest.at("world_size").get<std::size_t>());
+  EXPECT_EQ(manifest.at("configs").size(), 4u);
+  fs::remove_all(dir);
+}
+
+TEST(RunCommand, UnwritableOutputDirectoryIsBadInput) {
+  const auto [code, out] = shardcheck("run " + kScenarios +
+                                      "/parity/data_parallel_f32.json --dump-tensors /proc/nope");
+  EXPECT_EQ(code, 2) << out;
+  EXPECT_NE(out.find("--dump-tensors"), std::string::npos) << out;
 }
 
 }  // namespace

@@ -1,0 +1,26 @@
+// The CLI's commands, registered on the CLI11 app by the module that implements them; cli.cpp is
+// only the frame. A command's callback stores its exit code; BadInput means exit 2.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <stdexcept>
+#include <string>
+
+namespace shardcheck::harness {
+
+// Unusable input (bad arguments, bad scenario, unwritable output): exit 2 with this message.
+class BadInput : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// `bench collectives`.
+void add_bench_commands(CLI::App& app, int& exit_code);
+// `run` and `matrix`.
+void add_run_commands(CLI::App& app, int& exit_code);
+
+// Refuses --backend nccl in a build without gpu/.
+void check_backend(const std::string& backend);
+
+}  // namespace shardcheck::harness

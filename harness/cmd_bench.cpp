@@ -1,0 +1,140 @@
+// `shardcheck bench collectives`: argument checks and the table/JSON output around
+// bench_collectives.hpp (nccl-tests conventions).
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <nlohmann/json.hpp>
+
+#include "harness/bench_collectives.hpp"
+#include "harness/cli.hpp"
+#include "harness/cli_commands.hpp"
+#include "sim/world.hpp"
+
+namespace shardcheck::harness {
+
+namespace {
+
+struct BenchArgs {
+  std::string backend = "sim";
+  int ranks = 8;
+  std::string op = "all_reduce";
+  std::string dtype = "f32";
+  std::string redop = "sum";
+  std::size_t min_bytes = 4096;
+  std::size_t max_bytes = std::size_t{64} << 20;
+  int warmup = 2;
+  int iters = 0;
+  std::string json;
+};
+
+nlohmann::json to_json(const BenchResult& r) {
+  auto cell = [](const BenchCell& c) {
+    return nlohmann::json{{"time_us", c.time_us},
+                          {"algbw_gbps", c.algbw_gbps},
+                          {"busbw_gbps", c.busbw_gbps},
+                          {"wrong", c.wrong}};
+  };
+  nlohmann::json rows = nlohmann::json::array();
+  const bool reduces =
+      r.options.op == BenchOp::all_reduce || r.options.op == BenchOp::reduce_scatter;
+  for (const auto& row : r.rows)
+    rows.push_back({{"bytes", row.bytes},
+                    {"count", row.count},
+                    {"type", std::string(comm::name_of(r.options.dtype))},
+                    {"redop", reduces ? std::string(comm::name_of(r.options.redop)) : "none"},
+                    {"out_of_place", cell(row.out_of_place)},
+                    {"in_place", cell(row.in_place)}});
+  return {{"backend", r.backend},
+          {"ranks", r.ranks},
+          {"op", std::string(name_of(r.options.op))},
+          {"dtype", std::string(comm::name_of(r.options.dtype))},
+          {"busbw_factor", bus_factor(r.options.op, r.ranks)},
+          {"wrong", r.total_wrong()},
+          {"rows", rows}};
+}
+
+int bench_collectives_cmd(const BenchArgs& a) {
+  BenchOptions o;
+  if (!parse_bench_op(a.op, o.op))
+    throw BadInput("--op: unknown collective '" + a.op +
+                   "'; expected all_reduce, all_gather, reduce_scatter, all_to_all or broadcast");
+  const auto dt = comm::parse_dtype(a.dtype);
+  if (!dt)
+    throw BadInput("--dtype: unknown dtype '" + a.dtype +
+                   "'; expected f64, f32, bf16, f16, i32, i64 or u8");
+  o.dtype = *dt;
+  bool found = false;
+  for (auto r : {comm::ReduceOp::sum, comm::ReduceOp::avg, comm::ReduceOp::max, comm::ReduceOp::min,
+                 comm::ReduceOp::prod})
+    if (comm::name_of(r) == a.redop) {
+      o.redop = r;
+      found = true;
+    }
+  if (!found)
+    throw BadInput("--redop: unknown reduction '" + a.redop +
+                   "'; expected sum, avg, max, min or prod");
+  if (a.min_bytes == 0 || a.min_bytes > a.max_bytes)
+    throw BadInput("--min-bytes must be positive and at most --max-bytes (got " +
+                   std::to_string(a.min_bytes) + " and " + std::to_string(a.max_bytes) + ")");
+  o.min_bytes = a.min_bytes;
+  o.max_bytes = a.max_bytes;
+  o.warmup = a.warmup;
+  o.iters = a.iters;
+
+  check_backend(a.backend);
+  sim::SimWorld world(a.ranks);
+  const RankRunner runner = [&world](const std::function<void(comm::Communicator&)>& fn) {
+    world.run(fn);
+  };
+  // Rows print as each size completes, so a long run shows its progress.
+  o.on_row = [&o](const BenchRow& row) { print_row(std::cout, o, row); };
+  print_header(std::cout, "sim", a.ranks, o);
+  const BenchResult r = bench_collectives(runner, "sim", a.ranks, o);
+  print_footer(std::cout, r);
+  if (!a.json.empty()) {
+    std::ofstream f(a.json);
+    if (!f) throw BadInput("--json: cannot write '" + a.json + "'");
+    f << to_json(r).dump(2) << "\n";
+  }
+  return r.total_wrong() == 0 ? kExitOk : kExitCheckFailed;
+}
+
+}  // namespace
+
+void add_bench_commands(CLI::App& app, int& exit_code) {
+  auto args = std::make_shared<BenchArgs>();
+  BenchArgs& ba = *args;
+  auto* bench = app.add_subcommand("bench", "Benchmarks");
+  bench->require_subcommand(1);
+  auto* coll = bench->add_subcommand("collectives",
+                                     "nccl-tests-style collective benchmark with a #wrong check");
+  coll->add_option("--backend", ba.backend, "sim (CPU threads) or nccl (GPUs)")
+      ->check(CLI::IsMember({"sim", "nccl"}))
+      ->capture_default_str();
+  coll->add_option("--ranks", ba.ranks, "Number of ranks (sim)")
+      ->check(CLI::Range(1, 4096))
+      ->capture_default_str();
+  coll->add_option("--op", ba.op, "all_reduce, all_gather, reduce_scatter, all_to_all or broadcast")
+      ->capture_default_str();
+  coll->add_option("--dtype", ba.dtype, "f64, f32, bf16, f16, i32, i64 or u8")
+      ->capture_default_str();
+  coll->add_option("--redop", ba.redop, "sum, avg, max, min or prod (reducing ops)")
+      ->capture_default_str();
+  coll->add_option("--min-bytes,-b", ba.min_bytes, "Smallest size (e.g. 4096, 4KB, 1MB)")
+      ->transform(CLI::AsSizeValue(false))
+      ->capture_default_str();
+  coll->add_option("--max-bytes,-e", ba.max_bytes, "Largest size; sizes double from min to max")
+      ->transform(CLI::AsSizeValue(false))
+      ->capture_default_str();
+  coll->add_option("--warmup", ba.warmup, "Warm-up iterations per size")
+      ->check(CLI::Range(0, 1000))
+      ->capture_default_str();
+  coll->add_option("--iters", ba.iters, "Timed iterations per size (0: about 0.2 s per size)")
+      ->check(CLI::Range(0, 1000000))
+      ->capture_default_str();
+  coll->add_option("--json", ba.json, "Also write the results as JSON to this file");
+
+  coll->callback([args, &exit_code] { exit_code = bench_collectives_cmd(*args); });
+}
+
+}  // namespace shardcheck::harness

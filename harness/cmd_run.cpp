@@ -1,0 +1,171 @@
+// `shardcheck run` and `shardcheck matrix`: load and validate scenarios, run each configuration
+// against the reference, print the summary, write report.json / JUnit, map outcomes to exit codes.
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <nlohmann/json.hpp>
+
+#include "harness/cli.hpp"
+#include "harness/cli_commands.hpp"
+#include "harness/report.hpp"
+#include "harness/runner.hpp"
+#include "harness/scenario.hpp"
+
+namespace shardcheck::harness {
+
+namespace {
+
+struct RunArgs {
+  std::string backend = "sim";
+  std::vector<std::string> paths;
+  std::string report;
+  std::string junit;
+  std::string dump_tensors;
+};
+
+// An output directory the user named: created now, so a typo fails before a long run (exit 2).
+void prepare_dir(const std::string& option, const std::string& dir) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec || !std::filesystem::is_directory(dir))
+    throw BadInput(option + ": cannot create the directory '" + dir + "'" +
+                   (ec ? " (" + ec.message() + ")" : ""));
+}
+
+// Progress goes to stderr only when it is a terminal, so logs and pipes stay clean.
+RunOptions::Progress progress_reporter(const std::string& scenario) {
+  if (isatty(STDERR_FILENO) == 0) return {};
+  return [scenario](const std::string& what, int index, int total) {
+    if (index == 0)
+      std::cerr << "[" << scenario << "] reference run\n";
+    else
+      std::cerr << "[" << scenario << "] " << index << "/" << total << " " << what << "\n";
+  };
+}
+
+void write_json(const std::string& dir, const char* file, const nlohmann::json& j) {
+  std::ofstream f(std::filesystem::path(dir) / file);
+  if (!f) throw BadInput("--report: cannot write " + std::string(file) + " into '" + dir + "'");
+  f << j.dump(2) << "\n";
+}
+
+void write_report(const std::string& dir, const nlohmann::json& j) {
+  write_json(dir, "report.json", j);
+}
+
+// The run manifest, written before anything runs so that a run that breaks still leaves it.
+void write_manifest(const std::string& dir, const Scenario& s) {
+  write_json(dir, "manifest.json", manifest_json(s));
+}
+
+// Scenario files named on the command line: files as given, directories searched for *.json.
+std::vector<std::string> scenario_files(const std::vector<std::string>& paths) {
+  std::vector<std::string> files;
+  for (const auto& p : paths) {
+    std::error_code ec;
+    if (std::filesystem::is_directory(p, ec)) {
+      std::vector<std::string> found;
+      for (const auto& e : std::filesystem::recursive_directory_iterator(p))
+        if (e.path().extension() == ".json") found.push_back(e.path().string());
+      std::sort(found.begin(), found.end());
+      if (found.empty()) throw BadInput("'" + p + "' holds no .json scenario");
+      files.insert(files.end(), found.begin(), found.end());
+    } else if (std::filesystem::exists(p, ec)) {
+      files.push_back(p);
+    } else {
+      throw BadInput("no such scenario file or directory: '" + p + "'");
+    }
+  }
+  return files;
+}
+
+int run_scenarios(const RunArgs& a) {
+  check_backend(a.backend);
+  const std::vector<std::string> files = scenario_files(a.paths);
+  std::vector<Scenario> scenarios;
+  for (const auto& f : files) {
+    try {
+      scenarios.push_back(load_scenario(f));
+    } catch (const ScenarioError& e) {
+      throw BadInput(e.what());
+    }
+  }
+  std::vector<RunResult> runs;
+  nlohmann::json all = nlohmann::json::array();
+  if (!a.report.empty()) prepare_dir("--report", a.report);
+  if (!a.dump_tensors.empty()) prepare_dir("--dump-tensors", a.dump_tensors);
+  for (const auto& sc : scenarios) {
+    RunOptions o;
+    o.dump_tensors = a.dump_tensors;
+    o.progress = progress_reporter(sc.name);
+    if (!a.report.empty()) write_manifest(a.report, sc);
+    try {
+      runs.push_back(run_scenario(sc, o));
+    } catch (const ScenarioError& e) {
+      throw BadInput(sc.name + ": " + e.what());
+    }
+    print_summary(std::cout, runs.back());
+    std::cout << std::flush;
+    all.push_back(report_json(runs.back(), a.backend));
+  }
+  bool pass = true;
+  for (const auto& r : runs) pass = pass && r.pass();
+  if (!a.report.empty())
+    write_report(a.report,
+                 runs.size() == 1 ? all[0] : nlohmann::json{{"pass", pass}, {"scenarios", all}});
+  if (!a.junit.empty()) write_junit(runs, a.junit);
+  std::size_t configs = 0, failed = 0;
+  for (const auto& r : runs)
+    for (const auto& c : r.configs) {
+      ++configs;
+      failed += !c.pass;
+    }
+  std::cout << "parity: " << configs - failed << " passed, " << failed << " failed\n";
+  return pass ? kExitOk : kExitCheckFailed;
+}
+
+}  // namespace
+
+void check_backend(const std::string& backend) {
+  if (backend == "nccl")
+    throw BadInput(
+        "--backend nccl: this shardcheck was built without the gpu/ backend (configure "
+        "with the 'cuda' preset on a machine with CUDA and NCCL)");
+}
+
+void add_run_commands(CLI::App& app, int& exit_code) {
+  auto ra_ptr = std::make_shared<RunArgs>();
+  auto ma_ptr = std::make_shared<RunArgs>();
+  RunArgs& ra = *ra_ptr;
+  RunArgs& ma = *ma_ptr;
+  auto* run = app.add_subcommand(
+      "run", "Check one scenario's configurations for parity with the reference");
+  run->add_option("scenario", ra.paths, "Scenario JSON file")->required()->expected(1);
+  run->add_option("--backend", ra.backend, "sim (CPU threads) or nccl (GPUs)")
+      ->check(CLI::IsMember({"sim", "nccl"}))
+      ->capture_default_str();
+  run->add_option("--report", ra.report,
+                  "Write manifest.json (at start) and report.json into this directory");
+  run->add_option("--junit", ra.junit, "Write JUnit XML (one testcase per configuration)");
+  run->add_option("--dump-tensors", ra.dump_tensors,
+                  "Write the reference run's tensors (.npy + index.json) into this directory");
+  ma.paths = {"scenarios/parity"};
+  auto* matrix =
+      app.add_subcommand("matrix", "Run every scenario in the given files or directories");
+  matrix->add_option("scenarios", ma.paths, "Scenario files or directories")->capture_default_str();
+  matrix->add_option("--backend", ma.backend, "sim (CPU threads) or nccl (GPUs)")
+      ->check(CLI::IsMember({"sim", "nccl"}))
+      ->capture_default_str();
+  matrix->add_option("--report", ma.report,
+                     "Write manifest.json (at start) and report.json into this directory");
+  matrix->add_option("--junit", ma.junit, "Write JUnit XML (one testcase per configuration)");
+
+  run->callback([ra_ptr, &exit_code] { exit_code = run_scenarios(*ra_ptr); });
+  matrix->callback([ma_ptr, &exit_code] { exit_code = run_scenarios(*ma_ptr); });
+}
+
+}  // namespace shardcheck::harness
