@@ -1,18 +1,23 @@
 // Data-parallel training of the reference model over one DP group, written only against
-// comm::Communicator: DDP (bucketed gradient all_reduce), ZeRO-1/2/3 (optimizer state, then
-// gradients, then parameters sharded). Not here: FSDP wrap units, bf16 recipe, overlap with
-// backward, memory ledger (see parallel/README.md).
+// comm::Communicator: DDP (bucketed gradient all_reduce overlapping backward), ZeRO-1/2/3
+// (optimizer state, then gradients, then parameters sharded) and FSDP (wrap units, sharding
+// strategies, prefetch, hybrid shard), in f64, f32 and the bf16 mixed-precision recipe, with
+// memory tracking, a non-finite-gradient health check and checkpoint state export/import.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "comm/communicator.hpp"
 #include "parallel/flat.hpp"
+#include "parallel/fsdp.hpp"
+#include "parallel/state.hpp"
 #include "reference/batch.hpp"
 #include "reference/config.hpp"
 #include "reference/data.hpp"
@@ -21,22 +26,59 @@
 
 namespace shardcheck::parallel {
 
-enum class Strategy : std::uint8_t { ddp, zero1, zero2, zero3 };
+enum class Strategy : std::uint8_t { ddp, zero1, zero2, zero3, fsdp };
 std::string_view name_of(Strategy s);
 
-// How ZeRO-3 materialises parameters for compute. per_layer: every unit (embedding, each block,
-// head; see layerwise.hpp) is its own flat buffer sharded over the group, all-gathered just before
-// its forward and again before its backward, and dropped after each use. whole_model: one flat
-// buffer, all-gathered once per step before the first forward and dropped after the last backward.
+// How ZeRO-3 materialises parameters: per_layer is FSDP full_shard with one unit per block (and
+// the embedding and head), no prefetch; whole_model is FSDP full_shard over one unit (gathered
+// once per microbatch, kept through its backward).
 enum class Zero3Gather : std::uint8_t { per_layer, whole_model };
+
+// What to do when some rank's local gradient holds a NaN or infinity.
+enum class NonFinitePolicy : std::uint8_t { skip_step, stop };
+
+struct GradHealthOptions {
+  bool check = false;  // all_gather one flag per rank after backward (one i32 per rank)
+  NonFinitePolicy policy = NonFinitePolicy::skip_step;
+};
+
+// Called on each rank for every parameter of every microbatch, as soon as that microbatch's local
+// gradient of the parameter is complete and before it is accumulated or reduced (with overlap,
+// other buckets may already be in flight). grad: the writable local gradient (the engine's dtype:
+// f64, f32; bf16 recipe: f32 before rounding). step is 1-based, microbatch 0-based.
+using GradHook = std::function<void(int step, int microbatch, const std::string& param,
+                                    comm::Buffer grad)>;
 
 struct DataParallelOptions {
   Strategy strategy = Strategy::ddp;
   Zero3Gather zero3_gather = Zero3Gather::per_layer;
   // DDP and ZeRO-1 all-reduce gradients in buckets of about this many elements (reverse parameter
-  // order; see FlatLayout::buckets). ZeRO-2/3 reduce-scatter each padded flat buffer (the whole
-  // model, or one per unit for ZeRO-3 per_layer) in one call.
+  // order; see FlatLayout::buckets).
   std::size_t bucket_elems = std::size_t{1} << 20;
+  FsdpOptions fsdp{};  // Strategy::fsdp only
+  // DDP / ZeRO-1: issue each bucket's all_reduce during the last microbatch's backward as soon as
+  // its gradients are complete (PyTorch DDP order); false: all after backward.
+  bool overlap = true;
+  GradHealthOptions health{};
+  GradHook grad_hook{};
+};
+
+// Thrown on every rank (same step, same verdict) by NonFinitePolicy::stop.
+class NonFiniteGradientError : public std::runtime_error {
+ public:
+  NonFiniteGradientError(int step, std::vector<int> ranks);
+  int step() const { return step_; }
+  const std::vector<int>& ranks() const { return ranks_; }  // DP ranks with non-finite gradients
+
+ private:
+  int step_;
+  std::vector<int> ranks_;
+};
+
+// The health verdict of the last step, the same on every rank.
+struct StepHealth {
+  bool skipped = false;          // no optimizer update was applied
+  std::vector<int> nonfinite_ranks;  // DP ranks whose local gradient had a NaN or infinity
 };
 
 // One collective the engine issued in the last step (for the README's per-step list and tests).
@@ -57,9 +99,8 @@ ref::Batch rank_batch(const ref::Dataset& data, const std::vector<int64_t>& glob
 class DataParallelEngine {
  public:
   // dp: this rank's data-parallel group (every member constructs an engine with the same
-  // arguments). Precision f64 or f32; bf16 throws std::invalid_argument (not in this slice).
-  // The local batch per step is train.global_batch / dp.size() sequences, which must be a
-  // multiple of train.micro_batch.
+  // arguments). The local batch per step is train.global_batch / dp.size() sequences, which must
+  // be a multiple of train.micro_batch. Buffers are reported to dp.memory() from here on.
   DataParallelEngine(comm::Communicator& dp, const ref::ModelConfig& model,
                      const ref::TrainConfig& train, uint64_t seed,
                      DataParallelOptions options = {});
@@ -72,21 +113,32 @@ class DataParallelEngine {
   // same on every rank and comparable field by field with ref::Trainer::step.
   ref::StepRecord step(const ref::Batch& local_batch);
 
-  // Every parameter at full shape, widened to f64. Collective (ZeRO-3 all-gathers its shards);
-  // every rank gets the same map.
+  // Every parameter at full shape, widened to f64 (the master weights in the bf16 recipe, as
+  // ref::Trainer::params()). Collective; every rank gets the same map.
   ref::ParamMap<double> full_params();
 
-  // The whole-model flat layout. ZeRO-3 per_layer shards one flat buffer per unit instead; its
-  // padding is the sum over units (padding()).
+  // Checkpoint state: this rank's pieces; over all ranks every element of every tensor is written
+  // exactly once (replicated state is split: each rank writes its shard range of the DP-size
+  // layout; under hybrid_shard only replica 0 writes). Not collective.
+  std::vector<StatePiece> export_state() const;
+  // Replaces parameters, master weights, moments and step counts with the ones `read` supplies,
+  // reading only the ranges this engine's layout holds (any exporting DP size or strategy; the
+  // same precision recipe). Not collective; call on every rank before the next step.
+  void import_state(const StateReader& read);
+
+  // The whole-model flat layout (DDP, ZeRO-1/2 shard it; ZeRO-3/FSDP shard one per wrap unit).
   const FlatLayout& layout() const;
-  std::size_t padding() const;  // zeros added so that every sharded buffer divides by the DP size
+  std::size_t padding() const;  // zeros added so that every sharded buffer divides evenly
   Strategy strategy() const;
-  // Collectives of the last step(), in issue order.
   const std::vector<CollectiveCall>& last_step_collectives() const;
-  // Elements of parameters / optimizer moments this rank holds between steps (not counting the
-  // step's temporaries): the measured side of the memory ledger still to come.
+  const StepHealth& last_step_health() const;
+  int skipped_steps() const;
+  // Elements of parameters / optimizer moments this rank holds between steps.
   std::size_t resident_param_elems() const;
   std::size_t resident_optimizer_elems() const;
+  // dp.memory()'s holdings when the last step's optimizer began (gradients reduced, activations
+  // and temporaries freed): the model state the analytic ledger predicts.
+  const comm::MemoryBreakdown& last_model_state() const;
 
   struct Impl;
 

@@ -7,6 +7,7 @@
 #include <numeric>
 
 #include "parallel/flat.hpp"
+#include "parallel/fsdp.hpp"
 #include "parallel/layerwise.hpp"
 #include "reference/model.hpp"
 #include "tests/parallel/parity_support.hpp"
@@ -94,7 +95,8 @@ TEST(FlatLayout, PackUnpackRoundTrip) {
   for (const auto& e : params) EXPECT_EQ(back[e.name].vec(), e.value.vec()) << e.name;
 }
 
-// The per-step collective list of each strategy (what parallel/README.md states).
+// The per-step collective list of each strategy (what parallel/README.md states), built here
+// from the layouts and the residency plan independently of the engine's code.
 struct StrategyCase {
   Strategy strategy;
   Zero3Gather gather = Zero3Gather::per_layer;
@@ -112,7 +114,6 @@ TEST(DataParallelEngine, CollectivesPerStep) {
                                         {Strategy::zero3, Zero3Gather::per_layer}};
   for (const StrategyCase& sc : cases) {
     const Strategy st = sc.strategy;
-    const bool per_layer = st == Strategy::zero3 && sc.gather == Zero3Gather::per_layer;
     sim::SimWorld(kWorld).run([&](comm::Communicator& c) {
       DataParallelEngine e(c, s.model, s.train, s.seed,
                            {.strategy = st, .zero3_gather = sc.gather, .bucket_elems = kBucket});
@@ -121,55 +122,68 @@ TEST(DataParallelEngine, CollectivesPerStep) {
       e.step(rank_batch(ds, sampler.next_global_batch(), c.rank(), c.size()));
       const FlatLayout& l = e.layout();
       const std::size_t n = l.numel(), p = l.padded_numel(), shard = l.shard_numel();
+      const int microbatches = s.train.global_batch / kWorld / s.train.micro_batch;
       using comm::DType;
       std::vector<CollectiveCall> want{
           {"all_reduce", "mask tokens, sequences, non-padding tokens", 3, DType::i64}};
-      std::vector<FlatLayout> units;  // ZeRO-3 per_layer: one sharded buffer per unit
-      for (int u = 0; per_layer && u < unit_count(s.model); ++u)
-        units.emplace_back(unit_shapes(s.model, u), kWorld);
-      const auto unit_gather = [&](int u) {
-        return CollectiveCall{"all_gather", "parameters (one unit)",
-                              units[static_cast<std::size_t>(u)].padded_numel(), DType::f64};
-      };
-      if (per_layer) {
-        const int microbatches = s.train.global_batch / kWorld / s.train.micro_batch;
-        const int layers = s.model.layers;
-        for (int k = 0; k < microbatches; ++k) {
-          for (int u = 0; u <= layers + 1; ++u) want.push_back(unit_gather(u));  // forward
-          if (s.model.tie_embeddings) want.push_back(unit_gather(0));        // the head's LM weight
-          for (int u = layers; u >= 1; --u) want.push_back(unit_gather(u));  // backward
+      std::vector<FlatLayout> units;  // ZeRO-3: one sharded buffer per wrap unit
+      const WrapPolicy wrap =
+          sc.gather == Zero3Gather::per_layer ? WrapPolicy::block : WrapPolicy::whole_model;
+      if (st == Strategy::zero3)
+        for (const auto& w : wrap_units(s.model, wrap, 1)) {
+          std::vector<std::pair<std::string, ref::Shape>> shapes;
+          for (int u : w)
+            for (auto& x : unit_shapes(s.model, u)) shapes.push_back(x);
+          units.emplace_back(shapes, kWorld);
         }
-      } else if (st == Strategy::zero3) {
-        want.push_back({"all_gather", "parameters (whole model)", p, DType::f64});
-      }
-      want.push_back({"all_reduce", "loss sum, aux sum", 2, DType::f64});
+      const auto gather = [&](int w) {
+        return CollectiveCall{"all_gather", "parameters (one unit)",
+                              units[static_cast<std::size_t>(w)].padded_numel(), DType::f64};
+      };
+      const auto scatter = [&](std::size_t count) {
+        return CollectiveCall{"reduce_scatter", "gradients to owners", count, DType::f64};
+      };
       if (st == Strategy::ddp || st == Strategy::zero1) {
-        std::size_t total = 0;
+        std::size_t total = 0;  // all in the last microbatch's backward, in bucket order
         for (const Range& b : l.buckets(kBucket)) {
           want.push_back({"all_reduce", "gradient bucket", b.size(), DType::f64});
           total += b.size();
         }
         EXPECT_EQ(total, n);
         EXPECT_GE(l.buckets(kBucket).size(), 3u);
-      } else {
-        if (per_layer) {
-          for (const FlatLayout& u : units)
-            want.push_back({"reduce_scatter", "gradients to owners", u.padded_numel(), DType::f64});
-        } else {
-          want.push_back({"reduce_scatter", "gradients to owners", p, DType::f64});
+      } else if (st == Strategy::zero2) {
+        for (int k = 0; k < microbatches; ++k) want.push_back(scatter(p));
+      } else if (sc.gather == Zero3Gather::whole_model) {
+        for (int k = 0; k < microbatches; ++k) {
+          want.push_back(gather(0));  // kept through the microbatch's backward
+          want.push_back(scatter(units[0].padded_numel()));
         }
-        want.push_back({"all_reduce", "squared gradient norm", 1, DType::f64});
+      } else {
+        const int layers = s.model.layers, head = layers + 1;
+        for (int k = 0; k < microbatches; ++k) {
+          for (int u = 0; u <= head; ++u) want.push_back(gather(u));  // forward, resharded
+          if (s.model.tie_embeddings) want.push_back(gather(0));      // the head's LM weight
+          want.push_back(scatter(units[static_cast<std::size_t>(head)].padded_numel()));
+          for (int u = layers; u >= 1; --u) {  // backward: gather, then the unit's gradient
+            want.push_back(gather(u));
+            want.push_back(scatter(units[static_cast<std::size_t>(u)].padded_numel()));
+          }
+          want.push_back(scatter(units[0].padded_numel()));  // the embedding's, last
+        }
       }
+      if (st != Strategy::ddp && st != Strategy::zero1)
+        want.push_back({"all_reduce", "squared gradient norm", 1, DType::f64});
+      want.push_back({"all_reduce", "loss sum, aux sum", 2, DType::f64});
       if (st == Strategy::zero1 || st == Strategy::zero2)
         want.push_back({"all_gather", "updated parameters", p, DType::f64});
-      EXPECT_EQ(e.last_step_collectives(), want) << name_of(st) << " per_layer " << per_layer;
+      EXPECT_EQ(e.last_step_collectives(), want)
+          << name_of(st) << " " << static_cast<int>(sc.gather);
       // Resident state between steps (elements): what each stage shards.
       std::size_t unit_shards = 0;
       for (const FlatLayout& u : units) unit_shards += u.shard_numel();
-      const std::size_t zero3_shard = per_layer ? unit_shards : shard;
-      EXPECT_EQ(e.resident_param_elems(), st == Strategy::zero3 ? zero3_shard : p) << name_of(st);
+      EXPECT_EQ(e.resident_param_elems(), st == Strategy::zero3 ? unit_shards : p) << name_of(st);
       EXPECT_EQ(e.resident_optimizer_elems(), 2 * (st == Strategy::ddp     ? n
-                                                   : st == Strategy::zero3 ? zero3_shard
+                                                   : st == Strategy::zero3 ? unit_shards
                                                                            : shard))
           << name_of(st);
     });

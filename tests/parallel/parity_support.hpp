@@ -95,6 +95,11 @@ inline Trace reference_run(const Scenario& s) {
 struct DpRun {
   std::vector<Trace> ranks;
   std::size_t padding = 0;
+  // Rank 0's memory books: the model state when the last optimizer step began, the peak (its
+  // breakdown and phase), and each category's own peak.
+  comm::MemoryBreakdown model_state, at_peak, category_peaks;
+  std::string peak_phase;
+  std::size_t resident_params = 0;
 };
 
 inline DpRun dp_run(const Scenario& s, int world, DataParallelOptions options) {
@@ -115,6 +120,11 @@ inline DpRun dp_run(const Scenario& s, int world, DataParallelOptions options) {
     if (c.rank() == 0) {
       std::lock_guard<std::mutex> lock(mu);
       out.padding = engine.padding();
+      out.model_state = engine.last_model_state();
+      out.at_peak = c.memory().at_peak();
+      out.category_peaks = c.memory().category_peaks();
+      out.peak_phase = c.memory().peak_phase();
+      out.resident_params = engine.resident_param_elems();
     }
   });
   return out;

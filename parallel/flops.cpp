@@ -1,0 +1,28 @@
+// FLOP formulas of flops.hpp.
+#include "parallel/flops.hpp"
+
+namespace shardcheck::parallel {
+
+double block_forward_flops(const ref::ModelConfig& cfg, int layer, double s) {
+  const double h = cfg.hidden, a = cfg.heads, kv = cfg.kv_heads, d = cfg.head_dim(), f = cfg.ffn;
+  double flops = 2.0 * s * h * (a * d + 2.0 * kv * d) + 2.0 * s * a * d * h + 4.0 * a * s * s * d;
+  if (cfg.is_moe_layer(layer)) {
+    const double e = cfg.moe->experts, k = cfg.moe->top_k;
+    flops += 2.0 * s * h * e + 4.0 * s * k * h * f;
+  } else {
+    flops += 4.0 * s * h * f;
+  }
+  return flops;
+}
+
+double head_forward_flops(const ref::ModelConfig& cfg, double s) {
+  return 2.0 * s * cfg.hidden * cfg.vocab;
+}
+
+double model_forward_flops(const ref::ModelConfig& cfg, double s) {
+  double f = head_forward_flops(cfg, s);
+  for (int i = 0; i < cfg.layers; ++i) f += block_forward_flops(cfg, i, s);
+  return f;
+}
+
+}  // namespace shardcheck::parallel
