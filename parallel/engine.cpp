@@ -438,15 +438,17 @@ void EngineImpl<T>::grads_ready(int unit) {
     }
     drop(static_cast<std::size_t>(v));
   }
-  pr.work = no_shard_ ? issue("all_reduce", "gradients (one unit)", dp_, std::span<T>(pr.buffer))
-                      : issue("reduce_scatter", "gradients to owners", *shard_, std::span<T>(pr.buffer));
+  const bool skip = mutated(Mutation::kSkipBucket) && pr.group == static_cast<int>(groups_.size() / 2);
+  if (!skip)
+    pr.work = no_shard_ ? issue("all_reduce", "gradients (one unit)", dp_, std::span<T>(pr.buffer))
+                        : issue("reduce_scatter", "gradients to owners", *shard_, std::span<T>(pr.buffer));
   pending_.push_back(std::move(pr));
 }
 
 template <class T>
 void EngineImpl<T>::complete_reductions() {
   for (PendingReduce<T>& pr : pending_) {
-    pr.work->wait();
+    if (pr.work) pr.work->wait();  // null: kSkipBucket left this unit unreduced
     Group<T>& g = groups_[static_cast<std::size_t>(pr.group)];
     if (no_shard_) {
       for (std::size_t i = 0; i < g.acc.size(); ++i) g.acc[i] += pr.buffer[i];

@@ -9,7 +9,7 @@ enum class Mutation {
   kNone,
   kMeanOfRankMeans,   // each rank normalises its loss locally; the step averages rank means
   kLocalNormClip,     // clip by the local norm (ZeRO-2/3: own shard; DDP/ZeRO-1: before reduce)
-  kSkipBucket,        // DDP/ZeRO-1: the gradient all_reduce of one bucket is left out
+  kSkipBucket,        // the gradient reduction of one bucket (DDP/ZeRO-1) or unit (others) is left out
   kWrongShardOffset,  // ZeRO: the owner reads its gradient shard at r*floor(N/D), not r*S
   kSameSamples,       // sampler bug: every rank reads DP rank 0's slice of the global batch
 };
