@@ -128,7 +128,7 @@ std::string parity_section(const Json& parity, const std::string& idp) {
          "</td><td>";
     if (const Json* steps = array_of(row, "steps")) {
       o += error_sparkline(*steps, num(row, "tolerance", NAN));
-      o += "<details><summary>" + std::to_string(steps->size()) +
+      o += "<details class=\"steps\"><summary>" + std::to_string(steps->size()) +
            (steps->size() == 1 ? " step" : " steps") +
            "</summary><table><tr><th>step</th><th>loss</th><th>ref loss</th><th>max rel. "
            "error</th></tr>";
@@ -337,7 +337,8 @@ std::string scenario_body(const Json& r, const std::string& idp, int level) {
   if (const Json* groups = array_of(m, "groups")) {
     constexpr std::size_t kMaxRows = 4096;
     o += "<details><summary>rank \xE2\x86\x92 group table (" + std::to_string(groups->size()) +
-         " ranks)</summary><table><tr><th>rank</th><th>dp</th><th>tp</th><th>pp</th><th>cp</th>"
+         (groups->size() == 1 ? " rank" : " ranks") +
+         ")</summary><table><tr><th>rank</th><th>dp</th><th>tp</th><th>pp</th><th>cp</th>"
          "<th>ep</th></tr>\n";
     for (std::size_t i = 0; i < groups->size() && i < kMaxRows; ++i) {
       const Json& g = (*groups)[i];
@@ -421,7 +422,8 @@ pre{background:var(--bg);border:1px solid var(--line);padding:8px;white-space:pr
 .legend{display:flex;flex-wrap:wrap;gap:4px 14px;font-size:12px;margin:4px 0}
 .swatch{display:inline-block;width:11px;height:11px;margin-right:4px;border-radius:2px;
  vertical-align:-1px}
-details{margin:6px 0}summary{cursor:pointer}details.config{border:1px solid var(--line);
+details{margin:6px 0}summary{cursor:pointer}svg.spark{vertical-align:middle;margin-right:8px}
+details.steps{display:inline-block;vertical-align:middle;margin:0}details.config{border:1px solid var(--line);
  border-radius:6px;padding:4px 10px}article.fault{margin-bottom:18px}
 svg text{font:10px system-ui,sans-serif;fill:#1f2328}svg .axis{stroke:#8c959f;fill:none}
 svg .grid{stroke:#eaeef2}svg .idle{fill:#eef1f4}svg .step{stroke:#57606a;stroke-dasharray:3 3}

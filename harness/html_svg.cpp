@@ -347,11 +347,13 @@ std::string scaling_svg(const Json& scaling, const std::string& id) {
 std::string error_sparkline(const Json& steps, double tol) {
   constexpr double kLo = -17, kBar = 7, kH = 26;
   constexpr std::size_t kMaxBars = 200;  // the per-step table below it has every step
-  double hi = 0;
+  double hi = kLo + 4;
   for (const Json& s : steps)
     if (has_num(s, "max_rel_err") && num(s, "max_rel_err") > 0)
       hi = std::max(hi, std::ceil(std::log10(num(s, "max_rel_err"))));
-  hi = std::min(hi, 300.0);
+  // Headroom above the tolerance, so errors far below it still show as bars of some height.
+  if (std::isfinite(tol) && tol > 0) hi = std::max(hi, std::ceil(std::log10(tol)) + 2);
+  hi = std::clamp(hi, kLo + 4, 300.0);
   const auto Y = [&](double e) {
     const double l =
         e > 0 && std::isfinite(e) ? std::clamp(std::log10(e), kLo, hi) : (e > 0 ? hi : kLo);
