@@ -71,6 +71,18 @@ class DeadlockError : public CommError {
   std::vector<int> missing_;
 };
 
+// A member's contribution arrived altered (its checksum at issue differs from the one verified
+// before use). `source` is the world rank whose contribution was corrupted.
+class CorruptionError : public CommError {
+ public:
+  CorruptionError(OpContext ctx, const std::string& what, int source)
+      : CommError(std::move(ctx), what), source_(source) {}
+  int source() const { return source_; }
+
+ private:
+  int source_;
+};
+
 // The communicator was aborted (by a failure elsewhere); every later op fails with this.
 class AbortedError : public CommError {
  public:

@@ -7,7 +7,8 @@
 //   - On failure it throws a subclass of comm::CommError naming rank, group, op and sequence
 //   number:
 //     MismatchError (members disagree on the op), PeerError (a peer failed or left), DeadlockError
-//     (no rank can progress), AbortedError (the communicator was aborted by a failure elsewhere).
+//     (no rank can progress), AbortedError (the communicator was aborted by a failure elsewhere),
+//     CorruptionError (a member's payload failed its checksum, where the backend checks them).
 //     After such an error the communicator is unusable: every later call throws AbortedError.
 //   - A backend may also raise these errors from the issuing call itself (the simulator detects a
 //     mismatch on arrival). Dropping a Work without waiting neither cancels nor completes the op.

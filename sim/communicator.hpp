@@ -2,17 +2,37 @@
 // Every collective is a rendezvous at a per-group sequence number: members register their buffers,
 // then each rank does its share of the data movement (reduce-scatter-then-gather style: rank i
 // reduces chunk i of every input in rank order and writes it to every output), then all depart.
-// Results are bitwise identical whatever the interleaving. Ops complete before the call returns.
+// Results are bitwise identical whatever the interleaving. Ops complete numerically before the
+// call returns; the returned Work carries the op's end on the virtual clock, and wait() joins it.
 #pragma once
 
 #include <map>
 #include <memory>
+#include <optional>
 #include <utility>
 
 #include "comm/communicator.hpp"
 #include "sim/state.hpp"
 
 namespace shardcheck::sim {
+
+// The Work of a simulated collective. The data is already in place when it is returned (so
+// is_completed() is true); wait() joins the rank's compute stream to the op's virtual end:
+// compute clock = max(compute clock, virtual_end()). A Work never waited on still occupied the
+// comm stream, so later compute overlaps it. Wait on the issuing rank's thread only.
+class SimWork final : public comm::Work {
+ public:
+  SimWork(std::shared_ptr<WorldState> world, int world_rank, double virtual_end)
+      : world_(std::move(world)), rank_(world_rank), end_(virtual_end) {}
+  void wait() override;
+  bool is_completed() override { return true; }
+  double virtual_end() const { return end_; }
+
+ private:
+  std::shared_ptr<WorldState> world_;
+  int rank_;
+  double end_;
+};
 
 class SimCommunicator final : public comm::Communicator {
  public:
@@ -48,14 +68,29 @@ class SimCommunicator final : public comm::Communicator {
   using Register = std::function<void(Slot&)>;
   using Data = std::function<void(const Slot&)>;
   using Complete = std::function<void(Slot&)>;  // run once, by the last arriving rank, lock held
-  // Arrive at the next sequence number, wait for every member, run `data`, depart.
-  std::shared_ptr<Slot> collective(const OpDesc& desc, const Register& reg, const Data& data,
+  // Arrive at the next sequence number, wait for every member, run `data`, depart. `payload` is
+  // what the other members read of this rank (checksummed, and corrupted by a fault). Returns
+  // nullptr when a skip_collective fault made this rank leave without joining.
+  std::shared_ptr<Slot> collective(const OpDesc& desc, comm::ConstBuffer payload,
+                                   const Register& reg, const Data& data,
                                    const Complete& complete = {});
+  comm::WorkPtr work(const std::shared_ptr<Slot>& slot) const;
+  bool meta() const { return world_->options().meta; }
+  RankLocal& local() const { return world_->local(world_rank()); }
+  // Counts this rank's next communication op of the step and returns the fault that fires on it
+  // (recorded as fired); throws InjectedCrash for a crash fault.
+  std::optional<Fault> next_op(const std::string& op, std::uint64_t seq);
+  // An injected hang: blocks this rank until the deadlock detector (or an abort) ends the run.
+  [[noreturn]] void hang_here(std::unique_lock<std::mutex>& lk, const std::string& where);
+  // Virtual start, end and cost bytes of a slot whose members have all arrived (lock held).
+  void time_slot(Slot& s) const;
+  // CorruptionError for the first contribution whose checksum differs, or nullptr (lock held).
+  std::exception_ptr verify_payloads(const Slot& s) const;
   comm::OpContext context(OpKind k) const;
   comm::OpContext p2p_context(OpKind k, int peer, int tag) const;
   [[noreturn]] void invalid(OpKind k, const std::string& what) const;
   void check_buffer(OpKind k, const comm::ConstBuffer& b, const char* which) const;
-  comm::WorkPtr post_p2p(std::shared_ptr<P2POp> op, int peer, int tag);
+  comm::WorkPtr post_p2p(OpKind k, comm::ConstBuffer send, comm::Buffer recv, int peer, int tag);
 
   std::shared_ptr<WorldState> world_;
   std::shared_ptr<SimGroup> group_;

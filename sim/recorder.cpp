@@ -3,6 +3,8 @@
 
 #include <sstream>
 
+#include "sim/topology.hpp"
+
 namespace shardcheck::sim {
 
 std::string_view name_of(OpState s) {
@@ -23,6 +25,11 @@ std::string FlightRecord::describe() const {
   std::ostringstream os;
   os << op << " seq " << seq << " of group " << group << " (" << comm::name_of(dtype) << " x "
      << count << (root >= 0 ? ", root " + std::to_string(root) : "") << "): " << name_of(state);
+  if (step > 0) os << ", step " << step;
+  if (state == OpState::completed)
+    os << ", virtual " << format_seconds(v_start) << "-" << format_seconds(v_end);
+  else
+    os << ", issued at virtual " << format_seconds(v_issued);
   return os.str();
 }
 

@@ -1,6 +1,7 @@
 // Flight recorder: a per-rank ring buffer of the last collectives and point-to-point ops, with
-// their state (issued, started, completed, failed) and timestamps, for diagnosing hangs and
-// mismatches after the fact. Plain data; the world lock guards it. Not a tracer of compute.
+// their state (issued, started, completed, failed), wall timestamps, step and virtual start/end,
+// for diagnosing hangs and mismatches after the fact. Plain data; the world lock guards it. Not a
+// tracer of compute (the timeline is).
 #pragma once
 
 #include <cstddef>
@@ -25,7 +26,12 @@ struct FlightRecord {
   int root = -1;  // broadcast root (group rank), -1 otherwise
   OpState state = OpState::issued;
   double t_issued = 0, t_started = 0, t_ended = 0;  // seconds since the run started (wall clock)
-  std::string describe() const;  // "all_reduce seq 3 of group world (f32 x 1024): completed"
+  int step = 0;  // the rank's step when it issued the op (0 before the first begin_step)
+  // Virtual seconds: when the rank issued it (its compute clock), and when the op ran on the comm
+  // stream. v_start and v_end are meaningful once the state is completed.
+  double v_issued = 0, v_start = 0, v_end = 0;
+  // "all_reduce seq 3 of group world (f32 x 1024): completed, step 2, virtual 1.000 ms-1.250 ms"
+  std::string describe() const;
 };
 
 class FlightRecorder {

@@ -4,6 +4,7 @@
 // picture.
 #include "sim/state.hpp"
 
+#include <algorithm>
 #include <sstream>
 
 namespace shardcheck::sim {
@@ -34,6 +35,22 @@ std::string_view name_of(OpKind k) {
   return "?";
 }
 
+std::string rank_ranges(const std::vector<int>& ranks) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < ranks.size();) {
+    std::size_t j = i;
+    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
+    if (i > 0) s += ",";
+    s += std::to_string(ranks[i]);
+    if (j >= i + 2)
+      s += "-" + std::to_string(ranks[j]);
+    else if (j == i + 1)
+      s += "," + std::to_string(ranks[j]);
+    i = j + 1;
+  }
+  return s + "]";
+}
+
 std::string OpDesc::describe() const {
   std::ostringstream os;
   os << name_of(kind) << "(count=" << count << ", dtype=" << comm::name_of(dtype);
@@ -56,10 +73,19 @@ Slot::Slot(std::uint64_t s, int n, OpDesc d, int first)
   names.resize(un);
   split_result.resize(un);
   arrived_mask.resize(un);
+  arrival.resize(un);
+  checksum.resize(un);
+  checksum_bytes.resize(un);
 }
 
-WorldState::WorldState(int n) : ranks_(static_cast<std::size_t>(n)), active_(n) {
-  for (int r = 0; r < n; ++r) ranks_[static_cast<std::size_t>(r)].memory = comm::MemoryTracker(r);
+WorldState::WorldState(int n, const SimOptions& opts)
+    : ranks_(static_cast<std::size_t>(n)), active_(n), opts_(opts) {
+  for (int r = 0; r < n; ++r) {
+    RankInfo& ri = ranks_[static_cast<std::size_t>(r)];
+    ri.memory = comm::MemoryTracker(r);
+    ri.local.faults = RankFaults(opts.faults, r);
+    if (auto budget = ri.local.faults.memory_budget()) ri.memory.set_budget(*budget);
+  }
 }
 
 void WorldState::wake(int rank) {
@@ -105,6 +131,15 @@ void WorldState::mark(int rank, std::uint64_t record, OpState state) {
     r->t_ended = now();
 }
 
+void WorldState::mark(int rank, std::uint64_t record, OpState state, double v_start,
+                      double v_end) {
+  mark(rank, record, state);
+  if (FlightRecord* r = recorder(rank).find(record)) {
+    r->v_start = v_start;
+    r->v_end = v_end;
+  }
+}
+
 void WorldState::check_usable(const comm::OpContext& ctx) const {
   if (aborted_)
     throw comm::AbortedError(ctx, "communicator aborted after rank " +
@@ -124,26 +159,56 @@ void WorldState::throw_for(RankInfo& me, int rank) {
 
 void WorldState::detect_deadlock() {
   if (active_ > 0 || aborted_) return;
-  std::ostringstream os;
-  os << "deadlock: every live rank is blocked and none can progress.";
   bool any_blocked = false;
   std::vector<std::vector<int>> missing(ranks_.size());
+  std::vector<RankPicture> picture;
+  // One line per distinct situation, with the ranks in it: a 1,024-rank hang reads in two lines.
+  std::vector<std::pair<std::string, std::vector<int>>> lines;
   for (std::size_t r = 0; r < ranks_.size(); ++r) {
     const RankInfo& ri = ranks_[r];
+    RankPicture p;
+    p.rank = static_cast<int>(r);
+    std::ostringstream line;
     if (ri.state == RunState::finished) {
-      os << "\n  rank " << r << ": finished";
+      p.finished = true;
+      line << "finished";
     } else if (ri.state == RunState::blocked) {
       any_blocked = true;
       missing[r] = ri.wait.missing ? ri.wait.missing() : std::vector<int>{};
-      os << "\n  rank " << r << ": waits in " << ri.wait.op << " seq " << ri.wait.seq
-         << " of group " << ri.wait.group << ", never arrived: " << comm::rank_list(missing[r]);
+      p.hung = ri.wait.hung;
+      p.group = ri.wait.group;
+      p.op = ri.wait.op;
+      p.seq = ri.wait.seq;
+      p.missing = missing[r];
+      if (ri.wait.hung)
+        line << "hung (injected fault) " << ri.wait.op;
+      else
+        line << "waits in " << ri.wait.op << " seq " << ri.wait.seq << " of group "
+             << ri.wait.group << ", never arrived: " << rank_ranges(missing[r]);
     } else {
       continue;
     }
     const FlightRecord* last = ri.recorder.last_completed();
-    os << "; last completed: " << (last ? last->describe() : "nothing");
+    line << "; last completed: " << (last ? last->describe() : "nothing");
+    if (last) {
+      p.has_last = true;
+      p.last_completed = *last;
+    }
+    picture.push_back(std::move(p));
+    std::string text = line.str();
+    auto it = std::find_if(lines.begin(), lines.end(), [&](const auto& l) { return l.first == text; });
+    if (it == lines.end())
+      lines.push_back({std::move(text), {static_cast<int>(r)}});
+    else
+      it->second.push_back(static_cast<int>(r));
   }
   if (!any_blocked) return;
+  picture_ = std::move(picture);
+  std::ostringstream os;
+  os << "deadlock: every live rank is blocked and none can progress.";
+  for (const auto& [text, who] : lines)
+    os << "\n  " << (who.size() == 1 ? "rank " + std::to_string(who[0]) : "ranks " + rank_ranges(who))
+       << ": " << text;
   const std::string report = os.str();
   for (std::size_t r = 0; r < ranks_.size(); ++r) {
     RankInfo& ri = ranks_[r];

@@ -1,6 +1,7 @@
 // Shared state of one simulated run: the world lock, per-rank run state, groups, their pending
-// collective slots and point-to-point channels, and the blocking primitive that detects deadlock
-// and abort from global state. Internal to sim/; users see SimWorld and comm::Communicator.
+// collective slots and point-to-point channels, the blocking primitive that detects deadlock and
+// abort from global state, and each rank's own virtual clock, faults and timeline. Internal to
+// sim/; users see SimWorld and comm::Communicator.
 #pragma once
 
 #include <chrono>
@@ -18,36 +19,20 @@
 
 #include "comm/communicator.hpp"
 #include "comm/errors.hpp"
+#include "sim/diagnosis.hpp"
+#include "sim/faults.hpp"
+#include "sim/op.hpp"
+#include "sim/options.hpp"
 #include "sim/recorder.hpp"
+#include "sim/timeline.hpp"
+#include "sim/topology.hpp"
 
 namespace shardcheck::sim {
 
-enum class OpKind : std::uint8_t {
-  all_reduce,
-  reduce_scatter,
-  all_gather,
-  broadcast,
-  all_to_all,
-  all_to_all_v,
-  barrier,
-  split,
-  send,
-  recv
-};
-std::string_view name_of(OpKind k);
-
-// What every member of a group must agree on at one sequence number.
-struct OpDesc {
-  OpKind kind = OpKind::barrier;
-  comm::DType dtype = comm::DType::u8;
-  std::size_t count = 0;
-  comm::ReduceOp redop = comm::ReduceOp::sum;
-  int root = 0;
-  friend bool operator==(const OpDesc&, const OpDesc&) = default;
-  std::string describe() const;
-};
-
 struct SimGroup;
+
+// "[0-4,6,9-63]": rank lists in messages, runs of three or more shortened.
+std::string rank_ranges(const std::vector<int>& ranks);
 
 // One collective in flight on a group: every member's arguments, indexed by group rank.
 struct Slot {
@@ -65,7 +50,14 @@ struct Slot {
   std::vector<bool> arrived_mask;
   int arrived = 0;
   int departed = 0;
-  std::exception_ptr error;  // the op failed for every member (mismatch)
+  std::exception_ptr error;  // the op failed for every member (mismatch, corruption)
+  // Virtual time: each member's arrival (max of its compute and comm streams at issue); the op's
+  // run on the comm stream, set by the last member to arrive; the S of its cost formula.
+  std::vector<double> arrival;
+  double v_start = 0, v_end = 0, cost_bytes = 0;
+  // Payload checksums taken at issue (checksum_payloads), by group rank.
+  std::vector<std::uint64_t> checksum;
+  std::vector<std::size_t> checksum_bytes;  // bytes covered; 0: no checksum
 };
 
 // One point-to-point operation; shared by the Work handle and its channel.
@@ -79,6 +71,16 @@ struct P2POp {
   std::uint64_t record = 0;  // flight-recorder id on the posting rank
   bool done = false;
   std::exception_ptr error;
+  // What the peer checks against: the buffer's count and dtype unless a mismatch fault altered them.
+  std::size_t desc_count = 0;
+  comm::DType desc_dtype = comm::DType::u8;
+  std::vector<std::byte> staged;  // a corrupted copy of the payload (corrupt_payload)
+  std::size_t checksum_bytes = 0;  // 0: no checksum
+  std::uint64_t checksum = 0;
+  int step = 0;
+  double v_issued = 0, v_start = 0, v_end = 0;  // v_start/v_end set at the match
+  std::size_t event = 0;                         // its placeholder in the poster's timeline
+  LinkCost link;
 };
 
 struct Channel {
@@ -88,13 +90,30 @@ struct Channel {
 struct SimGroup {
   std::string name;          // e.g. "world", "tp[0,1]"
   std::vector<int> members;  // world ranks in group-rank order
+  LinkCost link;             // the slowest link its ring crosses
   std::map<std::uint64_t, std::shared_ptr<Slot>> slots;
   std::map<std::tuple<int, int, int>, Channel> channels;  // (src group rank, dst, tag)
 };
 
+// A rank's own state: its virtual clock, step, faults, timeline. Touched only by that rank's
+// thread while the run lasts (no lock), and read by SimWorld after every thread has joined.
+struct RankLocal {
+  double compute = 0;    // compute stream: when the rank's next compute op may start
+  double comm_free = 0;  // comm stream: when the last collective issued on it ends
+  int step = 0;          // current step (0 before the first begin_step)
+  int op_index = 0;      // communication ops issued since begin_step(step)
+  RankFaults faults;
+  std::vector<FiredFault> fired;
+  std::vector<TimelineEvent> events;
+  std::vector<std::shared_ptr<P2POp>> p2p;  // posted p2p ops, resolved into `events` after the run
+  std::vector<StepTime> steps;
+  // Both streams drained: where the rank's last step ends.
+  double now() const { return compute > comm_free ? compute : comm_free; }
+};
+
 class WorldState {
  public:
-  explicit WorldState(int n);
+  WorldState(int n, const SimOptions& opts);
 
   enum class RunState : std::uint8_t { running, blocked, finished };
   struct WaitInfo {
@@ -102,7 +121,8 @@ class WorldState {
     std::string op;
     std::uint64_t seq = 0;
     std::function<std::vector<int>()>
-        missing;  // world ranks that have not arrived (evaluated late)
+        missing;        // world ranks that have not arrived (evaluated late)
+    bool hung = false;  // an injected hang: waits for nothing, forever
   };
 
   std::mutex mu;
@@ -146,9 +166,17 @@ class WorldState {
   FlightRecorder& recorder(int rank) { return ranks_[static_cast<std::size_t>(rank)].recorder; }
   // Tracked-allocator books of each rank: touched only by that rank's thread (no lock needed).
   comm::MemoryTracker& memory(int rank) { return ranks_[static_cast<std::size_t>(rank)].memory; }
+  // Clock, faults and timeline of each rank: that rank's thread only (no lock needed).
+  RankLocal& local(int rank) { return ranks_[static_cast<std::size_t>(rank)].local; }
+  const SimOptions& options() const { return opts_; }
   double now() const;
   // Sets the state (and the matching timestamp) of a record, if still in the ring (lock held).
   void mark(int rank, std::uint64_t record, OpState state);
+  // The same, with the op's virtual run on the comm stream (lock held).
+  void mark(int rank, std::uint64_t record, OpState state, double v_start, double v_end);
+  // What the deadlock detector saw (empty unless it fired), and the first rank that failed (-1).
+  const std::vector<RankPicture>& deadlock_picture() const { return picture_; }
+  int failed_rank() const { return failed_rank_; }
 
  private:
   struct RankInfo {
@@ -158,6 +186,7 @@ class WorldState {
     std::exception_ptr deadlock;
     FlightRecorder recorder;
     comm::MemoryTracker memory;
+    RankLocal local;
   };
   void detect_deadlock();
   [[noreturn]] void throw_for(RankInfo& me, int rank);
@@ -167,6 +196,8 @@ class WorldState {
   bool aborted_ = false;
   int failed_rank_ = -1;
   std::string failure_;
+  SimOptions opts_;
+  std::vector<RankPicture> picture_;
   std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
 };
 

@@ -1,7 +1,9 @@
-// SimWorld: one thread per rank, a fresh WorldState per run, and the choice of which rank's error
-// to report (the earliest root cause, not the follow-on PeerError/AbortedError of its peers).
+// SimWorld: one thread per rank, a fresh WorldState per run, the choice of which rank's error to
+// report (the earliest root cause, not the follow-on PeerError/AbortedError of its peers), and
+// the collection of timelines, step times and the diagnosis once every thread has joined.
 #include "sim/world.hpp"
 
+#include <algorithm>
 #include <climits>
 #include <thread>
 
@@ -11,12 +13,18 @@
 
 namespace shardcheck::sim {
 
-SimWorld::SimWorld(int ranks) : ranks_(ranks) {
+SimWorld::SimWorld(int ranks, SimOptions opts) : ranks_(ranks), opts_(std::move(opts)) {
   if (ranks < 1)
     throw std::invalid_argument("SimWorld needs at least one rank, got " + std::to_string(ranks));
+  opts_.topology.validate();
+  validate(opts_.faults, ranks);
 }
 
 SimWorld::~SimWorld() = default;
+
+double SimWorld::virtual_time() const {
+  return end_times_.empty() ? 0 : *std::max_element(end_times_.begin(), end_times_.end());
+}
 
 namespace {
 // Classifies an exception: message, and whether it is a root cause or caused by another failure.
@@ -43,13 +51,30 @@ bool is_deadlock(const std::exception_ptr& e) {
     return false;
   }
 }
+
+// The rank's events with its p2p placeholders filled in (or dropped, if never matched).
+void collect_events(RankLocal& l, std::vector<TimelineEvent>& out) {
+  std::vector<bool> drop(l.events.size(), false);
+  for (const auto& op : l.p2p) {
+    TimelineEvent& ev = l.events[op->event];
+    if (op->done) {
+      ev.start = op->v_start;
+      ev.end = op->v_end;
+    } else {
+      drop[op->event] = true;
+    }
+  }
+  for (std::size_t i = 0; i < l.events.size(); ++i)
+    if (!drop[i]) out.push_back(std::move(l.events[i]));
+}
 }  // namespace
 
 void SimWorld::run(const std::function<void(comm::Communicator&)>& fn) {
-  auto state = std::make_shared<WorldState>(ranks_);
+  auto state = std::make_shared<WorldState>(ranks_, opts_);
   auto world = std::make_shared<SimGroup>();
   world->name = "world";
   for (int r = 0; r < ranks_; ++r) world->members.push_back(r);
+  world->link = group_link(opts_.topology, world->members);
 
   outcomes_.assign(static_cast<std::size_t>(ranks_), RankOutcome{});
   std::vector<int> order(static_cast<std::size_t>(ranks_), INT_MAX);
@@ -77,8 +102,26 @@ void SimWorld::run(const std::function<void(comm::Communicator&)>& fn) {
     });
   }
   for (auto& t : threads) t.join();
+
   records_.clear();
-  for (int r = 0; r < ranks_; ++r) records_.push_back(state->recorder(r).snapshot());
+  fired_.clear();
+  timeline_.clear();
+  steps_.clear();
+  end_times_.clear();
+  memory_.clear();
+  diagnosis_.reset();
+  std::vector<int> last_step;
+  for (int r = 0; r < ranks_; ++r) {
+    records_.push_back(state->recorder(r).snapshot());
+    RankLocal& l = state->local(r);
+    if (!l.steps.empty()) l.steps.back().end = l.now();
+    steps_.insert(steps_.end(), l.steps.begin(), l.steps.end());
+    fired_.insert(fired_.end(), l.fired.begin(), l.fired.end());
+    collect_events(l, timeline_);
+    end_times_.push_back(l.now());
+    last_step.push_back(l.step);
+    memory_.push_back(state->memory(r));
+  }
 
   int chosen = -1;
   for (int pass = 0; pass < 2 && chosen < 0; ++pass)
@@ -98,6 +141,14 @@ void SimWorld::run(const std::function<void(comm::Communicator&)>& fn) {
       }
   }
   if (chosen >= 0) {
+    DiagnosisInput in;
+    in.chosen = chosen;
+    in.outcomes = &outcomes_;
+    in.picture = &state->deadlock_picture();
+    in.fired = fired_;
+    in.steps = last_step;
+    in.records = records_;
+    diagnosis_ = diagnose(std::move(in));
     const RankOutcome& o = outcomes_[static_cast<std::size_t>(chosen)];
     throw RankFailure(chosen, o.message, o.error);
   }
