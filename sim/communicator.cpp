@@ -95,7 +95,7 @@ std::optional<Fault> SimCommunicator::next_op(const std::string& op, std::uint64
 }
 
 void SimCommunicator::hang_here(std::unique_lock<std::mutex>& lk, const std::string& where) {
-  WorldState::WaitInfo info{group_->name, "injected hang " + where, seq_, {}, true};
+  WorldState::WaitInfo info{group_->name, where, seq_, {}, true};
   world_->block(lk, world_rank(), info, [] { return false; });
   SC_CHECK(false, "an injected hang never resumes");
 }
@@ -334,7 +334,7 @@ void SimCommunicator::do_begin_step(int step) {
   if (f->kind == FaultKind::crash) throw InjectedCrash(world_rank(), step, -1, "");
   std::unique_lock lk(world_->mu);
   world_->check_usable(context(OpKind::barrier));
-  WorldState::WaitInfo info{"-", "injected hang at the start of step " + std::to_string(step), 0,
+  WorldState::WaitInfo info{"-", "at the start of step " + std::to_string(step), 0,
                             {}, true};
   world_->block(lk, world_rank(), info, [] { return false; });
   SC_CHECK(false, "an injected hang never resumes");
