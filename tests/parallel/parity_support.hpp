@@ -97,8 +97,8 @@ struct DpRun {
   std::size_t padding = 0;
   // Rank 0's memory books: the model state when the last optimizer step began, the peak (its
   // breakdown and phase), and each category's own peak.
-  comm::MemoryBreakdown model_state, at_peak, category_peaks;
-  std::string peak_phase;
+  comm::MemoryBreakdown model_state{}, at_peak{}, category_peaks{};
+  std::string peak_phase{};
   std::size_t resident_params = 0;
 };
 
