@@ -64,7 +64,7 @@ std::string blocked_summary(const std::vector<RankPicture>& picture) {
     else if (p.hung)
       what = "hung " + p.op;
     else
-      what = "wait in " + p.op + " seq " + std::to_string(p.seq) + " of group " + p.group +
+      what = "\twait in " + p.op + " seq " + std::to_string(p.seq) + " of group " + p.group +
              " for " + rank_ranges(p.missing);
     auto it = std::find_if(lines.begin(), lines.end(), [&](const auto& l) { return l.first == what; });
     if (it == lines.end())
@@ -75,9 +75,12 @@ std::string blocked_summary(const std::vector<RankPicture>& picture) {
   std::ostringstream os;
   for (std::size_t i = 0; i < lines.size(); ++i) {
     const auto& [what, who] = lines[i];
+    std::string text = what;
+    if (text[0] == '\t')  // a leading tab marks "wait", whose verb agrees with the rank count
+      text = (who.size() == 1 ? "waits" : "wait") + text.substr(5);
     os << (i ? "; " : "")
        << (who.size() == 1 ? "rank " + std::to_string(who[0]) : "ranks " + rank_ranges(who)) << " "
-       << what;
+       << text;
   }
   return os.str() + ".";
 }
