@@ -21,6 +21,7 @@ struct Case {
   Strategy strategy;
   int world;
   bool moe = false;
+  FsdpOptions fsdp{};  // Strategy::fsdp
 };
 
 void PrintTo(const Case& c, std::ostream* os) {
@@ -33,7 +34,8 @@ TEST_P(PlantedBug, ParityCatchesIt) {
   const Case& c = GetParam();
   const Scenario s = c.moe ? moe_setup() : dense_setup();
   const Trace want = reference_run(s);
-  const DataParallelOptions o{.strategy = c.strategy, .bucket_elems = 500};
+  DataParallelOptions o{.strategy = c.strategy, .bucket_elems = 500};
+  o.fsdp = c.fsdp;
   const Parity clean = compare(want, dp_run(s, c.world, o));
   Parity bad;
   {
@@ -67,7 +69,15 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"wrong_shard_offset_zero3", Mutation::kWrongShardOffset, Strategy::zero3, 4},
         Case{"wrong_shard_offset_zero3_dp8", Mutation::kWrongShardOffset, Strategy::zero3, 8},
         Case{"same_samples_ddp", Mutation::kSameSamples, Strategy::ddp, 4},
-        Case{"same_samples_zero2_moe", Mutation::kSameSamples, Strategy::zero2, 2, true}),
+        Case{"same_samples_zero2_moe", Mutation::kSameSamples, Strategy::zero2, 2, true},
+        Case{"mean_of_rank_means_fsdp", Mutation::kMeanOfRankMeans, Strategy::fsdp, 4},
+        Case{"local_norm_clip_fsdp_hybrid", Mutation::kLocalNormClip, Strategy::fsdp, 4, true,
+             {.sharding = ShardingStrategy::hybrid_shard, .shard_group_size = 2}},
+        Case{"skip_unit_fsdp", Mutation::kSkipBucket, Strategy::fsdp, 3, false, {.prefetch = 2}},
+        Case{"wrong_shard_offset_fsdp", Mutation::kWrongShardOffset, Strategy::fsdp, 8, false,
+             {.wrap = WrapPolicy::layer_group, .blocks_per_unit = 2}},
+        Case{"same_samples_fsdp_moe", Mutation::kSameSamples, Strategy::fsdp, 2, true,
+             {.sharding = ShardingStrategy::shard_grad_op}}),
     case_name);
 
 }  // namespace
