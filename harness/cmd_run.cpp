@@ -11,6 +11,7 @@
 
 #include "harness/cli.hpp"
 #include "harness/cli_commands.hpp"
+#include "harness/html.hpp"
 #include "harness/report.hpp"
 #include "harness/runner.hpp"
 #include "harness/scenario.hpp"
@@ -53,8 +54,12 @@ void write_json(const std::string& dir, const char* file, const nlohmann::json& 
   f << j.dump(2) << "\n";
 }
 
+// report.json and its human view, index.html.
 void write_report(const std::string& dir, const nlohmann::json& j) {
   write_json(dir, "report.json", j);
+  std::ofstream f(std::filesystem::path(dir) / "index.html");
+  if (!f) throw BadInput("--report: cannot write index.html into '" + dir + "'");
+  f << render_html(j);
 }
 
 // The run manifest, written before anything runs so that a run that breaks still leaves it.

@@ -56,6 +56,21 @@ std::string xml_escape(const std::string& s) {
   return o;
 }
 
+// DESIGN.md's memory rows: params .. temporary are the breakdown at the rank's peak.
+nlohmann::json memory_json(const std::vector<RankMemory>& ranks) {
+  nlohmann::json rows = nlohmann::json::array();
+  for (const RankMemory& m : ranks) {
+    nlohmann::json row{{"rank", m.rank}};
+    for (std::size_t i = 0; i < comm::kMemCategories; ++i)
+      row[std::string(comm::name_of(static_cast<comm::MemCategory>(i)))] = m.at_peak.bytes[i];
+    row["peak"] = m.peak;
+    row["peak_phase"] = m.peak_phase;
+    row["resident"] = m.resident.total();
+    rows.push_back(row);
+  }
+  return rows;
+}
+
 }  // namespace
 
 nlohmann::json manifest_json(const Scenario& s) {
@@ -100,7 +115,8 @@ nlohmann::json report_json(const RunResult& r, const std::string& backend) {
                       {"tolerance", c.tolerance},
                       {"pass", c.pass},
                       {"detail", c.detail},
-                      {"wall_s", c.wall_seconds}});
+                      {"wall_s", c.wall_seconds},
+                      {"memory", memory_json(c.memory)}});
   }
   return {{"pass", r.pass()},
           {"scenario", s.name},
@@ -108,7 +124,9 @@ nlohmann::json report_json(const RunResult& r, const std::string& backend) {
           {"backend", backend},
           {"world_size", s.parallel.mesh.world_size()},
           {"manifest", manifest_json(s)},
-          {"parity", parity}};
+          {"parity", parity},
+          // The first configuration's ranks (each parity row carries its own).
+          {"memory", r.configs.empty() ? nlohmann::json::array() : memory_json(r.configs[0].memory)}};
 }
 
 void write_junit(const std::vector<RunResult>& runs, const std::string& file) {
@@ -148,11 +166,11 @@ void print_summary(std::ostream& os, const RunResult& r) {
   os << "# scenario " << r.scenario.name << ": " << r.configs.size() << " configuration(s), "
      << ref::to_string(r.scenario.train.precision) << ", " << r.scenario.train.steps << " steps\n";
   char line[256];
-  std::snprintf(line, sizeof line, "  %-28s %-7s %6s %12s %10s  %s\n", "config", "strategy",
+  std::snprintf(line, sizeof line, "  %-34s %-7s %6s %12s %10s  %s\n", "config", "strategy",
                 "ranks", "max_rel_err", "tolerance", "result");
   os << line;
   for (const auto& c : r.configs) {
-    std::snprintf(line, sizeof line, "  %-28s %-7s %6d %12.3e %10.0e  %s\n", c.config.c_str(),
+    std::snprintf(line, sizeof line, "  %-34s %-7s %6d %12.3e %10.0e  %s\n", c.config.c_str(),
                   c.strategy.empty() ? "-" : c.strategy.c_str(), c.spec.mesh.world_size(),
                   c.max_rel_err, c.tolerance,
                   c.pass        ? "PASS"

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <mutex>
+#include <numeric>
 #include <optional>
 
 #include "parallel/data_parallel.hpp"
@@ -49,10 +50,38 @@ std::string unsupported(const ParallelSpec& p, const ref::TrainConfig& t) {
   const auto& m = p.mesh;
   if (m.tp > 1 || m.pp > 1 || m.cp > 1 || m.ep > 1)
     return "tensor, pipeline, context and expert parallelism are not built yet (issue 7)";
-  if (p.fsdp) return "FSDP is not built yet (issue 6)";
-  if (t.precision == ref::Precision::kBf16)
-    return "the bf16 recipe is not built yet for parallel runs (issue 6)";
+  (void)t;
   return "";
+}
+
+parallel::DataParallelOptions engine_options(const Scenario& s, const ParallelSpec& p) {
+  parallel::DataParallelOptions opt;
+  opt.strategy = p.fsdp        ? parallel::Strategy::fsdp
+                 : p.zero == 0 ? parallel::Strategy::ddp
+                 : p.zero == 1 ? parallel::Strategy::zero1
+                 : p.zero == 2 ? parallel::Strategy::zero2
+                               : parallel::Strategy::zero3;
+  opt.bucket_elems = static_cast<std::size_t>(p.bucket_elems);
+  if (p.fsdp) {
+    using parallel::ShardingStrategy;
+    using parallel::WrapPolicy;
+    parallel::FsdpOptions& f = opt.fsdp;
+    f.sharding = *p.fsdp == "shard_grad_op"  ? ShardingStrategy::shard_grad_op
+                 : *p.fsdp == "no_shard"     ? ShardingStrategy::no_shard
+                 : *p.fsdp == "hybrid_shard" ? ShardingStrategy::hybrid_shard
+                                             : ShardingStrategy::full_shard;
+    f.wrap = p.fsdp_wrap == "layer_group"   ? WrapPolicy::layer_group
+             : p.fsdp_wrap == "whole_model" ? WrapPolicy::whole_model
+                                            : WrapPolicy::block;
+    f.blocks_per_unit = p.fsdp_blocks_per_unit;
+    f.reshard_after_forward = p.fsdp_reshard_after_forward;
+    f.prefetch = p.fsdp_prefetch;
+    // PyTorch's HYBRID_SHARD default: shard inside a node, replicate across nodes.
+    f.shard_group_size = p.fsdp_shard_group > 0
+                             ? p.fsdp_shard_group
+                             : std::gcd(p.mesh.dp, s.topology.ranks_per_node);
+  }
+  return opt;
 }
 
 ConfigResult run_config(const Scenario& s, const ref::Dataset& ds, const Trace& want,
@@ -66,14 +95,11 @@ ConfigResult run_config(const Scenario& s, const ref::Dataset& ds, const Trace& 
     r.supported = false;
     return r;
   }
-  parallel::DataParallelOptions opt;
-  opt.strategy = p.zero == 0   ? parallel::Strategy::ddp
-                 : p.zero == 1 ? parallel::Strategy::zero1
-                 : p.zero == 2 ? parallel::Strategy::zero2
-                               : parallel::Strategy::zero3;
+  const parallel::DataParallelOptions opt = engine_options(s, p);
   r.strategy = std::string(parallel::name_of(opt.strategy));
   const int world = p.mesh.dp;
   std::vector<Trace> got(static_cast<std::size_t>(world));
+  r.memory.resize(static_cast<std::size_t>(world));
   const auto t0 = std::chrono::steady_clock::now();
   sim::SimWorld(world).run([&](comm::Communicator& c) {
     parallel::DataParallelEngine engine(c, s.model, s.train, s.seed, opt);
@@ -86,6 +112,9 @@ ConfigResult run_config(const Scenario& s, const ref::Dataset& ds, const Trace& 
       mine.steps.push_back(engine.step(local));
       mine.params.push_back(engine.full_params());
     }
+    const comm::MemoryTracker& m = c.memory();
+    r.memory[static_cast<std::size_t>(c.rank())] =
+        RankMemory{c.world_rank(), m.current(), m.at_peak(), m.peak(), m.peak_phase()};
   });
   r.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   double worst = -1;

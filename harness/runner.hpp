@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/memory.hpp"
 #include "harness/scenario.hpp"
 
 namespace shardcheck::harness {
@@ -15,6 +16,15 @@ struct StepParity {
   int step = 0;
   double loss = 0, ref_loss = 0;
   double max_rel_err = 0;  // max over ranks of the loss error and every parameter tensor's error
+};
+
+// One rank's tracked-allocator books at the end of a configuration's run (bytes).
+struct RankMemory {
+  int rank = 0;
+  comm::MemoryBreakdown resident;  // held at the end (between steps)
+  comm::MemoryBreakdown at_peak;   // breakdown when the total peaked
+  std::size_t peak = 0;
+  std::string peak_phase;
 };
 
 struct ConfigResult {
@@ -28,6 +38,7 @@ struct ConfigResult {
   bool pass = false;
   std::string detail;  // why unsupported, or where the largest error was
   double wall_seconds = 0;
+  std::vector<RankMemory> memory;  // one per rank (empty when unsupported)
 };
 
 struct RunResult {

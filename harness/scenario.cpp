@@ -108,11 +108,24 @@ ParallelSpec parse_parallel(ObjectReader o, const ParallelSpec& base) {
   p.order = o.text("order", base.order);
   p.zero = o.integer("zero", base.zero, 0, 3);
   if (const nlohmann::json* f = o.raw("fsdp")) {
-    if (f->is_null())
+    if (f->is_null()) {
       p.fsdp.reset();  // an explicit null clears it
-    else
+    } else if (f->is_object()) {
+      ObjectReader fo = o.object("fsdp");
+      p.fsdp = fo.choice("sharding", "full_shard",
+                         {"full_shard", "shard_grad_op", "no_shard", "hybrid_shard"});
+      p.fsdp_wrap = fo.choice("wrap", base.fsdp_wrap, {"block", "layer_group", "whole_model"});
+      p.fsdp_blocks_per_unit = fo.integer("blocks_per_unit", base.fsdp_blocks_per_unit, 1, 65536);
+      p.fsdp_reshard_after_forward =
+          fo.boolean("reshard_after_forward", base.fsdp_reshard_after_forward);
+      p.fsdp_prefetch = fo.integer("prefetch", base.fsdp_prefetch, 0, 2);
+      p.fsdp_shard_group = fo.integer("shard_group_size", base.fsdp_shard_group, 0, 65536);
+      fo.finish();
+    } else {
       p.fsdp = o.choice("fsdp", "", {"full_shard", "shard_grad_op", "no_shard", "hybrid_shard"});
+    }
   }
+  p.bucket_elems = o.integer("bucket_elems", base.bucket_elems, 1, 1 << 30);
   p.sequence_parallel = o.boolean("sequence_parallel", base.sequence_parallel);
   p.pp_schedule = o.choice("pp_schedule", base.pp_schedule, {"gpipe", "1f1b", "interleaved"});
   p.virtual_stages = o.integer("virtual_stages", base.virtual_stages, 1, 1024);
@@ -161,6 +174,10 @@ void check_config(const ParallelSpec& p, const ref::ModelConfig& m, const ref::T
                    ")");
   if (p.zero > 0 && p.fsdp)
     fail("fsdp", "choose either zero (stage " + num(p.zero) + ") or fsdp, not both");
+  if (p.fsdp && *p.fsdp == "hybrid_shard" && p.fsdp_shard_group > 0 &&
+      s.dp % p.fsdp_shard_group != 0)
+    fail("fsdp", "shard_group_size " + num(p.fsdp_shard_group) + " does not divide dp (" +
+                     num(s.dp) + ")");
   if (p.pp_schedule == "interleaved" && p.virtual_stages < 2)
     fail("virtual_stages", "the interleaved schedule needs virtual_stages >= 2");
 }
@@ -178,6 +195,7 @@ FaultSpec parse_fault(ObjectReader o, int world) {
     f.bytes = o.integer_required("bytes", 1, kBig);
   } else {
     f.op_index = o.integer("op_index", -1, -1, kBig);
+    if (f.kind == "mismatch") f.what = o.choice("what", "count", {"count", "dtype", "op"});
   }
   o.finish();
   return f;
@@ -192,7 +210,14 @@ std::string ParallelSpec::label() const {
       s += (s.empty() ? "" : "-") + std::string(comm::name_of(a)) + num(mesh.size(a));
   if (s.empty()) s = "single";
   if (zero > 0) s += "-zero" + num(zero);
-  if (fsdp) s += "-fsdp_" + *fsdp;
+  if (fsdp) {
+    s += "-fsdp_" + *fsdp;
+    if (fsdp_wrap == "layer_group") s += "-wrap" + num(fsdp_blocks_per_unit);
+    if (fsdp_wrap == "whole_model") s += "-wrapall";
+    if (!fsdp_reshard_after_forward) s += "-noreshard";
+    if (fsdp_prefetch != 1) s += "-pf" + num(fsdp_prefetch);
+    if (*fsdp == "hybrid_shard" && fsdp_shard_group > 0) s += "-sg" + num(fsdp_shard_group);
+  }
   if (sequence_parallel) s += "-sp";
   if (mesh.pp > 1) s += "-" + pp_schedule + (virtual_stages > 1 ? "x" + num(virtual_stages) : "");
   if (mesh.cp > 1) s += "-" + cp_algo;
@@ -249,6 +274,11 @@ Scenario parse_scenario(const nlohmann::json& j) {
   for (std::size_t i = 0; i < faults.size(); ++i)
     sc.faults.push_back(
         parse_fault(ObjectReader(faults[i], "$.faults[" + std::to_string(i) + "]"), max_world));
+
+  ObjectReader health = o.object("health");
+  sc.health.payload_checksums = health.boolean("payload_checksums", false);
+  sc.health.nan_policy = health.choice("nan_policy", "skip_step", {"skip_step", "stop"});
+  health.finish();
 
   ObjectReader ck = o.object("checkpoint");
   sc.checkpoint.every = ck.integer("every", 0, 0, kBig);

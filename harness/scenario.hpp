@@ -18,6 +18,13 @@ struct ParallelSpec {
   std::string order = "tp-cp-ep-dp-pp";
   int zero = 0;                     // ZeRO stage 0..3 on the dp axis
   std::optional<std::string> fsdp;  // full_shard, shard_grad_op, no_shard, hybrid_shard
+  // FSDP details ("fsdp" given as an object): wrap policy block, layer_group or whole_model.
+  std::string fsdp_wrap = "block";
+  int fsdp_blocks_per_unit = 2;           // layer_group
+  bool fsdp_reshard_after_forward = true;
+  int fsdp_prefetch = 1;                  // 0, 1 or 2 units gathered ahead
+  int fsdp_shard_group = 0;               // hybrid_shard: DP ranks per shard group; 0 = ranks per node
+  int bucket_elems = 1 << 20;             // DDP / ZeRO-1 gradient bucket size, elements
   bool sequence_parallel = false;
   std::string pp_schedule = "1f1b";  // gpipe, 1f1b, interleaved
   int virtual_stages = 1;
@@ -45,6 +52,13 @@ struct FaultSpec {
   int op_index = -1;
   double slowdown = 1.0;
   std::int64_t bytes = 0;
+  std::string what = "count";  // mismatch: count, dtype or op
+};
+
+// How faults are detected (beyond the deadlock detector and the parity check, always on).
+struct HealthSpec {
+  bool payload_checksums = false;        // checksum every collective contribution (corruption)
+  std::string nan_policy = "skip_step";  // non-finite gradients: skip_step or stop
 };
 
 struct CheckpointSpec {
@@ -64,6 +78,7 @@ struct Scenario {
   std::vector<ParallelSpec> configs;  // parallel, or each matrix entry applied over it
   TopologySpec topology;
   std::vector<FaultSpec> faults;
+  HealthSpec health;
   CheckpointSpec checkpoint;
   std::vector<std::string> drills;
   bool expect_parity = true;
