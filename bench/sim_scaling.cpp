@@ -4,7 +4,8 @@
 // count. Prints a Markdown table (wall seconds, wall per collective, virtual step time).
 // A small program rather than Google Benchmark: one run at 1,024 ranks takes seconds.
 //
-//   bench_sim_scaling [--ranks 8,64,512,1024] [--layers 8] [--steps 10] [--repeat 3] [--no-timeline]
+//   bench_sim_scaling [--ranks 8,64,512,1024] [--layers 8] [--steps 10] [--repeat 3]
+//   [--no-timeline]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -88,12 +89,14 @@ void program(Communicator& c, const Args& a) {
 int main(int argc, char** argv) {
   const Args a = parse(argc, argv);
   const int collectives = a.steps * a.layers * 2;
-  std::printf("program: %d steps x %d layers x (all_gather + reduce_scatter + 2 compute), meta "
-              "mode, timeline %s; %d collectives per run\n\n",
-              a.steps, a.layers, a.timeline ? "on" : "off", collectives);
-  std::printf("| ranks | wall s (median of %d) | min s | wall us per collective | "
-              "timeline events | virtual step time |\n",
-              a.repeat);
+  std::printf(
+      "program: %d steps x %d layers x (all_gather + reduce_scatter + 2 compute), meta "
+      "mode, timeline %s; %d collectives per run\n\n",
+      a.steps, a.layers, a.timeline ? "on" : "off", collectives);
+  std::printf(
+      "| ranks | wall s (median of %d) | min s | wall us per collective | "
+      "timeline events | virtual step time |\n",
+      a.repeat);
   std::printf("|---:|---:|---:|---:|---:|---:|\n");
   for (int n : a.ranks) {
     shardcheck::sim::SimOptions o;

@@ -89,8 +89,9 @@ std::optional<Fault> SimCommunicator::next_op(const std::string& op, std::uint64
   if (!f) return f;
   l.fired.push_back({*f, l.step, index, group_->name, op, seq, l.compute, {}});
   if (f->kind == FaultKind::crash)
-    throw InjectedCrash(world_rank(), l.step, index,
-                        "before " + op + " seq " + std::to_string(seq) + " of group " + group_->name);
+    throw InjectedCrash(
+        world_rank(), l.step, index,
+        "before " + op + " seq " + std::to_string(seq) + " of group " + group_->name);
   return f;
 }
 
@@ -193,8 +194,8 @@ std::shared_ptr<Slot> SimCommunicator::collective(const OpDesc& desc, comm::Cons
   const comm::OpContext ctx = context(desc.kind);
   world_->check_usable(ctx);
   if (fault && fk == FaultKind::hang)
-    hang_here(lk, "before " + op_name + " seq " + std::to_string(seq_) + " of group " +
-                      group_->name);
+    hang_here(lk,
+              "before " + op_name + " seq " + std::to_string(seq_) + " of group " + group_->name);
   auto& entry = group_->slots[seq_];
   if (!entry) entry = std::make_shared<Slot>(seq_, size(), sent, rank_);
   std::shared_ptr<Slot> slot = entry;
@@ -254,9 +255,7 @@ std::shared_ptr<Slot> SimCommunicator::collective(const OpDesc& desc, comm::Cons
     world_->wake_all(group_->members);
   }
   auto group = group_;
-  WorldState::WaitInfo info{group_->name,
-                            op_name,
-                            slot->seq,
+  WorldState::WaitInfo info{group_->name, op_name, slot->seq,
                             [slot, group] {
                               std::vector<int> missing;
                               for (std::size_t r = 0; r < slot->arrived_mask.size(); ++r)
@@ -316,8 +315,16 @@ void SimCommunicator::do_compute(const comm::ComputeCost& c) {
   const double dt =
       compute_seconds(world_->options().topology, c.flops, c.bytes) * l.faults.slowdown(l.step);
   if (world_->options().record_timeline)
-    l.events.push_back({world_rank(), Stream::compute, "compute", std::string(c.name), l.step,
-                        l.compute, l.compute + dt, static_cast<std::size_t>(c.bytes), {}, 0});
+    l.events.push_back({world_rank(),
+                        Stream::compute,
+                        "compute",
+                        std::string(c.name),
+                        l.step,
+                        l.compute,
+                        l.compute + dt,
+                        static_cast<std::size_t>(c.bytes),
+                        {},
+                        0});
   l.compute += dt;
 }
 
@@ -334,12 +341,13 @@ void SimCommunicator::do_begin_step(int step) {
   if (f->kind == FaultKind::crash) throw InjectedCrash(world_rank(), step, -1, "");
   std::unique_lock lk(world_->mu);
   world_->check_usable(context(OpKind::barrier));
-  WorldState::WaitInfo info{"-", "at the start of step " + std::to_string(step), 0,
-                            {}, true};
+  WorldState::WaitInfo info{"-", "at the start of step " + std::to_string(step), 0, {}, true};
   world_->block(lk, world_rank(), info, [] { return false; });
   SC_CHECK(false, "an injected hang never resumes");
 }
 
-comm::MemoryTracker& SimCommunicator::do_memory() { return world_->memory(world_rank()); }
+comm::MemoryTracker& SimCommunicator::do_memory() {
+  return world_->memory(world_rank());
+}
 
 }  // namespace shardcheck::sim

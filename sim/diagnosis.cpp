@@ -66,7 +66,8 @@ std::string blocked_summary(const std::vector<RankPicture>& picture) {
     else
       what = "\twait in " + p.op + " seq " + std::to_string(p.seq) + " of group " + p.group +
              " for " + rank_ranges(p.missing);
-    auto it = std::find_if(lines.begin(), lines.end(), [&](const auto& l) { return l.first == what; });
+    auto it =
+        std::find_if(lines.begin(), lines.end(), [&](const auto& l) { return l.first == what; });
     if (it == lines.end())
       lines.push_back({what, {p.rank}});
     else

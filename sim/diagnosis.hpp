@@ -44,12 +44,12 @@ std::string_view name_of(DiagnosisKind k);
 struct Diagnosis {
   DiagnosisKind kind = DiagnosisKind::error;
   std::vector<int> ranks;  // the culprits (world ranks): who never arrived, crashed, disagreed...
-  std::string op;          // where it showed: the op the culprit never arrived at, that mismatched...
+  std::string op;  // where it showed: the op the culprit never arrived at, that mismatched...
   std::string group;
   std::uint64_t seq = 0;
-  int step = 0;                      // the culprit's step (0: before the first begin_step)
-  std::string message;               // a paragraph: who, where, what each blocked rank waits in
-  std::optional<FiredFault> fault;   // the injected fault this was traced to, if any
+  int step = 0;                     // the culprit's step (0: before the first begin_step)
+  std::string message;              // a paragraph: who, where, what each blocked rank waits in
+  std::optional<FiredFault> fault;  // the injected fault this was traced to, if any
   std::vector<std::vector<FlightRecord>> flight_records;  // per world rank, oldest first
 };
 

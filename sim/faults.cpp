@@ -87,7 +87,8 @@ InjectedCrash::InjectedCrash(int rank, int step, int op_index, const std::string
 void validate(const FaultPlan& plan, int world_size) {
   for (std::size_t i = 0; i < plan.faults.size(); ++i) {
     const Fault& f = plan.faults[i];
-    const std::string at = "faults[" + std::to_string(i) + "] (" + std::string(name_of(f.kind)) + ")";
+    const std::string at =
+        "faults[" + std::to_string(i) + "] (" + std::string(name_of(f.kind)) + ")";
     auto fail = [&](const std::string& what) { throw std::invalid_argument(at + ": " + what); };
     if (f.rank < 0 || f.rank >= world_size)
       fail("rank " + std::to_string(f.rank) + " is outside the world of " +
@@ -136,8 +137,7 @@ std::optional<Fault> RankFaults::at_step_start(int step) const {
 }
 
 std::optional<Fault> RankFaults::at_op(int step, int op_index) const {
-  for (const Fault& f : faults_)
-    switch (f.kind) {
+  for (const Fault& f : faults_) switch (f.kind) {
       case FaultKind::hang:
       case FaultKind::crash:
       case FaultKind::skip_collective:
@@ -157,11 +157,11 @@ std::optional<std::size_t> RankFaults::memory_budget() const {
   return std::nullopt;
 }
 
-std::size_t corrupt_index(std::uint64_t seed, int rank, int step, int op_index,
-                          std::size_t count) {
+std::size_t corrupt_index(std::uint64_t seed, int rank, int step, int op_index, std::size_t count) {
   // splitmix64 of the fault's coordinates: the same element every run.
   std::uint64_t z = seed ^ (std::uint64_t(std::uint32_t(rank)) << 40) ^
-                    (std::uint64_t(std::uint32_t(step)) << 20) ^ std::uint64_t(std::uint32_t(op_index));
+                    (std::uint64_t(std::uint32_t(step)) << 20) ^
+                    std::uint64_t(std::uint32_t(op_index));
   z += 0x9e3779b97f4a7c15ULL;
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;

@@ -39,7 +39,7 @@ struct Fault {
   double slowdown = 1.0;  // straggler
   int from_step = 1;      // straggler
   MismatchWhat what = MismatchWhat::count;
-  std::size_t bytes = 0;  // memory_budget
+  std::size_t bytes = 0;         // memory_budget
   std::string describe() const;  // "hang of rank 2 at step 2, op 3"
 };
 

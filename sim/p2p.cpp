@@ -46,24 +46,20 @@ class P2PWork final : public comm::Work {
 // Decides a matched pair (lock held): mismatch, corruption, or the copy; then times it.
 void match(WorldState& world, const std::string& group, P2POp& s, P2POp& r) {
   if (s.desc_count != r.desc_count || s.desc_dtype != r.desc_dtype) {
-    const std::string what = "send/recv mismatch in group " + group + ": rank " +
-                             std::to_string(s.world_rank) + " sends " +
-                             std::to_string(s.desc_count) + " " +
-                             std::string(comm::name_of(s.desc_dtype)) + ", rank " +
-                             std::to_string(r.world_rank) + " receives " +
-                             std::to_string(r.desc_count) + " " +
-                             std::string(comm::name_of(r.desc_dtype));
+    const std::string what =
+        "send/recv mismatch in group " + group + ": rank " + std::to_string(s.world_rank) +
+        " sends " + std::to_string(s.desc_count) + " " + std::string(comm::name_of(s.desc_dtype)) +
+        ", rank " + std::to_string(r.world_rank) + " receives " + std::to_string(r.desc_count) +
+        " " + std::string(comm::name_of(r.desc_dtype));
     s.error =
         std::make_exception_ptr(comm::MismatchError(s.ctx, what, {s.world_rank, r.world_rank}));
     r.error =
         std::make_exception_ptr(comm::MismatchError(r.ctx, what, {s.world_rank, r.world_rank}));
-  } else if (s.checksum_bytes > 0 &&
-             XXH3_64bits(s.send.data, s.checksum_bytes) != s.checksum) {
-    const std::string what = "payload corrupted in flight: the message of rank " +
-                             std::to_string(s.world_rank) + " to rank " +
-                             std::to_string(r.world_rank) + " (" + s.ctx.op + " seq " +
-                             std::to_string(s.ctx.seq) + " of group " + group +
-                             ") does not match its checksum at issue";
+  } else if (s.checksum_bytes > 0 && XXH3_64bits(s.send.data, s.checksum_bytes) != s.checksum) {
+    const std::string what =
+        "payload corrupted in flight: the message of rank " + std::to_string(s.world_rank) +
+        " to rank " + std::to_string(r.world_rank) + " (" + s.ctx.op + " seq " +
+        std::to_string(s.ctx.seq) + " of group " + group + ") does not match its checksum at issue";
     comm::OpContext ctx = s.ctx;
     s.error = std::make_exception_ptr(comm::CorruptionError(ctx, what, s.world_rank));
     r.error = s.error;
@@ -90,8 +86,8 @@ comm::WorkPtr SimCommunicator::post_p2p(OpKind k, comm::ConstBuffer send, comm::
   else
     check_buffer(k, recv, "recv");
   if (peer < 0 || peer >= size())
-    invalid(k, "peer " + std::to_string(peer) + " is outside the group of " +
-                   std::to_string(size()));
+    invalid(k,
+            "peer " + std::to_string(peer) + " is outside the group of " + std::to_string(size()));
   const SimOptions& opt = world_->options();
   RankLocal& l = local();
   auto op = std::make_shared<P2POp>();
@@ -129,8 +125,8 @@ comm::WorkPtr SimCommunicator::post_p2p(OpKind k, comm::ConstBuffer send, comm::
           corrupt_index(opt.faults.seed, op->world_rank, l.step, l.op_index - 1, send.count);
       flip_element(op->staged.data(), comm::size_of(send.dtype), i);
       op->send.data = op->staged.data();
-      l.fired.back().detail = "element " + std::to_string(i) + " of " +
-                              std::to_string(send.count) + " flipped (bit 6 of its top byte)";
+      l.fired.back().detail = "element " + std::to_string(i) + " of " + std::to_string(send.count) +
+                              " flipped (bit 6 of its top byte)";
     } else {
       l.fired.back().detail = "no payload to corrupt (a recv, meta mode, or empty)";
     }
@@ -142,14 +138,12 @@ comm::WorkPtr SimCommunicator::post_p2p(OpKind k, comm::ConstBuffer send, comm::
   if (fault && fk == FaultKind::hang) hang_here(lk, "before " + op->ctx.op);
   ++p2p_seq_[{peer, tag, is_send}];
   op->record = world_->recorder(op->world_rank)
-                   .push({0, group_->name, op->ctx.op, op->ctx.seq, op->desc_dtype,
-                          op->desc_count, -1, OpState::issued, world_->now(), 0, 0, l.step,
-                          op->v_issued, 0, 0});
+                   .push({0, group_->name, op->ctx.op, op->ctx.seq, op->desc_dtype, op->desc_count,
+                          -1, OpState::issued, world_->now(), 0, 0, l.step, op->v_issued, 0, 0});
   if (opt.record_timeline) {
     op->event = l.events.size();
     l.events.push_back({op->world_rank, Stream::comm, std::string(name_of(k)), op->ctx.op, l.step,
-                        0, 0, is_send ? send.bytes() : recv.bytes(), group_->name,
-                        op->ctx.seq});
+                        0, 0, is_send ? send.bytes() : recv.bytes(), group_->name, op->ctx.seq});
     l.p2p.push_back(op);
   }
   const int src = is_send ? rank_ : peer;

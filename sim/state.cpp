@@ -131,8 +131,7 @@ void WorldState::mark(int rank, std::uint64_t record, OpState state) {
     r->t_ended = now();
 }
 
-void WorldState::mark(int rank, std::uint64_t record, OpState state, double v_start,
-                      double v_end) {
+void WorldState::mark(int rank, std::uint64_t record, OpState state, double v_start, double v_end) {
   mark(rank, record, state);
   if (FlightRecord* r = recorder(rank).find(record)) {
     r->v_start = v_start;
@@ -183,8 +182,8 @@ void WorldState::detect_deadlock() {
       if (ri.wait.hung)
         line << "hung (injected fault) " << ri.wait.op;
       else
-        line << "waits in " << ri.wait.op << " seq " << ri.wait.seq << " of group "
-             << ri.wait.group << ", never arrived: " << rank_ranges(missing[r]);
+        line << "waits in " << ri.wait.op << " seq " << ri.wait.seq << " of group " << ri.wait.group
+             << ", never arrived: " << rank_ranges(missing[r]);
     } else {
       continue;
     }
@@ -196,7 +195,8 @@ void WorldState::detect_deadlock() {
     }
     picture.push_back(std::move(p));
     std::string text = line.str();
-    auto it = std::find_if(lines.begin(), lines.end(), [&](const auto& l) { return l.first == text; });
+    auto it =
+        std::find_if(lines.begin(), lines.end(), [&](const auto& l) { return l.first == text; });
     if (it == lines.end())
       lines.push_back({std::move(text), {static_cast<int>(r)}});
     else
@@ -207,8 +207,9 @@ void WorldState::detect_deadlock() {
   std::ostringstream os;
   os << "deadlock: every live rank is blocked and none can progress.";
   for (const auto& [text, who] : lines)
-    os << "\n  " << (who.size() == 1 ? "rank " + std::to_string(who[0]) : "ranks " + rank_ranges(who))
-       << ": " << text;
+    os << "\n  "
+       << (who.size() == 1 ? "rank " + std::to_string(who[0]) : "ranks " + rank_ranges(who)) << ": "
+       << text;
   const std::string report = os.str();
   for (std::size_t r = 0; r < ranks_.size(); ++r) {
     RankInfo& ri = ranks_[r];

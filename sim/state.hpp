@@ -71,15 +71,16 @@ struct P2POp {
   std::uint64_t record = 0;  // flight-recorder id on the posting rank
   bool done = false;
   std::exception_ptr error;
-  // What the peer checks against: the buffer's count and dtype unless a mismatch fault altered them.
+  // What the peer checks against: the buffer's count and dtype unless a mismatch fault altered
+  // them.
   std::size_t desc_count = 0;
   comm::DType desc_dtype = comm::DType::u8;
-  std::vector<std::byte> staged;  // a corrupted copy of the payload (corrupt_payload)
+  std::vector<std::byte> staged;   // a corrupted copy of the payload (corrupt_payload)
   std::size_t checksum_bytes = 0;  // 0: no checksum
   std::uint64_t checksum = 0;
   int step = 0;
   double v_issued = 0, v_start = 0, v_end = 0;  // v_start/v_end set at the match
-  std::size_t event = 0;                         // its placeholder in the poster's timeline
+  std::size_t event = 0;                        // its placeholder in the poster's timeline
   LinkCost link;
 };
 

@@ -40,7 +40,8 @@ struct StepTime {
 // Percentiles of per-rank step times over all (rank, step) pairs, and the slowest rank.
 struct StepSummary {
   double p50 = 0, p95 = 0, max = 0;
-  double step_time = 0;  // mean over steps of the max over ranks (a step ends when its last rank does)
+  double step_time =
+      0;  // mean over steps of the max over ranks (a step ends when its last rank does)
   int slowest_rank = -1;  // rank with the largest total step time
   std::size_t samples = 0;
 };

@@ -28,8 +28,8 @@ void Topology::validate() const {
   check_link(inter_node, "inter_node");
   require(std::isfinite(device.peak_tflops) && device.peak_tflops > 0, "device.peak_tflops",
           device.peak_tflops, "> 0");
-  require(std::isfinite(device.hbm_gbps) && device.hbm_gbps > 0, "device.hbm_gbps",
-          device.hbm_gbps, "> 0");
+  require(std::isfinite(device.hbm_gbps) && device.hbm_gbps > 0, "device.hbm_gbps", device.hbm_gbps,
+          "> 0");
   require(compute_efficiency > 0 && compute_efficiency <= 1, "compute_efficiency",
           compute_efficiency, "in (0, 1]");
 }

@@ -61,7 +61,8 @@ int run_op(Communicator& g, const Op& o, int op_number) {
     case Kind::reduce_scatter: {
       std::vector<double> full(c * p), out(c);
       for (std::size_t i = 0; i < c * p; ++i) full[i] = in(me, i);
-      g.reduce_scatter(comm::cview(std::span<const double>(full)), comm::view(std::span<double>(out)))
+      g.reduce_scatter(comm::cview(std::span<const double>(full)),
+                       comm::view(std::span<double>(out)))
           ->wait();
       for (std::size_t i = 0; i < c; ++i) {
         double want = 0;
@@ -116,9 +117,9 @@ int run_program(const Program& prog, Communicator& c) {
 
 rc::Gen<Op> gen_op() {
   return rc::gen::build<Op>(
-      rc::gen::set(&Op::kind, rc::gen::element(Kind::all_reduce, Kind::all_gather,
-                                                Kind::reduce_scatter, Kind::broadcast,
-                                                Kind::all_to_all, Kind::barrier)),
+      rc::gen::set(&Op::kind,
+                   rc::gen::element(Kind::all_reduce, Kind::all_gather, Kind::reduce_scatter,
+                                    Kind::broadcast, Kind::all_to_all, Kind::barrier)),
       rc::gen::set(&Op::world, rc::gen::arbitrary<bool>()),
       rc::gen::set(&Op::count, rc::gen::inRange(1, 6)),
       rc::gen::set(&Op::root, rc::gen::inRange(0, 8)));
@@ -142,7 +143,8 @@ RC_GTEST_PROP(FaultProperties, OneRandomFaultIsDetectedAndTracedToItsRank, ()) {
   {
     SimWorld w(prog.n);
     std::vector<int> wrong(static_cast<std::size_t>(prog.n));
-    w.run([&](Communicator& c) { wrong[static_cast<std::size_t>(c.rank())] = run_program(prog, c); });
+    w.run(
+        [&](Communicator& c) { wrong[static_cast<std::size_t>(c.rank())] = run_program(prog, c); });
     for (int x : wrong) RC_ASSERT(x == 0);
     RC_ASSERT(!w.diagnosis().has_value());
   }

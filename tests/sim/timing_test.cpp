@@ -21,8 +21,8 @@ using comm::Communicator;
 Topology simple_topology() {
   Topology t;
   t.ranks_per_node = 8;
-  t.intra_node = {100, 2};  // 100 GB/s, 2 us
-  t.inter_node = {10, 20};  // 10 GB/s, 20 us
+  t.intra_node = {100, 2};     // 100 GB/s, 2 us
+  t.inter_node = {10, 20};     // 10 GB/s, 20 us
   t.device = {100, 1000, 80};  // 100 TFLOP/s, 1000 GB/s
   t.compute_efficiency = 0.5;
   return t;
@@ -120,9 +120,9 @@ TEST(VirtualTime, AnUnwaitedCollectiveOverlapsLaterComputeAndWaitJoins) {
   std::vector<double> clock_after_wait(2);
   w.run([&](Communicator& c) {
     std::vector<float> v(count, 1.0f);
-    auto work = c.all_reduce(std::span<float>(v));          // a gradient bucket, not waited yet
-    c.compute({.name = "backward", .flops = 1e9});          // 20 us, overlapping it
-    auto second = c.all_reduce(std::span<float>(v));        // queues behind the first on the comm stream
+    auto work = c.all_reduce(std::span<float>(v));    // a gradient bucket, not waited yet
+    c.compute({.name = "backward", .flops = 1e9});    // 20 us, overlapping it
+    auto second = c.all_reduce(std::span<float>(v));  // queues behind the first on the comm stream
     auto* sw = dynamic_cast<SimWork*>(second.get());
     ASSERT_NE(sw, nullptr);
     expect_time(sw->virtual_end(), 2 * ar);
@@ -193,11 +193,11 @@ void step_program(Communicator& c) {
 TEST(VirtualTime, AStragglerSlowsTheStepForEveryone) {
   SimWorld plain(4, {.topology = simple_topology()});
   plain.run(step_program);
-  SimWorld slow(4, {.topology = simple_topology(),
-                    .faults = {.faults = {{.kind = FaultKind::straggler,
-                                           .rank = 3,
-                                           .slowdown = 3.0,
-                                           .from_step = 2}}}});
+  SimWorld slow(
+      4, {.topology = simple_topology(),
+          .faults = {
+              .faults = {
+                  {.kind = FaultKind::straggler, .rank = 3, .slowdown = 3.0, .from_step = 2}}}});
   slow.run(step_program);
   ASSERT_EQ(plain.step_times().size(), 12u);
   ASSERT_EQ(slow.step_times().size(), 12u);
@@ -215,9 +215,9 @@ TEST(VirtualTime, AStragglerSlowsTheStepForEveryone) {
   // The slow rank is the one whose compute took longer (its peers only idled).
   const auto comp = events_of(slow, 3, Stream::compute);
   expect_time(comp[1].end - comp[1].start, 300e-6);
-  expect_time(events_of(slow, 2, Stream::compute)[1].end -
-                  events_of(slow, 2, Stream::compute)[1].start,
-              100e-6);
+  expect_time(
+      events_of(slow, 2, Stream::compute)[1].end - events_of(slow, 2, Stream::compute)[1].start,
+      100e-6);
 }
 
 // A layer-wise sharded program: all_gather, compute, reduce_scatter per layer, with an async
