@@ -18,6 +18,7 @@ int run_cli(int argc, char** argv) {
   app.set_version_flag("--version", "shardcheck 0.1.0");
   int exit_code = kExitBadInput;
   add_run_commands(app, exit_code);
+  add_ledger_command(app, exit_code);
   add_bench_commands(app, exit_code);
 
   if (argc > 1 && argv[1][0] != '-') {

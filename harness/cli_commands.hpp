@@ -20,6 +20,9 @@ void add_bench_commands(CLI::App& app, int& exit_code);
 // `run` and `matrix`.
 void add_run_commands(CLI::App& app, int& exit_code);
 
+// `ledger`.
+void add_ledger_command(CLI::App& app, int& exit_code);
+
 // Refuses --backend nccl in a build without gpu/.
 void check_backend(const std::string& backend);
 

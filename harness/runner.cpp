@@ -54,6 +54,8 @@ std::string unsupported(const ParallelSpec& p, const ref::TrainConfig& t) {
   return "";
 }
 
+}  // namespace
+
 parallel::DataParallelOptions engine_options(const Scenario& s, const ParallelSpec& p) {
   parallel::DataParallelOptions opt;
   opt.strategy = p.fsdp        ? parallel::Strategy::fsdp
@@ -83,6 +85,8 @@ parallel::DataParallelOptions engine_options(const Scenario& s, const ParallelSp
   }
   return opt;
 }
+
+namespace {
 
 ConfigResult run_config(const Scenario& s, const ref::Dataset& ds, const Trace& want,
                         const ParallelSpec& p) {

@@ -9,6 +9,7 @@
 
 #include "comm/memory.hpp"
 #include "harness/scenario.hpp"
+#include "parallel/data_parallel.hpp"
 
 namespace shardcheck::harness {
 
@@ -57,6 +58,9 @@ struct RunOptions {
   using Progress = std::function<void(const std::string& what, int index, int total)>;
   Progress progress;
 };
+
+// The data-parallel engine's options for a configuration (strategy, buckets, FSDP details).
+parallel::DataParallelOptions engine_options(const Scenario& s, const ParallelSpec& p);
 
 // Throws ScenarioError for configurations that cannot be run at all.
 RunResult run_scenario(const Scenario& s, const RunOptions& o = {});

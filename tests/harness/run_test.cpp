@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <set>
 #include <sstream>
 
@@ -147,6 +148,40 @@ TEST(RunCommand, UnwritableOutputDirectoryIsBadInput) {
                                       "/parity/data_parallel_f32.json --dump-tensors /proc/nope");
   EXPECT_EQ(code, 2) << out;
   EXPECT_NE(out.find("--dump-tensors"), std::string::npos) << out;
+}
+
+}  // namespace
+}  // namespace shardcheck::harness
+
+namespace shardcheck::harness {
+namespace {
+
+// `ledger --json` on the 70B-class scenario: model state per rank follows the closed forms of the
+// bf16 recipe (2 + 4 + 4 + 8 = 18 bytes per parameter), DDP does not fit an H200, ZeRO-3 does.
+TEST(LedgerCommand, SeventyBillionFollowsTheClosedForms) {
+  const auto [code, out] = shardcheck("ledger --json " + kScenarios + "/plan/llama-70b-class.json");
+  ASSERT_EQ(code, 0) << out;
+  const auto j = nlohmann::json::parse(out);
+  const double psi = j.at("parameters").get<double>();
+  EXPECT_GT(psi, 6.5e10);
+  std::map<std::string, nlohmann::json> by;
+  for (const auto& c : j.at("configs")) by[c.at("strategy").get<std::string>() + "/" +
+                                             c.at("config").get<std::string>()] = c;
+  const auto state = [&](const std::string& k) {
+    return by.at(k).at("per_rank").at("model_state").get<double>();
+  };
+  const double n = 1024;
+  EXPECT_NEAR(state("ddp/dp1024") / (18 * psi), 1.0, 1e-6);
+  EXPECT_NEAR(state("zero1/dp1024-zero1") / ((2 + 4) * psi + 12 * psi / n), 1.0, 1e-6);
+  EXPECT_NEAR(state("zero2/dp1024-zero2") / (2 * psi + 16 * psi / n), 1.0, 1e-6);
+  EXPECT_NEAR(state("zero3/dp1024-zero3") / (18 * psi / n), 1.0, 1e-3);
+  EXPECT_FALSE(by.at("ddp/dp1024").at("fits").get<bool>());
+  EXPECT_TRUE(by.at("zero3/dp1024-zero3").at("fits").get<bool>());
+}
+
+TEST(LedgerCommand, BadScenarioIsExitTwo) {
+  const auto [code, out] = shardcheck("ledger /nonexistent.json");
+  EXPECT_EQ(code, 2) << out;
 }
 
 }  // namespace
