@@ -130,6 +130,12 @@ int run_scenarios(const RunArgs& a) {
       failed += !c.pass;
     }
   std::cout << "parity: " << configs - failed << " passed, " << failed << " failed\n";
+  bool broke = false;
+  for (const auto& r : runs) broke = broke || r.broke();
+  if (broke) {
+    std::cerr << "shardcheck: the run broke: an unexpected fault was diagnosed (see above)\n";
+    return kExitRunBroke;
+  }
   return pass ? kExitOk : kExitCheckFailed;
 }
 

@@ -6,6 +6,7 @@
 #include <stdexcept>
 
 #include "comm/mesh.hpp"
+#include "sim/recorder.hpp"
 
 #ifndef SHARDCHECK_VERSION
 #define SHARDCHECK_VERSION "unknown"
@@ -71,6 +72,86 @@ nlohmann::json memory_json(const std::vector<RankMemory>& ranks) {
   return rows;
 }
 
+nlohmann::json flight_json(const std::vector<std::vector<sim::FlightRecord>>& ranks) {
+  nlohmann::json out = nlohmann::json::array();
+  for (std::size_t r = 0; r < ranks.size(); ++r) {
+    nlohmann::json recs = nlohmann::json::array();
+    for (const sim::FlightRecord& f : ranks[r])
+      recs.push_back({{"seq", f.seq},
+                      {"group", f.group},
+                      {"op", f.op},
+                      {"dtype", std::string(comm::name_of(f.dtype))},
+                      {"count", f.count},
+                      {"root", f.root},
+                      {"state", std::string(sim::name_of(f.state))},
+                      {"step", f.step},
+                      {"start", f.v_start},
+                      {"end", f.v_end}});
+    out.push_back({{"rank", r}, {"records", recs}});
+  }
+  return out;
+}
+
+nlohmann::json faults_json(const std::vector<FaultResult>& faults) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const FaultResult& f : faults)
+    out.push_back({{"kind", f.kind},
+                   {"detected", f.detected},
+                   {"ranks", f.ranks},
+                   {"op", f.op},
+                   {"group", f.group},
+                   {"seq", f.seq},
+                   {"step", f.step},
+                   {"message", f.message},
+                   {"flight_records", flight_json(f.flight_records)}});
+  return out;
+}
+
+nlohmann::json timing_json(const TimingResult& t) {
+  if (!t.valid) return nullptr;
+  nlohmann::json j{{"step_time_s", t.step_time_s},
+                   {"rank_step_time_s", {{"p50", t.p50}, {"p95", t.p95}, {"max", t.max}}},
+                   {"slowest_rank", t.slowest_rank},
+                   {"tokens_per_step", t.tokens_per_step},
+                   {"tokens_per_s", t.tokens_per_s},
+                   {"flops_per_step", t.flops_per_step},
+                   {"mfu", t.mfu},
+                   {"mfu_formula",
+                    "3 x forward FLOPs (matmuls + attention products, backward = 2 x forward) over "
+                    "every position of the global batch, recomputation not counted, / (step time "
+                    "x ranks x device peak)"},
+                   {"bubble_fraction", 0.0},
+                   {"time", "virtual (simulator cost model over the scenario's topology)"}};
+  if (t.scaling_efficiency >= 0) {
+    j["scaling_efficiency"] = t.scaling_efficiency;
+    j["scaling_baseline"] = t.scaling_baseline;
+  } else {
+    j["scaling_efficiency"] = nullptr;
+  }
+  return j;
+}
+
+// At most this many timeline events per configuration go into report.json.
+constexpr std::size_t kMaxEvents = 20000;
+
+nlohmann::json timeline_json(const std::vector<sim::TimelineEvent>& events, int ranks) {
+  nlohmann::json ev = nlohmann::json::array();
+  for (std::size_t i = 0; i < events.size() && i < kMaxEvents; ++i) {
+    const sim::TimelineEvent& e = events[i];
+    ev.push_back({{"rank", e.rank},
+                  {"stream", std::string(sim::name_of(e.stream))},
+                  {"kind", e.kind},
+                  {"name", e.name},
+                  {"step", e.step},
+                  {"start", e.start},
+                  {"end", e.end},
+                  {"bytes", e.bytes},
+                  {"group", e.group},
+                  {"seq", e.seq}});
+  }
+  return {{"ranks", ranks}, {"events", ev}, {"truncated", events.size() > kMaxEvents}};
+}
+
 }  // namespace
 
 nlohmann::json manifest_json(const Scenario& s) {
@@ -116,7 +197,12 @@ nlohmann::json report_json(const RunResult& r, const std::string& backend) {
                       {"pass", c.pass},
                       {"detail", c.detail},
                       {"wall_s", c.wall_seconds},
-                      {"memory", memory_json(c.memory)}});
+                      {"memory", memory_json(c.memory)},
+                      {"parity_pass", c.parity_pass},
+                      {"broke", c.broke},
+                      {"faults", faults_json(c.faults)},
+                      {"timing", timing_json(c.timing)},
+                      {"timeline", timeline_json(c.timeline, c.spec.mesh.world_size())}});
   }
   return {{"pass", r.pass()},
           {"scenario", s.name},
@@ -126,7 +212,20 @@ nlohmann::json report_json(const RunResult& r, const std::string& backend) {
           {"manifest", manifest_json(s)},
           {"parity", parity},
           // The first configuration's ranks (each parity row carries its own).
-          {"memory", r.configs.empty() ? nlohmann::json::array() : memory_json(r.configs[0].memory)}};
+          {"memory", r.configs.empty() ? nlohmann::json::array() : memory_json(r.configs[0].memory)},
+          {"timing", r.configs.empty() ? nlohmann::json(nullptr) : timing_json(r.configs[0].timing)},
+          {"faults", [&] {
+             nlohmann::json all = nlohmann::json::array();
+             for (const ConfigResult& c : r.configs)
+               for (auto f : faults_json(c.faults)) {
+                 f["config"] = c.config;
+                 all.push_back(f);
+               }
+             return all;
+           }()},
+          {"expect", {{"parity", s.expect_parity},
+                      {"fault", s.expect_fault ? nlohmann::json(*s.expect_fault) : nlohmann::json(nullptr)}}},
+          {"broke", r.broke()}};
 }
 
 void write_junit(const std::vector<RunResult>& runs, const std::string& file) {
@@ -174,10 +273,21 @@ void print_summary(std::ostream& os, const RunResult& r) {
                   c.strategy.empty() ? "-" : c.strategy.c_str(), c.spec.mesh.world_size(),
                   c.max_rel_err, c.tolerance,
                   c.pass        ? "PASS"
+                  : c.broke     ? "BROKE"
                   : c.supported ? "FAIL"
                                 : "UNSUPPORTED");
     os << line;
-    if (!c.pass) os << "      " << c.detail << "\n";
+    if (!c.pass || !c.faults.empty()) os << "      " << c.detail << "\n";
+    for (const FaultResult& f : c.faults) {
+      os << "      fault " << f.kind << (f.detected ? "" : " (NOT detected)") << ": ranks "
+         << comm::rank_list(f.ranks) << "\n";
+      if (f.message != c.detail) {
+        std::string msg = f.message;
+        for (std::size_t at = 0; (at = msg.find('\n', at)) != std::string::npos; at += 9)
+          msg.replace(at, 1, "\n        ");
+        os << "        " << msg << "\n";
+      }
+    }
   }
 }
 

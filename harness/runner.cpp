@@ -1,18 +1,25 @@
 // The scenario runner. The reference Trainer and the parallel engines consume the same sampler
 // batches; per step, the error is max(|loss - ref| / |ref|, max over tensors of
-// max|p - p_ref| / max|p_ref|), over every rank's view of the gathered parameters.
+// max|p - p_ref| / max|p_ref|): every rank's loss, the parameters assembled from the owners' state
+// pieces after each step, and every rank's own gathered view after the last step. Faults come from
+// the simulator's diagnosis, the health check and the parity check (outcome.hpp).
 #include "harness/runner.hpp"
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
+#include <type_traits>
 #include <cmath>
 #include <mutex>
 #include <numeric>
 #include <optional>
 
+#include "harness/sim_options.hpp"
 #include "parallel/data_parallel.hpp"
+#include "parallel/flops.hpp"
 #include "parallel/parity.hpp"
 #include "reference/data.hpp"
+#include "reference/model.hpp"
 #include "reference/npy.hpp"
 #include "reference/trainer.hpp"
 #include "sim/world.hpp"
@@ -88,6 +95,194 @@ parallel::DataParallelOptions engine_options(const Scenario& s, const ParallelSp
 
 namespace {
 
+// Elements of the gathered parameters, assembled from every rank's exported state pieces (the
+// master weights in the bf16 recipe, as ref::Trainer::params()). No collective, so parity
+// checking leaves the timeline and the faults' op counts untouched.
+ref::ParamMap<double> assemble(const std::vector<const std::vector<parallel::StatePiece>*>& ranks,
+                               const ref::ModelConfig& model, bool bf16) {
+  ref::ParamMap<double> out;
+  for (const auto& [name, shape] : ref::param_shapes(model)) out.add(name, shape);
+  const std::string prefix = bf16 ? "master/" : "param/";
+  for (const auto* pieces : ranks)
+    for (const parallel::StatePiece& piece : *pieces) {
+      if (piece.tensor.rfind(prefix, 0) != 0) continue;
+      ref::Tensor<double>* t = out.find(piece.tensor.substr(prefix.size()));
+      if (t == nullptr || piece.begin + piece.count > t->vec().size()) continue;
+      comm::visit_dtype(piece.dtype, [&](auto tag) {
+        using E = decltype(tag);
+        for (std::size_t i = 0; i < piece.count; ++i) {
+          E v;
+          std::memcpy(&v, piece.bytes.data() + i * sizeof(E), sizeof(E));
+          if constexpr (std::is_arithmetic_v<E>)
+            t->vec()[piece.begin + i] = static_cast<double>(v);
+          else
+            t->vec()[piece.begin + i] = static_cast<double>(static_cast<float>(v));
+        }
+      });
+    }
+  return out;
+}
+
+struct RankTrace {
+  std::vector<ref::StepRecord> steps;
+  std::vector<std::vector<parallel::StatePiece>> pieces;  // after each step
+  ref::ParamMap<double> final_params;                     // full_params() after the last step
+  std::vector<parallel::StepHealth> health;
+};
+
+// On world rank `rank`: writes a NaN into the first element of every local gradient of the first
+// microbatch at each nan_gradient fault's step (before any reduction).
+parallel::GradHook nan_injector(const Scenario& s, int rank) {
+  std::vector<int> steps;
+  for (const FaultSpec& f : s.faults)
+    if (f.kind == "nan_gradient" && f.rank == rank) steps.push_back(f.step);
+  if (steps.empty()) return {};
+  return [steps](int step, int microbatch, const std::string& /*param*/, comm::Buffer grad) {
+    if (microbatch != 0 || grad.count == 0 ||
+        std::find(steps.begin(), steps.end(), step) == steps.end())
+      return;
+    if (grad.dtype == comm::DType::f64) static_cast<double*>(grad.data)[0] = std::nan("");
+    if (grad.dtype == comm::DType::f32) static_cast<float*>(grad.data)[0] = std::nanf("");
+  };
+}
+
+// Tokens, FLOPs and MFU of a step. FLOPs = 3 x forward (parallel/flops.hpp: matmuls and attention
+// products, backward 2x forward) over every position of the global batch, padding included as
+// dense kernels compute it; recomputation under activation checkpointing is not counted.
+void fill_rates(const Scenario& s, const ParallelSpec& p, const Trace& want, TimingResult& t) {
+  if (!t.valid || t.step_time_s <= 0) return;
+  double tokens = 0;
+  for (const auto& rec : want.steps) tokens += static_cast<double>(rec.non_padding_tokens);
+  t.tokens_per_step = tokens / static_cast<double>(want.steps.size());
+  t.tokens_per_s = t.tokens_per_step / t.step_time_s;
+  t.flops_per_step = 3.0 * parallel::model_forward_flops(s.model, s.model.seq_len) *
+                     static_cast<double>(s.train.global_batch);
+  t.mfu = t.flops_per_step /
+          (t.step_time_s * p.mesh.world_size() * s.topology.peak_tflops * 1e12);
+}
+
+// The verdict. With expect.fault set, the configuration passes when that fault was detected
+// (parity is reported, not required: a fault may change the numbers on purpose). Without it, any
+// detected fault other than a straggler means the run broke (exit 3); otherwise parity decides.
+void decide(const Scenario& s, ConfigResult& r) {
+  if (s.expect_fault) {
+    const auto hit = std::find_if(r.faults.begin(), r.faults.end(), [&](const FaultResult& f) {
+      return f.detected && f.kind == *s.expect_fault;
+    });
+    r.pass = hit != r.faults.end();
+    if (r.pass) {
+      r.detail = "expected fault '" + *s.expect_fault + "' detected (ranks " +
+                 comm::rank_list(hit->ranks) + ")";
+    } else {
+      std::string seen;
+      for (const auto& f : r.faults) seen += (seen.empty() ? "" : ", ") + f.kind;
+      r.detail = "expected fault '" + *s.expect_fault + "' was not detected" +
+                 (seen.empty() ? "" : " (found: " + seen + ")");
+    }
+    return;
+  }
+  for (const FaultResult& f : r.faults)
+    if (f.detected && f.kind != "straggler") r.broke = true;
+  r.pass = !r.broke && (r.parity_pass || !s.expect_parity);
+}
+
+void measure_parity(const Scenario& s, const Trace& want, const std::vector<RankTrace>& got,
+                    ConfigResult& r) {
+  double worst = -1;
+  const bool bf16 = s.train.precision == ref::Precision::kBf16;
+  std::vector<const std::vector<parallel::StatePiece>*> pieces(got.size());
+  for (int k = 0; k < s.train.steps; ++k) {
+    const auto uk = static_cast<std::size_t>(k);
+    StepParity sp{k + 1, got[0].steps[uk].loss, want.steps[uk].loss, 0};
+    const auto note = [&](double e, std::size_t rank, const std::string& what) {
+      if (!(e <= sp.max_rel_err)) sp.max_rel_err = e;
+      if (!(e <= worst)) {
+        worst = e;
+        r.detail = "largest error: rank " + std::to_string(rank) + " step " +
+                   std::to_string(k + 1) + " " + what;
+      }
+    };
+    for (std::size_t rank = 0; rank < got.size(); ++rank) {
+      note(parallel::rel_err(got[rank].steps[uk].loss, want.steps[uk].loss), rank, "loss");
+      pieces[rank] = &got[rank].pieces[uk];
+    }
+    const ref::ParamMap<double> params = assemble(pieces, s.model, bf16);
+    for (const auto& e : want.params[uk]) {
+      const ref::Tensor<double>* t = params.find(e.name);
+      note(t ? parallel::tensor_rel_err(*t, e.value) : INFINITY, 0, e.name + " (owner shards)");
+    }
+    if (k + 1 == s.train.steps)  // every rank's own view of the final parameters
+      for (std::size_t rank = 0; rank < got.size(); ++rank)
+        for (const auto& e : want.params[uk]) {
+          const ref::Tensor<double>* t = got[rank].final_params.find(e.name);
+          note(t ? parallel::tensor_rel_err(*t, e.value) : INFINITY, rank,
+               e.name + " (gathered by the rank)");
+        }
+    r.steps.push_back(sp);
+    if (!(sp.max_rel_err <= r.max_rel_err)) r.max_rel_err = sp.max_rel_err;
+  }
+  r.parity_pass = r.max_rel_err <= r.tolerance;
+}
+
+// The health check's verdict (the same on every rank): the first step with non-finite gradients.
+std::optional<FaultResult> nan_result(const RankTrace& rank0) {
+  for (std::size_t k = 0; k < rank0.health.size(); ++k) {
+    const parallel::StepHealth& h = rank0.health[k];
+    if (h.nonfinite_ranks.empty()) continue;
+    FaultResult f;
+    f.kind = "nan";
+    f.ranks = h.nonfinite_ranks;
+    f.step = static_cast<int>(k) + 1;
+    f.message = "non-finite gradient at step " + std::to_string(k + 1) + " on DP rank(s) " +
+                comm::rank_list(h.nonfinite_ranks) +
+                (h.skipped ? "; every rank skipped the update of that step" : "");
+    return f;
+  }
+  return std::nullopt;
+}
+
+struct SimRun {
+  std::vector<RankTrace> got;
+  std::vector<RankMemory> memory;
+  bool failed = false;
+  std::exception_ptr root_cause;
+};
+
+SimRun simulate(const Scenario& s, const ref::Dataset& ds, sim::SimWorld& world,
+                const parallel::DataParallelOptions& opt) {
+  const int n = world.size();
+  SimRun out;
+  out.got.resize(static_cast<std::size_t>(n));
+  out.memory.resize(static_cast<std::size_t>(n));
+  try {
+    world.run([&](comm::Communicator& c) {
+      parallel::DataParallelOptions mine_opt = opt;
+      mine_opt.grad_hook = nan_injector(s, c.world_rank());
+      parallel::DataParallelEngine engine(c, s.model, s.train, s.seed, mine_opt);
+      ref::DistributedSampler sampler(static_cast<int64_t>(ds.samples.size()),
+                                      s.train.global_batch, s.seed, s.data.drop_last);
+      RankTrace& mine = out.got[static_cast<std::size_t>(c.rank())];
+      for (int k = 1; k <= s.train.steps; ++k) {
+        const ref::Batch local =
+            parallel::rank_batch(ds, sampler.next_global_batch(), c.rank(), c.size());
+        mine.steps.push_back(engine.step(local));
+        mine.pieces.push_back(engine.export_state());
+        mine.health.push_back(engine.last_step_health());
+      }
+      // Outside the measured steps: the final gather of every rank's view.
+      c.begin_step(s.train.steps + 1);
+      mine.final_params = engine.full_params();
+      const comm::MemoryTracker& m = c.memory();
+      out.memory[static_cast<std::size_t>(c.rank())] =
+          RankMemory{c.world_rank(), m.current(), m.at_peak(), m.peak(), m.peak_phase()};
+    });
+  } catch (const sim::RankFailure& e) {
+    out.failed = true;
+    out.root_cause = e.cause();
+  }
+  return out;
+}
+
 ConfigResult run_config(const Scenario& s, const ref::Dataset& ds, const Trace& want,
                         const ParallelSpec& p) {
   ConfigResult r;
@@ -99,55 +294,67 @@ ConfigResult run_config(const Scenario& s, const ref::Dataset& ds, const Trace& 
     r.supported = false;
     return r;
   }
-  const parallel::DataParallelOptions opt = engine_options(s, p);
+  parallel::DataParallelOptions opt = engine_options(s, p);
+  opt.health.check = true;
+  opt.health.policy = s.health.nan_policy == "stop" ? parallel::NonFinitePolicy::stop
+                                                    : parallel::NonFinitePolicy::skip_step;
   r.strategy = std::string(parallel::name_of(opt.strategy));
-  const int world = p.mesh.dp;
-  std::vector<Trace> got(static_cast<std::size_t>(world));
-  r.memory.resize(static_cast<std::size_t>(world));
+  const int world = p.mesh.world_size();
   const auto t0 = std::chrono::steady_clock::now();
-  sim::SimWorld(world).run([&](comm::Communicator& c) {
-    parallel::DataParallelEngine engine(c, s.model, s.train, s.seed, opt);
-    ref::DistributedSampler sampler(static_cast<int64_t>(ds.samples.size()), s.train.global_batch,
-                                    s.seed, s.data.drop_last);
-    Trace& mine = got[static_cast<std::size_t>(c.rank())];
-    for (int n = 1; n <= s.train.steps; ++n) {
-      const ref::Batch local =
-          parallel::rank_batch(ds, sampler.next_global_batch(), c.rank(), c.size());
-      mine.steps.push_back(engine.step(local));
-      mine.params.push_back(engine.full_params());
-    }
-    const comm::MemoryTracker& m = c.memory();
-    r.memory[static_cast<std::size_t>(c.rank())] =
-        RankMemory{c.world_rank(), m.current(), m.at_peak(), m.peak(), m.peak_phase()};
-  });
+  sim::SimWorld sw(world, sim_options(s, world));
+  SimRun run = simulate(s, ds, sw, opt);
   r.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  double worst = -1;
-  for (int k = 0; k < s.train.steps; ++k) {
-    const auto uk = static_cast<std::size_t>(k);
-    StepParity sp{k + 1, got[0].steps[uk].loss, want.steps[uk].loss, 0};
-    for (std::size_t rank = 0; rank < got.size(); ++rank) {
-      const double le = parallel::rel_err(got[rank].steps[uk].loss, want.steps[uk].loss);
-      if (!(le <= sp.max_rel_err)) sp.max_rel_err = le;
-      if (!(le <= worst)) {
-        worst = le;
-        r.detail = "largest error: rank " + std::to_string(rank) + " step " +
-                   std::to_string(k + 1) + " loss";
-      }
-      for (const auto& e : want.params[uk]) {
-        const ref::Tensor<double>* t = got[rank].params[uk].find(e.name);
-        const double te = t ? parallel::tensor_rel_err(*t, e.value) : INFINITY;
-        if (!(te <= sp.max_rel_err)) sp.max_rel_err = te;
-        if (!(te <= worst)) {
-          worst = te;
-          r.detail = "largest error: rank " + std::to_string(rank) + " step " +
-                     std::to_string(k + 1) + " " + e.name;
-        }
-      }
+  r.memory = run.memory;
+  r.timeline = sw.timeline();
+  r.timing = timing_of(sw.step_times(), s.train.steps);
+  if (run.failed) {
+    r.memory.clear();
+    bool nan_stop = false;
+    try {
+      if (run.root_cause) std::rethrow_exception(run.root_cause);
+    } catch (const parallel::NonFiniteGradientError& e) {
+      FaultResult f;
+      f.kind = "nan";
+      f.ranks = e.ranks();
+      f.step = e.step();
+      f.message = std::string(e.what()) + "; the run stopped (health.nan_policy \"stop\")";
+      r.faults.push_back(f);
+      nan_stop = true;
+    } catch (...) {
     }
-    r.steps.push_back(sp);
-    if (!(sp.max_rel_err <= r.max_rel_err)) r.max_rel_err = sp.max_rel_err;
+    if (!nan_stop && sw.diagnosis()) r.faults.push_back(from_diagnosis(*sw.diagnosis()));
+    r.detail = r.faults.empty() ? "the run failed" : r.faults.back().message;
+  } else {
+    measure_parity(s, want, run.got, r);
+    if (auto f = nan_result(run.got[0])) r.faults.push_back(*f);
+    for (const sim::FiredFault& ff : sw.fired_faults())
+      if (ff.fault.kind == sim::FaultKind::corrupt_payload) {
+        FaultResult f;
+        f.kind = "corruption";
+        f.detected = !r.parity_pass;
+        f.ranks = {ff.fault.rank};
+        f.op = ff.op;
+        f.group = ff.group;
+        f.seq = ff.seq;
+        f.step = ff.step;
+        f.message = (r.parity_pass ? "UNDETECTED: the parity check passed despite " : "the parity "
+                     "check diverged (" + r.detail + ") after ") + ff.describe();
+        r.faults.push_back(f);
+      }
   }
-  r.pass = r.max_rel_err <= r.tolerance;
+  for (const FaultSpec& f : s.faults)
+    if (f.kind == "straggler" && f.rank < world && !run.failed) {
+      Scenario calm = s;
+      calm.faults.clear();
+      sim::SimWorld base(world, sim_options(calm, world));
+      simulate(calm, ds, base, opt);
+      const double without = timing_of(base.step_times(), s.train.steps).step_time_s;
+      r.faults.push_back(
+          straggler_result(sw.timeline(), world, f, r.timing.step_time_s, without));
+      break;
+    }
+  fill_rates(s, p, want, r.timing);
+  decide(s, r);
   return r;
 }
 
@@ -163,6 +370,10 @@ double tolerance_for(ref::Precision p) {
       return 2e-2;
   }
   return 0;
+}
+
+bool RunResult::broke() const {
+  return std::any_of(configs.begin(), configs.end(), [](const ConfigResult& c) { return c.broke; });
 }
 
 bool RunResult::pass() const {
@@ -185,6 +396,20 @@ RunResult run_scenario(const Scenario& s, const RunOptions& o) {
     if (o.progress) o.progress(p.label(), static_cast<int>(out.configs.size()) + 1, total);
     out.configs.push_back(run_config(s, ds, want, p));
   }
+  // Strong scaling (the global batch is fixed): throughput against the smallest world that ran,
+  // T_n / (T_0 * n / n_0) with T = tokens/s.
+  const ConfigResult* base = nullptr;
+  for (const ConfigResult& c : out.configs)
+    if (c.timing.valid && c.timing.tokens_per_s > 0 &&
+        (base == nullptr || c.spec.mesh.world_size() < base->spec.mesh.world_size()))
+      base = &c;
+  if (base != nullptr)
+    for (ConfigResult& c : out.configs)
+      if (c.timing.valid && c.timing.tokens_per_s > 0) {
+        const double n = c.spec.mesh.world_size(), n0 = base->spec.mesh.world_size();
+        c.timing.scaling_efficiency = c.timing.tokens_per_s / (base->timing.tokens_per_s * n / n0);
+        c.timing.scaling_baseline = base->config;
+      }
   return out;
 }
 

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "comm/memory.hpp"
+#include "harness/outcome.hpp"
 #include "harness/scenario.hpp"
 #include "parallel/data_parallel.hpp"
 
@@ -36,16 +37,22 @@ struct ConfigResult {
   double max_rel_err = 0;
   double tolerance = 0;
   bool supported = true;
-  bool pass = false;
+  bool parity_pass = false;  // every step within tolerance (false when the run did not finish)
+  bool pass = false;         // the verdict (outcome.hpp: parity, or the expected fault detected)
+  bool broke = false;        // an unexpected fault stopped or corrupted the run (exit 3)
   std::string detail;  // why unsupported, or where the largest error was
   double wall_seconds = 0;
   std::vector<RankMemory> memory;  // one per rank (empty when unsupported)
+  std::vector<FaultResult> faults;
+  TimingResult timing;
+  std::vector<sim::TimelineEvent> timeline;
 };
 
 struct RunResult {
   Scenario scenario;
   std::vector<ConfigResult> configs;
   bool pass() const;
+  bool broke() const;
 };
 
 double tolerance_for(ref::Precision p);

@@ -310,7 +310,7 @@ Scenario parse_scenario(const nlohmann::json& j) {
   sc.expect_parity = ex.boolean("parity", true);
   if (!ex.is_null("fault"))
     sc.expect_fault = ex.choice(
-        "fault", "", {"deadlock", "mismatch", "hang", "straggler", "nan", "corruption", "oom"});
+        "fault", "", {"deadlock", "mismatch", "hang", "crash", "straggler", "nan", "corruption", "oom"});
   else
     ex.raw("fault");
   ex.finish();

@@ -1,0 +1,56 @@
+// What a configuration's simulated run tells beyond parity: detected faults (with the flight
+// recorder), timing metrics from the virtual timeline, and the rules that turn them into a verdict
+// (an expected fault detected is a pass; an unexpected one means the run broke).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "harness/scenario.hpp"
+#include "sim/diagnosis.hpp"
+#include "sim/timeline.hpp"
+
+namespace shardcheck::harness {
+
+struct FaultResult {
+  // In expect.fault's vocabulary: deadlock, hang, crash, mismatch, corruption, nan, oom,
+  // straggler; "error" for a failure that is none of these.
+  std::string kind;
+  bool detected = true;
+  std::vector<int> ranks;  // culprits (world ranks)
+  std::string op, group;
+  std::uint64_t seq = 0;
+  int step = 0;
+  std::string message;
+  std::vector<std::vector<sim::FlightRecord>> flight_records;  // per rank, oldest first
+};
+
+struct TimingResult {
+  bool valid = false;
+  double step_time_s = 0;  // mean over steps of the slowest rank's step
+  double p50 = 0, p95 = 0, max = 0;
+  int slowest_rank = -1;
+  double tokens_per_step = 0;  // non-padding tokens of the global batch, mean over steps
+  double tokens_per_s = 0;
+  double flops_per_step = 0;  // model FLOPs (forward + backward, see parallel/flops.hpp)
+  double mfu = 0;             // flops_per_step / (step_time_s * ranks * peak)
+  double scaling_efficiency = -1;  // set across a matrix; -1 = not computed
+  std::string scaling_baseline;
+};
+
+// The expect-vocabulary name of a simulator diagnosis.
+std::string fault_kind(sim::DiagnosisKind k);
+FaultResult from_diagnosis(const sim::Diagnosis& d);
+
+// Per-step step-time summary over ranks and steps 1..steps (later steps, e.g. the harness's final
+// parameter gather, are left out).
+TimingResult timing_of(const std::vector<sim::StepTime>& steps, int max_step);
+
+// The straggler verdict: the rank with the most compute time in the timeline, and the cost of it
+// (step time with the straggler against the same run without it).
+FaultResult straggler_result(const std::vector<sim::TimelineEvent>& timeline, int ranks,
+                             const FaultSpec& injected, double with_s, double without_s);
+
+}  // namespace shardcheck::harness
