@@ -63,6 +63,7 @@ FaultResult straggler_result(const std::vector<sim::TimelineEvent>& timeline, in
   const double median = sorted[sorted.size() / 2];
   FaultResult f;
   f.kind = "straggler";
+  f.breaks_run = false;
   f.ranks = {slow};
   f.step = injected.step;
   // Detected when the injected rank stands out: the most compute time, clearly above the median.

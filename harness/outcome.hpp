@@ -19,6 +19,9 @@ struct FaultResult {
   // straggler; "error" for a failure that is none of these.
   std::string kind;
   bool detected = true;
+  // Unexpected, it means the run broke (exit 3). Not for a straggler (numbers unchanged) or a
+  // corruption only the parity check saw (that is a failed check, exit 1).
+  bool breaks_run = true;
   std::vector<int> ranks;  // culprits (world ranks)
   std::string op, group;
   std::uint64_t seq = 0;

@@ -162,8 +162,8 @@ void fill_rates(const Scenario& s, const ParallelSpec& p, const Trace& want, Tim
 }
 
 // The verdict. With expect.fault set, the configuration passes when that fault was detected
-// (parity is reported, not required: a fault may change the numbers on purpose). Without it, any
-// detected fault other than a straggler means the run broke (exit 3); otherwise parity decides.
+// (parity is reported, not required: a fault may change the numbers on purpose). Without it, a
+// detected fault that breaks runs (FaultResult::breaks_run) means exit 3; otherwise parity decides.
 void decide(const Scenario& s, ConfigResult& r) {
   if (s.expect_fault) {
     const auto hit = std::find_if(r.faults.begin(), r.faults.end(), [&](const FaultResult& f) {
@@ -182,7 +182,7 @@ void decide(const Scenario& s, ConfigResult& r) {
     return;
   }
   for (const FaultResult& f : r.faults)
-    if (f.detected && f.kind != "straggler") r.broke = true;
+    if (f.detected && f.breaks_run) r.broke = true;
   r.pass = !r.broke && (r.parity_pass || !s.expect_parity);
 }
 
@@ -332,6 +332,7 @@ ConfigResult run_config(const Scenario& s, const ref::Dataset& ds, const Trace& 
         FaultResult f;
         f.kind = "corruption";
         f.detected = !r.parity_pass;
+        f.breaks_run = false;
         f.ranks = {ff.fault.rank};
         f.op = ff.op;
         f.group = ff.group;

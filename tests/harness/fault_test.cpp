@@ -1,0 +1,132 @@
+// Faults end to end through `shardcheck run`: every scenario in scenarios/faults is diagnosed with
+// the injected rank named (exit 0 because expect.fault names it); the same faults without the
+// expectation break the run (exit 3); a wrong expectation or a fault that did nothing fails the
+// check (exit 1); and the report of a run is a pure function of the scenario (no wall time aside).
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+
+namespace {
+
+namespace fs = std::filesystem;
+const fs::path kFaults = fs::path(SHARDCHECK_SCENARIOS_DIR) / "faults";
+
+std::pair<int, std::string> shardcheck(const std::string& args) {
+  FILE* p = popen((std::string(SHARDCHECK_BIN) + " " + args + " 2>&1").c_str(), "r");
+  std::string out;
+  char buf[4096];
+  while (p && std::fgets(buf, sizeof buf, p)) out += buf;
+  const int status = p ? pclose(p) : -1;
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+nlohmann::json read_json(const fs::path& p) {
+  std::ifstream f(p);
+  return nlohmann::json::parse(f);
+}
+
+class TempDir {
+ public:
+  explicit TempDir(const std::string& name) : dir_(fs::temp_directory_path() / name) {
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  ~TempDir() { fs::remove_all(dir_); }
+  const fs::path& path() const { return dir_; }
+  fs::path write(const std::string& file, const nlohmann::json& j) const {
+    std::ofstream(dir_ / file) << j.dump(2);
+    return dir_ / file;
+  }
+
+ private:
+  fs::path dir_;
+};
+
+class FaultScenario : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(FaultScenario, IsDiagnosedNamingTheInjectedRank) {
+  const fs::path file = kFaults / (GetParam() + ".json");
+  const auto scenario = read_json(file);
+  const TempDir tmp("shardcheck_fault_" + GetParam());
+  const auto [code, out] = shardcheck("run " + file.string() + " --report " + tmp.path().string());
+  ASSERT_EQ(code, 0) << out;
+  const auto report = read_json(tmp.path() / "report.json");
+  const std::string want = scenario.at("expect").at("fault");
+  const int rank = scenario.at("faults")[0].at("rank");
+  bool found = false;
+  for (const auto& f : report.at("faults")) {
+    if (f.at("kind") != want || !f.at("detected").get<bool>()) continue;
+    found = true;
+    EXPECT_NE(std::find(f.at("ranks").begin(), f.at("ranks").end(), rank), f.at("ranks").end())
+        << f.dump();
+    EXPECT_FALSE(f.at("message").get<std::string>().empty());
+    if (want != "straggler" && want != "nan" && want != "corruption") {
+      // The simulator's diagnoses carry every rank's flight recorder.
+      EXPECT_EQ(f.at("flight_records").size(), report.at("parity")[0].at("world_size").get<std::size_t>());
+    }
+    if (want == "mismatch" || want == "corruption") {
+      EXPECT_FALSE(f.at("op").get<std::string>().empty()) << f.dump();
+      EXPECT_FALSE(f.at("group").get<std::string>().empty()) << f.dump();
+    }
+  }
+  EXPECT_TRUE(found) << report.at("faults").dump(2);
+  EXPECT_TRUE(fs::exists(tmp.path() / "index.html"));
+}
+
+TEST_P(FaultScenario, WithoutTheExpectationTheRunBreaksOrFails) {
+  auto scenario = read_json(kFaults / (GetParam() + ".json"));
+  const std::string kind = scenario.at("expect").at("fault");
+  scenario.erase("expect");
+  const TempDir tmp("shardcheck_fault_unexpected_" + GetParam());
+  const auto [code, out] = shardcheck("run " + tmp.write("s.json", scenario).string());
+  // A straggler changes no number (it passes parity: 0); everything else breaks the run (3),
+  // except a silent corruption, which only the parity check sees (1).
+  const int want = kind == "straggler" ? 0 : GetParam() == "corrupt_silent" ? 1 : 3;
+  EXPECT_EQ(code, want) << out;
+}
+
+TEST_P(FaultScenario, ExpectingAnotherFaultFails) {
+  auto scenario = read_json(kFaults / (GetParam() + ".json"));
+  const std::string kind = scenario.at("expect").at("fault");
+  scenario["expect"]["fault"] = kind == "deadlock" ? "oom" : "deadlock";
+  const TempDir tmp("shardcheck_fault_wrong_" + GetParam());
+  const auto [code, out] = shardcheck("run " + tmp.write("s.json", scenario).string());
+  EXPECT_EQ(code, 1) << out;
+  EXPECT_NE(out.find("was not detected"), std::string::npos) << out;
+}
+
+INSTANTIATE_TEST_SUITE_P(Faults, FaultScenario,
+                         ::testing::Values("hang", "crash", "skip_collective", "mismatch",
+                                           "nan_gradient", "nan_stop", "corrupt_checksum",
+                                           "corrupt_silent", "memory_budget", "straggler"));
+
+// A check that can fail: a straggler of slowdown 1 slows nothing and must not be reported found.
+TEST(FaultChecks, AStragglerThatIsNotSlowIsNotDetected) {
+  auto scenario = read_json(kFaults / "straggler.json");
+  scenario["faults"][0]["slowdown"] = 1.0;
+  const TempDir tmp("shardcheck_fault_noslow");
+  const auto [code, out] = shardcheck("run " + tmp.write("s.json", scenario).string());
+  EXPECT_EQ(code, 1) << out;
+}
+
+// Reports are a pure function of the scenario: two runs give the same report.json once the wall
+// times are removed (virtual time, diagnoses and flight records included).
+TEST(FaultChecks, ReportsAreDeterministic) {
+  const TempDir a("shardcheck_det_a"), b("shardcheck_det_b");
+  for (const char* name : {"straggler", "hang"}) {
+    const std::string file = (kFaults / (std::string(name) + ".json")).string();
+    ASSERT_EQ(shardcheck("run " + file + " --report " + a.path().string()).first, 0);
+    ASSERT_EQ(shardcheck("run " + file + " --report " + b.path().string()).first, 0);
+    auto ra = read_json(a.path() / "report.json"), rb = read_json(b.path() / "report.json");
+    for (auto* r : {&ra, &rb})
+      for (auto& row : r->at("parity")) row.erase("wall_s");
+    EXPECT_EQ(ra, rb) << name;
+  }
+}
+
+}  // namespace
