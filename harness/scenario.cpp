@@ -280,6 +280,22 @@ Scenario parse_scenario(const nlohmann::json& j) {
   sc.health.nan_policy = health.choice("nan_policy", "skip_step", {"skip_step", "stop"});
   health.finish();
 
+  ObjectReader plan = o.object("plan");
+  const nlohmann::json& sizes = plan.array("world_sizes");
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    if (!sizes[i].is_number_integer() || sizes[i].get<long long>() < 1 ||
+        sizes[i].get<long long>() > (1 << 20))
+      throw ScenarioError(plan.at("world_sizes") + "[" + std::to_string(i) + "]",
+                          "expected an integer in [1, 1048576], got " + describe_json(sizes[i]));
+    sc.plan.world_sizes.push_back(sizes[i].get<int>());
+  }
+  sc.plan.mtbf_gpu_hours = plan.number("mtbf_gpu_hours", sc.plan.mtbf_gpu_hours, 1e-3, 1e12);
+  sc.plan.checkpoint_every_steps =
+      plan.integer("checkpoint_every_steps", sc.plan.checkpoint_every_steps, 0, kBig);
+  sc.plan.checkpoint_save_s = plan.number("checkpoint_save_s", sc.plan.checkpoint_save_s, 0, 1e9);
+  sc.plan.restart_s = plan.number("restart_s", sc.plan.restart_s, 0, 1e9);
+  plan.finish();
+
   ObjectReader ck = o.object("checkpoint");
   sc.checkpoint.every = ck.integer("every", 0, 0, kBig);
   sc.checkpoint.keep = ck.integer("keep", 2, 1, 1000);

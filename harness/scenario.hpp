@@ -61,6 +61,16 @@ struct HealthSpec {
   std::string nan_policy = "skip_step";  // non-finite gradients: skip_step or stop
 };
 
+// The planner's inputs (`shardcheck plan`): world sizes for the scaling curves, and the failure
+// model for goodput (per-GPU mean time between failures, checkpoint cost and restart cost).
+struct PlanSpec {
+  std::vector<int> world_sizes;      // empty: the configurations' own sizes only
+  double mtbf_gpu_hours = 50000;     // mean time between failures of one GPU
+  int checkpoint_every_steps = 100;  // checkpoint interval (0: never)
+  double checkpoint_save_s = 10;     // time a save blocks training
+  double restart_s = 300;            // detect, reschedule, reload after a failure
+};
+
 struct CheckpointSpec {
   int every = 0;  // 0: never
   int keep = 2;
@@ -80,6 +90,7 @@ struct Scenario {
   std::vector<FaultSpec> faults;
   HealthSpec health;
   CheckpointSpec checkpoint;
+  PlanSpec plan;
   std::vector<std::string> drills;
   bool expect_parity = true;
   std::optional<std::string> expect_fault;
