@@ -186,3 +186,44 @@ TEST(LedgerCommand, BadScenarioIsExitTwo) {
 
 }  // namespace
 }  // namespace shardcheck::harness
+
+namespace shardcheck::harness {
+namespace {
+
+// DDP's bucket all_reduces, issued during the last backward, overlap that backward's compute in
+// the virtual timeline (the rank's comm and compute streams run at the same time), and the report
+// carries timing fields computed from that timeline.
+TEST(RunCommand, DdpBucketsOverlapBackwardInTheTimeline) {
+  const fs::path dir = fs::temp_directory_path() / "shardcheck_overlap_test";
+  fs::remove_all(dir);
+  const auto [code, out] =
+      shardcheck("run " + kScenarios + "/parity/ddp_overlap.json --report " + dir.string());
+  ASSERT_EQ(code, 0) << out;
+  const auto j = read_json(dir / "report.json");
+  for (const auto& row : j.at("parity")) {
+    double overlap = 0, comm = 0;
+    std::vector<nlohmann::json> compute;
+    for (const auto& e : row.at("timeline").at("events"))
+      if (e.at("rank") == 0 && e.at("stream") == "compute") compute.push_back(e);
+    for (const auto& c : row.at("timeline").at("events")) {
+      if (c.at("rank") != 0 || c.at("stream") != "comm") continue;
+      comm += c.at("end").get<double>() - c.at("start").get<double>();
+      for (const auto& k : compute)
+        overlap += std::max(0.0, std::min(c.at("end").get<double>(), k.at("end").get<double>()) -
+                                     std::max(c.at("start").get<double>(), k.at("start").get<double>()));
+    }
+    EXPECT_GT(overlap, 0.0) << row.at("config");
+    EXPECT_GT(comm, overlap) << row.at("config");
+    const auto& t = row.at("timing");
+    EXPECT_GT(t.at("step_time_s").get<double>(), 0.0);
+    EXPECT_LE(t.at("rank_step_time_s").at("p50").get<double>(),
+              t.at("rank_step_time_s").at("max").get<double>());
+    EXPECT_GT(t.at("tokens_per_s").get<double>(), 0.0);
+    EXPECT_GT(t.at("mfu").get<double>(), 0.0);
+    EXPECT_LE(t.at("scaling_efficiency").get<double>(), 1.0 + 1e-12);
+  }
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace shardcheck::harness
