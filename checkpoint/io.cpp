@@ -14,8 +14,7 @@ namespace shardcheck::checkpoint::io {
 
 namespace {
 [[noreturn]] void fail(const std::string& what, const fs::path& p) {
-  throw CheckpointError(Reason::io_error,
-                        what + " " + p.string() + ": " + std::strerror(errno));
+  throw CheckpointError(Reason::io_error, what + " " + p.string() + ": " + std::strerror(errno));
 }
 }  // namespace
 

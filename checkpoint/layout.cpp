@@ -68,8 +68,8 @@ std::vector<std::uint64_t> strides_of(const Shape& shape) {
 }
 
 // Decomposes [b, e) of the sub-tensor spanned by dims >= d, whose outer coordinates are fixed in
-// `prefix` (length-1 extents). Head partial rows recurse, full rows form one box, the tail recurses:
-// at most 2*(ndim-d)-1 boxes.
+// `prefix` (length-1 extents). Head partial rows recurse, full rows form one box, the tail
+// recurses: at most 2*(ndim-d)-1 boxes.
 void decompose(const Shape& shape, const std::vector<std::uint64_t>& strides, std::size_t d,
                Box prefix, std::uint64_t b, std::uint64_t e, std::vector<Box>& out) {
   if (b == e) return;
@@ -187,16 +187,16 @@ std::optional<CoverProblem> check_exact_cover(const Shape& shape, std::span<cons
         break;
       if (auto x = intersect(boxes[i].box, boxes[j].box)) {
         const auto [a, b] = std::minmax(boxes[i].owner, boxes[j].owner);
-        return CoverProblem{CoverProblem::overlap, a, b,
-                            describe(slices[a]) + " and " + describe(slices[b]) + " share " +
-                                describe(*x)};
+        return CoverProblem{
+            CoverProblem::overlap, a, b,
+            describe(slices[a]) + " and " + describe(slices[b]) + " share " + describe(*x)};
       }
     }
   // Disjoint and inside: covering everything is now a matter of counting.
   if (sum != *total)
-    return CoverProblem{CoverProblem::gap, 0, 0,
-                        std::to_string(sum) + " of " + std::to_string(*total) +
-                            " elements covered"};
+    return CoverProblem{
+        CoverProblem::gap, 0, 0,
+        std::to_string(sum) + " of " + std::to_string(*total) + " elements covered"};
   return std::nullopt;
 }
 

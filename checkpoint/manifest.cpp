@@ -29,9 +29,11 @@ json slice_json_impl(const Slice& s) {
 
 void only_keys(const json& j, const std::string& path, std::initializer_list<const char*> keys) {
   if (!j.is_object()) bad(path, "expected an object");
-  for (const auto& [k, v] : j.items())
+  for (const auto& item : j.items()) {
+    const std::string& k = item.key();
     if (std::none_of(keys.begin(), keys.end(), [&](const char* x) { return k == x; }))
       bad(path + "." + k, "unknown key");
+  }
 }
 
 const json& field(const json& j, const std::string& path, const char* key) {
@@ -226,7 +228,8 @@ Manifest parse_manifest(std::string_view text) {
         parse_tensor(tensors[i], "$.tensors[" + std::to_string(i) + "]", m.world_size));
   std::sort(m.tensors.begin(), m.tensors.end(),
             [](const TensorRecord& a, const TensorRecord& b) { return a.name < b.name; });
-  if (auto p = check_layout(m.tensors)) throw RestoreError(p->reason, p->detail, p->file, p->tensor);
+  if (auto p = check_layout(m.tensors))
+    throw RestoreError(p->reason, p->detail, p->file, p->tensor);
   return m;
 }
 
@@ -238,9 +241,9 @@ std::optional<LayoutProblem> check_layout(const std::vector<TensorRecord>& tenso
     if (!names.insert(t.name).second)
       return LayoutProblem{Reason::bad_tensor, t.name, "", "tensor listed twice"};
     if (!checked_volume(t.shape))
-      return LayoutProblem{Reason::bad_tensor, t.name, "",
-                           "logical shape has more than " + std::to_string(kMaxDims) +
-                               " dims or 2^56 elements"};
+      return LayoutProblem{
+          Reason::bad_tensor, t.name, "",
+          "logical shape has more than " + std::to_string(kMaxDims) + " dims or 2^56 elements"};
     std::vector<Slice> slices;
     for (const auto& s : t.shards) {
       if (!is_safe_file_name(s.file))
@@ -270,15 +273,18 @@ std::optional<LayoutProblem> check_layout(const std::vector<TensorRecord>& tenso
   return std::nullopt;
 }
 
-json slice_to_json(const Slice& s) { return slice_json_impl(s); }
+json slice_to_json(const Slice& s) {
+  return slice_json_impl(s);
+}
 
 Slice slice_from_json(const json& j, const std::string& path, std::size_t ndim) {
   return parse_slice(j, path, ndim);
 }
 
 const TensorRecord* find_tensor(const Manifest& m, std::string_view name) {
-  const auto it = std::lower_bound(m.tensors.begin(), m.tensors.end(), name,
-                                   [](const TensorRecord& t, std::string_view n) { return t.name < n; });
+  const auto it =
+      std::lower_bound(m.tensors.begin(), m.tensors.end(), name,
+                       [](const TensorRecord& t, std::string_view n) { return t.name < n; });
   return it != m.tensors.end() && it->name == name ? &*it : nullptr;
 }
 

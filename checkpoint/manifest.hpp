@@ -43,10 +43,11 @@ struct RunState {
   std::uint64_t step = 0;
   std::uint64_t consumed_samples = 0;
   std::uint64_t consumed_tokens = 0;
-  nlohmann::json mesh;  // e.g. {"dp":4,"tp":2}
-  std::string order;    // e.g. "tp-cp-ep-dp-pp"
-  std::string code_version;
-  nlohmann::json data_cursor, sampler, lr_schedule, loss_scaler, optimizer, model, training, extra;
+  nlohmann::json mesh{};  // e.g. {"dp":4,"tp":2}
+  std::string order{};    // e.g. "tp-cp-ep-dp-pp"
+  std::string code_version{};
+  nlohmann::json data_cursor{}, sampler{}, lr_schedule{}, loss_scaler{}, optimizer{}, model{},
+      training{}, extra{};
 };
 
 struct Manifest {

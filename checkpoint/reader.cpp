@@ -76,7 +76,9 @@ Marker read_marker(const fs::path& dir) {
   return m;
 }
 
-bool same_slice(const Slice& a, const Slice& b) { return a == b; }
+bool same_slice(const Slice& a, const Slice& b) {
+  return a == b;
+}
 
 }  // namespace
 
@@ -147,7 +149,8 @@ Checkpoint Checkpoint::open(const fs::path& step_dir, const OpenOptions& o) {
               const std::uint64_t size = f.size();
               std::vector<std::byte> head(kHeaderFixedBytes);
               if (size < head.size() || !f.pread(0, head))
-                throw RestoreError(Reason::truncated_shard, "shorter than a header", s.file, t.name);
+                throw RestoreError(Reason::truncated_shard, "shorter than a header", s.file,
+                                   t.name);
               const std::uint32_t hsize = shard_header_size(head);
               if (size < hsize)
                 throw RestoreError(Reason::truncated_shard, "ends inside its header", s.file,
@@ -170,15 +173,15 @@ Checkpoint Checkpoint::open(const fs::path& step_dir, const OpenOptions& o) {
                                    s.file, t.name);
               const std::uint64_t want = std::uint64_t{hsize} + s.bytes;
               if (size < want)
-                throw RestoreError(Reason::truncated_shard,
-                                   std::to_string(size) + " bytes, expected " +
-                                       std::to_string(want),
-                                   s.file, t.name);
+                throw RestoreError(
+                    Reason::truncated_shard,
+                    std::to_string(size) + " bytes, expected " + std::to_string(want), s.file,
+                    t.name);
               if (size > want)
-                throw RestoreError(Reason::oversized_shard,
-                                   std::to_string(size) + " bytes, expected " +
-                                       std::to_string(want),
-                                   s.file, t.name);
+                throw RestoreError(
+                    Reason::oversized_shard,
+                    std::to_string(size) + " bytes, expected " + std::to_string(want), s.file,
+                    t.name);
               sizes.push_back(hsize);
             },
             s.file, t.name);
@@ -198,9 +201,11 @@ void Checkpoint::verify_shard(std::size_t t, std::size_t s) const {
       [&] {
         io::File f(dir_ / sr.file);
         Xxh3Stream h;
-        std::vector<std::byte> buf(static_cast<std::size_t>(std::min<std::uint64_t>(kHashChunk, sr.bytes)));
+        std::vector<std::byte> buf(
+            static_cast<std::size_t>(std::min<std::uint64_t>(kHashChunk, sr.bytes)));
         for (std::uint64_t at = 0; at < sr.bytes;) {
-          const auto n = static_cast<std::size_t>(std::min<std::uint64_t>(buf.size(), sr.bytes - at));
+          const auto n =
+              static_cast<std::size_t>(std::min<std::uint64_t>(buf.size(), sr.bytes - at));
           if (!f.pread(header_bytes_[t][s] + at, std::span(buf).first(n)))
             throw RestoreError(Reason::truncated_shard, "ended while hashing", sr.file, tr.name);
           h.update(std::span(buf).first(n));
@@ -244,8 +249,9 @@ Checkpoint Checkpoint::open_collective(comm::Communicator& world, const fs::path
       }
   }
   std::vector<std::int64_t> all(3 * static_cast<std::size_t>(n));
-  world.all_gather(comm::ConstBuffer{status, 3, comm::DType::i64},
-                   comm::Buffer{all.data(), all.size(), comm::DType::i64})
+  world
+      .all_gather(comm::ConstBuffer{status, 3, comm::DType::i64},
+                  comm::Buffer{all.data(), all.size(), comm::DType::i64})
       ->wait();
   int worst = -1;
   for (int r = 0; r < n; ++r) {
@@ -271,12 +277,15 @@ Checkpoint Checkpoint::open_collective(comm::Communicator& world, const fs::path
 
 const TensorRecord& Checkpoint::find(std::string_view name) const {
   const TensorRecord* t = find_tensor(manifest_, name);
-  if (!t) throw RestoreError(Reason::bad_request, "no such tensor in the checkpoint", "",
-                             std::string(name));
+  if (!t)
+    throw RestoreError(Reason::bad_request, "no such tensor in the checkpoint", "",
+                       std::string(name));
   return *t;
 }
 
-const TensorRecord& Checkpoint::tensor(std::string_view name) const { return find(name); }
+const TensorRecord& Checkpoint::tensor(std::string_view name) const {
+  return find(name);
+}
 
 void Checkpoint::read(std::string_view name, const Slice& region, std::span<std::byte> out) const {
   const TensorRecord& t = find(name);
@@ -299,7 +308,7 @@ void Checkpoint::read(std::string_view name, const Slice& region, std::span<std:
     const Placement src(t.shape, s.slice);
     const auto span = src.span_overlapping(dst);
     if (!span) continue;
-    const auto [lo, hi] = *span;
+    const std::uint64_t lo = span->first, hi = span->second;
     buf.resize(static_cast<std::size_t>((hi - lo) * es));
     as_restore(
         [&] {
@@ -312,8 +321,8 @@ void Checkpoint::read(std::string_view name, const Slice& region, std::span<std:
       throw RestoreError(Reason::checksum_mismatch, "changed after validation", s.file, t.name);
     copied += src.copy_to(dst, buf, out, es, lo);
   }
-  SC_CHECK(copied == n, "validated cover left " << n - copied << " elements of " << t.name
-                                                << " unread");
+  SC_CHECK(copied == n,
+           "validated cover left " << n - copied << " elements of " << t.name << " unread");
 }
 
 std::vector<std::byte> Checkpoint::read(std::string_view tensor, const Slice& region) const {
@@ -321,7 +330,8 @@ std::vector<std::byte> Checkpoint::read(std::string_view tensor, const Slice& re
   if (!within(t.shape, region))
     throw RestoreError(Reason::bad_request, describe(region) + " is not inside the tensor", "",
                        t.name);
-  std::vector<std::byte> out(static_cast<std::size_t>(element_count(region) * comm::size_of(t.dtype)));
+  std::vector<std::byte> out(
+      static_cast<std::size_t>(element_count(region) * comm::size_of(t.dtype)));
   read(tensor, region, out);
   return out;
 }
@@ -342,10 +352,10 @@ Checkpoint open_latest(const fs::path& dir, const OpenOptions& o) {
       } catch (const RestoreError&) {
       }
     }
-    throw RestoreError(RestoreError(e.reason(), steps.back().path.filename().string() + ": " +
-                                                    e.detail(),
-                                    e.file(), e.tensor()),
-                       previous);
+    throw RestoreError(
+        RestoreError(e.reason(), steps.back().path.filename().string() + ": " + e.detail(),
+                     e.file(), e.tensor()),
+        previous);
   }
 }
 

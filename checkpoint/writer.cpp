@@ -53,8 +53,8 @@ std::vector<std::uint8_t> broadcast_bytes(comm::Communicator& world, std::vector
 }
 
 json broadcast_json(comm::Communicator& world, const json& j) {
-  return json::from_cbor(broadcast_bytes(world, world.rank() == 0 ? json::to_cbor(j)
-                                                                  : std::vector<std::uint8_t>{}));
+  return json::from_cbor(
+      broadcast_bytes(world, world.rank() == 0 ? json::to_cbor(j) : std::vector<std::uint8_t>{}));
 }
 
 // Every rank's bytes on rank 0 (one vector per rank); empty elsewhere.
@@ -63,17 +63,20 @@ std::vector<std::vector<std::uint8_t>> gather_to_root(comm::Communicator& world,
   const auto n = static_cast<std::size_t>(world.size());
   std::int64_t my_size = static_cast<std::int64_t>(mine.size());
   std::vector<std::int64_t> sizes(n);
-  world.all_gather(comm::ConstBuffer{&my_size, 1, comm::DType::i64},
-                   comm::Buffer{sizes.data(), n, comm::DType::i64})
+  world
+      .all_gather(comm::ConstBuffer{&my_size, 1, comm::DType::i64},
+                  comm::Buffer{sizes.data(), n, comm::DType::i64})
       ->wait();
   std::vector<std::size_t> send_counts(n, 0), recv_counts(n, 0);
   send_counts[0] = mine.size();
   std::size_t total = 0;
   if (world.rank() == 0)
-    for (std::size_t r = 0; r < n; ++r) total += recv_counts[r] = static_cast<std::size_t>(sizes[r]);
+    for (std::size_t r = 0; r < n; ++r)
+      total += recv_counts[r] = static_cast<std::size_t>(sizes[r]);
   std::vector<std::uint8_t> all(total);
-  world.all_to_all_v(comm::ConstBuffer{mine.data(), mine.size(), comm::DType::u8}, send_counts,
-                     comm::Buffer{all.data(), all.size(), comm::DType::u8}, recv_counts)
+  world
+      .all_to_all_v(comm::ConstBuffer{mine.data(), mine.size(), comm::DType::u8}, send_counts,
+                    comm::Buffer{all.data(), all.size(), comm::DType::u8}, recv_counts)
       ->wait();
   std::vector<std::vector<std::uint8_t>> out;
   if (world.rank() != 0) return out;
@@ -113,8 +116,8 @@ std::uint64_t write_shard(const fs::path& path, const ShardPiece& p, std::uint64
   io::Progress throttle;
   std::size_t chunk = std::size_t{1} << 20;
   if (o.max_bytes_per_second > 0) {
-    chunk = std::clamp<std::size_t>(static_cast<std::size_t>(o.max_bytes_per_second / 20), 4096,
-                                    chunk);
+    chunk =
+        std::clamp<std::size_t>(static_cast<std::size_t>(o.max_bytes_per_second / 20), 4096, chunk);
     throttle = [&](std::uint64_t written) {
       done = before + written;
       const double due = static_cast<double>(done) / o.max_bytes_per_second;
@@ -128,9 +131,9 @@ std::uint64_t write_shard(const fs::path& path, const ShardPiece& p, std::uint64
 }
 
 json report_shard(const ShardPiece& p, const std::string& file, std::uint64_t sum) {
-  return {{"tensor", p.tensor},         {"dtype", std::string(comm::name_of(p.dtype))},
-          {"shape", p.shape},           {"slice", slice_to_json(p.slice)},
-          {"file", file},               {"bytes", p.bytes.size()},
+  return {{"tensor", p.tensor}, {"dtype", std::string(comm::name_of(p.dtype))},
+          {"shape", p.shape},   {"slice", slice_to_json(p.slice)},
+          {"file", file},       {"bytes", p.bytes.size()},
           {"xxh3", hex64(sum)}};
 }
 
@@ -165,10 +168,10 @@ Manifest build_manifest(const std::vector<json>& reports, const SaveRequest& req
       const auto shape = d.at("shape").get<Shape>();
       auto [it, fresh] = tensors.try_emplace(name, TensorRecord{name, dtype, shape, {}});
       if (!fresh && (it->second.dtype != dtype || it->second.shape != shape))
-        throw SaveError(Reason::bad_tensor,
-                        "ranks disagree on dtype or logical shape (rank " + std::to_string(rank) +
-                            ")",
-                        "", name);
+        throw SaveError(
+            Reason::bad_tensor,
+            "ranks disagree on dtype or logical shape (rank " + std::to_string(rank) + ")", "",
+            name);
     }
     for (const json& s : rep.at("shards")) {
       TensorRecord& t = tensors.at(s.at("tensor").get<std::string>());
@@ -193,12 +196,15 @@ Manifest build_manifest(const std::vector<json>& reports, const SaveRequest& req
         throw SaveError(Reason::bad_tensor, "dtype or shape differs from the expected layout", "",
                         e.name);
     }
-    for (const auto& [name, t] : tensors)
+    for (const auto& entry : tensors) {
+      const std::string& name = entry.first;
       if (std::none_of(o.expected->begin(), o.expected->end(),
                        [&](const TensorSpec& e) { return e.name == name; }))
         throw SaveError(Reason::unexpected_tensor, "not in the expected layout", "", name);
+    }
   }
-  for (auto& [name, t] : tensors) {
+  for (auto& entry : tensors) {
+    TensorRecord& t = entry.second;
     std::sort(t.shards.begin(), t.shards.end(), [&](const ShardRecord& a, const ShardRecord& b) {
       return flat_start(t.shape, a.slice) < flat_start(t.shape, b.slice);
     });
@@ -243,7 +249,9 @@ std::vector<fs::path> retain(const fs::path& dir, std::uint64_t step, std::size_
 
 }  // namespace
 
-std::string step_dir_name(std::uint64_t step) { return "step-" + std::to_string(step); }
+std::string step_dir_name(std::uint64_t step) {
+  return "step-" + std::to_string(step);
+}
 
 SaveResult save(comm::Communicator& world, const SaveRequest& req, const SaveOptions& o) {
   const auto t0 = Clock::now();
@@ -273,8 +281,11 @@ SaveResult save(comm::Communicator& world, const SaveRequest& req, const SaveOpt
   if (!verdict.is_null()) throw_save_error(verdict);
 
   // 2. This rank's shards, in its wave.
-  json report = {{"rank", rank}, {"error", nullptr}, {"state", req.rank_state},
-                 {"shards", json::array()}, {"declared", json::array()}};
+  json report = {{"rank", rank},
+                 {"error", nullptr},
+                 {"state", req.rank_state},
+                 {"shards", json::array()},
+                 {"declared", json::array()}};
   {
     std::uint64_t done = 0;
     const int n = world.size();
@@ -325,8 +336,11 @@ SaveResult save(comm::Communicator& world, const SaveRequest& req, const SaveOpt
   try {
     mine = json::to_cbor(report);
   } catch (const std::exception& e) {  // e.g. a tensor name that is not UTF-8
-    report = {{"rank", rank}, {"error", error_json(CheckpointError(Reason::bad_tensor, e.what()))},
-              {"state", nullptr}, {"shards", json::array()}, {"declared", json::array()}};
+    report = {{"rank", rank},
+              {"error", error_json(CheckpointError(Reason::bad_tensor, e.what()))},
+              {"state", nullptr},
+              {"shards", json::array()},
+              {"declared", json::array()}};
     mine = json::to_cbor(report);
   }
   const auto reports = gather_to_root(world, mine);

@@ -1,8 +1,8 @@
-// save(): the collective commit protocol. Every rank writes its shards into DIR/step-N.tmp/, reports
-// them to the coordinator (rank 0) through the communicator, the coordinator checks the layout
-// (every element of every tensor exactly once), writes manifest.json and SUCCESS, fsyncs and renames
-// to DIR/step-N/, then applies retention. All ranks return the same verdict or throw the same
-// SaveError. Does not know what the tensors mean: the caller exports generic shard pieces.
+// save(): the collective commit protocol. Every rank writes its shards into DIR/step-N.tmp/,
+// reports them to the coordinator (rank 0) through the communicator, the coordinator checks the
+// layout (every element of every tensor exactly once), writes manifest.json and SUCCESS, fsyncs and
+// renames to DIR/step-N/, then applies retention. All ranks return the same verdict or throw the
+// same SaveError. Does not know what the tensors mean: the caller exports generic shard pieces.
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -25,18 +25,18 @@ namespace shardcheck::checkpoint {
 // slice's elements in the slice's C order) and must stay valid during save(). A piece with no
 // elements writes nothing but still declares the tensor (so zero-size tensors are recorded).
 struct ShardPiece {
-  std::string tensor;  // e.g. "param/embed.weight", "exp_avg/layers.0.mlp.w_up"
-  Shape shape;         // logical shape of the whole tensor
+  std::string tensor{};  // e.g. "param/embed.weight", "exp_avg/layers.0.mlp.w_up"
+  Shape shape{};         // logical shape of the whole tensor
   comm::DType dtype = comm::DType::f32;
-  Slice slice;
-  std::span<const std::byte> bytes;
+  Slice slice{};
+  std::span<const std::byte> bytes{};
 };
 
 // A tensor the checkpoint must contain, for completeness checks against the caller's layout.
 struct TensorSpec {
-  std::string name;
+  std::string name{};
   comm::DType dtype = comm::DType::f32;
-  Shape shape;
+  Shape shape{};
 };
 
 // Points of the protocol at which SaveOptions::on_stage runs (shards_written on every rank, the
@@ -57,10 +57,10 @@ struct SaveOptions {
 };
 
 struct SaveRequest {
-  std::filesystem::path dir;      // holds step-N/ directories
-  RunState state;                 // rank 0's copy is recorded (state.step names the directory)
-  nlohmann::json rank_state;      // this rank's own state (RNG streams, ...), recorded per rank
-  std::vector<ShardPiece> pieces;  // this rank's shards
+  std::filesystem::path dir{};       // holds step-N/ directories
+  RunState state{};                  // rank 0's copy is recorded (state.step names the directory)
+  nlohmann::json rank_state{};       // this rank's own state (RNG streams, ...), recorded per rank
+  std::vector<ShardPiece> pieces{};  // this rank's shards
 };
 
 struct SaveResult {

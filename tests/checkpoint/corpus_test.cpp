@@ -26,7 +26,8 @@ std::vector<std::vector<std::uint8_t>> corpus(const std::string& target) {
 
 TEST(FuzzCorpus, ManifestSeedsParseOrFailClosed) {
   int ok = 0, refused = 0;
-  for (const auto& in : corpus("manifest")) (fuzz::manifest_one(in.data(), in.size()) ? ok : refused)++;
+  for (const auto& in : corpus("manifest"))
+    (fuzz::manifest_one(in.data(), in.size()) ? ok : refused)++;
   EXPECT_GT(ok, 0);
   EXPECT_GT(refused, 0);
 }

@@ -69,12 +69,11 @@ TEST_P(Drills, DamagedCheckpointIsRefusedNamingTheShard) {
   expect_restores_exactly(ck::Checkpoint::open(tmp.path() / "step-1"), old_state);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    All, Drills, ::testing::Combine(::testing::Range(0, 4), ::testing::Bool()),
-    [](const auto& p) {
-      return std::string(kDrills[std::get<0>(p.param)].name) +
-             (std::get<1>(p.param) ? "_tp" : "_zero");
-    });
+INSTANTIATE_TEST_SUITE_P(All, Drills, ::testing::Combine(::testing::Range(0, 4), ::testing::Bool()),
+                         [](const auto& p) {
+                           return std::string(kDrills[std::get<0>(p.param)].name) +
+                                  (std::get<1>(p.param) ? "_tp" : "_zero");
+                         });
 
 TEST(Drills, CrashBeforeCommitLeavesAnIgnoredTmp) {
   TempDir tmp;
@@ -179,7 +178,8 @@ TEST(Drills, OtherTamperingIsRefused) {
   EXPECT_EQ(reason(p), Reason::bad_marker);
   // A marker of another step.
   p = fresh();
-  std::ofstream(p / "SUCCESS", std::ios::trunc) << "{\"format\":\"shardcheck-checkpoint\",\"step\":7}";
+  std::ofstream(p / "SUCCESS", std::ios::trunc)
+      << "{\"format\":\"shardcheck-checkpoint\",\"step\":7}";
   EXPECT_EQ(reason(p), Reason::bad_marker);
   // manifest.json gone.
   p = fresh();

@@ -10,8 +10,8 @@ namespace {
 using ck::Reason;
 
 ck::ShardHeader sample_header() {
-  return {"param/layers.0.attn.wq", comm::DType::bf16, {8, 6}, ck::Box{{2, 0}, {3, 6}}, 36, 0x1234,
-          0};
+  return {
+      "param/layers.0.attn.wq", comm::DType::bf16, {8, 6}, ck::Box{{2, 0}, {3, 6}}, 36, 0x1234, 0};
 }
 
 template <class F>
@@ -28,7 +28,8 @@ Reason reason_of(F&& f) {
 std::vector<std::byte> reseal(std::vector<std::byte> h) {
   // Recompute the trailing header checksum so a test reaches the check after it.
   const std::uint64_t sum = ck::xxh3(std::span(h).first(h.size() - 8));
-  for (int i = 0; i < 8; ++i) h[h.size() - 8 + static_cast<std::size_t>(i)] = std::byte(sum >> (8 * i));
+  for (int i = 0; i < 8; ++i)
+    h[h.size() - 8 + static_cast<std::size_t>(i)] = std::byte(sum >> (8 * i));
   return h;
 }
 
@@ -59,15 +60,15 @@ TEST(ShardHeader, RefusesEveryMalformation) {
   };
   EXPECT_EQ(reason_of(parse({})), Reason::bad_header);
   EXPECT_EQ(reason_of(parse(std::vector<std::byte>(good.begin(), good.end() - 1))),
-            Reason::bad_header);  // truncated
-  EXPECT_EQ(reason_of(parse(with(0, 'X'))), Reason::bad_header);           // magic
-  EXPECT_EQ(reason_of(parse(with(8, 2))), Reason::version_mismatch);       // version
-  EXPECT_EQ(reason_of(parse(with(12, 99))), Reason::bad_header);           // header size
-  EXPECT_EQ(reason_of(parse(with(16, 0))), Reason::bad_header);            // dtype code
-  EXPECT_EQ(reason_of(parse(with(17, 7))), Reason::bad_header);            // slice kind
-  EXPECT_EQ(reason_of(parse(with(18, 17))), Reason::bad_header);           // ndim > 16
-  EXPECT_EQ(reason_of(parse(with(21, 0x10))), Reason::bad_header);         // name length 4096+
-  EXPECT_EQ(reason_of(parse(with(24, 37))), Reason::bad_header);           // payload size
+            Reason::bad_header);                                             // truncated
+  EXPECT_EQ(reason_of(parse(with(0, 'X'))), Reason::bad_header);             // magic
+  EXPECT_EQ(reason_of(parse(with(8, 2))), Reason::version_mismatch);         // version
+  EXPECT_EQ(reason_of(parse(with(12, 99))), Reason::bad_header);             // header size
+  EXPECT_EQ(reason_of(parse(with(16, 0))), Reason::bad_header);              // dtype code
+  EXPECT_EQ(reason_of(parse(with(17, 7))), Reason::bad_header);              // slice kind
+  EXPECT_EQ(reason_of(parse(with(18, 17))), Reason::bad_header);             // ndim > 16
+  EXPECT_EQ(reason_of(parse(with(21, 0x10))), Reason::bad_header);           // name length 4096+
+  EXPECT_EQ(reason_of(parse(with(24, 37))), Reason::bad_header);             // payload size
   EXPECT_EQ(reason_of(parse(with(40 + 8 + 8 * 2, 7))), Reason::bad_header);  // box outside shape
   auto flipped = good;
   flipped[50] ^= std::byte{1};
@@ -94,10 +95,10 @@ ck::Manifest sample_manifest() {
   m.state = run_state(3);
   m.rank_states = {{{"rng", 1}}, {{"rng", 2}}};
   ck::TensorRecord t{"param/w", comm::DType::f32, {4, 5}, {}};
-  t.shards.push_back({ck::shard_file_name("param/w", ck::FlatRange{0, 12}), 0,
-                      ck::FlatRange{0, 12}, 48, 1});
-  t.shards.push_back({ck::shard_file_name("param/w", ck::FlatRange{12, 8}), 1,
-                      ck::FlatRange{12, 8}, 32, 2});
+  t.shards.push_back(
+      {ck::shard_file_name("param/w", ck::FlatRange{0, 12}), 0, ck::FlatRange{0, 12}, 48, 1});
+  t.shards.push_back(
+      {ck::shard_file_name("param/w", ck::FlatRange{12, 8}), 1, ck::FlatRange{12, 8}, 32, 2});
   m.tensors.push_back(t);
   m.tensors.push_back({"empty", comm::DType::i64, {0, 3}, {}});
   m.tensors.push_back({"scalar", comm::DType::f64, {}, {{"s.shard", 0, ck::Box{}, 8, 3}}});
@@ -131,7 +132,8 @@ TEST(Manifest, RefusesSchemaViolations) {
   EXPECT_EQ(manifest_reason([](auto& j) { j["step"] = 1.5; }), Reason::bad_manifest);
   EXPECT_EQ(manifest_reason([](auto& j) { j["format_version"] = 2; }), Reason::version_mismatch);
   EXPECT_EQ(manifest_reason([](auto& j) { j["ranks"].erase(1); }), Reason::bad_manifest);
-  EXPECT_EQ(manifest_reason([](auto& j) { j["tensors"][1]["dtype"] = "f8"; }), Reason::bad_manifest);
+  EXPECT_EQ(manifest_reason([](auto& j) { j["tensors"][1]["dtype"] = "f8"; }),
+            Reason::bad_manifest);
   EXPECT_EQ(manifest_reason([](auto& j) { j["tensors"][1]["shards"][0]["xxh3"] = "XYZ"; }),
             Reason::bad_manifest);
   EXPECT_EQ(manifest_reason([](auto& j) { j["tensors"][1]["shards"][0]["rank"] = 2; }),
@@ -161,11 +163,14 @@ TEST(Manifest, RefusesBadLayouts) {
             Reason::duplicate_shard);
   EXPECT_EQ(manifest_reason([](auto& j) { j["tensors"][1]["shards"][1]["bytes"] = 33; }),
             Reason::bad_tensor);
-  EXPECT_EQ(manifest_reason([](auto& j) { j["tensors"][1]["shards"][1]["slice"]["flat"]["count"] = 9; }),
-            Reason::out_of_bounds);
+  EXPECT_EQ(
+      manifest_reason([](auto& j) { j["tensors"][1]["shards"][1]["slice"]["flat"]["count"] = 9; }),
+      Reason::out_of_bounds);
   EXPECT_EQ(manifest_reason([](auto& j) { j["tensors"][2]["name"] = "param/w"; }),
             Reason::bad_tensor);
-  EXPECT_EQ(manifest_reason([](auto& j) { j["tensors"][1]["shape"] = {1ull << 40, 1ull << 40}; }),
+  EXPECT_EQ(manifest_reason([](auto& j) {
+              j["tensors"][1]["shape"] = {1ull << 40, 1ull << 40};
+            }),
             Reason::bad_tensor);
 }
 

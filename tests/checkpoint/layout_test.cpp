@@ -44,10 +44,8 @@ TEST(Layout, FlatToBoxesExample) {
 
 TEST(Layout, BoxToFlatMergesContiguousRows) {
   EXPECT_EQ(ck::box_to_flat({4, 5}, Box{{1, 0}, {2, 5}}), (std::vector<FlatRange>{{5, 10}}));
-  EXPECT_EQ(ck::box_to_flat({4, 5}, Box{{0, 1}, {2, 2}}),
-            (std::vector<FlatRange>{{1, 2}, {6, 2}}));
-  EXPECT_EQ(ck::box_to_flat({2, 3, 4}, ck::full_box({2, 3, 4})),
-            (std::vector<FlatRange>{{0, 24}}));
+  EXPECT_EQ(ck::box_to_flat({4, 5}, Box{{0, 1}, {2, 2}}), (std::vector<FlatRange>{{1, 2}, {6, 2}}));
+  EXPECT_EQ(ck::box_to_flat({2, 3, 4}, ck::full_box({2, 3, 4})), (std::vector<FlatRange>{{0, 24}}));
 }
 
 RC_GTEST_PROP(Layout, FlatToBoxesCoversTheRangeExactly, ()) {
@@ -123,7 +121,8 @@ TEST(Layout, CheckedVolumeRefusesOverflow) {
 RC_GTEST_PROP(Layout, PlacementCopyMatchesElementOracle, ()) {
   const Shape shape = *gen_shape();
   const std::uint64_t n = ck::checked_volume(shape).value();
-  const FullTensor t = make_tensor("t", comm::DType::i32, shape, *rc::gen::arbitrary<std::uint32_t>());
+  const FullTensor t =
+      make_tensor("t", comm::DType::i32, shape, *rc::gen::arbitrary<std::uint32_t>());
   auto gen_slice = [&]() -> Slice {
     if (*rc::gen::arbitrary<bool>()) {
       const auto b = *rc::gen::inRange<std::uint64_t>(0, n + 1);

@@ -12,7 +12,8 @@ namespace {
 // Sizes of `parts` pieces summing to n, random cut points (some pieces may be empty).
 std::vector<std::uint64_t> random_cuts(std::uint64_t n, std::uint64_t parts) {
   std::vector<std::uint64_t> cuts{0, n};
-  for (std::uint64_t i = 1; i < parts; ++i) cuts.push_back(*rc::gen::inRange<std::uint64_t>(0, n + 1));
+  for (std::uint64_t i = 1; i < parts; ++i)
+    cuts.push_back(*rc::gen::inRange<std::uint64_t>(0, n + 1));
   std::sort(cuts.begin(), cuts.end());
   std::vector<std::uint64_t> sizes;
   for (std::size_t i = 1; i < cuts.size(); ++i) sizes.push_back(cuts[i] - cuts[i - 1]);

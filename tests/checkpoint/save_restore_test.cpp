@@ -20,8 +20,11 @@ Reason failed_save(const fs::path& dir, std::uint64_t step, const std::vector<Fu
   std::vector<std::optional<Reason>> reasons(static_cast<std::size_t>(n));
   EXPECT_THROW(world.run([&](comm::Communicator& c) {
     std::vector<std::vector<std::byte>> storage;
-    ck::SaveRequest req{dir, run_state(step), {},
-                        pieces_for(tensors, sh.by_rank[static_cast<std::size_t>(c.rank())], storage)};
+    ck::SaveRequest req{
+        dir,
+        run_state(step),
+        {},
+        pieces_for(tensors, sh.by_rank[static_cast<std::size_t>(c.rank())], storage)};
     try {
       ck::save(c, req, opts);
     } catch (const ck::SaveError& e) {
@@ -41,7 +44,8 @@ TEST_P(SaveRestore, CommitsAndRestoresBitwise) {
   const int n = GetParam();
   TempDir tmp;
   const auto tensors = synthetic_state();
-  const auto res = save_sharded(tmp.path(), 5, tensors, zero_sharding(tensors, static_cast<std::size_t>(n)));
+  const auto res =
+      save_sharded(tmp.path(), 5, tensors, zero_sharding(tensors, static_cast<std::size_t>(n)));
   EXPECT_EQ(res.path, tmp.path() / "step-5");
   EXPECT_TRUE(fs::is_regular_file(res.path / "SUCCESS"));
   EXPECT_TRUE(fs::is_regular_file(res.path / "manifest.json"));
@@ -60,7 +64,8 @@ TEST_P(SaveRestore, CommitsAndRestoresBitwise) {
   EXPECT_EQ(m.state.data_cursor["offset"], 40);
   EXPECT_EQ(m.state.order, "tp-cp-ep-dp-pp");
   ASSERT_EQ(m.rank_states.size(), static_cast<std::size_t>(n));
-  for (int r = 0; r < n; ++r) EXPECT_EQ(m.rank_states[static_cast<std::size_t>(r)]["rng"]["rank"], r);
+  for (int r = 0; r < n; ++r)
+    EXPECT_EQ(m.rank_states[static_cast<std::size_t>(r)]["rng"]["rank"], r);
   EXPECT_EQ(ck::latest_committed(tmp.path()), res.path);
   EXPECT_EQ(ck::open_latest(tmp.path()).path(), res.path);
 }
@@ -123,10 +128,12 @@ TEST(SaveRestore, RefusesBadLayoutsOnEveryRank) {
   for (const auto& t : tensors) expected.push_back({t.name, t.dtype, t.shape});
   auto fewer = expected;
   fewer.pop_back();
-  EXPECT_EQ(failed_save(tmp.path(), 1, tensors, sh, {.expected = fewer}), Reason::unexpected_tensor);
+  EXPECT_EQ(failed_save(tmp.path(), 1, tensors, sh, {.expected = fewer}),
+            Reason::unexpected_tensor);
   auto more = expected;
   more.push_back({"param/missing", comm::DType::f32, {3}});
-  EXPECT_EQ(failed_save(tmp.path(), 1, tensors, sh, {.expected = more}), Reason::incomplete_coverage);
+  EXPECT_EQ(failed_save(tmp.path(), 1, tensors, sh, {.expected = more}),
+            Reason::incomplete_coverage);
   // Ranks disagreeing on a logical shape.
   auto other = tensors;
   other[0].shape = {6, 10};
@@ -148,7 +155,10 @@ TEST(SaveRestore, PieceOfWrongSizeFailsTheRank) {
   std::vector<std::optional<ck::SaveError>> errors(2);
   EXPECT_THROW(world.run([&](comm::Communicator& c) {
     ck::SaveRequest req{tmp.path(), run_state(1), {}, {}};
-    req.pieces.push_back({"w", {10}, comm::DType::f32, ck::FlatRange{c.rank() * 5u, 5},
+    req.pieces.push_back({"w",
+                          {10},
+                          comm::DType::f32,
+                          ck::FlatRange{c.rank() * 5u, 5},
                           std::as_bytes(std::span(data).first(c.rank() == 1 ? 7 : 5))});
     try {
       ck::save(c, req);
@@ -190,7 +200,8 @@ TEST(SaveRestore, CollectiveOpenAgreesOnEveryRank) {
 TEST(SaveRestore, ReadsRefuseBadRequests) {
   TempDir tmp;
   const auto tensors = synthetic_state();
-  const auto c = ck::Checkpoint::open(save_sharded(tmp.path(), 1, tensors, zero_sharding(tensors, 2)).path);
+  const auto c =
+      ck::Checkpoint::open(save_sharded(tmp.path(), 1, tensors, zero_sharding(tensors, 2)).path);
   EXPECT_THROW(c.read("nope", ck::FlatRange{0, 1}), ck::RestoreError);
   EXPECT_THROW(c.read("param/embed.weight", ck::FlatRange{55, 6}), ck::RestoreError);
   std::vector<std::byte> small(3);

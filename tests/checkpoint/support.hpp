@@ -108,9 +108,10 @@ struct Sharding {
   std::vector<std::vector<std::pair<std::size_t, ck::Slice>>> by_rank;  // tensor index, slice
 };
 
-inline std::vector<ck::ShardPiece> pieces_for(const std::vector<FullTensor>& tensors,
-                                              const std::vector<std::pair<std::size_t, ck::Slice>>& mine,
-                                              std::vector<std::vector<std::byte>>& storage) {
+inline std::vector<ck::ShardPiece> pieces_for(
+    const std::vector<FullTensor>& tensors,
+    const std::vector<std::pair<std::size_t, ck::Slice>>& mine,
+    std::vector<std::vector<std::byte>>& storage) {
   std::vector<ck::ShardPiece> pieces;
   storage.reserve(mine.size());
   for (const auto& [ti, slice] : mine) {
@@ -136,15 +137,17 @@ inline ck::RunState run_state(std::uint64_t step) {
 
 // Saves `tensors` with `sharding` on a SimWorld of by_rank.size() ranks. Returns rank 0's result.
 inline ck::SaveResult save_sharded(const fs::path& dir, std::uint64_t step,
-                                   const std::vector<FullTensor>& tensors,
-                                   const Sharding& sharding, const ck::SaveOptions& opts = {}) {
+                                   const std::vector<FullTensor>& tensors, const Sharding& sharding,
+                                   const ck::SaveOptions& opts = {}) {
   const int n = static_cast<int>(sharding.by_rank.size());
   std::vector<ck::SaveResult> results(static_cast<std::size_t>(n));
   sim::SimWorld world(n);
   world.run([&](comm::Communicator& c) {
     const auto r = static_cast<std::size_t>(c.rank());
     std::vector<std::vector<std::byte>> storage;
-    ck::SaveRequest req{dir, run_state(step), {{"rng", {{"rank", c.rank()}, {"counter", 7}}}},
+    ck::SaveRequest req{dir,
+                        run_state(step),
+                        {{"rng", {{"rank", c.rank()}, {"counter", 7}}}},
                         pieces_for(tensors, sharding.by_rank[r], storage)};
     results[r] = ck::save(c, req, opts);
   });
@@ -152,7 +155,8 @@ inline ck::SaveResult save_sharded(const fs::path& dir, std::uint64_t step,
 }
 
 // Round-robin assignment of slices (per tensor) to n ranks.
-inline Sharding assign(const std::vector<std::vector<ck::Slice>>& slices_per_tensor, std::size_t n) {
+inline Sharding assign(const std::vector<std::vector<ck::Slice>>& slices_per_tensor,
+                       std::size_t n) {
   Sharding s;
   s.by_rank.resize(n);
   std::size_t next = 0;
@@ -182,7 +186,8 @@ inline Sharding zero_sharding(const std::vector<FullTensor>& tensors, std::size_
 }
 
 // Restores every tensor whole from the checkpoint and compares bitwise.
-inline void expect_restores_exactly(const ck::Checkpoint& c, const std::vector<FullTensor>& tensors) {
+inline void expect_restores_exactly(const ck::Checkpoint& c,
+                                    const std::vector<FullTensor>& tensors) {
   ASSERT_EQ(c.manifest().tensors.size(), tensors.size());
   for (const auto& t : tensors) {
     const auto got = c.read(t.name, ck::full_box(t.shape));
