@@ -26,6 +26,8 @@ struct RunArgs {
   std::string report;
   std::string junit;
   std::string dump_tensors;
+  std::string checkpoint_dir;
+  std::string resume;
 };
 
 // An output directory the user named: created now, so a typo fails before a long run (exit 2).
@@ -103,9 +105,17 @@ int run_scenarios(const RunArgs& a) {
   nlohmann::json all = nlohmann::json::array();
   if (!a.report.empty()) prepare_dir("--report", a.report);
   if (!a.dump_tensors.empty()) prepare_dir("--dump-tensors", a.dump_tensors);
+  if (!a.checkpoint_dir.empty()) prepare_dir("--checkpoint-dir", a.checkpoint_dir);
+  if (!a.resume.empty() && !std::filesystem::is_directory(a.resume))
+    throw BadInput("--resume: no such directory '" + a.resume + "'");
   for (const auto& sc : scenarios) {
     RunOptions o;
     o.dump_tensors = a.dump_tensors;
+    o.checkpoint_dir = a.checkpoint_dir;
+    o.resume_dir = a.resume;
+    if (!a.checkpoint_dir.empty() && sc.checkpoint.every == 0)
+      throw BadInput(sc.name + ": --checkpoint-dir needs $.checkpoint.every > 0 in the scenario "
+                     "(how often to save), got 0");
     o.progress = progress_reporter(sc.name);
     if (!a.report.empty()) write_manifest(a.report, sc);
     try {
@@ -164,6 +174,11 @@ void add_run_commands(CLI::App& app, int& exit_code) {
   run->add_option("--junit", ra.junit, "Write JUnit XML (one testcase per configuration)");
   run->add_option("--dump-tensors", ra.dump_tensors,
                   "Write the reference run's tensors (.npy + index.json) into this directory");
+  run->add_option("--checkpoint-dir", ra.checkpoint_dir,
+                  "Save a sharded checkpoint every checkpoint.every steps into this directory");
+  run->add_option("--resume", ra.resume,
+                  "Resume from the newest committed checkpoint in this directory (validated "
+                  "first; the scenario may give another mesh)");
   ma.paths = {"scenarios/parity"};
   auto* matrix =
       app.add_subcommand("matrix", "Run every scenario in the given files or directories");

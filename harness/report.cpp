@@ -199,6 +199,7 @@ nlohmann::json report_json(const RunResult& r, const std::string& backend) {
                       {"wall_s", c.wall_seconds},
                       {"memory", memory_json(c.memory)},
                       {"parity_pass", c.parity_pass},
+                      {"resumed_from", c.resumed_from},
                       {"broke", c.broke},
                       {"faults", faults_json(c.faults)},
                       {"timing", timing_json(c.timing)},

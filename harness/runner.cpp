@@ -8,12 +8,14 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <filesystem>
 #include <type_traits>
 #include <cmath>
 #include <mutex>
 #include <numeric>
 #include <optional>
 
+#include "harness/checkpointing.hpp"
 #include "harness/sim_options.hpp"
 #include "parallel/data_parallel.hpp"
 #include "parallel/flops.hpp"
@@ -124,6 +126,7 @@ ref::ParamMap<double> assemble(const std::vector<const std::vector<parallel::Sta
 }
 
 struct RankTrace {
+  int first_step = 1;  // after a resume from step K: K + 1
   std::vector<ref::StepRecord> steps;
   std::vector<std::vector<parallel::StatePiece>> pieces;  // after each step
   ref::ParamMap<double> final_params;                     // full_params() after the last step
@@ -191,9 +194,11 @@ void measure_parity(const Scenario& s, const Trace& want, const std::vector<Rank
   double worst = -1;
   const bool bf16 = s.train.precision == ref::Precision::kBf16;
   std::vector<const std::vector<parallel::StatePiece>*> pieces(got.size());
-  for (int k = 0; k < s.train.steps; ++k) {
-    const auto uk = static_cast<std::size_t>(k);
-    StepParity sp{k + 1, got[0].steps[uk].loss, want.steps[uk].loss, 0};
+  const int first = got[0].first_step;
+  for (int k = first - 1; k < s.train.steps; ++k) {
+    const auto uk = static_cast<std::size_t>(k);             // into the reference trace
+    const auto ug = static_cast<std::size_t>(k - first + 1);  // into the ranks' traces
+    StepParity sp{k + 1, got[0].steps[ug].loss, want.steps[uk].loss, 0};
     const auto note = [&](double e, std::size_t rank, const std::string& what) {
       if (!(e <= sp.max_rel_err)) sp.max_rel_err = e;
       if (!(e <= worst)) {
@@ -203,8 +208,8 @@ void measure_parity(const Scenario& s, const Trace& want, const std::vector<Rank
       }
     };
     for (std::size_t rank = 0; rank < got.size(); ++rank) {
-      note(parallel::rel_err(got[rank].steps[uk].loss, want.steps[uk].loss), rank, "loss");
-      pieces[rank] = &got[rank].pieces[uk];
+      note(parallel::rel_err(got[rank].steps[ug].loss, want.steps[uk].loss), rank, "loss");
+      pieces[rank] = &got[rank].pieces[ug];
     }
     const ref::ParamMap<double> params = assemble(pieces, s.model, bf16);
     for (const auto& e : want.params[uk]) {
@@ -220,6 +225,21 @@ void measure_parity(const Scenario& s, const Trace& want, const std::vector<Rank
         }
     r.steps.push_back(sp);
     if (!(sp.max_rel_err <= r.max_rel_err)) r.max_rel_err = sp.max_rel_err;
+  }
+  if (first > s.train.steps && first > 1) {
+    // Resumed after the last step: nothing left to train, so check that the restored parameters
+    // (every rank's gathered view) are the reference's after that step.
+    const auto uk = static_cast<std::size_t>(first - 2);
+    StepParity sp{first - 1, NAN, want.steps[uk].loss, 0};
+    for (std::size_t rank = 0; rank < got.size(); ++rank)
+      for (const auto& e : want.params[uk]) {
+        const ref::Tensor<double>* t = got[rank].final_params.find(e.name);
+        const double err = t ? parallel::tensor_rel_err(*t, e.value) : INFINITY;
+        if (!(err <= sp.max_rel_err)) sp.max_rel_err = err;
+      }
+    r.steps.push_back(sp);
+    r.max_rel_err = sp.max_rel_err;
+    r.detail = "resumed after the last step: restored parameters checked";
   }
   r.parity_pass = r.max_rel_err <= r.tolerance;
 }
@@ -241,6 +261,14 @@ std::optional<FaultResult> nan_result(const RankTrace& rank0) {
   return std::nullopt;
 }
 
+// Saving every `every` steps into save_dir, and resuming from resume_step_dir (validated before).
+struct CheckpointPlan {
+  std::filesystem::path save_dir;
+  int every = 0;
+  std::size_t keep = 0;
+  std::filesystem::path resume_step_dir;
+};
+
 struct SimRun {
   std::vector<RankTrace> got;
   std::vector<RankMemory> memory;
@@ -249,7 +277,8 @@ struct SimRun {
 };
 
 SimRun simulate(const Scenario& s, const ref::Dataset& ds, sim::SimWorld& world,
-                const parallel::DataParallelOptions& opt) {
+                const parallel::DataParallelOptions& opt, const ParallelSpec& p,
+                const CheckpointPlan& ck = {}) {
   const int n = world.size();
   SimRun out;
   out.got.resize(static_cast<std::size_t>(n));
@@ -262,12 +291,24 @@ SimRun simulate(const Scenario& s, const ref::Dataset& ds, sim::SimWorld& world,
       ref::DistributedSampler sampler(static_cast<int64_t>(ds.samples.size()),
                                       s.train.global_batch, s.seed, s.data.drop_last);
       RankTrace& mine = out.got[static_cast<std::size_t>(c.rank())];
-      for (int k = 1; k <= s.train.steps; ++k) {
+      TrainCursor cursor;
+      if (!ck.resume_step_dir.empty()) {
+        cursor = restore_training(c, engine, s, ck.resume_step_dir);
+        sampler.restore(cursor.sampler);
+      }
+      mine.first_step = cursor.step + 1;
+      for (int k = cursor.step + 1; k <= s.train.steps; ++k) {
         const ref::Batch local =
             parallel::rank_batch(ds, sampler.next_global_batch(), c.rank(), c.size());
         mine.steps.push_back(engine.step(local));
         mine.pieces.push_back(engine.export_state());
         mine.health.push_back(engine.last_step_health());
+        cursor.step = k;
+        cursor.consumed_samples += s.train.global_batch;
+        cursor.consumed_tokens += mine.steps.back().non_padding_tokens;
+        cursor.sampler = sampler.state();
+        if (!ck.save_dir.empty() && ck.every > 0 && k % ck.every == 0)
+          save_training(c, engine, s, p, cursor, ck.save_dir, {.keep = ck.keep});
       }
       // Outside the measured steps: the final gather of every rank's view.
       c.begin_step(s.train.steps + 1);
@@ -284,7 +325,7 @@ SimRun simulate(const Scenario& s, const ref::Dataset& ds, sim::SimWorld& world,
 }
 
 ConfigResult run_config(const Scenario& s, const ref::Dataset& ds, const Trace& want,
-                        const ParallelSpec& p) {
+                        const ParallelSpec& p, const RunOptions& o) {
   ConfigResult r;
   r.config = p.label();
   r.spec = p;
@@ -300,9 +341,34 @@ ConfigResult run_config(const Scenario& s, const ref::Dataset& ds, const Trace& 
                                                     : parallel::NonFinitePolicy::skip_step;
   r.strategy = std::string(parallel::name_of(opt.strategy));
   const int world = p.mesh.world_size();
+  CheckpointPlan ck;
+  if (!o.checkpoint_dir.empty()) {
+    ck.save_dir = config_checkpoint_dir(s, p, o.checkpoint_dir);
+    ck.every = s.checkpoint.every;
+    ck.keep = static_cast<std::size_t>(s.checkpoint.keep);
+  }
+  if (!o.resume_dir.empty()) {
+    // Validated here, in full, before any rank starts: a committed checkpoint that fails is
+    // refused with the shard and reason, and the previous good one named — never skipped.
+    std::filesystem::path dir = o.resume_dir;
+    if (!checkpoint::latest_committed(dir) && std::filesystem::is_directory(dir / p.label()))
+      dir /= p.label();
+    try {
+      ck.resume_step_dir = checkpoint::open_latest(dir).path();
+    } catch (const checkpoint::RestoreError& e) {
+      r.detail = std::string("cannot resume from ") + dir.string() + ": " + e.what() +
+                 (e.previous_good().empty() ? std::string()
+                                            : "; the previous good checkpoint is " +
+                                                  e.previous_good() + " (resume from it by "
+                                                  "moving the bad one away)");
+      r.resume_refused = true;
+      return r;
+    }
+    r.resumed_from = ck.resume_step_dir.string();
+  }
   const auto t0 = std::chrono::steady_clock::now();
   sim::SimWorld sw(world, sim_options(s, world));
-  SimRun run = simulate(s, ds, sw, opt);
+  SimRun run = simulate(s, ds, sw, opt, p, ck);
   r.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   r.memory = run.memory;
   r.timeline = sw.timeline();
@@ -348,7 +414,7 @@ ConfigResult run_config(const Scenario& s, const ref::Dataset& ds, const Trace& 
       Scenario calm = s;
       calm.faults.clear();
       sim::SimWorld base(world, sim_options(calm, world));
-      simulate(calm, ds, base, opt);
+      simulate(calm, ds, base, opt, p);
       const double without = timing_of(base.step_times(), s.train.steps).step_time_s;
       r.faults.push_back(
           straggler_result(sw.timeline(), world, f, r.timing.step_time_s, without));
@@ -395,7 +461,7 @@ RunResult run_scenario(const Scenario& s, const RunOptions& o) {
   const Trace want = reference_run(s, ds, o.dump_tensors);
   for (const ParallelSpec& p : s.configs) {
     if (o.progress) o.progress(p.label(), static_cast<int>(out.configs.size()) + 1, total);
-    out.configs.push_back(run_config(s, ds, want, p));
+    out.configs.push_back(run_config(s, ds, want, p, o));
   }
   // Strong scaling (the global batch is fixed): throughput against the smallest world that ran,
   // T_n / (T_0 * n / n_0) with T = tokens/s.

@@ -46,6 +46,8 @@ struct ConfigResult {
   std::vector<FaultResult> faults;
   TimingResult timing;
   std::vector<sim::TimelineEvent> timeline;
+  std::string resumed_from;     // the step directory a --resume started from
+  bool resume_refused = false;  // the newest committed checkpoint failed validation
 };
 
 struct RunResult {
@@ -61,6 +63,10 @@ struct RunOptions {
   // When set, the reference run's tensors are written there as .npy files plus index.json
   // (DESIGN.md "Tensor dumps").
   std::string dump_tensors;
+  // Save every checkpoint.every steps into this directory (dir/<config label> for a matrix), and
+  // resume from the newest committed checkpoint in resume_dir (validated first; fail closed).
+  std::string checkpoint_dir;
+  std::string resume_dir;
   // Called before each configuration starts ("reference", then each config label).
   using Progress = std::function<void(const std::string& what, int index, int total)>;
   Progress progress;

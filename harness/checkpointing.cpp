@@ -1,0 +1,140 @@
+// Engine state <-> checkpoint (see checkpointing.hpp).
+#include "harness/checkpointing.hpp"
+
+#include <cstring>
+#include <nlohmann/json.hpp>
+
+#include "reference/config.hpp"
+
+#ifndef SHARDCHECK_VERSION
+#define SHARDCHECK_VERSION "unknown"
+#endif
+
+namespace shardcheck::harness {
+
+namespace {
+
+// What must match between the saving and the restoring run, whatever the mesh.
+nlohmann::json identity(const Scenario& s) {
+  const ref::ModelConfig& m = s.model;
+  nlohmann::json model{{"vocab", m.vocab},     {"hidden", m.hidden},   {"layers", m.layers},
+                       {"heads", m.heads},     {"kv_heads", m.kv_heads}, {"ffn", m.ffn},
+                       {"seq_len", m.seq_len}, {"tie_embeddings", m.tie_embeddings}};
+  if (m.moe)
+    model["moe"] = {{"experts", m.moe->experts},
+                    {"top_k", m.moe->top_k},
+                    {"capacity_factor", m.moe->capacity_factor},
+                    {"every", m.moe->every}};
+  return {{"model", model},
+          {"precision", ref::to_string(s.train.precision)},
+          {"seed", s.seed},
+          {"global_batch", s.train.global_batch},
+          {"steps", s.train.steps}};
+}
+
+nlohmann::json sampler_json(const ref::SamplerState& st) {
+  return {{"epoch", st.epoch},
+          {"offset", st.offset},
+          {"steps", st.steps},
+          {"padded", st.padded},
+          {"drop_last", st.drop_last}};
+}
+
+ref::SamplerState sampler_from(const nlohmann::json& j) {
+  ref::SamplerState st;
+  st.epoch = j.at("epoch").get<std::int64_t>();
+  st.offset = j.at("offset").get<std::int64_t>();
+  st.steps = j.at("steps").get<std::int64_t>();
+  st.padded = j.at("padded").get<std::int64_t>();
+  st.drop_last = j.at("drop_last").get<bool>();
+  return st;
+}
+
+}  // namespace
+
+std::filesystem::path config_checkpoint_dir(const Scenario& s, const ParallelSpec& p,
+                                            const std::filesystem::path& dir) {
+  return s.configs.size() == 1 ? dir : dir / p.label();
+}
+
+checkpoint::SaveResult save_training(comm::Communicator& world,
+                                     const parallel::DataParallelEngine& engine,
+                                     const Scenario& s, const ParallelSpec& p,
+                                     const TrainCursor& cursor, const std::filesystem::path& dir,
+                                     const checkpoint::SaveOptions& opts) {
+  const std::vector<parallel::StatePiece> pieces = engine.export_state();
+  checkpoint::SaveRequest req;
+  req.dir = dir;
+  checkpoint::RunState& st = req.state;
+  st.step = static_cast<std::uint64_t>(cursor.step);
+  st.consumed_samples = static_cast<std::uint64_t>(cursor.consumed_samples);
+  st.consumed_tokens = static_cast<std::uint64_t>(cursor.consumed_tokens);
+  st.mesh = {{"dp", p.mesh.dp}, {"tp", p.mesh.tp}, {"pp", p.mesh.pp}, {"cp", p.mesh.cp},
+             {"ep", p.mesh.ep}, {"config", p.label()}};
+  st.order = p.order;
+  st.code_version = SHARDCHECK_VERSION;
+  st.data_cursor = {{"consumed_samples", cursor.consumed_samples}, {"step", cursor.step}};
+  st.sampler = sampler_json(cursor.sampler);
+  const auto& o = s.train.optimizer;
+  st.lr_schedule = {{"step", cursor.step},
+                    {"total_steps", s.train.steps},
+                    {"lr", o.lr},
+                    {"warmup", o.warmup},
+                    {"min_lr", o.min_lr}};
+  st.optimizer = {{"name", "adamw"},        {"lr", o.lr},
+                  {"beta1", o.beta1},       {"beta2", o.beta2},
+                  {"eps", o.eps},           {"weight_decay", o.weight_decay},
+                  {"clip_grad_norm", s.train.clip_grad_norm}};
+  st.training = identity(s);
+  st.model = st.training.at("model");
+  // Randomness is counter-based, keyed by (seed, stream, global index, step): the step and seed
+  // are the whole RNG state of every rank.
+  req.rank_state = {{"rng", "counter-based (seed, stream, index, step)"},
+                    {"seed", s.seed},
+                    {"step", cursor.step},
+                    {"rank", world.rank()}};
+  for (const parallel::StatePiece& piece : pieces) {
+    checkpoint::ShardPiece sp;
+    sp.tensor = piece.tensor;
+    for (auto d : piece.shape) sp.shape.push_back(static_cast<std::uint64_t>(d));
+    sp.dtype = piece.dtype;
+    sp.slice = checkpoint::FlatRange{piece.begin, piece.count};
+    sp.bytes = std::span<const std::byte>(piece.bytes);
+    req.pieces.push_back(std::move(sp));
+  }
+  return checkpoint::save(world, req, opts);
+}
+
+TrainCursor restore_training(comm::Communicator& world, parallel::DataParallelEngine& engine,
+                             const Scenario& s, const std::filesystem::path& step_dir) {
+  const checkpoint::Checkpoint ck = checkpoint::Checkpoint::open_collective(world, step_dir);
+  const checkpoint::RunState& st = ck.manifest().state;
+  const nlohmann::json want = identity(s);
+  for (const char* key : {"model", "precision", "seed", "global_batch"})
+    if (!st.training.contains(key) || st.training.at(key) != want.at(key))
+      throw checkpoint::RestoreError(
+          checkpoint::Reason::bad_manifest,
+          std::string("the checkpoint's training.") + key + " " +
+              (st.training.contains(key) ? st.training.at(key).dump() : "(absent)") +
+              " differs from the scenario's " + want.at(key).dump(),
+          "manifest.json");
+  engine.import_state([&](const std::string& tensor, comm::DType dtype, std::size_t begin,
+                          std::size_t count, std::span<std::byte> out) {
+    const checkpoint::TensorRecord& t = ck.tensor(tensor);
+    if (t.dtype != dtype)
+      throw checkpoint::RestoreError(
+          checkpoint::Reason::bad_tensor,
+          "stored as " + std::string(comm::name_of(t.dtype)) + ", the engine needs " +
+              std::string(comm::name_of(dtype)) + " (another precision recipe)",
+          "", tensor);
+    ck.read(tensor, checkpoint::FlatRange{begin, count}, out);
+  });
+  TrainCursor c;
+  c.step = static_cast<int>(st.step);
+  c.consumed_samples = static_cast<std::int64_t>(st.consumed_samples);
+  c.consumed_tokens = static_cast<std::int64_t>(st.consumed_tokens);
+  c.sampler = sampler_from(st.sampler);
+  return c;
+}
+
+}  // namespace shardcheck::harness

@@ -1,0 +1,123 @@
+// `shardcheck run --checkpoint-dir / --resume`: a ZeRO-3 run on 4 ranks saves, a DDP run on 2
+// ranks resumes from it with parity; a same-topology resume continues bitwise like an
+// uninterrupted run; a corrupt newest checkpoint is refused naming the shard and the reason
+// (exit 1) and the previous good one is named; bad options exit 2.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+
+namespace {
+
+namespace fs = std::filesystem;
+
+std::pair<int, std::string> shardcheck(const std::string& args) {
+  FILE* p = popen((std::string(SHARDCHECK_BIN) + " " + args + " 2>&1").c_str(), "r");
+  std::string out;
+  char buf[4096];
+  while (p && std::fgets(buf, sizeof buf, p)) out += buf;
+  const int status = p ? pclose(p) : -1;
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+nlohmann::json read_json(const fs::path& p) {
+  std::ifstream f(p);
+  return nlohmann::json::parse(f);
+}
+
+class CheckpointRun : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("shardcheck_ckrun_" + std::string(
+                                      ::testing::UnitTest::GetInstance()->current_test_info()->name()));
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  // The dense parity model, 4 steps, saving every `every` steps, one configuration.
+  fs::path scenario(const std::string& name, const nlohmann::json& config, int every) {
+    auto j = read_json(fs::path(SHARDCHECK_SCENARIOS_DIR) / "parity" / "data_parallel_dense.json");
+    j["name"] = name;
+    j["train"]["steps"] = 4;
+    j["checkpoint"] = {{"every", every}, {"keep", 3}};
+    j["matrix"] = nlohmann::json::array({config});
+    const fs::path file = dir_ / (name + ".json");
+    std::ofstream(file) << j.dump(2);
+    return file;
+  }
+  fs::path dir_;
+};
+
+TEST_F(CheckpointRun, ZeroThreeOnFourResumesAsDdpOnTwoWithParity) {
+  const auto save = scenario("save", {{"dp", 4}, {"zero", 3}}, 3);
+  auto [code, out] = shardcheck("run " + save.string() + " --checkpoint-dir " + (dir_ / "ck").string());
+  ASSERT_EQ(code, 0) << out;
+  ASSERT_TRUE(fs::exists(dir_ / "ck" / "step-3" / "SUCCESS")) << out;
+  ASSERT_TRUE(fs::exists(dir_ / "ck" / "step-3" / "manifest.json"));
+  const auto resume = scenario("resume", {{"dp", 2}}, 3);
+  std::tie(code, out) = shardcheck("run " + resume.string() + " --resume " + (dir_ / "ck").string() +
+                                   " --report " + (dir_ / "r").string());
+  ASSERT_EQ(code, 0) << out;
+  const auto row = read_json(dir_ / "r" / "report.json").at("parity")[0];
+  EXPECT_NE(row.at("resumed_from").get<std::string>().find("step-3"), std::string::npos);
+  ASSERT_EQ(row.at("steps").size(), 1u);  // only step 4 runs after the resume
+  EXPECT_EQ(row.at("steps")[0].at("step"), 4);
+  EXPECT_LE(row.at("max_rel_err").get<double>(), 1e-10);
+}
+
+TEST_F(CheckpointRun, SameTopologyResumeIsBitwise) {
+  const auto s = scenario("same", {{"dp", 3}, {"zero", 2}}, 2);
+  auto [code, out] = shardcheck("run " + s.string() + " --checkpoint-dir " + (dir_ / "ck").string() +
+                                " --report " + (dir_ / "full").string());
+  ASSERT_EQ(code, 0) << out;
+  fs::remove_all(dir_ / "ck" / "step-4");  // resume from step 2
+  std::tie(code, out) = shardcheck("run " + s.string() + " --resume " + (dir_ / "ck").string() +
+                                   " --report " + (dir_ / "resumed").string());
+  ASSERT_EQ(code, 0) << out;
+  const auto full = read_json(dir_ / "full" / "report.json").at("parity")[0].at("steps");
+  const auto resumed = read_json(dir_ / "resumed" / "report.json").at("parity")[0].at("steps");
+  ASSERT_EQ(resumed.size(), 2u);
+  for (std::size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(resumed[i].at("step"), full[i + 2].at("step"));
+    // Exact: the same doubles, not merely within tolerance.
+    EXPECT_EQ(resumed[i].at("loss").get<double>(), full[i + 2].at("loss").get<double>());
+    EXPECT_EQ(resumed[i].at("max_rel_err").get<double>(), full[i + 2].at("max_rel_err").get<double>());
+  }
+}
+
+TEST_F(CheckpointRun, CorruptNewestCheckpointIsRefusedNamingShardAndPreviousGood) {
+  const auto s = scenario("corrupt", {{"dp", 2}}, 2);
+  auto [code, out] = shardcheck("run " + s.string() + " --checkpoint-dir " + (dir_ / "ck").string());
+  ASSERT_EQ(code, 0) << out;
+  fs::path victim;
+  for (const auto& e : fs::directory_iterator(dir_ / "ck" / "step-4"))
+    if (e.path().extension() == ".shard") victim = e.path();
+  ASSERT_FALSE(victim.empty());
+  {
+    std::fstream f(victim, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(-1, std::ios::end);
+    char c = 0;
+    f.read(&c, 1);
+    c = static_cast<char>(c ^ 0x5a);
+    f.seekp(-1, std::ios::end);
+    f.write(&c, 1);
+  }
+  std::tie(code, out) = shardcheck("run " + s.string() + " --resume " + (dir_ / "ck").string());
+  EXPECT_EQ(code, 1) << out;
+  EXPECT_NE(out.find("checksum_mismatch"), std::string::npos) << out;
+  EXPECT_NE(out.find(victim.filename().string()), std::string::npos) << out;
+  EXPECT_NE(out.find("step-2"), std::string::npos) << "previous good checkpoint named\n" << out;
+}
+
+TEST_F(CheckpointRun, BadOptionsExitTwo) {
+  const auto never = scenario("never", {{"dp", 2}}, 0);
+  EXPECT_EQ(shardcheck("run " + never.string() + " --checkpoint-dir " + (dir_ / "ck").string()).first, 2);
+  EXPECT_EQ(shardcheck("run " + never.string() + " --resume " + (dir_ / "nope").string()).first, 2);
+}
+
+}  // namespace
