@@ -1,0 +1,100 @@
+// SymmetricClock: a comm::Communicator for one representative rank of a world in which every rank
+// issues the same program with the same costs (data parallelism without stragglers). Each
+// collective then starts when this rank arrives, because every member arrives at the same virtual
+// time, so one rank's two-stream clock (compute, comm; async Work, wait joins) with the simulator's
+// cost functions (sim::op_seconds, sim::group_link, sim::compute_seconds) gives the step times a
+// sim::SimWorld meta run would give, without 1,024 threads. No data moves; buffers may be null.
+// Not for programs whose ranks differ (pipelines, stragglers, uneven groups): see `asymmetric()`.
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.hpp"
+#include "sim/timeline.hpp"
+#include "sim/topology.hpp"
+
+namespace shardcheck::harness {
+
+// How a split divides a group: the member with group rank i passes color(i) and key(i). A
+// representative rank only sees its own arguments, so the program states the rule for all members
+// (the clock checks that the representative's own call agrees with it).
+struct SplitRule {
+  std::function<int(int group_rank)> color;
+  std::function<int(int group_rank)> key;
+};
+
+// Per step of the representative rank: the SimWorld definition (begin_step to the next begin_step
+// on the compute clock; the last step ends when both streams have drained), plus how busy each
+// stream was inside it.
+struct ClockStep {
+  int step = 0;
+  double start = 0, end = 0;
+  double compute_busy = 0;  // seconds of compute ops
+  double comm_busy = 0;     // seconds of communication ops (collectives and point to point)
+  std::size_t comm_ops = 0;
+  double seconds() const { return end - start; }
+};
+
+struct ClockState;
+
+class SymmetricClock final : public comm::Communicator {
+ public:
+  // A world of `ranks` ranks on `topology`; this communicator is world rank `rank`. `splits` are
+  // the rules of the program's split calls, in call order (over any group).
+  SymmetricClock(int ranks, const sim::Topology& topology, std::vector<SplitRule> splits = {},
+                 int rank = 0);
+
+  int rank() const override { return rank_; }
+  int size() const override { return static_cast<int>(members_.size()); }
+  const std::string& name() const override { return name_; }
+  const std::vector<int>& members() const override { return members_; }
+
+  // Steps so far; the last one ends at the current drained time (max of both streams).
+  std::vector<ClockStep> steps() const;
+  // The same as sim::StepTime rows for this rank (for sim::summarize).
+  std::vector<sim::StepTime> step_times() const;
+  // True when some split made groups of different sizes or links, so ranks are not alike and the
+  // representative's times are not exact (the clock then charges the slowest group's link).
+  bool asymmetric() const;
+  const std::string& asymmetry() const;
+
+ protected:
+  comm::WorkPtr do_all_reduce(comm::ConstBuffer send, comm::Buffer recv,
+                              comm::ReduceOptions o) override;
+  comm::WorkPtr do_reduce_scatter(comm::ConstBuffer send, comm::Buffer recv,
+                                  comm::ReduceOptions o) override;
+  comm::WorkPtr do_all_gather(comm::ConstBuffer send, comm::Buffer recv) override;
+  comm::WorkPtr do_broadcast(comm::ConstBuffer send, comm::Buffer recv,
+                             comm::BroadcastOptions o) override;
+  comm::WorkPtr do_all_to_all(comm::ConstBuffer send, comm::Buffer recv) override;
+  comm::WorkPtr do_all_to_all_v(comm::ConstBuffer send, std::span<const std::size_t> send_counts,
+                                comm::Buffer recv,
+                                std::span<const std::size_t> recv_counts) override;
+  comm::WorkPtr do_send(comm::ConstBuffer buf, int peer, comm::P2POptions o) override;
+  comm::WorkPtr do_recv(comm::Buffer buf, int peer, comm::P2POptions o) override;
+  comm::WorkPtr do_barrier() override;
+  std::unique_ptr<comm::Communicator> do_split(int color, int key,
+                                               const comm::SplitOptions& o) override;
+  void do_compute(const comm::ComputeCost& c) override;
+  void do_begin_step(int step) override;
+  comm::MemoryTracker& do_memory() override;
+
+ private:
+  SymmetricClock(std::shared_ptr<ClockState> state, std::vector<int> members, int rank,
+                 std::string name, sim::LinkCost link);
+  // A collective on this group whose cost-formula S is `bytes` (sim/README.md's table).
+  comm::WorkPtr collective(sim::OpKind k, double bytes);
+  comm::WorkPtr p2p(const comm::ConstBuffer& b, int peer);
+
+  std::shared_ptr<ClockState> state_;
+  std::vector<int> members_;
+  int rank_;
+  std::string name_;
+  sim::LinkCost link_;
+};
+
+}  // namespace shardcheck::harness
