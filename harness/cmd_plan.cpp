@@ -1,0 +1,212 @@
+// `shardcheck plan SCENARIO.json [--json] [--report DIR] [--simulate-ranks N]
+// [--compute-efficiency E] [--reduce-dtype f32|bf16]`: the timing-only planner (plan.hpp) as a
+// table, as JSON, or as report.json + index.html. Exit 0 when some data-parallel candidate fits in
+// device memory, 1 when none does, 2 on unusable input.
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "harness/cli.hpp"
+#include "harness/cli_commands.hpp"
+#include "harness/html.hpp"
+#include "harness/plan.hpp"
+#include "harness/scenario.hpp"
+
+namespace shardcheck::harness {
+
+namespace {
+
+struct PlanArgs {
+  std::string scenario;
+  bool json = false;
+  std::string report;
+  int simulate_ranks = 0;
+  double compute_efficiency = 1.0;
+  std::string reduce_dtype;
+};
+
+std::string human_bytes(double b) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f GiB", b / (1024.0 * 1024.0 * 1024.0));
+  return buf;
+}
+
+std::string secs(double s) {
+  char buf[32];
+  if (s >= 1)
+    std::snprintf(buf, sizeof buf, "%.3f s", s);
+  else
+    std::snprintf(buf, sizeof buf, "%.1f ms", s * 1e3);
+  return buf;
+}
+
+void print_scaling(std::ostream& os, const ConfigPlan& c) {
+  os << "\n# scaling of " << c.config << " (efficiency = T_n / (T_0 * n/n_0), T = tokens/s)\n";
+  char line[512];
+  std::snprintf(line, sizeof line, "  %6s | %7s %10s %12s %6s %4s | %7s %10s %12s %6s %4s\n",
+                "world", "strong:", "step", "tokens/s", "eff", "fits", "weak:", "step", "tokens/s",
+                "eff", "fits");
+  os << line;
+  for (std::size_t i = 0; i < c.strong.size(); ++i) {
+    const auto cell = [](const ScalePoint& p, char* out, std::size_t n) {
+      if (!p.valid)
+        std::snprintf(out, n, "%7d %10s %12s %6s %4s", p.global_batch, "-", "-", "-", "-");
+      else
+        std::snprintf(out, n, "%7d %10s %12.4g %5.1f%% %4s", p.global_batch,
+                      secs(p.eval.step_time_s).c_str(), p.tokens_per_s, 100 * p.efficiency,
+                      p.fits ? "yes" : "NO");
+    };
+    char a[128], b[128];
+    cell(c.strong[i], a, sizeof a);
+    cell(c.weak[i], b, sizeof b);
+    std::snprintf(line, sizeof line, "  %6d | %s | %s\n", c.strong[i].world_size, a, b);
+    os << line;
+  }
+  for (const auto* pts : {&c.strong, &c.weak})
+    for (const ScalePoint& p : *pts)
+      if (!p.valid) os << "  world " << p.world_size << ": not evaluated: " << p.why_not << "\n";
+}
+
+void print_table(std::ostream& os, const Scenario& s, const PlanResult& r, const PlanOptions& o) {
+  const TopologySpec& t = s.topology;
+  os << "# plan " << r.scenario << ": data-parallel step skeletons on the symmetric clock\n"
+     << "# cluster: " << t.ranks_per_node << " ranks/node, intra " << t.intra_node.bandwidth_gbps
+     << " GB/s " << t.intra_node.latency_us << " us, inter " << t.inter_node.bandwidth_gbps
+     << " GB/s " << t.inter_node.latency_us << " us, " << t.peak_tflops << " TFLOP/s x "
+     << r.compute_efficiency << " efficiency, " << t.memory_gib << " GiB per device\n"
+     << "# batch: " << s.train.global_batch << " sequences x " << s.model.seq_len
+     << " tokens per step (every token counted as non-padding); gradient reductions in "
+     << r.reduce_dtype << "\n";
+  char line[512];
+  std::snprintf(line, sizeof line, "  %-34s %-20s %5s %10s %10s %10s %10s %4s %11s %6s %8s",
+                "config", "strategy", "ranks", "step", "compute", "exposed", "mem/rank", "fits",
+                "tokens/s", "MFU", "goodput");
+  os << line << (o.simulate_ranks > 0 ? "   simulated (rel diff)\n" : "\n");
+  for (const ConfigPlan& c : r.configs) {
+    if (!c.modelled) {
+      std::snprintf(line, sizeof line, "  %-34s %-20s %5d  not modelled yet\n", c.config.c_str(),
+                    "-", c.world_size);
+      os << line;
+      continue;
+    }
+    char good[16] = "-";
+    if (c.goodput.valid) std::snprintf(good, sizeof good, "%.2f%%", 100 * c.goodput.fraction);
+    std::snprintf(line, sizeof line, "  %-34s %-20s %5d %10s %10s %10s %10s %4s %11.4g %5.1f%% %8s",
+                  c.config.c_str(), c.strategy.c_str(), c.world_size,
+                  secs(c.eval.step_time_s).c_str(), secs(c.eval.compute_s).c_str(),
+                  secs(c.eval.exposed_comm_s).c_str(),
+                  human_bytes(static_cast<double>(c.memory_per_rank_bytes)).c_str(),
+                  c.fits ? "yes" : "NO", c.tokens_per_s, 100 * c.mfu, good);
+    os << line;
+    if (c.simulated) {
+      std::snprintf(line, sizeof line, "   %s (%.1e, %.2f s wall)",
+                    secs(c.simulated->step_time_s).c_str(), c.simulated_rel_diff,
+                    c.simulated->wall_s);
+      os << line;
+    } else if (o.simulate_ranks > 0) {
+      os << "   (over --simulate-ranks)";
+    }
+    os << "\n";
+  }
+  os << "\n# ranking\n";
+  for (const ConfigPlan& c : r.configs) os << "  " << c.config << ": " << c.note << "\n";
+  if (r.best < 0) os << "  no data-parallel candidate fits in device memory\n";
+  if (r.scaling_config >= 0) {
+    const ConfigPlan& c = r.configs[static_cast<std::size_t>(r.scaling_config)];
+    print_scaling(os, c);
+    const Goodput& g = c.goodput;
+    os << "\n# goodput of " << c.config
+       << ": failures at lambda = world / MTBF = " << g.failure_rate_per_s * 3600
+       << " per hour (job MTBF " << g.job_mtbf_s / 3600 << " h); checkpoint every "
+       << s.plan.checkpoint_every_steps << " steps (" << secs(g.interval_s) << "), save "
+       << s.plan.checkpoint_save_s << " s, restart " << s.plan.restart_s << " s\n";
+    if (g.valid)
+      os << "  goodput = tau/(tau+delta) * (1 - lambda*((tau+delta)/2 + R)) = " << g.fraction
+         << "; effective tokens/s = " << g.effective_tokens_per_s << "\n";
+    else
+      os << "  " << g.note << "\n";
+    os << "  Young's interval sqrt(2*delta/lambda) = " << g.young_interval_steps
+       << " steps, goodput there " << g.fraction_at_young << "\n";
+  }
+  os << "\n# MFU = 3 x forward FLOPs (parallel/flops.hpp: matmuls and attention, recompute not "
+        "counted) x batch / (step time x ranks x peak); exposed = step - compute busy; bubble 0 "
+        "(no pipeline); memory = ledger model state + all-gather peak + activations\n"
+     << "# planned in " << r.wall_s << " s wall\n";
+}
+
+int plan_cmd(const PlanArgs& a) {
+  Scenario s;
+  try {
+    s = load_scenario(a.scenario);
+  } catch (const ScenarioError& e) {
+    throw BadInput(e.what());
+  }
+  PlanOptions o;
+  o.simulate_ranks = a.simulate_ranks;
+  o.compute_efficiency = a.compute_efficiency;
+  if (!a.reduce_dtype.empty()) {
+    const auto t = comm::parse_dtype(a.reduce_dtype);
+    if (!t || (*t != comm::DType::f32 && *t != comm::DType::bf16 && *t != comm::DType::f64))
+      throw BadInput("--reduce-dtype: expected f32, bf16 or f64, got '" + a.reduce_dtype + "'");
+    o.reduce_dtype = *t;
+  }
+  if (!a.report.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(a.report, ec);
+    if (ec || !std::filesystem::is_directory(a.report))
+      throw BadInput("--report: cannot create the directory '" + a.report + "'");
+  }
+  PlanResult r;
+  try {
+    r = plan_scenario(s, o);
+  } catch (const ScenarioError& e) {
+    throw BadInput(a.scenario + ": " + e.what());
+  }
+  const nlohmann::json plan = plan_json(r);
+  int world = 0;
+  for (const ConfigPlan& c : r.configs) world = std::max(world, c.world_size);
+  if (!a.report.empty()) {
+    const nlohmann::json report{{"pass", r.best >= 0},          {"scenario", s.name},
+                                {"description", s.description}, {"backend", "plan"},
+                                {"world_size", world},          {"plan", plan}};
+    const std::filesystem::path dir(a.report);
+    std::ofstream j(dir / "report.json");
+    std::ofstream h(dir / "index.html");
+    if (!j || !h) throw BadInput("--report: cannot write into '" + a.report + "'");
+    j << report.dump(2) << "\n";
+    h << render_html(report);
+  }
+  if (a.json)
+    std::cout << nlohmann::json{{"scenario", s.name}, {"plan", plan}}.dump(2) << "\n";
+  else
+    print_table(std::cout, s, r, o);
+  return r.best >= 0 ? kExitOk : kExitCheckFailed;
+}
+
+}  // namespace
+
+void add_plan_command(CLI::App& app, int& exit_code) {
+  auto args = std::make_shared<PlanArgs>();
+  auto* cmd = app.add_subcommand(
+      "plan",
+      "Timing-only planner: step time, exposed communication, memory, tokens/s, MFU, scaling and "
+      "goodput of the scenario's data-parallel configurations, ranked");
+  cmd->add_option("scenario", args->scenario, "Scenario JSON file")->required();
+  cmd->add_flag("--json", args->json, "Print JSON instead of the table");
+  cmd->add_option("--report", args->report, "Write report.json and index.html into DIR");
+  cmd->add_option("--simulate-ranks", args->simulate_ranks,
+                  "Also run the full SimWorld meta simulation for configurations of at most N "
+                  "ranks (a cross-check; ~30 ms per collective at 1,024 ranks)")
+      ->check(CLI::Range(0, 1 << 20));
+  cmd->add_option("--compute-efficiency", args->compute_efficiency,
+                  "Achieved fraction of peak FLOP/s for compute, in (0, 1] (default 1)");
+  cmd->add_option("--reduce-dtype", args->reduce_dtype,
+                  "What-if dtype of gradient reductions (default: the recipe's, f32 for bf16)");
+  cmd->callback([args, &exit_code] { exit_code = plan_cmd(*args); });
+}
+
+}  // namespace shardcheck::harness

@@ -1,0 +1,420 @@
+// The planner of plan.hpp: evaluation of each configuration on the symmetric clock (optionally
+// cross-checked on a SimWorld meta run), the memory ledger, throughput and MFU, scaling curves,
+// goodput and the ranking with its reasons. The formulas here are the ones harness/PLANNER.md
+// states; keep the two in step.
+#include "harness/plan.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <set>
+
+#include "harness/plan_clock.hpp"
+#include "harness/plan_skeleton.hpp"
+#include "harness/runner.hpp"
+#include "harness/sim_options.hpp"
+#include "sim/world.hpp"
+
+namespace shardcheck::harness {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+bool data_parallel_only(const ParallelSpec& p) {
+  return p.mesh.tp == 1 && p.mesh.pp == 1 && p.mesh.cp == 1 && p.mesh.ep == 1;
+}
+
+std::string fmt(const char* spec, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, spec, v);
+  return buf;
+}
+
+parallel::LedgerRow ledger_at(const Scenario& s, const ParallelSpec& p, int dp) {
+  ParallelSpec q = p;
+  q.mesh.dp = dp;
+  parallel::LedgerInput in;
+  in.model = s.model;
+  in.recipe = parallel::recipe_of(s.train.precision);
+  in.options = engine_options(s, q);
+  in.dp = dp;
+  in.micro_batch = s.train.micro_batch;
+  in.activation_checkpointing = s.train.activation_checkpointing;
+  return parallel::ledger(in);
+}
+
+std::size_t total_bytes(const parallel::LedgerRow& l) {
+  return l.model_state() + l.gather_peak + l.activation_peak;
+}
+
+Goodput goodput_of(const PlanSpec& f, int world, double step_s, double tokens_per_s) {
+  Goodput g;
+  const double lambda = world / (f.mtbf_gpu_hours * 3600.0);
+  g.failure_rate_per_s = lambda;
+  g.job_mtbf_s = 1.0 / lambda;
+  const double delta = f.checkpoint_save_s, restart = f.restart_s;
+  const auto fraction = [&](double tau) {
+    const double cycle = tau + delta;
+    return tau / cycle * std::max(0.0, 1.0 - lambda * (cycle / 2.0 + restart));
+  };
+  // Young's interval sqrt(2 delta / lambda), in whole steps (at least one).
+  const double young_s = std::sqrt(2.0 * delta / lambda);
+  g.young_interval_steps = std::max(1.0, std::round(young_s / step_s));
+  g.fraction_at_young = fraction(g.young_interval_steps * step_s);
+  if (f.checkpoint_every_steps == 0) {
+    g.note =
+        "plan.checkpoint_every_steps is 0: a failure loses everything since the start, so "
+        "goodput depends on the run length (not modelled)";
+    return g;
+  }
+  g.valid = true;
+  g.interval_s = f.checkpoint_every_steps * step_s;
+  g.fraction = fraction(g.interval_s);
+  g.effective_tokens_per_s = tokens_per_s * g.fraction;
+  if (lambda * (g.interval_s + delta) > 0.1)
+    g.note =
+        "failures are frequent against the interval (lambda*(tau+delta) > 0.1): the "
+        "first-order estimate is optimistic";
+  return g;
+}
+
+// Strong (global batch fixed) and weak (per-rank batch fixed) curves over the plan's world sizes.
+void scale(const Scenario& s, const PlanOptions& o, double device, ConfigPlan& c) {
+  std::vector<int> sizes = s.plan.world_sizes;
+  if (sizes.empty()) sizes.push_back(c.world_size);
+  std::sort(sizes.begin(), sizes.end());
+  sizes.erase(std::unique(sizes.begin(), sizes.end()), sizes.end());
+  const int per_rank = s.train.global_batch / c.spec.mesh.dp;
+  const double tokens_per_seq = s.model.seq_len;
+  for (int weak = 0; weak < 2; ++weak) {
+    std::vector<ScalePoint>& out = weak ? c.weak : c.strong;
+    const ScalePoint* base = nullptr;
+    for (int n : sizes) {
+      ScalePoint pt;
+      pt.world_size = n;
+      pt.global_batch = weak ? per_rank * n : s.train.global_batch;
+      try {
+        pt.eval = evaluate(s, c.spec, n, pt.global_batch, o);
+        pt.valid = true;
+      } catch (const ScenarioError& e) {
+        pt.why_not = e.what();
+      } catch (const std::invalid_argument& e) {
+        pt.why_not = e.what();
+      }
+      if (pt.valid) {
+        pt.tokens_per_s = pt.global_batch * tokens_per_seq / pt.eval.step_time_s;
+        pt.memory_per_rank_bytes = total_bytes(ledger_at(s, c.spec, n));
+        pt.fits = static_cast<double>(pt.memory_per_rank_bytes) <= device;
+      }
+      out.push_back(pt);
+    }
+    for (ScalePoint& pt : out) {
+      if (!pt.valid) continue;
+      if (base == nullptr) base = &pt;
+      pt.efficiency = pt.tokens_per_s /
+                      (base->tokens_per_s * pt.world_size / static_cast<double>(base->world_size));
+    }
+  }
+}
+
+std::string gib(double bytes) {
+  return fmt(bytes / kGiB >= 100 ? "%.0f" : "%.1f", bytes / kGiB);
+}
+
+// The one-line why of each candidate, once best and fastest are known.
+void explain(PlanResult& r) {
+  const double dev = r.device_memory_bytes;
+  for (std::size_t i = 0; i < r.configs.size(); ++i) {
+    ConfigPlan& c = r.configs[i];
+    if (!c.modelled) continue;
+    const double mem = static_cast<double>(c.memory_per_rank_bytes);
+    const std::string exposed = "; communication exposed " +
+                                fmt("%.0f", 100.0 * c.eval.exposed_comm_s / c.eval.step_time_s) +
+                                "% of the step";
+    std::string n;
+    const auto ratio = [&](const ConfigPlan& a, const ConfigPlan& b) {
+      return fmt("%.2f", a.eval.step_time_s / b.eval.step_time_s) + "x";
+    };
+    if (static_cast<int>(i) == r.best) {
+      n = "fastest that fits (" + gib(mem) + " GiB of " + gib(dev) + ")";
+      if (r.fastest >= 0 && r.fastest != r.best) {
+        const ConfigPlan& f = r.configs[static_cast<std::size_t>(r.fastest)];
+        n += "; " + f.config + " is " + ratio(c, f) + " faster but needs " +
+             gib(static_cast<double>(f.memory_per_rank_bytes)) + " GiB";
+      }
+    } else if (c.fits) {
+      n = "fits (" + gib(mem) + " GiB of " + gib(dev) + ") but is " +
+          ratio(c, r.configs[static_cast<std::size_t>(r.best)]) + " slower than " +
+          r.configs[static_cast<std::size_t>(r.best)].config;
+    } else {
+      n = "does not fit: needs " + gib(mem) + " GiB of " + gib(dev) + " (model state " +
+          gib(static_cast<double>(c.ledger.model_state())) + ", all-gather peak " +
+          gib(static_cast<double>(c.ledger.gather_peak)) + ", activations " +
+          gib(static_cast<double>(c.ledger.activation_peak)) + ")";
+      if (r.best >= 0) {
+        const ConfigPlan& b = r.configs[static_cast<std::size_t>(r.best)];
+        if (c.eval.step_time_s < b.eval.step_time_s)
+          n += "; would be " + ratio(b, c) + " faster than " + b.config;
+      }
+    }
+    if (c.eval.asymmetric) n += "; groups differ in size or link, times are an upper bound";
+    c.note = n + exposed;
+  }
+}
+
+}  // namespace
+
+StepEval evaluate(const Scenario& s, const ParallelSpec& p, int dp, int global_batch,
+                  const PlanOptions& o, bool simulate) {
+  const auto t0 = Clock::now();
+  SkeletonSpec spec =
+      skeleton_spec(s, p, dp, global_batch, o.reduce_dtype ? &*o.reduce_dtype : nullptr);
+  spec.steps = o.steps;
+  const Skeleton k(spec);
+  sim::Topology topo = sim_options(s, dp).topology;
+  topo.compute_efficiency = o.compute_efficiency;
+  StepEval e;
+  if (simulate) {
+    sim::SimOptions so;
+    so.topology = topo;
+    so.meta = true;
+    so.record_timeline = false;
+    sim::SimWorld w(dp, so);
+    w.run([&](comm::Communicator& c) { k.run(c); });
+    e.step_time_s = sim::summarize(w.step_times()).step_time;
+  } else {
+    SymmetricClock c(dp, topo, k.splits());
+    k.run(c);
+    const std::vector<ClockStep> steps = c.steps();
+    for (const ClockStep& st : steps) {
+      e.step_time_s += st.seconds();
+      e.compute_s += st.compute_busy;
+      e.comm_s += st.comm_busy;
+      e.comm_ops += st.comm_ops;
+    }
+    const auto n = static_cast<double>(std::max<std::size_t>(1, steps.size()));
+    e.step_time_s /= n;
+    e.compute_s /= n;
+    e.comm_s /= n;
+    e.comm_ops = static_cast<std::size_t>(static_cast<double>(e.comm_ops) / n);
+    e.exposed_comm_s = std::max(0.0, e.step_time_s - e.compute_s);
+    e.asymmetric = c.asymmetric();
+  }
+  e.wall_s = seconds_since(t0);
+  return e;
+}
+
+PlanResult plan_scenario(const Scenario& s, const PlanOptions& o) {
+  if (!(o.compute_efficiency > 0 && o.compute_efficiency <= 1))
+    throw ScenarioError("--compute-efficiency", "expected a number in (0, 1]");
+  if (o.steps < 1) throw ScenarioError("--steps", "expected at least 1");
+  const auto t0 = Clock::now();
+  PlanResult r;
+  r.scenario = s.name;
+  r.description = s.description;
+  r.device_memory_bytes = s.topology.memory_gib * kGiB;
+  r.compute_efficiency = o.compute_efficiency;
+  const double peak = s.topology.peak_tflops * 1e12;
+  for (const ParallelSpec& p : s.configs) {
+    ConfigPlan c;
+    c.config = p.label();
+    c.spec = p;
+    c.world_size = p.mesh.world_size();
+    if (!data_parallel_only(p)) {
+      c.note =
+          "not modelled yet: the planner times data parallelism only (DDP, ZeRO-1/2/3, "
+          "FSDP); tensor/pipeline/context/expert parallelism are not built";
+      r.configs.push_back(c);
+      continue;
+    }
+    c.modelled = true;
+    const int n = p.mesh.dp;
+    const parallel::DataParallelOptions opts = engine_options(s, p);
+    c.strategy = std::string(parallel::name_of(opts.strategy));
+    if (opts.strategy == parallel::Strategy::fsdp)
+      c.strategy += ":" + std::string(parallel::name_of(opts.fsdp.sharding));
+    const SkeletonSpec spec =
+        skeleton_spec(s, p, n, s.train.global_batch, o.reduce_dtype ? &*o.reduce_dtype : nullptr);
+    r.reduce_dtype = std::string(comm::name_of(spec.grad_dtype));
+    const Skeleton k(spec);
+    c.eval = evaluate(s, p, n, s.train.global_batch, o);
+    c.ledger = ledger_at(s, p, n);
+    c.memory_per_rank_bytes = total_bytes(c.ledger);
+    c.fits = static_cast<double>(c.memory_per_rank_bytes) <= r.device_memory_bytes;
+    c.tokens_per_step = static_cast<double>(s.train.global_batch) * s.model.seq_len;
+    c.tokens_per_s = c.tokens_per_step / c.eval.step_time_s;
+    c.model_flops_per_step = k.model_flops_per_step();
+    c.mfu = c.model_flops_per_step / (c.eval.step_time_s * n * peak);
+    c.hfu = k.hardware_flops_per_step() / (c.eval.step_time_s * n * peak);
+    c.goodput = goodput_of(s.plan, n, c.eval.step_time_s, c.tokens_per_s);
+    if (o.simulate_ranks >= n) {
+      c.simulated = evaluate(s, p, n, s.train.global_batch, o, true);
+      c.simulated_rel_diff =
+          std::fabs(c.simulated->step_time_s - c.eval.step_time_s) / c.eval.step_time_s;
+    }
+    scale(s, o, r.device_memory_bytes, c);
+    r.configs.push_back(std::move(c));
+  }
+  for (std::size_t i = 0; i < r.configs.size(); ++i) {
+    const ConfigPlan& c = r.configs[i];
+    if (!c.modelled) continue;
+    const auto faster = [&](int j) {
+      return j < 0 || c.eval.step_time_s < r.configs[static_cast<std::size_t>(j)].eval.step_time_s;
+    };
+    if (faster(r.fastest)) r.fastest = static_cast<int>(i);
+    if (c.fits && faster(r.best)) r.best = static_cast<int>(i);
+  }
+  r.scaling_config = r.best >= 0 ? r.best : r.fastest;
+  explain(r);
+  r.wall_s = seconds_since(t0);
+  return r;
+}
+
+namespace {
+
+nlohmann::json eval_json(const StepEval& e) {
+  return {{"step_time_s", e.step_time_s},
+          {"compute_s", e.compute_s},
+          {"comm_s", e.comm_s},
+          {"exposed_comm_s", e.exposed_comm_s},
+          {"comm_ops_per_step", e.comm_ops},
+          {"upper_bound", e.asymmetric}};
+}
+
+nlohmann::json points_json(const std::vector<ScalePoint>& pts) {
+  nlohmann::json a = nlohmann::json::array();
+  for (const ScalePoint& p : pts) {
+    nlohmann::json j{{"world_size", p.world_size}, {"global_batch", p.global_batch}};
+    if (!p.valid) {
+      j["valid"] = false;
+      j["why_not"] = p.why_not;
+    } else {
+      j["step_time_s"] = p.eval.step_time_s;
+      j["exposed_comm_s"] = p.eval.exposed_comm_s;
+      j["tokens_per_s"] = p.tokens_per_s;
+      j["efficiency"] = p.efficiency;
+      j["memory_per_rank_bytes"] = p.memory_per_rank_bytes;
+      j["fits"] = p.fits;
+    }
+    a.push_back(j);
+  }
+  return a;
+}
+
+nlohmann::json goodput_json(const Goodput& g) {
+  nlohmann::json j{{"valid", g.valid},
+                   {"failure_rate_per_s", g.failure_rate_per_s},
+                   {"job_mtbf_s", g.job_mtbf_s},
+                   {"young_interval_steps", g.young_interval_steps},
+                   {"fraction_at_young", g.fraction_at_young}};
+  if (g.valid) {
+    j["interval_s"] = g.interval_s;
+    j["fraction"] = g.fraction;
+    j["effective_tokens_per_s"] = g.effective_tokens_per_s;
+  } else {
+    j["fraction"] = nullptr;
+  }
+  if (!g.note.empty()) j["note"] = g.note;
+  return j;
+}
+
+}  // namespace
+
+nlohmann::json plan_json(const PlanResult& r) {
+  nlohmann::json cands = nlohmann::json::array();
+  for (std::size_t i = 0; i < r.configs.size(); ++i) {
+    const ConfigPlan& c = r.configs[i];
+    nlohmann::json j{{"config", c.config},
+                     {"mesh", c.config},
+                     {"world_size", c.world_size},
+                     {"modelled", c.modelled},
+                     {"note", c.note}};
+    if (!c.modelled) {
+      for (const char* k :
+           {"step_time_s", "memory_per_rank_bytes", "fits", "tokens_per_s", "mfu", "goodput"})
+        j[k] = nullptr;
+      cands.push_back(j);
+      continue;
+    }
+    j["strategy"] = c.strategy;
+    j["best"] = static_cast<int>(i) == r.best;
+    j.update(eval_json(c.eval));
+    j["bubble_fraction"] = c.bubble_fraction;
+    j["memory_per_rank_bytes"] = c.memory_per_rank_bytes;
+    j["memory"] = {{"params", c.ledger.params},
+                   {"grads", c.ledger.grads},
+                   {"optimizer", c.ledger.optimizer},
+                   {"gather_peak", c.ledger.gather_peak},
+                   {"activation_peak", c.ledger.activation_peak}};
+    j["fits"] = c.fits;
+    j["tokens_per_step"] = c.tokens_per_step;
+    j["tokens_per_s"] = c.tokens_per_s;
+    j["model_flops_per_step"] = c.model_flops_per_step;
+    j["tflops_per_gpu"] = c.model_flops_per_step / c.eval.step_time_s / c.world_size / 1e12;
+    j["mfu"] = c.mfu;
+    j["hfu"] = c.hfu;
+    j["goodput"] = c.goodput.valid ? nlohmann::json(c.goodput.fraction) : nlohmann::json(nullptr);
+    j["effective_tokens_per_s"] = c.goodput.valid ? nlohmann::json(c.goodput.effective_tokens_per_s)
+                                                  : nlohmann::json(nullptr);
+    j["goodput_detail"] = goodput_json(c.goodput);
+    if (c.simulated) {
+      j["simulated_step_time_s"] = c.simulated->step_time_s;
+      j["simulated_rel_diff"] = c.simulated_rel_diff;
+      j["simulated_wall_s"] = c.simulated->wall_s;
+    }
+    j["scaling"] = {{"strong", points_json(c.strong)}, {"weak", points_json(c.weak)}};
+    cands.push_back(j);
+  }
+  const auto label = [&](int i) {
+    return i < 0 ? nlohmann::json(nullptr)
+                 : nlohmann::json(r.configs[static_cast<std::size_t>(i)].config);
+  };
+  nlohmann::json out{{"candidates", cands}, {"best", label(r.best)}, {"fastest", label(r.fastest)}};
+  if (r.scaling_config >= 0) {
+    const ConfigPlan& c = r.configs[static_cast<std::size_t>(r.scaling_config)];
+    out["scaling"] = {
+        {"config", c.config}, {"strong", points_json(c.strong)}, {"weak", points_json(c.weak)}};
+    nlohmann::json g = goodput_json(c.goodput);
+    g["config"] = c.config;
+    out["goodput"] = g;
+  }
+  out["formulas"] = {
+      {"step_time",
+       "mean over simulated steps of one step's virtual time (all ranks alike, so "
+       "the max over ranks is any rank's)"},
+      {"exposed_comm", "step time - compute-stream busy time"},
+      {"bubble_fraction", "0: pure data parallelism has no pipeline"},
+      {"tokens_per_s",
+       "train.global_batch * model.seq_len / step time (every token counted as "
+       "non-padding)"},
+      {"mfu",
+       "3 * forward FLOPs of parallel/flops.hpp (matmuls + attention s^2, recompute not "
+       "counted) * global batch / (step time * world * peak)"},
+      {"hfu", "as mfu with the activation-checkpointing recompute counted"},
+      {"scaling_efficiency",
+       "T_n / (T_0 * n / n_0), T = tokens/s, n_0 the smallest valid world "
+       "size; strong: global batch fixed; weak: per-rank batch fixed"},
+      {"goodput",
+       "tau/(tau+delta) * (1 - lambda*((tau+delta)/2 + R)), lambda = world / "
+       "(mtbf_gpu_hours*3600), tau = checkpoint_every_steps * step time, delta = "
+       "checkpoint_save_s, R = restart_s; Young's interval sqrt(2*delta/lambda)"},
+      {"memory_per_rank",
+       "ledger model state + all-gather peak + activation peak "
+       "(parallel/ledger.hpp)"}};
+  out["assumptions"] = {{"compute_efficiency", r.compute_efficiency},
+                        {"gradient_reduce_dtype", r.reduce_dtype},
+                        {"evaluation",
+                         "symmetric clock: one representative rank with the "
+                         "simulator's cost model (sim/topology.hpp)"}};
+  out["wall_s"] = r.wall_s;
+  return out;
+}
+
+}  // namespace shardcheck::harness

@@ -1,0 +1,113 @@
+// The planner behind `shardcheck plan`: for each data-parallel configuration of a scenario, the
+// step skeleton (plan_skeleton.hpp) timed on the symmetric clock (plan_clock.hpp), memory per rank
+// from parallel::ledger, tokens/s, MFU, strong and weak scaling over plan.world_sizes, goodput
+// under the scenario's failure model, and a ranking of the candidates with a reason. Formulas are
+// in harness/PLANNER.md. Tensor/pipeline/context/expert parallel configurations are reported as
+// not modelled, never guessed.
+#pragma once
+
+#include <cstddef>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "comm/dtype.hpp"
+#include "harness/scenario.hpp"
+#include "parallel/ledger.hpp"
+
+namespace shardcheck::harness {
+
+struct PlanOptions {
+  // Also run the real SimWorld meta simulation for configurations of at most this many ranks
+  // (0: never) and report its step time next to the symmetric clock's.
+  int simulate_ranks = 0;
+  double compute_efficiency = 1.0;          // achieved fraction of peak FLOP/s, in (0, 1]
+  std::optional<comm::DType> reduce_dtype;  // what-if gradient reduction dtype (default: recipe)
+  int steps = 2;                            // steps simulated (all alike; the mean is reported)
+};
+
+// One timed evaluation of a configuration at a world size and global batch.
+struct StepEval {
+  double step_time_s = 0;
+  double compute_s = 0;       // compute stream busy time per step
+  double comm_s = 0;          // communication busy time per step
+  double exposed_comm_s = 0;  // step time not covered by compute: step_time - compute
+  std::size_t comm_ops = 0;   // collectives per step
+  bool asymmetric = false;    // groups differ (the clock charged the slowest): an upper bound
+  double wall_s = 0;          // wall time of the evaluation
+};
+
+struct ScalePoint {
+  int world_size = 0;
+  int global_batch = 0;
+  bool valid = false;
+  std::string why_not;  // when not valid (batch does not divide, shard group does not divide)
+  StepEval eval;
+  double tokens_per_s = 0;
+  double efficiency = 0;  // T_n / (T_0 * n / n_0), T = tokens/s, 0 = the first valid point
+  std::size_t memory_per_rank_bytes = 0;
+  bool fits = false;
+};
+
+struct Goodput {
+  bool valid = false;
+  std::string note;
+  double failure_rate_per_s = 0;  // lambda = world / (mtbf_gpu_hours * 3600)
+  double job_mtbf_s = 0;          // 1 / lambda
+  double interval_s = 0;          // tau = checkpoint_every_steps * step time
+  double fraction = 0;            // tau/(tau+delta) * (1 - lambda*((tau+delta)/2 + R))
+  double effective_tokens_per_s = 0;
+  double young_interval_steps = 0;  // sqrt(2 delta / lambda) / step time
+  double fraction_at_young = 0;
+};
+
+struct ConfigPlan {
+  std::string config;  // ParallelSpec::label()
+  ParallelSpec spec;
+  std::string strategy;
+  int world_size = 0;
+  bool modelled = false;
+  std::string note;  // the ranking's one-line why (or why not modelled)
+  StepEval eval;
+  double bubble_fraction = 0;  // pure data parallelism has no pipeline bubble
+  parallel::LedgerRow ledger;
+  std::size_t memory_per_rank_bytes = 0;  // model state + gather peak + activation peak
+  bool fits = false;
+  double tokens_per_step = 0;  // train.global_batch * model.seq_len
+  double tokens_per_s = 0;
+  double model_flops_per_step = 0;
+  double mfu = 0;  // model FLOPs / (step time * world * peak)
+  double hfu = 0;  // the same with recompute counted
+  Goodput goodput;
+  std::optional<StepEval> simulated;  // SimWorld meta run (--simulate-ranks)
+  double simulated_rel_diff = 0;
+  std::vector<ScalePoint> strong, weak;
+};
+
+struct PlanResult {
+  std::string scenario;
+  std::string description;
+  double device_memory_bytes = 0;
+  double compute_efficiency = 1;
+  std::string reduce_dtype;  // dtype of gradient reductions in the skeleton
+  std::vector<ConfigPlan> configs;
+  int best = -1;            // fastest configuration that fits, or -1
+  int fastest = -1;         // fastest modelled configuration, fitting or not
+  int scaling_config = -1;  // whose scaling curves report.json's plan.scaling shows
+  double wall_s = 0;
+};
+
+// Throws ScenarioError (exit 2) when the scenario's plan section is unusable.
+PlanResult plan_scenario(const Scenario& s, const PlanOptions& o = {});
+
+// Evaluates one configuration at DP size `dp` with this global batch on the symmetric clock
+// (or, with simulate, on a SimWorld in meta mode). Throws ScenarioError when the batch does not
+// split.
+StepEval evaluate(const Scenario& s, const ParallelSpec& p, int dp, int global_batch,
+                  const PlanOptions& o, bool simulate = false);
+
+// The `plan` object of report.json (DESIGN.md; html.cpp draws candidates and scaling).
+nlohmann::json plan_json(const PlanResult& r);
+
+}  // namespace shardcheck::harness

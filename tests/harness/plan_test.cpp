@@ -1,0 +1,246 @@
+// The planner: the symmetric clock against the real SimWorld meta run of the same skeleton (every
+// strategy, ranks across nodes), a closed form (DDP, one bucket), scaling efficiency, a candidate
+// that cannot fit, and `shardcheck plan` exit codes and --json / --report fields read as JSON.
+#include <gtest/gtest.h>
+
+#include <sys/wait.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "harness/plan.hpp"
+#include "harness/scenario.hpp"
+#include "parallel/flops.hpp"
+#include "parallel/ledger.hpp"
+#include "reference/model.hpp"
+
+namespace shardcheck::harness {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+const std::string kSmall = std::string(SHARDCHECK_SCENARIOS_DIR) + "/plan/small-dp.json";
+
+json small_json() {
+  std::ifstream f(kSmall);
+  return json::parse(f);
+}
+
+struct Result {
+  int code = -1;
+  std::string out;
+};
+
+Result shardcheck(const std::string& args) {
+  const std::string cmd = std::string(SHARDCHECK_BIN) + " " + args + " 2>&1";
+  Result r;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return r;
+  char buf[4096];
+  while (std::fgets(buf, sizeof buf, p)) r.out += buf;
+  const int status = pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+// One configuration as a parallel object over the small scenario, at `ranks` ranks.
+Scenario with(json base, const json& parallel, int ranks) {
+  json p = parallel;
+  p["dp"] = ranks;
+  base["parallel"] = p;
+  base.erase("matrix");
+  base["train"]["global_batch"] = 4 * ranks;  // two microbatches of 2 per rank
+  return parse_scenario(base);
+}
+
+TEST(Plan, SymmetricClockEqualsSimWorldMeta) {
+  const json configs[] = {
+      {{"zero", 0}, {"bucket_elems", 100000}},
+      {{"zero", 1}},
+      {{"zero", 2}},
+      {{"zero", 3}},
+      {{"fsdp", "full_shard"}},
+      {{"fsdp", {{"sharding", "full_shard"}, {"prefetch", 2}, {"reshard_after_forward", false}}}},
+      {{"fsdp", "shard_grad_op"}},
+      {{"fsdp", "no_shard"}},
+      {{"fsdp", {{"sharding", "hybrid_shard"}, {"shard_group_size", 4}}}},
+  };
+  for (int ranks : {8, 16, 64}) {
+    for (const json& c : configs) {
+      // 64 ranks cost ~1 ms of wall time per collective: the strategies with distinct patterns.
+      if (ranks == 64 && c.contains("zero") && c["zero"] != 0 && c["zero"] != 3) continue;
+      const Scenario s = with(small_json(), c, ranks);
+      const ParallelSpec& p = s.configs.front();
+      const StepEval clock = evaluate(s, p, ranks, s.train.global_batch, {});
+      const StepEval world = evaluate(s, p, ranks, s.train.global_batch, {}, true);
+      EXPECT_GT(clock.step_time_s, 0);
+      EXPECT_LE(std::fabs(clock.step_time_s - world.step_time_s), 1e-9 * world.step_time_s)
+          << p.label() << " at " << ranks << " ranks: clock " << clock.step_time_s
+          << " s, SimWorld " << world.step_time_s << " s";
+      EXPECT_FALSE(clock.asymmetric) << p.label();
+    }
+  }
+}
+
+// DDP, one bucket (so nothing overlaps: the bucket is complete only after the last backward), one
+// microbatch, f32: step = all_reduce(3 i64) + compute + all_reduce(N f32) + all_reduce(2 f64)
+// + all_gather(1 i32 per rank) + AdamW, with the ring formulas written out.
+TEST(Plan, DdpOneBucketIsTheClosedForm) {
+  json j = small_json();
+  j["train"]["precision"] = "f32";
+  Scenario s = with(j, {{"zero", 0}, {"bucket_elems", 1 << 30}}, 16);
+  s.train.global_batch = 32;  // one microbatch of 2 per rank
+  const ParallelSpec& p = s.configs.front();
+  const StepEval e = evaluate(s, p, 16, 32, {});
+
+  const double n = 16, a = 10e-6, b = 1.0 / 50e9, peak = 989e12, hbm = 4800e9;
+  const auto ring_all_reduce = [&](double bytes) {
+    return 2 * (n - 1) * a + 2 * (n - 1) / n * bytes * b;
+  };
+  const auto all_gather = [&](double bytes) { return (n - 1) * a + (n - 1) / n * bytes * b; };
+  double params = 0;
+  for (const auto& [name, shape] : ref::param_shapes(s.model)) {
+    double x = 1;
+    for (auto d : shape) x *= static_cast<double>(d);
+    params += x;
+  }
+  const double flops = 3 * 2 * parallel::model_forward_flops(s.model, s.model.seq_len);
+  const double adam = std::max(12 * params / peak, params * (4 + 4 + 8) / hbm);
+  const double want = ring_all_reduce(24) + flops / peak + ring_all_reduce(4 * params) +
+                      ring_all_reduce(16) + all_gather(4 * n) + adam;
+  EXPECT_NEAR(e.step_time_s, want, 1e-12 * want);
+  EXPECT_NEAR(e.exposed_comm_s, want - flops / peak - adam, 1e-9 * want);
+}
+
+TEST(Plan, StrongScalingEfficiencyFallsAcrossNodes) {
+  json j = small_json();
+  j["matrix"] = json::array({{{"zero", 0}}, {{"fsdp", "full_shard"}}});
+  j["plan"]["world_sizes"] = {4, 8, 16, 32};
+  const PlanResult r = plan_scenario(parse_scenario(j));
+  ASSERT_EQ(r.configs.size(), 2u);
+  for (const ConfigPlan& c : r.configs) {
+    ASSERT_EQ(c.strong.size(), 4u);
+    EXPECT_DOUBLE_EQ(c.strong[0].efficiency, 1.0) << c.config;
+    for (std::size_t i = 1; i < c.strong.size(); ++i) {
+      ASSERT_TRUE(c.strong[i].valid) << c.config << " " << c.strong[i].why_not;
+      EXPECT_LE(c.strong[i].efficiency, 1.0) << c.config;
+      EXPECT_LT(c.strong[i].efficiency, c.strong[i - 1].efficiency)
+          << c.config << " at " << c.strong[i].world_size;
+    }
+    for (const ScalePoint& w : c.weak) EXPECT_LE(w.efficiency, 1.0 + 1e-12) << c.config;
+  }
+}
+
+// Device memory between ZeRO-3's and DDP's per-rank totals: DDP does not fit, ZeRO-3 does and is
+// the recommendation, and the reason says so.
+TEST(Plan, ACandidateThatCannotFitIsReportedSo) {
+  json j = small_json();
+  j["matrix"] = json::array({{{"zero", 0}}, {{"zero", 3}}});
+  Scenario s = parse_scenario(j);
+  const auto total = [&](parallel::Strategy st) {
+    parallel::LedgerInput in{.model = s.model,
+                             .recipe = parallel::recipe_of(s.train.precision),
+                             .options = {.strategy = st},
+                             .dp = 8,
+                             .micro_batch = s.train.micro_batch};
+    const parallel::LedgerRow l = parallel::ledger(in);
+    return static_cast<double>(l.model_state() + l.gather_peak + l.activation_peak);
+  };
+  const double ddp = total(parallel::Strategy::ddp), z3 = total(parallel::Strategy::zero3);
+  ASSERT_LT(z3, ddp);
+  s.topology.memory_gib = (ddp + z3) / 2 / (1024.0 * 1024.0 * 1024.0);
+  const PlanResult r = plan_scenario(s);
+  ASSERT_EQ(r.configs.size(), 2u);
+  EXPECT_FALSE(r.configs[0].fits);
+  EXPECT_TRUE(r.configs[1].fits);
+  EXPECT_EQ(r.best, 1);
+  EXPECT_NE(r.configs[0].note.find("does not fit"), std::string::npos) << r.configs[0].note;
+  EXPECT_NE(r.configs[1].note.find("fastest that fits"), std::string::npos) << r.configs[1].note;
+}
+
+TEST(Plan, GoodputFollowsTheStatedFormula) {
+  const Scenario s = parse_scenario(small_json());
+  const PlanResult r = plan_scenario(s);
+  const ConfigPlan& c = r.configs.front();
+  const PlanSpec& f = s.plan;
+  const double lambda = 8 / (f.mtbf_gpu_hours * 3600),
+               tau = f.checkpoint_every_steps * c.eval.step_time_s, d = f.checkpoint_save_s,
+               R = f.restart_s;
+  const double want = tau / (tau + d) * (1 - lambda * ((tau + d) / 2 + R));
+  EXPECT_NEAR(c.goodput.fraction, want, 1e-12);
+  EXPECT_NEAR(c.goodput.effective_tokens_per_s, c.tokens_per_s * want, 1e-6 * c.tokens_per_s);
+}
+
+TEST(Plan, BadInputExitsTwo) {
+  const fs::path dir = fs::temp_directory_path() / "shardcheck_plan_bad";
+  fs::create_directories(dir);
+  json j = small_json();
+  j["plan"]["world_sizes"] = {0};
+  std::ofstream(dir / "bad.json") << j.dump();
+  const std::pair<std::string, std::string> cases[] = {
+      {"plan " + (dir / "missing.json").string(), "missing.json"},
+      {"plan " + (dir / "bad.json").string(), "world_sizes"},
+      {"plan " + kSmall + " --compute-efficiency 1.5", "--compute-efficiency"},
+      {"plan " + kSmall + " --reduce-dtype i8", "--reduce-dtype"},
+      {"plan", "scenario"},
+  };
+  for (const auto& [args, message] : cases) {
+    const Result r = shardcheck(args);
+    EXPECT_EQ(r.code, 2) << args << "\n" << r.out;
+    EXPECT_NE(r.out.find(message), std::string::npos) << args << "\n" << r.out;
+  }
+  fs::remove_all(dir);
+}
+
+TEST(Plan, JsonAndReportFields) {
+  const fs::path dir = fs::temp_directory_path() / "shardcheck_plan_report";
+  fs::remove_all(dir);
+  const Result r =
+      shardcheck("plan " + kSmall + " --json --simulate-ranks 8 --report " + dir.string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  const json out = json::parse(r.out);
+  const json& plan = out.at("plan");
+  ASSERT_EQ(plan.at("candidates").size(), 7u);
+  int modelled = 0;
+  for (const json& c : plan["candidates"]) {
+    for (const char* k : {"config", "mesh", "step_time_s", "memory_per_rank_bytes", "fits",
+                          "tokens_per_s", "mfu", "goodput", "note"})
+      EXPECT_TRUE(c.contains(k)) << k << " in " << c.dump();
+    if (!c.at("modelled").get<bool>()) {
+      EXPECT_NE(c.at("note").get<std::string>().find("not modelled yet"), std::string::npos);
+      EXPECT_TRUE(c.at("step_time_s").is_null());
+      continue;
+    }
+    ++modelled;
+    EXPECT_GT(c.at("step_time_s").get<double>(), 0);
+    EXPECT_GT(c.at("mfu").get<double>(), 0);
+    EXPECT_LT(c.at("mfu").get<double>(), 1);
+    EXPECT_EQ(c.at("bubble_fraction").get<double>(), 0);
+    EXPECT_LE(c.at("exposed_comm_s").get<double>(), c.at("step_time_s").get<double>());
+    EXPECT_LE(c.at("simulated_rel_diff").get<double>(), 1e-9);
+  }
+  EXPECT_EQ(modelled, 6);
+  EXPECT_TRUE(plan.at("best").is_string());
+  for (const char* series : {"strong", "weak"})
+    for (const json& p : plan.at("scaling").at(series)) {
+      EXPECT_TRUE(p.contains("world_size"));
+      EXPECT_TRUE(p.contains("step_time_s"));
+      EXPECT_TRUE(p.contains("tokens_per_s"));
+      EXPECT_TRUE(p.contains("efficiency"));
+    }
+  EXPECT_TRUE(plan.at("goodput").contains("fraction"));
+  std::ifstream f(dir / "report.json");
+  const json report = json::parse(f);
+  EXPECT_TRUE(report.at("pass").get<bool>());
+  EXPECT_EQ(report.at("plan").at("candidates").size(), 7u);
+  EXPECT_TRUE(fs::file_size(dir / "index.html") > 1000);
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace shardcheck::harness
