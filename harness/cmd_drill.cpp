@@ -1,0 +1,208 @@
+// `shardcheck drill checkpoint SCENARIO.json [--report DIR] [--junit FILE] [--keep-dir DIR]`: runs
+// the scenario's checkpoint drills (drill.hpp), prints one line per drill, writes report.json,
+// index.html and JUnit, and maps the verdicts to exit codes (0 all pass, 1 a drill failed, 2 bad
+// input, 3 a drill broke).
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "harness/cli.hpp"
+#include "harness/cli_commands.hpp"
+#include "harness/drill.hpp"
+#include "harness/html.hpp"
+#include "harness/report.hpp"
+#include "harness/scenario.hpp"
+
+namespace shardcheck::harness {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct DrillArgs {
+  std::string scenario;
+  std::string report;
+  std::string junit;
+  std::string keep_dir;
+};
+
+std::string xml(const std::string& s) {
+  std::string o;
+  for (char c : s) {
+    switch (c) {
+      case '&':
+        o += "&amp;";
+        break;
+      case '<':
+        o += "&lt;";
+        break;
+      case '>':
+        o += "&gt;";
+        break;
+      case '"':
+        o += "&quot;";
+        break;
+      case '\'':
+        o += "&apos;";
+        break;
+      default:
+        // XML 1.0 has no other control characters than tab and newlines.
+        if (static_cast<unsigned char>(c) < 0x20 && c != '\t' && c != '\n' && c != '\r')
+          o += ' ';
+        else
+          o += c;
+    }
+  }
+  return o;
+}
+
+// An output directory the user named: created (or refused) before the drills run.
+void prepare_dir(const std::string& option, const std::string& dir, bool must_be_empty) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec || !fs::is_directory(dir))
+    throw BadInput(option + ": cannot create the directory '" + dir + "'" +
+                   (ec ? " (" + ec.message() + ")" : ""));
+  // The drills write step-N directories of their own and damage some of them: never mix them
+  // with checkpoints that are already there.
+  if (must_be_empty && !fs::is_empty(dir, ec))
+    throw BadInput(option + ": '" + dir + "' is not empty; give a new or empty directory");
+}
+
+void write_file(const fs::path& path, const std::string& option, const std::string& text) {
+  std::ofstream f(path);
+  if (!f) throw BadInput(option + ": cannot write '" + path.string() + "'");
+  f << text;
+}
+
+int drill_cmd(const DrillArgs& a) {
+  Scenario s;
+  try {
+    s = load_scenario(a.scenario);
+    drills_to_run(s);  // refuses an undrillable scenario before anything runs
+  } catch (const ScenarioError& e) {
+    throw BadInput(e.what());
+  }
+  if (!a.report.empty()) prepare_dir("--report", a.report, false);
+  if (!a.keep_dir.empty()) prepare_dir("--keep-dir", a.keep_dir, true);
+  DrillReport r;
+  try {
+    r = run_drills(s, {.work_dir = a.keep_dir});
+  } catch (const ScenarioError& e) {
+    throw BadInput(a.scenario + ": " + e.what());
+  }
+  print_drill_table(std::cout, r);
+  std::cout << std::flush;
+  if (!a.report.empty()) {
+    const nlohmann::json j = drill_report_json(r);
+    write_file(fs::path(a.report) / "report.json", "--report", j.dump(2) + "\n");
+    write_file(fs::path(a.report) / "index.html", "--report", render_html(j));
+  }
+  if (!a.junit.empty()) write_drill_junit(r, a.junit);
+  if (r.broke()) {
+    std::cerr << "shardcheck: the run broke: a drill stopped on an unexpected error (see above)\n";
+    return kExitRunBroke;
+  }
+  return r.pass() ? kExitOk : kExitCheckFailed;
+}
+
+}  // namespace
+
+nlohmann::json drill_report_json(const DrillReport& r) {
+  const Scenario& s = r.scenario;
+  nlohmann::json drills = nlohmann::json::array();
+  for (const DrillResult& d : r.drills)
+    drills.push_back({{"name", d.name},
+                      {"pass", d.pass},
+                      {"detail", d.detail},
+                      {"broke", d.broke},
+                      {"wall_seconds", d.wall_seconds}});
+  return {{"pass", r.pass()},
+          {"broke", r.broke()},
+          {"command", "drill checkpoint"},
+          {"scenario", s.name},
+          {"description", s.description},
+          {"backend", "sim"},
+          {"world_size", s.parallel.mesh.world_size()},
+          {"config", r.config},
+          {"restore_config",
+           r.restore_config.empty() ? nlohmann::json(nullptr) : nlohmann::json(r.restore_config)},
+          {"checkpoint",
+           {{"save_step", r.save_step}, {"steps", r.steps}, {"every", s.checkpoint.every}}},
+          {"work_dir",
+           r.work_dir.empty() ? nlohmann::json(nullptr) : nlohmann::json(r.work_dir.string())},
+          {"manifest", manifest_json(s)},
+          {"drills", drills}};
+}
+
+void write_drill_junit(const DrillReport& r, const std::string& file) {
+  std::ofstream f(file);
+  if (!f) throw BadInput("--junit: cannot write '" + file + "'");
+  std::size_t failures = 0;
+  double total = 0;
+  for (const DrillResult& d : r.drills) {
+    failures += !d.pass;
+    total += d.wall_seconds;
+  }
+  f << "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
+    << "<testsuites tests=\"" << r.drills.size() << "\" failures=\"" << failures << "\">\n"
+    << "  <testsuite name=\"drill." << xml(r.scenario.name) << "\" tests=\"" << r.drills.size()
+    << "\" failures=\"" << failures << "\" time=\"" << total << "\">\n";
+  for (const DrillResult& d : r.drills) {
+    f << "    <testcase classname=\"drill." << xml(r.scenario.name) << "\" name=\"" << xml(d.name)
+      << "\" time=\"" << d.wall_seconds << "\">";
+    if (!d.pass)
+      f << "<failure message=\"" << xml(d.broke ? "broke" : "not fail-closed or not exact") << "\">"
+        << xml(d.detail) << "</failure>";
+    else
+      f << "<system-out>" << xml(d.detail) << "</system-out>";
+    f << "</testcase>\n";
+  }
+  f << "  </testsuite>\n</testsuites>\n";
+  if (!f) throw BadInput("--junit: cannot write '" + file + "'");
+}
+
+void print_drill_table(std::ostream& os, const DrillReport& r) {
+  os << "# drill checkpoint " << r.scenario.name << ": " << r.config << " saves step-"
+     << r.save_step << " of " << r.steps << " steps"
+     << (r.restore_config.empty() ? "" : "; resharded restore into " + r.restore_config) << "\n";
+  if (!r.work_dir.empty()) os << "# checkpoints kept in " << r.work_dir.string() << "\n";
+  char line[128];
+  std::snprintf(line, sizeof line, "  %-22s %-6s %s\n", "drill", "result", "detail");
+  os << line;
+  std::size_t failed = 0;
+  for (const DrillResult& d : r.drills) {
+    failed += !d.pass;
+    std::snprintf(line, sizeof line, "  %-22s %-6s ", d.name.c_str(),
+                  d.pass    ? "pass"
+                  : d.broke ? "BROKE"
+                            : "FAIL");
+    os << line << d.detail << "\n";
+  }
+  os << "drills: " << r.drills.size() - failed << " passed, " << failed << " failed\n";
+}
+
+void add_drill_command(CLI::App& app, int& exit_code) {
+  auto args = std::make_shared<DrillArgs>();
+  auto* drill = app.add_subcommand("drill", "Fault drills");
+  drill->require_subcommand(1);
+  auto* ckpt = drill->add_subcommand(
+      "checkpoint",
+      "Checkpoint drills: good checkpoints restore exactly (same and other mesh), damaged ones "
+      "are refused naming the shard");
+  ckpt->add_option("scenario", args->scenario, "Scenario JSON file (with a drills list)")
+      ->required();
+  ckpt->add_option("--report", args->report,
+                   "Write report.json and index.html into this directory");
+  ckpt->add_option("--junit", args->junit, "Write JUnit XML (one testcase per drill)");
+  ckpt->add_option("--keep-dir", args->keep_dir,
+                   "Keep the drills' checkpoints in this new or empty directory (default: a "
+                   "temporary directory, removed)");
+  ckpt->callback([args, &exit_code] { exit_code = drill_cmd(*args); });
+}
+
+}  // namespace shardcheck::harness

@@ -1,0 +1,729 @@
+// The checkpoint drills (drill.hpp). Every training or restore runs in its own sim::SimWorld with
+// fresh engines, as a restarted job would. Damaged checkpoints are copies in per-drill directories,
+// so no drill can spoil the good checkpoint the others restore from.
+#include "harness/drill.hpp"
+
+#include <stdlib.h>
+
+#include <algorithm>
+#include <bit>
+#include <chrono>
+#include <cstdio>
+#include <functional>
+#include <optional>
+
+#include "checkpoint/checkpoint.hpp"
+#include "comm/errors.hpp"
+#include "harness/checkpointing.hpp"
+#include "harness/runner.hpp"
+#include "harness/sim_options.hpp"
+#include "parallel/data_parallel.hpp"
+#include "parallel/parity.hpp"
+#include "reference/data.hpp"
+#include "reference/trainer.hpp"
+#include "sim/world.hpp"
+
+namespace shardcheck::harness {
+
+namespace {
+
+namespace fs = std::filesystem;
+namespace ck = checkpoint;
+
+constexpr const char* kLatestBad = "latest_bad_refused";
+
+std::string g3(double v) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.3g", v);
+  return b;
+}
+
+std::string step_name(int k) {
+  return ck::step_dir_name(static_cast<std::uint64_t>(k));
+}
+
+std::string steps_text(int from, int to) {
+  return from == to ? "step " + std::to_string(from)
+                    : "steps " + std::to_string(from) + "-" + std::to_string(to);
+}
+
+std::string not_built(const ParallelSpec& p) {
+  const auto& m = p.mesh;
+  if (m.tp > 1 || m.pp > 1 || m.cp > 1 || m.ep > 1)
+    return p.label() +
+           ": tensor, pipeline, context and expert parallel checkpoints are not built "
+           "yet (issue 7)";
+  return "";
+}
+
+std::string config_text(const Scenario& s, const ParallelSpec& p) {
+  return p.label() + " (" + std::string(parallel::name_of(engine_options(s, p).strategy)) + ")";
+}
+
+struct Trace {  // the single-device reference
+  std::vector<ref::StepRecord> steps;
+  std::vector<ref::ParamMap<double>> params;  // after each step
+};
+
+// What one simulated training run recorded. Steps, sample ids and cursors are rank 0's (every
+// rank's step record is the global one); parameters and state are every rank's own.
+struct Trajectory {
+  int first_step = 1;
+  std::vector<ref::StepRecord> steps;
+  std::vector<std::vector<std::int64_t>> ids;  // the global batch's sample ids of each step
+  std::vector<TrainCursor> cursors;            // after each step
+  std::optional<TrainCursor> restored;
+  std::vector<ref::ParamMap<double>> final_params;
+  std::vector<std::vector<parallel::StatePiece>> final_state;
+  int last_step() const { return first_step + static_cast<int>(steps.size()) - 1; }
+};
+
+struct TrainPlan {
+  ParallelSpec spec{};
+  fs::path resume_from{};  // a step directory; empty: from the initial weights
+  int last_step = 0;
+  fs::path save_dir{};
+  std::vector<int> save_at{};
+  int crash_step = 0;  // the save at this step loses crash_rank after it wrote its shards
+  int crash_rank = -1;
+};
+
+// One rank's answer to a restore that should be refused.
+struct Attempt {
+  bool refused = false;  // threw checkpoint::RestoreError
+  ck::Reason reason = ck::Reason::io_error;
+  std::string file, what, previous_good;
+  std::string other;  // any other exception (not fail-closed)
+  bool untouched = true;
+  std::string changed;  // the first state piece that changed
+};
+
+struct Ctx {
+  const Scenario& s;
+  PlantedBug bug = PlantedBug::none;
+  ref::Dataset ds{};
+  Trace want{};
+  ParallelSpec base{};
+  std::optional<ParallelSpec> target{};
+  int k = 0, k2 = 0;  // restores start at k; crash_before_commit and latest_bad also save at k2
+  fs::path root{};
+  double tol = 0;
+  std::optional<Trajectory> straight{};  // the uninterrupted run, saving at k and k2
+  std::optional<Trajectory> resumed{};   // restored at k on the base mesh, trained to the end
+  std::exception_ptr resumed_error{};
+};
+
+Trace reference_trace(const Scenario& s, const ref::Dataset& ds) {
+  ref::DistributedSampler sampler(static_cast<int64_t>(ds.samples.size()), s.train.global_batch,
+                                  s.seed, s.data.drop_last);
+  ref::Trainer trainer(s.model, s.train, s.seed);
+  Trace t;
+  for (int n = 1; n <= s.train.steps; ++n) {
+    t.steps.push_back(trainer.step(ref::gather_batch(ds, sampler.next_global_batch())));
+    t.params.push_back(trainer.params());
+  }
+  return t;
+}
+
+// PlantedBug::skip_checksums: each rank opens the checkpoint alone without hashing payloads and
+// imports straight away; a read that re-hashes a whole shard may still throw, but only mid-import.
+TrainCursor restore_unverified(parallel::DataParallelEngine& e, const fs::path& step_dir) {
+  const ck::Checkpoint c = ck::Checkpoint::open(step_dir, {.verify_checksums = false});
+  e.import_state([&](const std::string& tensor, comm::DType, std::size_t begin, std::size_t count,
+                     std::span<std::byte> out) {
+    c.read(tensor, ck::FlatRange{begin, count}, out);
+  });
+  const ck::RunState& st = c.manifest().state;
+  TrainCursor cur;
+  cur.step = static_cast<int>(st.step);
+  cur.consumed_samples = static_cast<std::int64_t>(st.consumed_samples);
+  cur.consumed_tokens = static_cast<std::int64_t>(st.consumed_tokens);
+  const nlohmann::json& j = st.sampler;
+  cur.sampler = {j.at("epoch"), j.at("offset"), j.at("steps"), j.at("padded"), j.at("drop_last")};
+  return cur;
+}
+
+// restore_training as the drills call it, or with the planted bug a test asked for.
+TrainCursor restore(comm::Communicator& c, parallel::DataParallelEngine& e, const Ctx& x,
+                    const fs::path& step_dir) {
+  switch (x.bug) {
+    case PlantedBug::swallow_restore_errors:
+      try {
+        return restore_training(c, e, x.s, step_dir);
+      } catch (const ck::RestoreError&) {
+        return {};
+      }
+    case PlantedBug::skip_checksums:
+      return restore_unverified(e, step_dir);
+    case PlantedBug::off_by_one_step: {
+      TrainCursor cur = restore_training(c, e, x.s, step_dir);
+      cur.step -= 1;
+      return cur;
+    }
+    default:
+      return restore_training(c, e, x.s, step_dir);
+  }
+}
+
+// The checkpoint a resume from `dir` uses: the newest committed one, validated (open_latest
+// refuses a bad newest one naming the previous good one), or what a planted bug picks instead.
+fs::path resolve_latest(const Ctx& x, const fs::path& dir) {
+  if (x.bug == PlantedBug::accept_uncommitted) {
+    fs::path best;
+    std::uint64_t best_step = 0;
+    for (const auto& e : fs::directory_iterator(dir)) {
+      std::string name = e.path().filename().string();
+      if (name.ends_with(".tmp")) name.resize(name.size() - 4);
+      if (auto n = ck::parse_step_dir_name(name); n && (best.empty() || *n >= best_step)) {
+        best = e.path();
+        best_step = *n;
+      }
+    }
+    return best;
+  }
+  if (x.bug == PlantedBug::skip_bad_latest) {
+    try {
+      return ck::open_latest(dir).path();
+    } catch (const ck::RestoreError& e) {
+      if (e.previous_good().empty()) throw;
+      return e.previous_good();
+    }
+  }
+  return ck::open_latest(dir).path();
+}
+
+// Whether a rank failure's root cause is an E (a planted crash, a checkpoint refusal).
+template <class E>
+bool caused_by(const sim::RankFailure& f) {
+  try {
+    f.rethrow_cause();
+  } catch (const E&) {
+    return true;
+  } catch (...) {
+  }
+  return false;
+}
+
+sim::SimOptions world_options(const Scenario& s, int n) {
+  Scenario calm = s;  // the drills inject checkpoint damage, not the scenario's run faults
+  calm.faults.clear();
+  return sim_options(calm, n);
+}
+
+// Trains plan.spec on a fresh SimWorld. Throws sim::RankFailure when a rank fails.
+Trajectory train(const Ctx& x, const TrainPlan& plan) {
+  const ParallelSpec& p = plan.spec;
+  const int n = p.mesh.world_size();
+  const parallel::DataParallelOptions opt = engine_options(x.s, p);
+  sim::SimWorld world(n, world_options(x.s, n));
+  Trajectory t;
+  t.final_params.resize(static_cast<std::size_t>(n));
+  t.final_state.resize(static_cast<std::size_t>(n));
+  world.run([&](comm::Communicator& c) {
+    const bool lead = c.rank() == 0;
+    parallel::DataParallelEngine engine(c, x.s.model, x.s.train, x.s.seed, opt);
+    ref::DistributedSampler sampler(static_cast<int64_t>(x.ds.samples.size()),
+                                    x.s.train.global_batch, x.s.seed, x.s.data.drop_last);
+    TrainCursor cur;
+    if (!plan.resume_from.empty()) {
+      cur = restore(c, engine, x, plan.resume_from);
+      if (x.bug != PlantedBug::replay_data) sampler.restore(cur.sampler);
+      if (lead) t.restored = cur;
+    }
+    if (lead) t.first_step = cur.step + 1;
+    for (int k = cur.step + 1; k <= plan.last_step; ++k) {
+      const std::vector<std::int64_t> ids = sampler.next_global_batch();
+      const ref::StepRecord rec = engine.step(parallel::rank_batch(x.ds, ids, c.rank(), c.size()));
+      cur.step = k;
+      cur.consumed_samples += x.s.train.global_batch;
+      cur.consumed_tokens += rec.non_padding_tokens;
+      cur.sampler = sampler.state();
+      if (lead) {
+        t.steps.push_back(rec);
+        t.ids.push_back(ids);
+        t.cursors.push_back(cur);
+      }
+      if (std::find(plan.save_at.begin(), plan.save_at.end(), k) != plan.save_at.end()) {
+        // Throwaway drill data: no fsync (the commit order, which the drills check, is the same).
+        // keep = 0 (all): retention must not delete step-k, which every restore drill starts from.
+        ck::SaveOptions so{.keep = 0, .durable = false};
+        if (k == plan.crash_step) so = ck::drill::crash_before_commit(so, plan.crash_rank);
+        save_training(c, engine, x.s, p, cur, plan.save_dir, so);
+      }
+    }
+    const auto r = static_cast<std::size_t>(c.rank());
+    t.final_params[r] = engine.full_params();
+    t.final_state[r] = engine.export_state();
+  });
+  return t;
+}
+
+std::uint64_t bits(double v) {
+  return std::bit_cast<std::uint64_t>(v);
+}
+
+// "" when the two state exports are byte for byte the same, else the first difference.
+std::string state_diff(const std::vector<parallel::StatePiece>& got,
+                       const std::vector<parallel::StatePiece>& want) {
+  if (got.size() != want.size())
+    return std::to_string(got.size()) + " state pieces instead of " + std::to_string(want.size());
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    const auto &a = got[i], &b = want[i];
+    if (a.tensor != b.tensor || a.begin != b.begin || a.count != b.count || a.dtype != b.dtype)
+      return "state piece " + std::to_string(i) + " is " + a.tensor + " instead of " + b.tensor;
+    if (a.bytes != b.bytes) return a.tensor + " differs";
+  }
+  return "";
+}
+
+// "" when every parameter is bitwise equal, else the first difference.
+std::string params_diff(const ref::ParamMap<double>& got, const ref::ParamMap<double>& want) {
+  for (const auto& e : want) {
+    const ref::Tensor<double>* t = got.find(e.name);
+    if (t == nullptr || t->vec().size() != e.value.vec().size()) return e.name + " is missing";
+    for (std::size_t i = 0; i < t->vec().size(); ++i)
+      if (bits(t->vec()[i]) != bits(e.value.vec()[i]))
+        return e.name + "[" + std::to_string(i) + "] = " + g3(t->vec()[i]) + " instead of " +
+               g3(e.value.vec()[i]);
+  }
+  return "";
+}
+
+// "" when the run trained exactly steps from..N.
+std::string coverage(const Ctx& x, const Trajectory& t, int from) {
+  const int n = x.s.train.steps;
+  if (t.first_step == from && t.last_step() == n) return "";
+  return "the resumed run trained " +
+         (t.steps.empty() ? std::string("no step") : steps_text(t.first_step, t.last_step())) +
+         ", expected " + steps_text(from, n);
+}
+
+// Loss of every trained step and every rank's final parameters against the reference: the
+// largest relative error (parallel/parity.hpp) and where it was.
+std::pair<double, std::string> reference_error(const Ctx& x, const Trajectory& t) {
+  double worst = 0;
+  std::string where = "nowhere";
+  const auto note = [&](double e, const std::string& what) {
+    if (!(e <= worst)) {
+      worst = e;
+      where = what;
+    }
+  };
+  for (std::size_t i = 0; i < t.steps.size(); ++i) {
+    const int step = t.first_step + static_cast<int>(i);
+    if (step < 1 || step > x.s.train.steps) continue;
+    note(parallel::rel_err(t.steps[i].loss, x.want.steps[static_cast<std::size_t>(step - 1)].loss),
+         "step " + std::to_string(step) + " loss");
+  }
+  for (std::size_t r = 0; r < t.final_params.size(); ++r)
+    for (const auto& e : x.want.params.back()) {
+      const ref::Tensor<double>* got = t.final_params[r].find(e.name);
+      note(got ? parallel::tensor_rel_err(*got, e.value) : INFINITY,
+           "rank " + std::to_string(r) + " final " + e.name);
+    }
+  return {worst, where};
+}
+
+DrillResult parity_verdict(const Ctx& x, const Trajectory& t, int from, const std::string& head) {
+  DrillResult d;
+  if (std::string gap = coverage(x, t, from); !gap.empty()) {
+    d.detail = head + "; " + gap;
+    return d;
+  }
+  const auto [err, where] = reference_error(x, t);
+  d.pass = err <= x.tol;
+  d.detail = head + "; " + steps_text(from, x.s.train.steps) +
+             " and every rank's final parameters vs the reference: max_rel_err " + g3(err) +
+             (d.pass ? " <= " : " > ") + "tolerance " + g3(x.tol) + (d.pass ? "" : " at " + where);
+  return d;
+}
+
+const Trajectory& resumed_same(Ctx& x) {
+  if (!x.resumed && !x.resumed_error) {
+    try {
+      x.resumed = train(x, {.spec = x.base,
+                            .resume_from = x.root / "saved" / step_name(x.k),
+                            .last_step = x.s.train.steps});
+    } catch (...) {
+      x.resumed_error = std::current_exception();
+    }
+  }
+  if (x.resumed_error) std::rethrow_exception(x.resumed_error);
+  return *x.resumed;
+}
+
+// restore_same (the base mesh, the shared resumed run) or restore_resharded (restore_parallel).
+DrillResult restore_into(Ctx& x, bool resharded) {
+  const ParallelSpec& q = resharded ? *x.target : x.base;
+  if (std::string why = not_built(q); !why.empty()) return {.name = "", .detail = why};
+  const fs::path from = x.root / "saved" / step_name(x.k);
+  const Trajectory t =
+      resharded ? train(x, {.spec = q, .resume_from = from, .last_step = x.s.train.steps})
+                : resumed_same(x);
+  return parity_verdict(x, t, x.k + 1,
+                        "saved by " + config_text(x.s, x.base) + " at " + step_name(x.k) +
+                            ", restored into a new " + config_text(x.s, q));
+}
+
+// Same mesh: bitwise the uninterrupted run, and the data cursor exact.
+DrillResult resume_exact(Ctx& x) {
+  DrillResult d;
+  const Trajectory& t = resumed_same(x);
+  const Trajectory& u = *x.straight;
+  const std::int64_t batch = x.s.train.global_batch;
+  const auto fail = [&](const std::string& why) {
+    d.detail = "resumed from " + step_name(x.k) + " on " + config_text(x.s, x.base) + ": " + why;
+    return d;
+  };
+  if (std::string gap = coverage(x, t, x.k + 1); !gap.empty()) return fail(gap);
+  const TrainCursor &at = u.cursors[static_cast<std::size_t>(x.k - 1)], got = t.restored.value();
+  if (got.step != at.step || got.consumed_samples != x.k * batch ||
+      got.consumed_tokens != at.consumed_tokens || got.sampler.steps != at.sampler.steps ||
+      got.sampler.offset != at.sampler.offset || got.sampler.epoch != at.sampler.epoch)
+    return fail("the restored cursor is not the one saved (consumed_samples " +
+                std::to_string(got.consumed_samples) + ", expected " + std::to_string(x.k * batch) +
+                " = step x global_batch)");
+  for (std::size_t i = 0; i < t.steps.size(); ++i) {
+    const int step = t.first_step + static_cast<int>(i);
+    const auto j = static_cast<std::size_t>(step - 1);
+    if (t.ids[i] != u.ids[j])
+      return fail("step " + std::to_string(step) +
+                  " read other samples than the uninterrupted run (a sample replayed or skipped)");
+    if (t.cursors[i].consumed_samples != step * batch)
+      return fail("consumed_samples " + std::to_string(t.cursors[i].consumed_samples) +
+                  " after step " + std::to_string(step) + ", expected " +
+                  std::to_string(step * batch));
+    const ref::StepRecord &a = t.steps[i], &b = u.steps[j];
+    if (bits(a.loss) != bits(b.loss) || bits(a.grad_norm) != bits(b.grad_norm) ||
+        bits(a.lr) != bits(b.lr))
+      return fail("step " + std::to_string(step) + " loss " + g3(a.loss) + " (grad norm " +
+                  g3(a.grad_norm) + ", lr " + g3(a.lr) +
+                  ") is not bitwise the uninterrupted run's " + g3(b.loss));
+  }
+  for (std::size_t r = 0; r < t.final_state.size(); ++r) {
+    if (std::string diff = state_diff(t.final_state[r], u.final_state[r]); !diff.empty())
+      return fail("rank " + std::to_string(r) + " final state: " + diff);
+    if (std::string diff = params_diff(t.final_params[r], u.final_params[r]); !diff.empty())
+      return fail("rank " + std::to_string(r) + " final parameters: " + diff);
+  }
+  d.pass = true;
+  d.detail = "resumed from " + step_name(x.k) + " on a new " + config_text(x.s, x.base) + ": " +
+             steps_text(x.k + 1, x.s.train.steps) +
+             " bitwise equal to the uninterrupted run (losses, grad norms, LR; every rank's "
+             "parameters and optimizer state); same sample ids each step, consumed_samples = "
+             "step x " +
+             std::to_string(batch);
+  return d;
+}
+
+// Restores into fresh engines of the base mesh; `resolve` picks the step directory on each rank.
+std::vector<Attempt> attempt_restore(const Ctx& x, const std::function<fs::path()>& resolve) {
+  const int n = x.base.mesh.world_size();
+  const parallel::DataParallelOptions opt = engine_options(x.s, x.base);
+  sim::SimWorld world(n, world_options(x.s, n));
+  std::vector<Attempt> out(static_cast<std::size_t>(n));
+  world.run([&](comm::Communicator& c) {
+    Attempt& a = out[static_cast<std::size_t>(c.rank())];
+    parallel::DataParallelEngine engine(c, x.s.model, x.s.train, x.s.seed, opt);
+    const std::vector<parallel::StatePiece> before = engine.export_state();
+    try {
+      (void)restore(c, engine, x, resolve());
+    } catch (const ck::RestoreError& e) {
+      a.refused = true;
+      a.reason = e.reason();
+      a.file = e.file();
+      a.what = e.what();
+      a.previous_good = e.previous_good();
+    } catch (const std::exception& e) {
+      a.other = e.what();
+    }
+    a.changed = state_diff(engine.export_state(), before);
+    a.untouched = a.changed.empty();
+  });
+  return out;
+}
+
+// Pass only when every rank refused with the expected reason, named the damaged file, and its
+// engine is exactly as before.
+DrillResult judge(const std::vector<Attempt>& attempts, const ck::drill::Damage& damage,
+                  const std::string& head) {
+  DrillResult d;
+  const std::string want =
+      std::string(ck::name_of(damage.expect)) + " naming '" + damage.file + "'";
+  // Every rank's problem, ranks with the same one grouped: "rank 0, 1, 3: ...; rank 2: ...".
+  std::vector<std::pair<std::string, std::vector<int>>> problems;
+  for (std::size_t r = 0; r < attempts.size(); ++r) {
+    const Attempt& a = attempts[r];
+    std::string p;
+    if (!a.other.empty())
+      p = "failed with a non-checkpoint error instead of refusing (" + a.other + ")";
+    else if (!a.refused)
+      p = "did not refuse: the restore went on; expected " + want;
+    else if (a.reason != damage.expect || a.file != damage.file)
+      p = "refused with " + std::string(ck::name_of(a.reason)) + " naming '" + a.file +
+          "', expected " + want + " (" + a.what + ")";
+    else if (!a.untouched)
+      p = "refused, but only after changing the engine's state (" + a.changed + ")";
+    else
+      continue;
+    auto it =
+        std::find_if(problems.begin(), problems.end(), [&](const auto& e) { return e.first == p; });
+    if (it == problems.end()) it = problems.insert(problems.end(), {p, {}});
+    it->second.push_back(static_cast<int>(r));
+  }
+  d.pass = problems.empty();
+  d.detail = head;
+  for (const auto& [p, ranks] : problems)
+    d.detail += (ranks.size() > 1 ? "; ranks " : "; rank ") + comm::rank_list(ranks) + ": " + p;
+  if (d.pass)
+    d.detail += ": refused on all " + std::to_string(attempts.size()) +
+                " ranks before touching any state: " + (attempts.empty() ? "" : attempts[0].what);
+  return d;
+}
+
+fs::path copy_saved(const Ctx& x, int step, const std::string& drill) {
+  const fs::path dir = x.root / drill;
+  fs::create_directories(dir);
+  fs::copy(x.root / "saved" / step_name(step), dir / step_name(step), fs::copy_options::recursive);
+  return dir / step_name(step);
+}
+
+DrillResult damaged(const Ctx& x, const std::string& name) {
+  const fs::path step_dir = copy_saved(x, x.k, name);
+  // Spread over the manifest's shards (tensors by name, then slices), so that the drills hit
+  // several kinds of tensor (moments, master weights, parameters, step counters) and ranks.
+  const ck::Checkpoint saved = ck::Checkpoint::open(step_dir);
+  std::size_t shards = 0;
+  for (const ck::TensorRecord& t : saved.manifest().tensors) shards += t.shards.size();
+  const auto at = [&](std::size_t fifths) { return shards * fifths / 5; };
+  const ck::drill::Damage dmg =
+      name == "missing_shard"     ? ck::drill::remove_shard(step_dir, at(1))
+      : name == "corrupt_shard"   ? ck::drill::flip_payload_byte(step_dir, at(2), 3)
+      : name == "truncated_shard" ? ck::drill::truncate_shard(step_dir, at(3))
+                                  : ck::drill::replace_with_stale_shard(step_dir, at(4));
+  return judge(attempt_restore(x, [&] { return step_dir; }), dmg, dmg.what);
+}
+
+DrillResult latest_bad_refused(const Ctx& x) {
+  copy_saved(x, x.k, kLatestBad);
+  const fs::path newest = copy_saved(x, x.k2, kLatestBad);
+  const fs::path dir = newest.parent_path();
+  const ck::drill::Damage dmg = ck::drill::flip_payload_byte(newest, 0, 5);
+  const std::vector<Attempt> attempts = attempt_restore(x, [&] { return resolve_latest(x, dir); });
+  DrillResult d = judge(attempts, dmg, "newest " + step_name(x.k2) + ": " + dmg.what);
+  if (!d.pass) return d;
+  for (std::size_t r = 0; r < attempts.size(); ++r)
+    if (fs::path(attempts[r].previous_good).filename() != step_name(x.k)) {
+      d.pass = false;
+      d.detail = "rank " + std::to_string(r) + " refused the bad newest checkpoint but named '" +
+                 attempts[r].previous_good + "' as the previous good one, expected " +
+                 step_name(x.k);
+      return d;
+    }
+  d.detail += "; previous good checkpoint offered: " + step_name(x.k);
+  return d;
+}
+
+DrillResult crash_before_commit(const Ctx& x) {
+  DrillResult d;
+  const fs::path dir = x.root / "crash_before_commit";
+  const int victim = x.base.mesh.world_size() - 1;
+  const std::string k1 = step_name(x.k), k2 = step_name(x.k2);
+  const std::string head =
+      "rank " + std::to_string(victim) + " died at the " + k2 + " save after writing its shards";
+  try {
+    train(x, {.spec = x.base,
+              .last_step = x.k2,
+              .save_dir = dir,
+              .save_at = {x.k, x.k2},
+              .crash_step = x.k2,
+              .crash_rank = victim});
+    d.detail = head + ", yet SimWorld::run reported no failure";
+    return d;
+  } catch (const sim::RankFailure& e) {
+    if (e.rank() != victim || !caused_by<ck::drill::SimulatedCrash>(e)) {
+      d.detail = head + ", but SimWorld::run reported " + e.what();
+      return d;
+    }
+  }
+  if (fs::exists(dir / k2 / "SUCCESS")) {
+    d.detail = head + ", yet " + k2 + " was committed";
+    return d;
+  }
+  const auto latest = ck::latest_committed(dir);
+  if (!latest || latest->filename() != k1) {
+    d.detail = head + "; latest_committed is " + (latest ? latest->filename().string() : "none") +
+               ", expected " + k1;
+    return d;
+  }
+  const fs::path from = resolve_latest(x, dir);
+  if (from.filename() != k1) {
+    d.detail = head + "; the resume picked " + from.filename().string() + ", expected " + k1;
+    return d;
+  }
+  const bool tmp_left = fs::exists(dir / (k2 + ".tmp"));
+  const Trajectory t =
+      train(x, {.spec = x.base, .resume_from = from, .last_step = x.s.train.steps});
+  return parity_verdict(x, t, x.k + 1,
+                        head + ": run failed naming rank " + std::to_string(victim) + "; " +
+                            (tmp_left ? k2 + ".tmp left uncommitted" : "no " + k2) +
+                            "; open_latest = " + k1 + "; resumed from it");
+}
+
+// Runs one drill; a failure to restore a good checkpoint is a failed drill, anything else that
+// throws is a broken run.
+DrillResult run_one(Ctx& x, const std::string& name) {
+  const auto t0 = std::chrono::steady_clock::now();
+  DrillResult d;
+  try {
+    if (std::string why = not_built(x.base); !why.empty()) {
+      d.detail = why;
+    } else if (!x.straight) {
+      d.broke = true;
+      d.detail = "the uninterrupted run that saves the checkpoints broke";
+    } else if (name == "restore_same" || name == "restore_resharded") {
+      d = restore_into(x, name == "restore_resharded");
+    } else if (name == "resume_exact") {
+      d = resume_exact(x);
+    } else if (name == "crash_before_commit") {
+      d = crash_before_commit(x);
+    } else if (name == kLatestBad) {
+      d = latest_bad_refused(x);
+    } else {
+      d = damaged(x, name);
+    }
+  } catch (const sim::RankFailure& e) {
+    const bool refusal = caused_by<ck::CheckpointError>(e);
+    d.pass = false;
+    d.broke = !refusal;
+    d.detail =
+        (refusal ? "a good checkpoint was refused: " : "the run broke: ") + std::string(e.what());
+  } catch (const ck::CheckpointError& e) {
+    d.pass = false;
+    d.detail = std::string("a good checkpoint was refused: ") + e.what();
+  } catch (const std::exception& e) {
+    d.pass = false;
+    d.broke = true;
+    d.detail = std::string("the drill broke: ") + e.what();
+  }
+  // Paths inside the work directory are shown relative to it: the report does not depend on it.
+  for (std::size_t at; (at = d.detail.find(x.root.string() + "/")) != std::string::npos;)
+    d.detail.erase(at, x.root.string().size() + 1);
+  d.name = name;
+  d.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return d;
+}
+
+// A temporary work directory, removed when the drills end.
+struct WorkDir {
+  fs::path path;
+  bool temporary = false;
+  ~WorkDir() {
+    std::error_code ec;
+    if (temporary) fs::remove_all(path, ec);
+  }
+};
+
+}  // namespace
+
+std::string_view name_of(PlantedBug b) {
+  static constexpr const char* kNames[] = {
+      "none",           "swallow_restore_errors", "skip_checksums",
+      "replay_data",    "off_by_one_step",        "accept_uncommitted",
+      "skip_bad_latest"};
+  return kNames[static_cast<int>(b)];
+}
+
+bool DrillReport::pass() const {
+  return !drills.empty() &&
+         std::all_of(drills.begin(), drills.end(), [](const DrillResult& d) { return d.pass; });
+}
+
+bool DrillReport::broke() const {
+  return std::any_of(drills.begin(), drills.end(), [](const DrillResult& d) { return d.broke; });
+}
+
+std::vector<std::string> drills_to_run(const Scenario& s) {
+  if (s.drills.empty())
+    throw ScenarioError("$.drills",
+                        "lists no drill; expected some of restore_same, "
+                        "restore_resharded, missing_shard, corrupt_shard, "
+                        "truncated_shard, crash_before_commit, stale_marker, "
+                        "resume_exact");
+  if (s.train.steps < 2)
+    throw ScenarioError("$.train.steps",
+                        "the drills save at a step and resume after it: expected "
+                        "at least 2 steps, got " +
+                            std::to_string(s.train.steps));
+  if (s.checkpoint.every >= s.train.steps)
+    throw ScenarioError("$.checkpoint.every",
+                        "the drills restore a checkpoint and train on: expected 1.." +
+                            std::to_string(s.train.steps - 1) + " (below train.steps), got " +
+                            std::to_string(s.checkpoint.every));
+  std::vector<std::string> out;
+  for (const std::string& d : s.drills)
+    if (std::find(out.begin(), out.end(), d) == out.end()) out.push_back(d);
+  if (std::find(out.begin(), out.end(), "restore_resharded") != out.end() &&
+      !s.checkpoint.restore_parallel)
+    throw ScenarioError("$.checkpoint.restore_parallel",
+                        "the restore_resharded drill needs the mesh to restore into (a parallel "
+                        "object, e.g. {\"dp\": 2, \"zero\": 3})");
+  out.push_back(kLatestBad);
+  return out;
+}
+
+DrillReport run_drills(const Scenario& s, const DrillOptions& o) {
+  const std::vector<std::string> names = drills_to_run(s);
+  Ctx x{.s = s, .bug = o.planted_bug, .base = s.parallel, .target = s.checkpoint.restore_parallel};
+  x.ds = ref::build_dataset(s.data, s.model, s.seed);
+  if (static_cast<int64_t>(x.ds.samples.size()) < s.train.global_batch)
+    throw ScenarioError("$.data.documents",
+                        "the corpus packs into " + std::to_string(x.ds.samples.size()) +
+                            " sequences, fewer than train.global_batch (" +
+                            std::to_string(s.train.global_batch) + "); add documents");
+  const int every = s.checkpoint.every > 0 ? s.checkpoint.every : std::max(1, s.train.steps / 2);
+  x.k = every;
+  x.k2 = std::min(x.k + every, s.train.steps);
+  x.tol = tolerance_for(s.train.precision);
+
+  WorkDir work;
+  if (o.work_dir.empty()) {
+    std::string tmpl = (fs::temp_directory_path() / "shardcheck-drill-XXXXXX").string();
+    if (mkdtemp(tmpl.data()) == nullptr)
+      throw std::runtime_error("cannot create a temporary directory in " +
+                               fs::temp_directory_path().string());
+    work.path = tmpl;
+    work.temporary = true;
+  } else {
+    fs::create_directories(o.work_dir);
+    work.path = o.work_dir;
+  }
+  x.root = work.path;
+
+  DrillReport r;
+  r.scenario = s;
+  r.config = x.base.label();
+  r.restore_config = x.target ? x.target->label() : "";
+  r.save_step = x.k;
+  r.steps = s.train.steps;
+  r.work_dir = work.temporary ? fs::path() : work.path;
+  std::string broke;
+  if (not_built(x.base).empty()) {
+    x.want = reference_trace(s, x.ds);
+    try {
+      x.straight = train(x, {.spec = x.base,
+                             .last_step = s.train.steps,
+                             .save_dir = x.root / "saved",
+                             .save_at = {x.k, x.k2}});
+    } catch (const std::exception& e) {
+      broke = e.what();
+    }
+  }
+  for (const std::string& name : names) {
+    r.drills.push_back(run_one(x, name));
+    if (!broke.empty()) r.drills.back().detail += ": " + broke;
+  }
+  return r;
+}
+
+}  // namespace shardcheck::harness
