@@ -23,6 +23,9 @@ void add_run_commands(CLI::App& app, int& exit_code);
 // `ledger`.
 void add_ledger_command(CLI::App& app, int& exit_code);
 
+// `drill checkpoint`.
+void add_drill_command(CLI::App& app, int& exit_code);
+
 // Refuses --backend nccl in a build without gpu/.
 void check_backend(const std::string& backend);
 
