@@ -19,6 +19,7 @@ int run_cli(int argc, char** argv) {
   int exit_code = kExitBadInput;
   add_run_commands(app, exit_code);
   add_ledger_command(app, exit_code);
+  add_plan_command(app, exit_code);
   add_bench_commands(app, exit_code);
   add_drill_command(app, exit_code);
 

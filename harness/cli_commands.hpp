@@ -22,6 +22,8 @@ void add_run_commands(CLI::App& app, int& exit_code);
 
 // `ledger`.
 void add_ledger_command(CLI::App& app, int& exit_code);
+// `plan`.
+void add_plan_command(CLI::App& app, int& exit_code);
 
 // `drill checkpoint`.
 void add_drill_command(CLI::App& app, int& exit_code);
