@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstdio>
@@ -35,6 +36,11 @@ struct Result {
   int code = -1;
   std::string out;
 };
+
+// A directory of this process's own: ctest may run the same test from several build trees at once.
+fs::path temp_dir(const std::string& name) {
+  return fs::temp_directory_path() / (name + "_" + std::to_string(getpid()));
+}
 
 Result shardcheck(const std::string& args) {
   const std::string cmd = std::string(SHARDCHECK_BIN) + " " + args + " 2>&1";
@@ -177,7 +183,7 @@ TEST(Plan, GoodputFollowsTheStatedFormula) {
 }
 
 TEST(Plan, BadInputExitsTwo) {
-  const fs::path dir = fs::temp_directory_path() / "shardcheck_plan_bad";
+  const fs::path dir = temp_dir("shardcheck_plan_bad");
   fs::create_directories(dir);
   json j = small_json();
   j["plan"]["world_sizes"] = {0};
@@ -198,7 +204,7 @@ TEST(Plan, BadInputExitsTwo) {
 }
 
 TEST(Plan, JsonAndReportFields) {
-  const fs::path dir = fs::temp_directory_path() / "shardcheck_plan_report";
+  const fs::path dir = temp_dir("shardcheck_plan_report");
   fs::remove_all(dir);
   const Result r =
       shardcheck("plan " + kSmall + " --json --simulate-ranks 8 --report " + dir.string());
