@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -221,6 +222,35 @@ TEST(RunCommand, DdpBucketsOverlapBackwardInTheTimeline) {
     EXPECT_GT(t.at("tokens_per_s").get<double>(), 0.0);
     EXPECT_GT(t.at("mfu").get<double>(), 0.0);
     EXPECT_LE(t.at("scaling_efficiency").get<double>(), 1.0 + 1e-12);
+  }
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace shardcheck::harness
+
+namespace shardcheck::harness {
+namespace {
+
+// The JUnit files CI systems read are well-formed XML with one testcase per configuration / drill
+// (checked with Python's XML parser where python3 exists).
+TEST(RunCommand, JunitFilesAreWellFormedXml) {
+  if (std::system("python3 -c 'import xml.etree.ElementTree' >/dev/null 2>&1") != 0)
+    GTEST_SKIP() << "python3 with xml.etree is not installed; cannot validate the XML";
+  const fs::path dir = fs::temp_directory_path() / "shardcheck_junit_xml";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  ASSERT_EQ(shardcheck("run " + kScenarios + "/parity/data_parallel_f32.json --junit " +
+                       (dir / "run.xml").string()).first, 0);
+  ASSERT_EQ(shardcheck("drill checkpoint " + kScenarios + "/drills/ddp.json --junit " +
+                       (dir / "drill.xml").string()).first, 0);
+  const std::pair<const char*, int> files[] = {{"run.xml", 4}, {"drill.xml", 9}};
+  for (const auto& [file, cases] : files) {
+    const std::string cmd =
+        "python3 -c \"import sys, xml.etree.ElementTree as E; r = E.parse(sys.argv[1]).getroot(); "
+        "sys.exit(0 if len(r.findall('.//testcase')) == int(sys.argv[2]) else 1)\" " +
+        (dir / file).string() + " " + std::to_string(cases);
+    EXPECT_EQ(std::system(cmd.c_str()), 0) << file;
   }
   fs::remove_all(dir);
 }
