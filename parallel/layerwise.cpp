@@ -104,6 +104,13 @@ ref::LossParts layerwise_forward_backward(const ref::ModelConfig& cfg, const Uni
   Activations<T> act(hooks);
   double tokens = 0.0;
   for (const ref::Sequence& s : seqs) tokens += static_cast<double>(s.tokens.size());
+  // Per sequence: attention's s^2 term is per sequence, not per microbatch.
+  const auto block_flops = [&](int layer) {
+    double f = 0.0;
+    for (const ref::Sequence& q : seqs)
+      f += block_forward_flops(cfg, layer, static_cast<double>(q.tokens.size()));
+    return f;
+  };
   const auto row = static_cast<std::size_t>(cfg.hidden);
 
   std::vector<ref::Tensor<T>> x(n);
@@ -135,7 +142,7 @@ ref::LossParts layerwise_forward_backward(const ref::ModelConfig& cfg, const Uni
         act.drop(full - cache_elems(c));
       }
     }
-    act.compute(cfg, "forward", u, block_forward_flops(cfg, static_cast<int>(i), tokens));
+    act.compute(cfg, "forward", u, block_flops(static_cast<int>(i)));
     hooks.release(u);
   }
   std::vector<ref::Tensor<T>> dx(n);
@@ -198,7 +205,7 @@ ref::LossParts layerwise_forward_backward(const ref::ModelConfig& cfg, const Uni
       c = ref::BlockCache<T>{};
       act.drop(kept);
     }
-    const double f = block_forward_flops(cfg, static_cast<int>(i), tokens);
+    const double f = block_flops(static_cast<int>(i));
     if (ctx.activation_checkpointing) act.compute(cfg, "recompute", u, f);
     act.compute(cfg, "backward", u, backward_flops(f));
     hooks.release(u);
