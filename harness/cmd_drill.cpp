@@ -30,36 +30,6 @@ struct DrillArgs {
   std::string keep_dir;
 };
 
-std::string xml(const std::string& s) {
-  std::string o;
-  for (char c : s) {
-    switch (c) {
-      case '&':
-        o += "&amp;";
-        break;
-      case '<':
-        o += "&lt;";
-        break;
-      case '>':
-        o += "&gt;";
-        break;
-      case '"':
-        o += "&quot;";
-        break;
-      case '\'':
-        o += "&apos;";
-        break;
-      default:
-        // XML 1.0 has no other control characters than tab and newlines.
-        if (static_cast<unsigned char>(c) < 0x20 && c != '\t' && c != '\n' && c != '\r')
-          o += ' ';
-        else
-          o += c;
-    }
-  }
-  return o;
-}
-
 // An output directory the user named: created (or refused) before the drills run.
 void prepare_dir(const std::string& option, const std::string& dir, bool must_be_empty) {
   std::error_code ec;
@@ -150,16 +120,16 @@ void write_drill_junit(const DrillReport& r, const std::string& file) {
   }
   f << "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
     << "<testsuites tests=\"" << r.drills.size() << "\" failures=\"" << failures << "\">\n"
-    << "  <testsuite name=\"drill." << xml(r.scenario.name) << "\" tests=\"" << r.drills.size()
-    << "\" failures=\"" << failures << "\" time=\"" << total << "\">\n";
+    << "  <testsuite name=\"drill." << xml_escape(r.scenario.name) << "\" tests=\""
+    << r.drills.size() << "\" failures=\"" << failures << "\" time=\"" << total << "\">\n";
   for (const DrillResult& d : r.drills) {
-    f << "    <testcase classname=\"drill." << xml(r.scenario.name) << "\" name=\"" << xml(d.name)
-      << "\" time=\"" << d.wall_seconds << "\">";
+    f << "    <testcase classname=\"drill." << xml_escape(r.scenario.name) << "\" name=\""
+      << xml_escape(d.name) << "\" time=\"" << d.wall_seconds << "\">";
     if (!d.pass)
-      f << "<failure message=\"" << xml(d.broke ? "broke" : "not fail-closed or not exact") << "\">"
-        << xml(d.detail) << "</failure>";
+      f << "<failure message=\"" << xml_escape(d.broke ? "broke" : "not fail-closed or not exact")
+        << "\">" << xml_escape(d.detail) << "</failure>";
     else
-      f << "<system-out>" << xml(d.detail) << "</system-out>";
+      f << "<system-out>" << xml_escape(d.detail) << "</system-out>";
     f << "</testcase>\n";
   }
   f << "  </testsuite>\n</testsuites>\n";

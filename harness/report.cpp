@@ -34,29 +34,6 @@ nlohmann::json groups_json(const ParallelSpec& p) {
   return groups;
 }
 
-std::string xml_escape(const std::string& s) {
-  std::string o;
-  for (char c : s) {
-    switch (c) {
-      case '&':
-        o += "&amp;";
-        break;
-      case '<':
-        o += "&lt;";
-        break;
-      case '>':
-        o += "&gt;";
-        break;
-      case '"':
-        o += "&quot;";
-        break;
-      default:
-        o += c;
-    }
-  }
-  return o;
-}
-
 // DESIGN.md's memory rows: params .. temporary are the breakdown at the rank's peak.
 nlohmann::json memory_json(const std::vector<RankMemory>& ranks) {
   nlohmann::json rows = nlohmann::json::array();
@@ -154,6 +131,36 @@ nlohmann::json timeline_json(const std::vector<sim::TimelineEvent>& events, int 
 
 }  // namespace
 
+std::string xml_escape(const std::string& s) {
+  std::string o;
+  for (char c : s) {
+    switch (c) {
+      case '&':
+        o += "&amp;";
+        break;
+      case '<':
+        o += "&lt;";
+        break;
+      case '>':
+        o += "&gt;";
+        break;
+      case '"':
+        o += "&quot;";
+        break;
+      case '\'':
+        o += "&apos;";
+        break;
+      default:
+        // XML 1.0 has no other control characters than tab and newlines.
+        if (static_cast<unsigned char>(c) < 0x20 && c != '\t' && c != '\n' && c != '\r')
+          o += ' ';
+        else
+          o += c;
+    }
+  }
+  return o;
+}
+
 nlohmann::json manifest_json(const Scenario& s) {
   const auto per_rank = [&](int n) { return n / s.parallel.mesh.dp; };
   return {{"scenario", s.name},
@@ -161,7 +168,8 @@ nlohmann::json manifest_json(const Scenario& s) {
           {"world_size", s.parallel.mesh.world_size()},
           {"order", comm::DeviceMesh(s.parallel.mesh, s.parallel.order).order_string()},
           {"groups", groups_json(s.parallel)},
-          {"configs", [&] {
+          {"configs",
+           [&] {
              nlohmann::json c = nlohmann::json::array();
              for (const ParallelSpec& p : s.configs) c.push_back(p.label());
              return c;
@@ -205,28 +213,31 @@ nlohmann::json report_json(const RunResult& r, const std::string& backend) {
                       {"timing", timing_json(c.timing)},
                       {"timeline", timeline_json(c.timeline, c.spec.mesh.world_size())}});
   }
-  return {{"pass", r.pass()},
-          {"scenario", s.name},
-          {"description", s.description},
-          {"backend", backend},
-          {"world_size", s.parallel.mesh.world_size()},
-          {"manifest", manifest_json(s)},
-          {"parity", parity},
-          // The first configuration's ranks (each parity row carries its own).
-          {"memory", r.configs.empty() ? nlohmann::json::array() : memory_json(r.configs[0].memory)},
-          {"timing", r.configs.empty() ? nlohmann::json(nullptr) : timing_json(r.configs[0].timing)},
-          {"faults", [&] {
-             nlohmann::json all = nlohmann::json::array();
-             for (const ConfigResult& c : r.configs)
-               for (auto f : faults_json(c.faults)) {
-                 f["config"] = c.config;
-                 all.push_back(f);
-               }
-             return all;
-           }()},
-          {"expect", {{"parity", s.expect_parity},
-                      {"fault", s.expect_fault ? nlohmann::json(*s.expect_fault) : nlohmann::json(nullptr)}}},
-          {"broke", r.broke()}};
+  return {
+      {"pass", r.pass()},
+      {"scenario", s.name},
+      {"description", s.description},
+      {"backend", backend},
+      {"world_size", s.parallel.mesh.world_size()},
+      {"manifest", manifest_json(s)},
+      {"parity", parity},
+      // The first configuration's ranks (each parity row carries its own).
+      {"memory", r.configs.empty() ? nlohmann::json::array() : memory_json(r.configs[0].memory)},
+      {"timing", r.configs.empty() ? nlohmann::json(nullptr) : timing_json(r.configs[0].timing)},
+      {"faults",
+       [&] {
+         nlohmann::json all = nlohmann::json::array();
+         for (const ConfigResult& c : r.configs)
+           for (auto f : faults_json(c.faults)) {
+             f["config"] = c.config;
+             all.push_back(f);
+           }
+         return all;
+       }()},
+      {"expect",
+       {{"parity", s.expect_parity},
+        {"fault", s.expect_fault ? nlohmann::json(*s.expect_fault) : nlohmann::json(nullptr)}}},
+      {"broke", r.broke()}};
 }
 
 void write_junit(const std::vector<RunResult>& runs, const std::string& file) {

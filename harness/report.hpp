@@ -15,6 +15,9 @@ namespace shardcheck::harness {
 // seed, code version. Also the "manifest" field of report.json.
 nlohmann::json manifest_json(const Scenario& s);
 nlohmann::json report_json(const RunResult& r, const std::string& backend);
+// Text for XML attributes and content (JUnit files): & < > " ' escaped, control characters other
+// than tab and newlines replaced by spaces (XML 1.0 forbids them).
+std::string xml_escape(const std::string& s);
 // Writes JUnit XML; throws std::runtime_error naming the file when it cannot be written.
 void write_junit(const std::vector<RunResult>& runs, const std::string& file);
 void print_summary(std::ostream& os, const RunResult& r);

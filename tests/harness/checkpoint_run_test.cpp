@@ -3,6 +3,8 @@
 // uninterrupted run; a corrupt newest checkpoint is refused naming the shard and the reason
 // (exit 1) and the previous good one is named; bad options exit 2.
 #include <gtest/gtest.h>
+
+#include "tests/harness/cli_support.hpp"
 #include <sys/wait.h>
 
 #include <cstdio>
@@ -15,19 +17,9 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::pair<int, std::string> shardcheck(const std::string& args) {
-  FILE* p = popen((std::string(SHARDCHECK_BIN) + " " + args + " 2>&1").c_str(), "r");
-  std::string out;
-  char buf[4096];
-  while (p && std::fgets(buf, sizeof buf, p)) out += buf;
-  const int status = p ? pclose(p) : -1;
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
+using shardcheck::testing::shardcheck;
 
-nlohmann::json read_json(const fs::path& p) {
-  std::ifstream f(p);
-  return nlohmann::json::parse(f);
-}
+using shardcheck::testing::read_json;
 
 class CheckpointRun : public ::testing::Test {
  protected:

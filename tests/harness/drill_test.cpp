@@ -3,6 +3,8 @@
 // against it to FAIL (a drill that cannot fail proves nothing); undrillable scenarios exit 2 naming
 // the path.
 #include <gtest/gtest.h>
+
+#include "tests/harness/cli_support.hpp"
 #include <sys/wait.h>
 
 #include <algorithm>
@@ -25,19 +27,9 @@ using shardcheck::harness::DrillReport;
 using shardcheck::harness::PlantedBug;
 const fs::path kDrills = fs::path(SHARDCHECK_SCENARIOS_DIR) / "drills";
 
-std::pair<int, std::string> shardcheck(const std::string& args) {
-  FILE* p = popen((std::string(SHARDCHECK_BIN) + " " + args + " 2>&1").c_str(), "r");
-  std::string out;
-  char buf[4096];
-  while (p && std::fgets(buf, sizeof buf, p)) out += buf;
-  const int status = p ? pclose(p) : -1;
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
+using shardcheck::testing::shardcheck;
 
-nlohmann::json read_json(const fs::path& p) {
-  std::ifstream f(p);
-  return nlohmann::json::parse(f);
-}
+using shardcheck::testing::read_json;
 
 std::string slurp(const fs::path& p) {
   std::ifstream f(p);

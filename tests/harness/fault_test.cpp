@@ -3,6 +3,8 @@
 // expectation break the run (exit 3); a wrong expectation or a fault that did nothing fails the
 // check (exit 1); and the report of a run is a pure function of the scenario (no wall time aside).
 #include <gtest/gtest.h>
+
+#include "tests/harness/cli_support.hpp"
 #include <sys/wait.h>
 
 #include <cstdio>
@@ -16,19 +18,9 @@ namespace {
 namespace fs = std::filesystem;
 const fs::path kFaults = fs::path(SHARDCHECK_SCENARIOS_DIR) / "faults";
 
-std::pair<int, std::string> shardcheck(const std::string& args) {
-  FILE* p = popen((std::string(SHARDCHECK_BIN) + " " + args + " 2>&1").c_str(), "r");
-  std::string out;
-  char buf[4096];
-  while (p && std::fgets(buf, sizeof buf, p)) out += buf;
-  const int status = p ? pclose(p) : -1;
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
+using shardcheck::testing::shardcheck;
 
-nlohmann::json read_json(const fs::path& p) {
-  std::ifstream f(p);
-  return nlohmann::json::parse(f);
-}
+using shardcheck::testing::read_json;
 
 class TempDir {
  public:

@@ -2,6 +2,8 @@
 // data-parallel bugs make the gate fail (exit 1); unsupported configurations are never passed;
 // bad scenarios exit 2 naming the JSON path.
 #include <gtest/gtest.h>
+
+#include "tests/harness/cli_support.hpp"
 #include <sys/wait.h>
 
 #include <cstdio>
@@ -21,19 +23,9 @@ namespace {
 namespace fs = std::filesystem;
 const std::string kScenarios = SHARDCHECK_SCENARIOS_DIR;
 
-std::pair<int, std::string> shardcheck(const std::string& args) {
-  FILE* p = popen((std::string(SHARDCHECK_BIN) + " " + args + " 2>&1").c_str(), "r");
-  std::string out;
-  char buf[4096];
-  while (p && std::fgets(buf, sizeof buf, p)) out += buf;
-  const int status = p ? pclose(p) : -1;
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
+using shardcheck::testing::shardcheck;
 
-nlohmann::json read_json(const fs::path& p) {
-  std::ifstream f(p);
-  return nlohmann::json::parse(f);
-}
+using shardcheck::testing::read_json;
 
 TEST(RunCommand, ParityMatrixPassesAndWritesReports) {
   const fs::path dir = fs::temp_directory_path() / "shardcheck_matrix_report";
