@@ -63,7 +63,8 @@ class Activations {
  public:
   explicit Activations(const UnitHooks<T>& h) : h_(h) {}
   ~Activations() {
-    if (h_.memory != nullptr && held_ > 0) h_.memory->release(comm::MemCategory::activations, held_);
+    if (h_.memory != nullptr && held_ > 0)
+      h_.memory->release(comm::MemCategory::activations, held_);
   }
   Activations(const Activations&) = delete;
   Activations& operator=(const Activations&) = delete;
@@ -228,10 +229,10 @@ ref::LossParts layerwise_forward_backward(const ref::ModelConfig& cfg, const Uni
   return parts;
 }
 
-#define SHARDCHECK_LAYERWISE(T)                                                                   \
-  template std::size_t cache_elems(const ref::BlockCache<T>&);                                    \
+#define SHARDCHECK_LAYERWISE(T)                                                                    \
+  template std::size_t cache_elems(const ref::BlockCache<T>&);                                     \
   template ref::LossParts layerwise_forward_backward(const ref::ModelConfig&, const UnitHooks<T>&, \
-                                                     std::span<const ref::Sequence>,              \
+                                                     std::span<const ref::Sequence>,               \
                                                      const ref::StepContext&);
 SHARDCHECK_LAYERWISE(double)
 SHARDCHECK_LAYERWISE(float)

@@ -4,8 +4,8 @@
 // (exit 1) and the previous good one is named; bad options exit 2.
 #include <gtest/gtest.h>
 
-#include "tests/harness/cli_support.hpp"
 #include <sys/wait.h>
+#include "tests/harness/cli_support.hpp"
 
 #include <cstdio>
 #include <filesystem>
@@ -25,8 +25,8 @@ class CheckpointRun : public ::testing::Test {
  protected:
   void SetUp() override {
     dir_ = fs::temp_directory_path() /
-           ("shardcheck_ckrun_" + std::string(
-                                      ::testing::UnitTest::GetInstance()->current_test_info()->name()));
+           ("shardcheck_ckrun_" +
+            std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()));
     fs::remove_all(dir_);
     fs::create_directories(dir_);
   }
@@ -47,13 +47,14 @@ class CheckpointRun : public ::testing::Test {
 
 TEST_F(CheckpointRun, ZeroThreeOnFourResumesAsDdpOnTwoWithParity) {
   const auto save = scenario("save", {{"dp", 4}, {"zero", 3}}, 3);
-  auto [code, out] = shardcheck("run " + save.string() + " --checkpoint-dir " + (dir_ / "ck").string());
+  auto [code, out] =
+      shardcheck("run " + save.string() + " --checkpoint-dir " + (dir_ / "ck").string());
   ASSERT_EQ(code, 0) << out;
   ASSERT_TRUE(fs::exists(dir_ / "ck" / "step-3" / "SUCCESS")) << out;
   ASSERT_TRUE(fs::exists(dir_ / "ck" / "step-3" / "manifest.json"));
   const auto resume = scenario("resume", {{"dp", 2}}, 3);
-  std::tie(code, out) = shardcheck("run " + resume.string() + " --resume " + (dir_ / "ck").string() +
-                                   " --report " + (dir_ / "r").string());
+  std::tie(code, out) = shardcheck("run " + resume.string() + " --resume " +
+                                   (dir_ / "ck").string() + " --report " + (dir_ / "r").string());
   ASSERT_EQ(code, 0) << out;
   const auto row = read_json(dir_ / "r" / "report.json").at("parity")[0];
   EXPECT_NE(row.at("resumed_from").get<std::string>().find("step-3"), std::string::npos);
@@ -64,8 +65,8 @@ TEST_F(CheckpointRun, ZeroThreeOnFourResumesAsDdpOnTwoWithParity) {
 
 TEST_F(CheckpointRun, SameTopologyResumeIsBitwise) {
   const auto s = scenario("same", {{"dp", 3}, {"zero", 2}}, 2);
-  auto [code, out] = shardcheck("run " + s.string() + " --checkpoint-dir " + (dir_ / "ck").string() +
-                                " --report " + (dir_ / "full").string());
+  auto [code, out] = shardcheck("run " + s.string() + " --checkpoint-dir " +
+                                (dir_ / "ck").string() + " --report " + (dir_ / "full").string());
   ASSERT_EQ(code, 0) << out;
   fs::remove_all(dir_ / "ck" / "step-4");  // resume from step 2
   std::tie(code, out) = shardcheck("run " + s.string() + " --resume " + (dir_ / "ck").string() +
@@ -78,13 +79,15 @@ TEST_F(CheckpointRun, SameTopologyResumeIsBitwise) {
     EXPECT_EQ(resumed[i].at("step"), full[i + 2].at("step"));
     // Exact: the same doubles, not merely within tolerance.
     EXPECT_EQ(resumed[i].at("loss").get<double>(), full[i + 2].at("loss").get<double>());
-    EXPECT_EQ(resumed[i].at("max_rel_err").get<double>(), full[i + 2].at("max_rel_err").get<double>());
+    EXPECT_EQ(resumed[i].at("max_rel_err").get<double>(),
+              full[i + 2].at("max_rel_err").get<double>());
   }
 }
 
 TEST_F(CheckpointRun, CorruptNewestCheckpointIsRefusedNamingShardAndPreviousGood) {
   const auto s = scenario("corrupt", {{"dp", 2}}, 2);
-  auto [code, out] = shardcheck("run " + s.string() + " --checkpoint-dir " + (dir_ / "ck").string());
+  auto [code, out] =
+      shardcheck("run " + s.string() + " --checkpoint-dir " + (dir_ / "ck").string());
   ASSERT_EQ(code, 0) << out;
   fs::path victim;
   for (const auto& e : fs::directory_iterator(dir_ / "ck" / "step-4"))
@@ -108,7 +111,8 @@ TEST_F(CheckpointRun, CorruptNewestCheckpointIsRefusedNamingShardAndPreviousGood
 
 TEST_F(CheckpointRun, BadOptionsExitTwo) {
   const auto never = scenario("never", {{"dp", 2}}, 0);
-  EXPECT_EQ(shardcheck("run " + never.string() + " --checkpoint-dir " + (dir_ / "ck").string()).first, 2);
+  EXPECT_EQ(
+      shardcheck("run " + never.string() + " --checkpoint-dir " + (dir_ / "ck").string()).first, 2);
   EXPECT_EQ(shardcheck("run " + never.string() + " --resume " + (dir_ / "nope").string()).first, 2);
 }
 

@@ -1,5 +1,6 @@
 // Running the built `shardcheck` binary from tests: its exit code and everything it printed
-// (stdout and stderr), and reading the JSON files it writes. Tests compare fields, never text.
+// (stdout and stderr), reading the JSON files it writes, and scratch directories. Tests compare
+// fields, never text.
 #pragma once
 
 #include <sys/wait.h>
@@ -27,5 +28,26 @@ inline nlohmann::json read_json(const std::filesystem::path& p) {
   std::ifstream f(p);
   return nlohmann::json::parse(f);
 }
+
+// A scratch directory under the system temp dir, emptied on creation and removed at the end.
+class TempDir {
+ public:
+  explicit TempDir(const std::string& name) : dir_(std::filesystem::temp_directory_path() / name) {
+    std::filesystem::remove_all(dir_);
+    std::filesystem::create_directories(dir_);
+  }
+  ~TempDir() { std::filesystem::remove_all(dir_); }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::filesystem::path& path() const { return dir_; }
+  // Writes j as DIR/file and returns its path.
+  std::filesystem::path write(const std::string& file, const nlohmann::json& j) const {
+    std::ofstream(dir_ / file) << j.dump(2);
+    return dir_ / file;
+  }
+
+ private:
+  std::filesystem::path dir_;
+};
 
 }  // namespace shardcheck::testing

@@ -4,8 +4,8 @@
 // the path.
 #include <gtest/gtest.h>
 
-#include "tests/harness/cli_support.hpp"
 #include <sys/wait.h>
+#include "tests/harness/cli_support.hpp"
 
 #include <algorithm>
 #include <cstdio>
@@ -36,22 +36,7 @@ std::string slurp(const fs::path& p) {
   return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
 }
 
-class TempDir {
- public:
-  explicit TempDir(const std::string& name) : dir_(fs::temp_directory_path() / name) {
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  ~TempDir() { fs::remove_all(dir_); }
-  const fs::path& path() const { return dir_; }
-  fs::path write(const std::string& file, const nlohmann::json& j) const {
-    std::ofstream(dir_ / file) << j.dump(2);
-    return dir_ / file;
-  }
-
- private:
-  fs::path dir_;
-};
+using shardcheck::testing::TempDir;
 
 class DrillScenario : public ::testing::TestWithParam<std::string> {};
 

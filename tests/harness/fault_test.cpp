@@ -4,8 +4,8 @@
 // check (exit 1); and the report of a run is a pure function of the scenario (no wall time aside).
 #include <gtest/gtest.h>
 
-#include "tests/harness/cli_support.hpp"
 #include <sys/wait.h>
+#include "tests/harness/cli_support.hpp"
 
 #include <cstdio>
 #include <filesystem>
@@ -22,22 +22,7 @@ using shardcheck::testing::shardcheck;
 
 using shardcheck::testing::read_json;
 
-class TempDir {
- public:
-  explicit TempDir(const std::string& name) : dir_(fs::temp_directory_path() / name) {
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  ~TempDir() { fs::remove_all(dir_); }
-  const fs::path& path() const { return dir_; }
-  fs::path write(const std::string& file, const nlohmann::json& j) const {
-    std::ofstream(dir_ / file) << j.dump(2);
-    return dir_ / file;
-  }
-
- private:
-  fs::path dir_;
-};
+using shardcheck::testing::TempDir;
 
 class FaultScenario : public ::testing::TestWithParam<std::string> {};
 
@@ -59,7 +44,8 @@ TEST_P(FaultScenario, IsDiagnosedNamingTheInjectedRank) {
     EXPECT_FALSE(f.at("message").get<std::string>().empty());
     if (want != "straggler" && want != "nan" && want != "corruption") {
       // The simulator's diagnoses carry every rank's flight recorder.
-      EXPECT_EQ(f.at("flight_records").size(), report.at("parity")[0].at("world_size").get<std::size_t>());
+      EXPECT_EQ(f.at("flight_records").size(),
+                report.at("parity")[0].at("world_size").get<std::size_t>());
     }
     if (want == "mismatch" || want == "corruption") {
       EXPECT_FALSE(f.at("op").get<std::string>().empty()) << f.dump();

@@ -3,8 +3,8 @@
 // bad scenarios exit 2 naming the JSON path.
 #include <gtest/gtest.h>
 
-#include "tests/harness/cli_support.hpp"
 #include <sys/wait.h>
+#include "tests/harness/cli_support.hpp"
 
 #include <cstdio>
 #include <cstdlib>
@@ -137,8 +137,8 @@ TEST(RunCommand, DumpsTensorsAndWritesTheManifest) {
 }
 
 TEST(RunCommand, UnwritableOutputDirectoryIsBadInput) {
-  const auto [code, out] = shardcheck("run " + kScenarios +
-                                      "/parity/data_parallel_f32.json --dump-tensors /proc/nope");
+  const auto [code, out] =
+      shardcheck("run " + kScenarios + "/parity/data_parallel_f32.json --dump-tensors /proc/nope");
   EXPECT_EQ(code, 2) << out;
   EXPECT_NE(out.find("--dump-tensors"), std::string::npos) << out;
 }
@@ -158,8 +158,8 @@ TEST(LedgerCommand, SeventyBillionFollowsTheClosedForms) {
   const double psi = j.at("parameters").get<double>();
   EXPECT_GT(psi, 6.5e10);
   std::map<std::string, nlohmann::json> by;
-  for (const auto& c : j.at("configs")) by[c.at("strategy").get<std::string>() + "/" +
-                                             c.at("config").get<std::string>()] = c;
+  for (const auto& c : j.at("configs"))
+    by[c.at("strategy").get<std::string>() + "/" + c.at("config").get<std::string>()] = c;
   const auto state = [&](const std::string& k) {
     return by.at(k).at("per_rank").at("model_state").get<double>();
   };
@@ -202,8 +202,9 @@ TEST(RunCommand, DdpBucketsOverlapBackwardInTheTimeline) {
       if (c.at("rank") != 0 || c.at("stream") != "comm") continue;
       comm += c.at("end").get<double>() - c.at("start").get<double>();
       for (const auto& k : compute)
-        overlap += std::max(0.0, std::min(c.at("end").get<double>(), k.at("end").get<double>()) -
-                                     std::max(c.at("start").get<double>(), k.at("start").get<double>()));
+        overlap +=
+            std::max(0.0, std::min(c.at("end").get<double>(), k.at("end").get<double>()) -
+                              std::max(c.at("start").get<double>(), k.at("start").get<double>()));
     }
     EXPECT_GT(overlap, 0.0) << row.at("config");
     EXPECT_GT(comm, overlap) << row.at("config");
@@ -233,9 +234,13 @@ TEST(RunCommand, JunitFilesAreWellFormedXml) {
   fs::remove_all(dir);
   fs::create_directories(dir);
   ASSERT_EQ(shardcheck("run " + kScenarios + "/parity/data_parallel_f32.json --junit " +
-                       (dir / "run.xml").string()).first, 0);
+                       (dir / "run.xml").string())
+                .first,
+            0);
   ASSERT_EQ(shardcheck("drill checkpoint " + kScenarios + "/drills/ddp.json --junit " +
-                       (dir / "drill.xml").string()).first, 0);
+                       (dir / "drill.xml").string())
+                .first,
+            0);
   const std::pair<const char*, int> files[] = {{"run.xml", 4}, {"drill.xml", 9}};
   for (const auto& [file, cases] : files) {
     const std::string cmd =
