@@ -7,11 +7,19 @@ namespace shardcheck::parallel::testing {
 
 enum class Mutation {
   kNone,
-  kMeanOfRankMeans,   // each rank normalises its loss locally; the step averages rank means
-  kLocalNormClip,     // clip by the local norm (ZeRO-2/3: own shard; DDP/ZeRO-1: before reduce)
-  kSkipBucket,        // the gradient reduction of one bucket (DDP/ZeRO-1) or unit (others) is left out
+  kMeanOfRankMeans,  // each rank normalises its loss locally; the step averages rank means
+  kLocalNormClip,    // clip by the local norm (ZeRO-2/3: own shard; DDP/ZeRO-1: before reduce)
+  kSkipBucket,  // the gradient reduction of one bucket (DDP/ZeRO-1) or unit (others) is left out
   kWrongShardOffset,  // ZeRO: the owner reads its gradient shard at r*floor(N/D), not r*S
   kSameSamples,       // sampler bug: every rank reads DP rank 0's slice of the global batch
+  // Model parallel (parallel/mp/):
+  kRowParallelNotReduced,  // TP: a row-parallel output (wo / w_down) is not summed over TP ranks
+  kGqaWrongHeadMapping,    // TP: a rank's query heads use kv head (local q head) / group of rank 0
+  kCpRopeChunkOffset,      // CP: RoPE position of a row = its offset from its chunk's start
+  kRingDiagonalUnmasked,   // CP ring: the causal/document mask is left off the diagonal block
+  kSkipTiedEmbeddingSync,  // PP: first/last stage do not sum the tied embedding's gradient
+  kRouteDroppedTokens,     // EP: assignments over capacity are computed instead of dropped
+  kAuxPerRankMean,         // EP: aux loss normalised by this rank's sequences, not the global batch
 };
 
 inline Mutation& mutation() {
