@@ -1,0 +1,42 @@
+// One process per GPU under mpirun (or srun with PMIx): MPI carries the ncclUniqueId, NCCL the
+// data. Built into shardcheck_gpu_mpi where MPI is found.
+#pragma once
+
+#include <memory>
+
+#include "gpu/nccl_communicator.hpp"
+
+namespace shardcheck::gpu {
+
+// Where this process sits in the MPI job.
+struct MpiPlace {
+  int rank = 0;        // MPI_COMM_WORLD rank = NCCL world rank
+  int size = 1;        // MPI_COMM_WORLD size
+  int local_rank = 0;  // rank among the processes of this node (MPI_COMM_TYPE_SHARED)
+  int local_size = 1;  // processes on this node
+  int device = 0;      // CUDA device this process uses: local_rank
+};
+
+// MPI_Init on construction (unless already initialised), MPI_Finalize on destruction.
+class MpiSession {
+ public:
+  MpiSession(int* argc, char*** argv);
+  ~MpiSession();
+  MpiSession(const MpiSession&) = delete;
+  MpiSession& operator=(const MpiSession&) = delete;
+  const MpiPlace& place() const { return place_; }
+
+ private:
+  bool owns_ = false;
+  MpiPlace place_;
+};
+
+// Collective over MPI_COMM_WORLD: rank 0 calls ncclGetUniqueId and MPI_Bcasts it; every rank
+// selects device local_rank (throws when the node has fewer visible devices than processes) and
+// creates its NCCL rank. MPI must be initialised (MpiSession).
+std::unique_ptr<NcclCommunicator> init_from_mpi(NcclOptions options = {});
+
+// The place of this process (MPI must be initialised).
+MpiPlace mpi_place();
+
+}  // namespace shardcheck::gpu

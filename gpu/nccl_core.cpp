@@ -1,0 +1,299 @@
+// The state behind NcclCommunicator: checked calls, polling with timeout and abort, host staging,
+// held point-to-point groups, and the Work.
+#include "gpu/nccl_core.hpp"
+
+#include <thread>
+
+namespace shardcheck::gpu::detail {
+
+using comm::DType;
+using comm::OpContext;
+
+ncclDataType_t nccl_type(DType t) {
+  switch (t) {
+    case DType::f64:
+      return ncclFloat64;
+    case DType::f32:
+      return ncclFloat32;
+    case DType::bf16:
+      return ncclBfloat16;
+    case DType::f16:
+      return ncclFloat16;
+    case DType::i32:
+      return ncclInt32;
+    case DType::i64:
+      return ncclInt64;
+    case DType::u8:
+      return ncclUint8;
+  }
+  return ncclUint8;
+}
+
+ncclRedOp_t nccl_op(comm::ReduceOp op) {
+  switch (op) {
+    case comm::ReduceOp::sum:
+    case comm::ReduceOp::avg:
+      return ncclSum;
+    case comm::ReduceOp::max:
+      return ncclMax;
+    case comm::ReduceOp::min:
+      return ncclMin;
+    case comm::ReduceOp::prod:
+      return ncclProd;
+  }
+  return ncclSum;
+}
+
+void cuda_check(cudaError_t e, const OpContext& ctx, const char* call) {
+  if (e == cudaSuccess) return;
+  throw comm::CommError(ctx, std::string("CUDA error in ") + call + ": " + cudaGetErrorName(e) +
+                                 " (" + cudaGetErrorString(e) + ")");
+}
+
+Launch::~Launch() {
+  if (event != nullptr) cudaEventDestroy(event);
+}
+
+Core::~Core() {
+  if (one != nullptr) cudaFreeAsync(one, stream);
+  if (comm != nullptr && !is_aborted) {
+    // Finalize flushes outstanding work; a peer that never comes would hang it, so poll with the
+    // timeout and abort past it. Destructors do not throw.
+    ncclResult_t r = ncclCommFinalize(comm);
+    const auto start = std::chrono::steady_clock::now();
+    while (r == ncclSuccess || r == ncclInProgress) {
+      ncclResult_t a = ncclSuccess;
+      if (ncclCommGetAsyncError(comm, &a) != ncclSuccess || a != ncclInProgress) {
+        r = a;
+        break;
+      }
+      if (std::chrono::steady_clock::now() - start > options.timeout) {
+        r = ncclInternalError;
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+    if (r == ncclSuccess)
+      ncclCommDestroy(comm);
+    else
+      ncclCommAbort(comm);
+  }
+  if (stream != nullptr) cudaStreamDestroy(stream);
+}
+
+OpContext Core::begin(const char* op) {
+  OpContext ctx{world_rank(), name, op, seq++};
+  if (is_aborted) throw comm::AbortedError(ctx, "communicator was aborted: " + abort_reason);
+  if (cancel && cancel->load()) {
+    abort("another rank failed");
+    throw comm::AbortedError(ctx, "communicator was aborted: " + abort_reason);
+  }
+  use_device(ctx);
+  return ctx;
+}
+
+void Core::use_device(const OpContext& ctx) const {
+  cuda_check(cudaSetDevice(device), ctx, "cudaSetDevice");
+}
+
+void Core::abort(const std::string& why) {
+  if (is_aborted) return;
+  is_aborted = true;
+  abort_reason = why;
+  if (cancel) cancel->store(true);
+  if (comm != nullptr) ncclCommAbort(comm);
+  comm = nullptr;
+}
+
+void Core::fail(ncclResult_t r, const OpContext& ctx, const char* call, int peer) {
+  const std::string what =
+      std::string("NCCL error in ") + call + ": " + ncclGetErrorString(r) +
+      (comm != nullptr ? std::string(" (") + ncclGetLastError(comm) + ")" : "");
+  abort(what);
+  switch (r) {
+    case ncclInvalidArgument:
+    case ncclInvalidUsage:
+      throw comm::InvalidArgument(ctx, what);
+    case ncclRemoteError:
+      throw comm::PeerError(ctx, what, peer);
+    default:
+      throw comm::CommError(ctx, what);
+  }
+}
+
+void Core::nccl_check(ncclResult_t r, const OpContext& ctx, const char* call, int peer) {
+  if (r == ncclSuccess) return;
+  if (r == ncclInProgress) return settle(ctx, call);
+  fail(r, ctx, call, peer);
+}
+
+void Core::settle(const OpContext& ctx, const char* call) {
+  const auto start = std::chrono::steady_clock::now();
+  for (int spins = 0;; ++spins) {
+    ncclResult_t a = ncclSuccess;
+    const ncclResult_t q = ncclCommGetAsyncError(comm, &a);
+    if (q != ncclSuccess) fail(q, ctx, "ncclCommGetAsyncError", -1);
+    if (a == ncclSuccess) return;
+    if (a != ncclInProgress) fail(a, ctx, call, -1);
+    if (std::chrono::steady_clock::now() - start > options.timeout) {
+      abort(std::string(call) + " timed out");
+      throw comm::PeerError(ctx,
+                            std::string(call) + " still in progress after " +
+                                std::to_string(options.timeout.count()) +
+                                " ms; communicator aborted",
+                            -1);
+    }
+    if (spins > 1000) std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+}
+
+bool Core::poll_event(cudaEvent_t ev) {
+  if (is_aborted) return true;
+  const cudaError_t e = cudaEventQuery(ev);
+  if (e != cudaErrorNotReady) return true;
+  ncclResult_t a = ncclSuccess;
+  if (ncclCommGetAsyncError(comm, &a) != ncclSuccess) return true;
+  return a != ncclSuccess && a != ncclInProgress;
+}
+
+void Core::wait_event(cudaEvent_t ev, const OpContext& ctx, int peer) {
+  if (is_aborted) throw comm::AbortedError(ctx, "communicator was aborted: " + abort_reason);
+  use_device(ctx);
+  const auto start = std::chrono::steady_clock::now();
+  for (int spins = 0;; ++spins) {
+    const cudaError_t e = cudaEventQuery(ev);
+    if (e == cudaSuccess) return;
+    if (e != cudaErrorNotReady) {
+      abort(std::string("cudaEventQuery: ") + cudaGetErrorString(e));
+      cuda_check(e, ctx, "cudaEventQuery");
+    }
+    ncclResult_t a = ncclSuccess;
+    const ncclResult_t q = ncclCommGetAsyncError(comm, &a);
+    if (q != ncclSuccess) fail(q, ctx, "ncclCommGetAsyncError", peer);
+    if (a != ncclSuccess && a != ncclInProgress) fail(a, ctx, "the op (asynchronous error)", peer);
+    if (cancel && cancel->load()) {
+      abort("another rank failed");
+      throw comm::AbortedError(ctx, "communicator was aborted: another rank failed");
+    }
+    if (std::chrono::steady_clock::now() - start > options.timeout) {
+      const std::string who = peer >= 0 ? "peer " + std::to_string(peer) : "a peer";
+      abort(ctx.op + " timed out");
+      throw comm::PeerError(ctx,
+                            ctx.op + " did not complete within " +
+                                std::to_string(options.timeout.count()) + " ms (" + who +
+                                " hung or left); communicator aborted",
+                            peer);
+    }
+    if (spins > 1000) std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+}
+
+std::shared_ptr<Launch> Core::record(const OpContext& ctx) {
+  auto l = std::make_shared<Launch>();
+  cuda_check(cudaEventCreateWithFlags(&l->event, cudaEventDisableTiming), ctx, "cudaEventCreate");
+  cuda_check(cudaEventRecord(l->event, stream), ctx, "cudaEventRecord");
+  l->launched = true;
+  return l;
+}
+
+void Core::flush(const OpContext& ctx) {
+  if (held.empty()) return;
+  std::vector<HeldP2P> ops;
+  ops.swap(held);
+  auto launch = std::move(held_launch);
+  if (is_aborted) throw comm::AbortedError(ctx, "communicator was aborted: " + abort_reason);
+  use_device(ctx);
+  nccl_check(ncclGroupStart(), held_ctx, "ncclGroupStart");
+  for (const HeldP2P& p : ops) {
+    if (p.is_send)
+      nccl_check(ncclSend(p.send, p.count, p.type, p.peer, comm, stream), held_ctx, "ncclSend",
+                 members[static_cast<std::size_t>(p.peer)]);
+    else
+      nccl_check(ncclRecv(p.recv, p.count, p.type, p.peer, comm, stream), held_ctx, "ncclRecv",
+                 members[static_cast<std::size_t>(p.peer)]);
+  }
+  nccl_check(ncclGroupEnd(), held_ctx, "ncclGroupEnd (point to point)");
+  cuda_check(cudaEventCreateWithFlags(&launch->event, cudaEventDisableTiming), held_ctx,
+             "cudaEventCreate");
+  cuda_check(cudaEventRecord(launch->event, stream), held_ctx, "cudaEventRecord");
+  launch->launched = true;
+}
+
+void* Core::scratch(std::size_t bytes, Staging& s, const OpContext& ctx) {
+  void* p = nullptr;
+  cuda_check(cudaMallocAsync(&p, bytes == 0 ? 1 : bytes, stream), ctx, "cudaMallocAsync");
+  s.free_after_wait.push_back({p, bytes});
+  return p;
+}
+
+const void* Core::in(const comm::ConstBuffer& b, Staging& s, const OpContext& ctx) {
+  if (b.device.kind == comm::DeviceKind::cuda) {
+    if (b.device.index != device)
+      throw comm::InvalidArgument(
+          ctx, "buffer on cuda:" + std::to_string(b.device.index) +
+                   " but this communicator is on cuda:" + std::to_string(device));
+    return b.data;
+  }
+  void* d = scratch(b.bytes(), s, ctx);
+  if (b.bytes() > 0)
+    cuda_check(cudaMemcpyAsync(d, b.data, b.bytes(), cudaMemcpyHostToDevice, stream), ctx,
+               "cudaMemcpyAsync host to device");
+  return d;
+}
+
+void* Core::out(const comm::Buffer& b, Staging& s, const OpContext& ctx) {
+  if (b.device.kind == comm::DeviceKind::cuda) {
+    in(b, s, ctx);  // the device check
+    return b.data;
+  }
+  void* d = scratch(b.bytes(), s, ctx);
+  s.copy_out.push_back({b.data, d, b.bytes()});
+  return d;
+}
+
+void Core::release(Staging& s) noexcept {
+  if (s.free_after_wait.empty()) return;
+  cudaSetDevice(device);
+  for (const Scratch& sc : s.free_after_wait) cudaFreeAsync(sc.ptr, stream);
+  s.free_after_wait.clear();
+  s.copy_out.clear();
+}
+
+NcclWork::~NcclWork() {
+  core_->release(staging_);
+}
+
+void NcclWork::wait() {
+  if (done_) {
+    if (error_) std::rethrow_exception(error_);
+    return;
+  }
+  try {
+    if (!launch_->launched) core_->flush(ctx_);
+    core_->wait_event(launch_->event, ctx_, peer_);
+    for (const CopyOut& c : staging_.copy_out)
+      if (c.bytes > 0)
+        cuda_check(cudaMemcpy(c.host, c.dev, c.bytes, cudaMemcpyDeviceToHost), ctx_,
+                   "cudaMemcpy device to host");
+    core_->release(staging_);
+    done_ = true;
+  } catch (...) {
+    error_ = std::current_exception();
+    done_ = true;
+    throw;
+  }
+}
+
+bool NcclWork::is_completed() {
+  if (done_) return true;
+  if (!launch_->launched) {
+    try {
+      core_->flush(ctx_);
+    } catch (...) {
+      return true;  // wait() will throw
+    }
+  }
+  return core_->poll_event(launch_->event);
+}
+
+}  // namespace shardcheck::gpu::detail

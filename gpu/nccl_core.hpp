@@ -1,0 +1,141 @@
+// Internal to gpu/: the state behind an NcclCommunicator (kept in a shared_ptr so Works outlive
+// the communicator object), checked CUDA/NCCL calls, staging of host buffers, and the Work.
+#pragma once
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/errors.hpp"
+#include "gpu/nccl_communicator.hpp"
+
+namespace shardcheck::gpu::detail {
+
+ncclDataType_t nccl_type(comm::DType t);
+ncclRedOp_t nccl_op(comm::ReduceOp op);  // avg maps to sum (the division is done afterwards)
+
+// Throws comm::CommError naming ctx and the call when e != cudaSuccess.
+void cuda_check(cudaError_t e, const comm::OpContext& ctx, const char* call);
+
+// One launch of NCCL work: the event recorded after it. P2P works share a launch that stays
+// unlaunched until the held group is flushed.
+struct Launch {
+  cudaEvent_t event = nullptr;
+  bool launched = false;
+  ~Launch();
+};
+
+// A device buffer from cudaMallocAsync on the communicator's stream; freed stream-ordered.
+struct Scratch {
+  void* ptr = nullptr;
+  std::size_t bytes = 0;
+};
+
+// Host results to copy out once the op completed.
+struct CopyOut {
+  void* host = nullptr;
+  const void* dev = nullptr;
+  std::size_t bytes = 0;
+};
+
+// What one op needs besides its launch: scratch to free and host copies to make after it.
+struct Staging {
+  std::vector<Scratch> free_after_wait;
+  std::vector<CopyOut> copy_out;
+};
+
+struct Core : std::enable_shared_from_this<Core> {
+  ncclComm_t comm = nullptr;
+  cudaStream_t stream = nullptr;
+  int device = 0;
+  int rank = 0;
+  int size = 0;
+  std::string name;
+  std::vector<int> members;
+  NcclOptions options;
+  std::shared_ptr<RankBooks> books;
+  std::shared_ptr<std::atomic<bool>> cancel;
+  bool is_aborted = false;
+  std::string abort_reason;
+  std::uint64_t seq = 0;
+  void* one = nullptr;  // 1 float on the device, for barrier
+
+  struct HeldP2P {
+    bool is_send = false;
+    const void* send = nullptr;
+    void* recv = nullptr;
+    std::size_t count = 0;
+    ncclDataType_t type = ncclFloat32;
+    int peer = 0;
+  };
+  std::vector<HeldP2P> held;
+  std::shared_ptr<Launch> held_launch;
+  comm::OpContext held_ctx;
+
+  ~Core();
+  int world_rank() const { return members[static_cast<std::size_t>(rank)]; }
+
+  // The context of a new op: takes the next sequence number. Throws AbortedError when aborted.
+  comm::OpContext begin(const char* op);
+  // Makes `device` current for this thread.
+  void use_device(const comm::OpContext& ctx) const;
+  // Checks an NCCL return; ncclInProgress is polled until done. Errors abort and throw.
+  void nccl_check(ncclResult_t r, const comm::OpContext& ctx, const char* call, int peer = -1);
+  // Polls ncclCommGetAsyncError until it is no longer ncclInProgress (or the timeout).
+  void settle(const comm::OpContext& ctx, const char* call);
+  // Blocks until ev has completed; polls the async error, the cancel flag and the timeout.
+  void wait_event(cudaEvent_t ev, const comm::OpContext& ctx, int peer);
+  // Non-blocking: true when the event completed or the communicator has failed.
+  bool poll_event(cudaEvent_t ev);
+  // Records a new launched event on the stream.
+  std::shared_ptr<Launch> record(const comm::OpContext& ctx);
+  // Launches the held p2p ops in one group.
+  void flush(const comm::OpContext& ctx);
+  // Aborts (ncclCommAbort) and remembers why; idempotent.
+  void abort(const std::string& why);
+  // Throws the typed error for a failed NCCL result r (after aborting).
+  [[noreturn]] void fail(ncclResult_t r, const comm::OpContext& ctx, const char* call, int peer);
+
+  // Device pointers for buffers: host buffers are staged through scratch.
+  const void* in(const comm::ConstBuffer& b, Staging& s, const comm::OpContext& ctx);
+  void* out(const comm::Buffer& b, Staging& s, const comm::OpContext& ctx);
+  void* scratch(std::size_t bytes, Staging& s, const comm::OpContext& ctx);
+  void release(Staging& s) noexcept;  // frees s's scratch on the stream
+};
+
+class NcclWork final : public comm::Work {
+ public:
+  NcclWork(std::shared_ptr<Core> core, std::shared_ptr<Launch> launch, comm::OpContext ctx,
+           Staging staging, int peer = -1)
+      : core_(std::move(core)),
+        launch_(std::move(launch)),
+        ctx_(std::move(ctx)),
+        staging_(std::move(staging)),
+        peer_(peer) {}
+  ~NcclWork() override;
+  void wait() override;
+  bool is_completed() override;
+
+ private:
+  std::shared_ptr<Core> core_;
+  std::shared_ptr<Launch> launch_;
+  comm::OpContext ctx_;
+  Staging staging_;
+  int peer_;
+  bool done_ = false;
+  std::exception_ptr error_;
+};
+
+// Kernels the communicator needs (comm_kernels.cu), enqueued on `stream`.
+void widen_to_f32(const void* src, comm::DType t, float* dst, std::size_t n, cudaStream_t stream);
+void narrow_from_f32(const float* src, void* dst, comm::DType t, std::size_t n,
+                     cudaStream_t stream);
+// x[i] /= divisor, in x's dtype (integers truncate toward zero).
+void divide_inplace(void* x, comm::DType t, std::size_t n, int divisor, cudaStream_t stream);
+
+}  // namespace shardcheck::gpu::detail
