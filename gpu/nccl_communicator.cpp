@@ -276,13 +276,14 @@ WorkPtr NcclCommunicator::do_all_to_all_v(ConstBuffer send,
       for (std::size_t j = 0; j < p; ++j) {
         const std::int64_t recv_ij = all[2 * p * i + p + j];  // rank i expects from j
         const std::int64_t send_ji = all[2 * p * j + i];      // rank j sends to i
-        if (recv_ij != send_ji)
-          throw comm::MismatchError(
-              ctx,
+        if (recv_ij != send_ji) {
+          const std::string what =
               "all_to_all_v counts disagree: rank " + std::to_string(c.members[i]) + " expects " +
-                  std::to_string(recv_ij) + " elements from rank " + std::to_string(c.members[j]) +
-                  ", which sends " + std::to_string(send_ji),
-              {c.members[i], c.members[j]});
+              std::to_string(recv_ij) + " elements from rank " + std::to_string(c.members[j]) +
+              ", which sends " + std::to_string(send_ji);
+          c.abort(what);  // every member saw it: all leave, none waits for the data
+          throw comm::MismatchError(ctx, what, {c.members[i], c.members[j]});
+        }
       }
   }
   const void* sp = c.in(send, s, ctx);

@@ -67,7 +67,8 @@ Core::~Core() {
         r = a;
         break;
       }
-      if (std::chrono::steady_clock::now() - start > options.timeout) {
+      if (std::chrono::steady_clock::now() - start > options.timeout ||
+          (cancel && cancel->load())) {
         r = ncclInternalError;
         break;
       }
