@@ -1,0 +1,193 @@
+// Context-parallel attention: shape checks, the dispatch to ring (cp_ring.cpp) and Ulysses.
+#include "parallel/mp/cp_attention.hpp"
+
+#include <algorithm>
+#include <string>
+
+#include "parallel/mp/cp_ring.hpp"
+
+namespace shardcheck::parallel {
+
+std::string_view name_of(CpAlgo a) {
+  switch (a) {
+    case CpAlgo::ring:
+      return "ring";
+    case CpAlgo::ulysses:
+      return "ulysses";
+  }
+  return "?";
+}
+
+namespace {
+
+std::string str(int64_t v) {
+  return std::to_string(v);
+}
+
+template <class T>
+void check_shapes(const comm::Communicator& cp, CpAlgo algo, const TokenLayout& layout,
+                  const ref::Tensor<T>& q, const ref::Tensor<T>& k, const ref::Tensor<T>& v,
+                  std::span<const int32_t> doc_ids, ref::AttentionShape shape) {
+  const std::string who = "cp attention (" + std::string(name_of(algo)) + "): ";
+  if (layout.cp() != cp.size()) {
+    throw LayoutError(who + "layout cp " + str(layout.cp()) + " != CP group size " +
+                      str(cp.size()));
+  }
+  if (shape.heads < 1 || shape.kv_heads < 1 || shape.heads % shape.kv_heads != 0) {
+    throw LayoutError(who + "heads " + str(shape.heads) +
+                      " must be a positive multiple of kv_heads " + str(shape.kv_heads));
+  }
+  const int64_t n = layout.cp_row_count();
+  if (q.rank() != 2 || q.dim(0) != n || q.dim(1) % shape.heads != 0) {
+    throw LayoutError(who + "q must be [" + str(n) + ", heads " + str(shape.heads) + " * d]");
+  }
+  const int64_t d = q.dim(1) / shape.heads;
+  const ref::Shape kv_shape{n, shape.kv_heads * d};
+  if (k.shape() != kv_shape || v.shape() != kv_shape) {
+    throw LayoutError(who + "k and v must be [" + str(n) + ", kv_heads " + str(shape.kv_heads) +
+                      " * d " + str(d) + "]");
+  }
+  if (static_cast<int64_t>(doc_ids.size()) != layout.seq_len()) {
+    throw LayoutError(who + "doc_ids has " + str(static_cast<int64_t>(doc_ids.size())) +
+                      " entries, the sequence " + str(layout.seq_len()));
+  }
+  if (algo == CpAlgo::ulysses &&
+      (shape.heads % cp.size() != 0 || shape.kv_heads % cp.size() != 0)) {
+    throw LayoutError(who + "heads " + str(shape.heads) + " and kv_heads " + str(shape.kv_heads) +
+                      " must both be divisible by cp " + str(cp.size()));
+  }
+}
+
+// Ulysses all_to_all, rows -> heads: local [n, w * cp] (w = this rank's share of columns per
+// rank) becomes [S, w] in global row order, the columns [r*w, (r+1)*w) of every rank.
+template <class T>
+ref::Tensor<T> rows_to_heads(comm::Communicator& cp, const CpAttentionCache<T>& c,
+                             const ref::Tensor<T>& local) {
+  const int p = cp.size();
+  const int64_t n = local.dim(0), w = local.dim(1) / p;
+  std::vector<T> send(static_cast<std::size_t>(local.numel())), recv(send.size());
+  for (int j = 0; j < p; ++j) {
+    for (int64_t i = 0; i < n; ++i) {
+      std::copy_n(&local.at(i, j * w), w, send.data() + (j * n + i) * w);
+    }
+  }
+  if (p > 1) {
+    cp.all_to_all(comm::cview(std::span<const T>(send)), comm::view(std::span<T>(recv)))->wait();
+  } else {
+    recv = send;
+  }
+  ref::Tensor<T> full({c.seq_len, w});
+  for (int j = 0; j < p; ++j) {
+    const auto& rows = c.rows[static_cast<std::size_t>(j)];
+    for (int64_t i = 0; i < n; ++i) {
+      std::copy_n(recv.data() + (j * n + i) * w, w, &full.at(rows[static_cast<std::size_t>(i)], 0));
+    }
+  }
+  return full;
+}
+
+// The inverse: full [S, w] of this rank's head shard -> local rows [n, w * cp] of every shard.
+template <class T>
+ref::Tensor<T> heads_to_rows(comm::Communicator& cp, const CpAttentionCache<T>& c,
+                             const ref::Tensor<T>& full) {
+  const int p = cp.size();
+  const int64_t w = full.dim(1);
+  const int64_t n = c.seq_len / p;
+  std::vector<T> send(static_cast<std::size_t>(full.numel())), recv(send.size());
+  for (int j = 0; j < p; ++j) {
+    const auto& rows = c.rows[static_cast<std::size_t>(j)];
+    for (int64_t i = 0; i < n; ++i) {
+      std::copy_n(&full.at(rows[static_cast<std::size_t>(i)], 0), w, send.data() + (j * n + i) * w);
+    }
+  }
+  if (p > 1) {
+    cp.all_to_all(comm::cview(std::span<const T>(send)), comm::view(std::span<T>(recv)))->wait();
+  } else {
+    recv = send;
+  }
+  ref::Tensor<T> local({n, w * p});
+  for (int j = 0; j < p; ++j) {
+    for (int64_t i = 0; i < n; ++i) {
+      std::copy_n(recv.data() + (j * n + i) * w, w, &local.at(i, j * w));
+    }
+  }
+  return local;
+}
+
+// Causal attention of `heads` heads over s rows: about half of the s*s score matrix.
+double attention_flops(int64_t s, int heads, int64_t d, double per_element) {
+  return per_element * static_cast<double>(s * (s + 1) / 2 * heads * d);
+}
+
+}  // namespace
+
+template <class T>
+ref::Tensor<T> cp_attention_forward(comm::Communicator& cp, CpAlgo algo, const TokenLayout& layout,
+                                    const ref::Tensor<T>& q, const ref::Tensor<T>& k,
+                                    const ref::Tensor<T>& v, std::span<const int32_t> doc_ids,
+                                    ref::AttentionShape shape, const ref::AttentionDropout& dropout,
+                                    CpAttentionCache<T>& cache) {
+  check_shapes(cp, algo, layout, q, k, v, doc_ids, shape);
+  cache = CpAttentionCache<T>{};
+  cache.algo = algo;
+  cache.shape = shape;
+  cache.dropout = dropout;
+  cache.seq_len = layout.seq_len();
+  cache.head_dim = q.dim(1) / shape.heads;
+  cache.doc_ids.assign(doc_ids.begin(), doc_ids.end());
+  for (int r = 0; r < cp.size(); ++r) cache.rows.push_back(layout.cp_rows(r));
+  if (algo == CpAlgo::ring) return detail::ring_attention_forward(cp, q, k, v, cache);
+
+  const int p = cp.size();
+  cache.sub_shape = {.heads = shape.heads / p, .kv_heads = shape.kv_heads / p};
+  cache.sub_dropout = dropout;
+  cache.sub_dropout.total_heads = dropout.total_heads > 0 ? dropout.total_heads : shape.heads;
+  cache.sub_dropout.head_offset = dropout.head_offset + cp.rank() * cache.sub_shape.heads;
+  cache.q = rows_to_heads(cp, cache, q);
+  cache.k = rows_to_heads(cp, cache, k);
+  cache.v = rows_to_heads(cp, cache, v);
+  const ref::Tensor<T> o = ref::attention_forward(cache.q, cache.k, cache.v, doc_ids,
+                                                  cache.sub_shape, cache.sub_dropout, &cache.probs);
+  const double bytes = static_cast<double>(
+      (2 * cache.q.numel() + 2 * cache.k.numel() + cache.probs.numel()) * sizeof(T));
+  cp.compute({.name = "cp ulysses attention forward",
+              .flops = attention_flops(cache.seq_len, cache.sub_shape.heads, cache.head_dim, 4),
+              .bytes = bytes});
+  return heads_to_rows(cp, cache, o);
+}
+
+template <class T>
+void cp_attention_backward(comm::Communicator& cp, const ref::Tensor<T>& dout,
+                           const CpAttentionCache<T>& cache, ref::Tensor<T>& dq, ref::Tensor<T>& dk,
+                           ref::Tensor<T>& dv) {
+  if (cache.algo == CpAlgo::ring) {
+    detail::ring_attention_backward(cp, dout, cache, dq, dk, dv);
+    return;
+  }
+  const ref::Tensor<T> dfull = rows_to_heads(cp, cache, dout);
+  ref::Tensor<T> dqf, dkf, dvf;
+  ref::attention_backward(dfull, cache.q, cache.k, cache.v, cache.sub_shape, cache.sub_dropout,
+                          cache.probs, dqf, dkf, dvf);
+  const double bytes = static_cast<double>(
+      (3 * cache.q.numel() + 4 * cache.k.numel() + cache.probs.numel()) * sizeof(T));
+  cp.compute({.name = "cp ulysses attention backward",
+              .flops = attention_flops(cache.seq_len, cache.sub_shape.heads, cache.head_dim, 10),
+              .bytes = bytes});
+  dq = heads_to_rows(cp, cache, dqf);
+  dk = heads_to_rows(cp, cache, dkf);
+  dv = heads_to_rows(cp, cache, dvf);
+}
+
+#define SHARDCHECK_CP_ATTENTION(T)                                                                 \
+  template ref::Tensor<T> cp_attention_forward(                                                    \
+      comm::Communicator&, CpAlgo, const TokenLayout&, const ref::Tensor<T>&,                      \
+      const ref::Tensor<T>&, const ref::Tensor<T>&, std::span<const int32_t>, ref::AttentionShape, \
+      const ref::AttentionDropout&, CpAttentionCache<T>&);                                         \
+  template void cp_attention_backward(comm::Communicator&, const ref::Tensor<T>&,                  \
+                                      const CpAttentionCache<T>&, ref::Tensor<T>&,                 \
+                                      ref::Tensor<T>&, ref::Tensor<T>&);
+SHARDCHECK_CP_ATTENTION(double)
+SHARDCHECK_CP_ATTENTION(float)
+#undef SHARDCHECK_CP_ATTENTION
+
+}  // namespace shardcheck::parallel

@@ -1,0 +1,312 @@
+// Ring attention: K/V blocks circulate over the CP ring; online softmax forward, flash-attention
+// style backward with dK/dV accumulators that travel with their block and return to its owner.
+//
+// Block at step s on rank r belongs to owner (r - s) mod cp. Forward: cp - 1 hops of K/V (tag
+// kKvForward). Backward: cp - 1 hops of K/V (kKvBackward) and cp hops of dK/dV (kDkv), the last
+// one bringing each accumulator home. Every rank issues the same sends and receives whatever it
+// skips, so the pattern is identical on all ranks.
+#include "parallel/mp/cp_ring.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <utility>
+
+#include "parallel/testing.hpp"
+
+namespace shardcheck::parallel::detail {
+namespace {
+
+constexpr int kKvForward = 71;
+constexpr int kKvBackward = 72;
+constexpr int kDkv = 73;
+
+// A maximal run of consecutive global rows: global [begin, end), local index of `begin`.
+struct Segment {
+  int64_t begin = 0, end = 0, local = 0;
+};
+
+std::vector<Segment> segments_of(const std::vector<int64_t>& rows) {
+  std::vector<Segment> out;
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    if (!out.empty() && out.back().end == rows[i]) {
+      ++out.back().end;
+    } else {
+      out.push_back({rows[i], rows[i] + 1, static_cast<int64_t>(i)});
+    }
+  }
+  return out;
+}
+
+// Everything the block kernels share.
+template <class T>
+struct Ctx {
+  const CpAttentionCache<T>& c;
+  int heads, kv_heads, group;
+  int64_t d, n;
+  T scale;
+  ref::AttentionDropoutMask mask;
+  std::vector<Segment> own;  // this rank's query segments
+
+  Ctx(const CpAttentionCache<T>& cache, int rank)
+      : c(cache),
+        heads(cache.shape.heads),
+        kv_heads(cache.shape.kv_heads),
+        group(cache.shape.heads / cache.shape.kv_heads),
+        d(cache.head_dim),
+        n(static_cast<int64_t>(cache.rows[static_cast<std::size_t>(rank)].size())),
+        scale(T{1} / std::sqrt(static_cast<T>(cache.head_dim))),
+        mask(cache.dropout,
+             cache.dropout.total_heads > 0 ? cache.dropout.total_heads : cache.shape.heads,
+             cache.seq_len),
+        own(segments_of(cache.rows[static_cast<std::size_t>(rank)])) {}
+
+  T drop(int h, int64_t i, int64_t j) const {
+    return static_cast<T>(mask.scale(c.dropout.head_offset + h, i, j));
+  }
+  bool visible(int64_t i, int64_t j, bool unmasked) const {
+    if (unmasked) return true;
+    return j <= i &&
+           c.doc_ids[static_cast<std::size_t>(i)] == c.doc_ids[static_cast<std::size_t>(j)];
+  }
+  // Query segment qs against key segment ks: nothing visible when every key is after every query.
+  bool skipped(const Segment& qs, const Segment& ks, bool unmasked) const {
+    return !unmasked && ks.begin > qs.end - 1;
+  }
+};
+
+// The planted bug: a rank's own block (step 0) without the causal/document mask.
+bool diagonal_unmasked(int step) {
+  return step == 0 && testing::mutated(testing::Mutation::kRingDiagonalUnmasked);
+}
+
+// Online-softmax update of (m, l, acc) with one K/V block; returns the flops done.
+template <class T>
+double forward_block(const Ctx<T>& x, const ref::Tensor<T>& q, const std::vector<T>& kv,
+                     const std::vector<Segment>& keys, bool unmasked, std::vector<T>& m,
+                     std::vector<T>& l, ref::Tensor<T>& acc) {
+  const int64_t kvw = x.kv_heads * x.d;
+  const T* kb = kv.data();
+  const T* vb = kv.data() + x.n * kvw;
+  std::vector<T> sc;
+  double flops = 0;
+  for (const Segment& qs : x.own) {
+    for (const Segment& ks : keys) {
+      if (x.skipped(qs, ks, unmasked)) continue;
+      const int64_t klen = ks.end - ks.begin;
+      flops += 4.0 * static_cast<double>((qs.end - qs.begin) * klen * x.heads * x.d);
+      sc.assign(static_cast<std::size_t>(klen), T{0});
+      for (int h = 0; h < x.heads; ++h) {
+        const int64_t g = h / x.group;
+        for (int64_t gi = qs.begin; gi < qs.end; ++gi) {
+          const int64_t i = qs.local + gi - qs.begin;
+          T bm = -std::numeric_limits<T>::infinity();
+          for (int64_t t = 0; t < klen; ++t) {
+            if (!x.visible(gi, ks.begin + t, unmasked)) continue;
+            const T* kr = kb + (ks.local + t) * kvw + g * x.d;
+            T dot = 0;
+            for (int64_t c = 0; c < x.d; ++c) dot += q.at(i, h * x.d + c) * kr[c];
+            sc[static_cast<std::size_t>(t)] = dot * x.scale;
+            bm = std::max(bm, sc[static_cast<std::size_t>(t)]);
+          }
+          if (bm == -std::numeric_limits<T>::infinity()) continue;  // nothing visible here
+          T& mi = m[static_cast<std::size_t>(h * x.n + i)];
+          T& li = l[static_cast<std::size_t>(h * x.n + i)];
+          const T mnew = std::max(mi, bm);
+          const T corr = std::exp(mi - mnew);  // 0 while mi is -inf
+          li *= corr;
+          T* ar = &acc.at(i, h * x.d);
+          for (int64_t c = 0; c < x.d; ++c) ar[c] *= corr;
+          mi = mnew;
+          for (int64_t t = 0; t < klen; ++t) {
+            const int64_t gj = ks.begin + t;
+            if (!x.visible(gi, gj, unmasked)) continue;
+            const T p = std::exp(sc[static_cast<std::size_t>(t)] - mnew);
+            li += p;  // the normaliser ignores dropout
+            const T w = p * x.drop(h, gi, gj);
+            if (w == T{0}) continue;
+            const T* vr = vb + (ks.local + t) * kvw + g * x.d;
+            for (int64_t c = 0; c < x.d; ++c) ar[c] += w * vr[c];
+          }
+        }
+      }
+    }
+  }
+  return flops;
+}
+
+// Gradient contributions of one K/V block: dq (local) and the block's dK/dV accumulator.
+template <class T>
+double backward_block(const Ctx<T>& x, const ref::Tensor<T>& dout, const std::vector<T>& dsum,
+                      const std::vector<T>& kv, const std::vector<Segment>& keys, bool unmasked,
+                      ref::Tensor<T>& dq, std::vector<T>& dkv) {
+  const ref::Tensor<T>& q = x.c.q;
+  const int64_t kvw = x.kv_heads * x.d;
+  const T* kb = kv.data();
+  const T* vb = kv.data() + x.n * kvw;
+  T* dkb = dkv.data();
+  T* dvb = dkv.data() + x.n * kvw;
+  double flops = 0;
+  for (const Segment& qs : x.own) {
+    for (const Segment& ks : keys) {
+      if (x.skipped(qs, ks, unmasked)) continue;
+      const int64_t klen = ks.end - ks.begin;
+      flops += 10.0 * static_cast<double>((qs.end - qs.begin) * klen * x.heads * x.d);
+      for (int h = 0; h < x.heads; ++h) {
+        const int64_t g = h / x.group;
+        for (int64_t gi = qs.begin; gi < qs.end; ++gi) {
+          const int64_t i = qs.local + gi - qs.begin;
+          const T lse = x.c.lse[static_cast<std::size_t>(h * x.n + i)];
+          const T di = dsum[static_cast<std::size_t>(h * x.n + i)];
+          const T* qr = &q.at(i, h * x.d);
+          const T* dor = &dout.at(i, h * x.d);
+          T* dqr = &dq.at(i, h * x.d);
+          for (int64_t t = 0; t < klen; ++t) {
+            const int64_t gj = ks.begin + t;
+            if (!x.visible(gi, gj, unmasked)) continue;
+            const int64_t off = (ks.local + t) * kvw + g * x.d;
+            const T* kr = kb + off;
+            const T* vr = vb + off;
+            T dot = 0, dpd = 0;
+            for (int64_t c = 0; c < x.d; ++c) {
+              dot += qr[c] * kr[c];
+              dpd += dor[c] * vr[c];
+            }
+            const T p = std::exp(dot * x.scale - lse);
+            const T dm = x.drop(h, gi, gj);
+            const T pm = p * dm;
+            const T ds = p * (dpd * dm - di) * x.scale;
+            for (int64_t c = 0; c < x.d; ++c) {
+              dvb[off + c] += pm * dor[c];
+              dqr[c] += ds * kr[c];
+              dkb[off + c] += ds * qr[c];
+            }
+          }
+        }
+      }
+    }
+  }
+  return flops;
+}
+
+template <class T>
+std::vector<T> pack_kv(const ref::Tensor<T>& k, const ref::Tensor<T>& v) {
+  std::vector<T> kv(k.vec());
+  kv.insert(kv.end(), v.vec().begin(), v.vec().end());
+  return kv;
+}
+
+int next_of(const comm::Communicator& cp) {
+  return (cp.rank() + 1) % cp.size();
+}
+int prev_of(const comm::Communicator& cp) {
+  return (cp.rank() + cp.size() - 1) % cp.size();
+}
+int owner_at(const comm::Communicator& cp, int step) {
+  return (cp.rank() - step + cp.size()) % cp.size();
+}
+
+}  // namespace
+
+template <class T>
+ref::Tensor<T> ring_attention_forward(comm::Communicator& cp, const ref::Tensor<T>& q,
+                                      const ref::Tensor<T>& k, const ref::Tensor<T>& v,
+                                      CpAttentionCache<T>& cache) {
+  cache.q = q;
+  cache.k = k;
+  cache.v = v;
+  const Ctx<T> x(cache, cp.rank());
+  const int p = cp.size();
+  std::vector<T> cur = pack_kv(k, v), nxt(cur.size());
+  const auto hn = static_cast<std::size_t>(x.heads * x.n);
+  std::vector<T> m(hn, -std::numeric_limits<T>::infinity()), l(hn, T{0});
+  ref::Tensor<T> acc({x.n, x.heads * x.d});
+  const double bytes =
+      static_cast<double>((q.numel() + 2 * static_cast<int64_t>(cur.size())) * sizeof(T));
+  for (int s = 0; s < p; ++s) {
+    comm::WorkPtr ws, wr;
+    if (s < p - 1) {
+      ws = cp.send(comm::cview(std::span<const T>(cur)), next_of(cp), {.tag = kKvForward});
+      wr = cp.recv(comm::view(std::span<T>(nxt)), prev_of(cp), {.tag = kKvForward});
+    }
+    const auto keys = segments_of(cache.rows[static_cast<std::size_t>(owner_at(cp, s))]);
+    const double flops = forward_block(x, q, cur, keys, diagonal_unmasked(s), m, l, acc);
+    cp.compute({.name = "cp ring attention forward", .flops = flops, .bytes = bytes});
+    if (s < p - 1) {
+      ws->wait();
+      wr->wait();
+      std::swap(cur, nxt);
+    }
+  }
+  cache.lse.assign(hn, T{0});
+  for (int h = 0; h < x.heads; ++h) {
+    for (int64_t i = 0; i < x.n; ++i) {
+      const auto hi = static_cast<std::size_t>(h * x.n + i);
+      const T inv = T{1} / l[hi];
+      for (int64_t c = 0; c < x.d; ++c) acc.at(i, h * x.d + c) *= inv;
+      cache.lse[hi] = m[hi] + std::log(l[hi]);
+    }
+  }
+  cache.o = acc;
+  return acc;
+}
+
+template <class T>
+void ring_attention_backward(comm::Communicator& cp, const ref::Tensor<T>& dout,
+                             const CpAttentionCache<T>& cache, ref::Tensor<T>& dq,
+                             ref::Tensor<T>& dk, ref::Tensor<T>& dv) {
+  const Ctx<T> x(cache, cp.rank());
+  const int p = cp.size();
+  // D_i = dout_i . o_i per (head, row): the row sum of p * dp, dropout included.
+  std::vector<T> dsum(static_cast<std::size_t>(x.heads * x.n), T{0});
+  for (int h = 0; h < x.heads; ++h) {
+    for (int64_t i = 0; i < x.n; ++i) {
+      T s = 0;
+      for (int64_t c = 0; c < x.d; ++c) s += dout.at(i, h * x.d + c) * cache.o.at(i, h * x.d + c);
+      dsum[static_cast<std::size_t>(h * x.n + i)] = s;
+    }
+  }
+  dq = ref::Tensor<T>(cache.q.shape());
+  std::vector<T> cur = pack_kv(cache.k, cache.v), nxt(cur.size());
+  std::vector<T> dcur(cur.size(), T{0}), dnxt(cur.size());
+  const double bytes =
+      static_cast<double>((2 * dout.numel() + 4 * static_cast<int64_t>(cur.size())) * sizeof(T));
+  for (int s = 0; s < p; ++s) {
+    comm::WorkPtr ws, wr;
+    if (s < p - 1) {
+      ws = cp.send(comm::cview(std::span<const T>(cur)), next_of(cp), {.tag = kKvBackward});
+      wr = cp.recv(comm::view(std::span<T>(nxt)), prev_of(cp), {.tag = kKvBackward});
+    }
+    const auto keys = segments_of(cache.rows[static_cast<std::size_t>(owner_at(cp, s))]);
+    const double flops = backward_block(x, dout, dsum, cur, keys, diagonal_unmasked(s), dq, dcur);
+    cp.compute({.name = "cp ring attention backward", .flops = flops, .bytes = bytes});
+    if (s < p - 1) {
+      ws->wait();
+      wr->wait();
+      std::swap(cur, nxt);
+    }
+    if (p > 1) {  // the accumulator follows its block; after step p-1 it is back at its owner
+      auto dws = cp.send(comm::cview(std::span<const T>(dcur)), next_of(cp), {.tag = kDkv});
+      auto dwr = cp.recv(comm::view(std::span<T>(dnxt)), prev_of(cp), {.tag = kDkv});
+      dws->wait();
+      dwr->wait();
+      std::swap(dcur, dnxt);
+    }
+  }
+  const auto half = static_cast<std::ptrdiff_t>(cache.k.numel());
+  dk = ref::Tensor<T>(cache.k.shape(), std::vector<T>(dcur.begin(), dcur.begin() + half));
+  dv = ref::Tensor<T>(cache.v.shape(), std::vector<T>(dcur.begin() + half, dcur.end()));
+}
+
+#define SHARDCHECK_CP_RING(T)                                                                  \
+  template ref::Tensor<T> ring_attention_forward(comm::Communicator&, const ref::Tensor<T>&,   \
+                                                 const ref::Tensor<T>&, const ref::Tensor<T>&, \
+                                                 CpAttentionCache<T>&);                        \
+  template void ring_attention_backward(comm::Communicator&, const ref::Tensor<T>&,            \
+                                        const CpAttentionCache<T>&, ref::Tensor<T>&,           \
+                                        ref::Tensor<T>&, ref::Tensor<T>&);
+SHARDCHECK_CP_RING(double)
+SHARDCHECK_CP_RING(float)
+#undef SHARDCHECK_CP_RING
+
+}  // namespace shardcheck::parallel::detail
