@@ -1,0 +1,97 @@
+// Tensor parallelism (Megatron-style) over the vocabulary: the embedding table and the LM head are
+// split by vocab rows/columns, and the cross-entropy is computed from the local logit shards with
+// three reductions per row (max, sum of exponentials, target logit), never gathering the full
+// [n, V] logits. Also the TP parameter slicing helpers the mesh engine uses for every TP weight.
+//
+// Layout: V must be divisible by tp (LayoutError otherwise). TP rank t holds vocab rows
+// [t*V/tp, (t+1)*V/tp) of embed.weight [V, h] and, when untied, the same columns of
+// lm_head.weight [h, V].
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "comm/communicator.hpp"
+#include "parallel/mp/tokens.hpp"
+#include "reference/tensor.hpp"
+
+namespace shardcheck::parallel {
+
+// This TP rank's vocab range [offset, offset + size). Throws LayoutError naming V and tp when V is
+// not divisible by tp (or tp < 1, rank outside [0, tp)).
+struct VocabShard {
+  int64_t offset = 0;
+  int64_t size = 0;
+};
+VocabShard vocab_shard(int64_t vocab, int tp, int rank);
+
+// ---- Embedding ------------------------------------------------------------------------------
+
+// table_local: this rank's rows of embed.weight [V/tp, h], the first being vocab id vocab_offset.
+// Returns [n, h]: the table row for tokens in this rank's range, zero rows otherwise (a PARTIAL
+// sum: the caller reduces it over tp with all_reduce, or reduce-scatters rows under SP).
+template <class T>
+ref::Tensor<T> vocab_embed_forward(const ref::Tensor<T>& table_local, int64_t vocab_offset,
+                                   std::span<const int32_t> tokens);
+// dy [n, h]: the gradient of the (reduced) embedding output for these tokens; ADDS into
+// dtable_local [V/tp, h] the rows of the tokens in this rank's range.
+template <class T>
+void vocab_embed_backward(const ref::Tensor<T>& dy, int64_t vocab_offset,
+                          std::span<const int32_t> tokens, ref::Tensor<T>& dtable_local);
+
+// ---- LM head + parallel cross-entropy -------------------------------------------------------
+
+// What backward needs from forward. The max and sum are over the FULL vocabulary (already reduced
+// over tp), for every row (masked or not), so backward accepts any row weights.
+template <class T>
+struct VocabHeadCache {
+  ref::Tensor<T> logits;         // [n, V/tp] this rank's logit columns
+  std::vector<T> row_max;        // [n] max over the full vocabulary
+  std::vector<T> sum_exp;        // [n] sum over the full vocabulary of exp(logit - row_max)
+  std::vector<int32_t> targets;  // [n] global vocab ids
+  int64_t vocab_offset = 0;      // first vocab id of this rank's columns
+};
+
+// y [n, h] (the final-normed hidden, identical on every TP rank). weight_local: tied -> the
+// embedding shard [V/tp, h] (logits = y . W^T); untied -> lm_head columns [h, V/tp]
+// (logits = y . W). Collective over tp: all_reduce(max) of the row max, then one all_reduce(sum)
+// of [sum exp | target logit] (only the owner of a row's target contributes its logit). Returns
+// the per-row loss logsumexp - logit[target] where mask == 1, 0 elsewhere, identical on every TP
+// rank, equal to ref::cross_entropy_forward on the full logits. Targets of masked-out rows are not
+// read (they may be out of range).
+template <class T>
+std::vector<double> vocab_head_forward(comm::Communicator& tp, const ref::Tensor<T>& y,
+                                       const ref::Tensor<T>& weight_local, bool tied,
+                                       int64_t vocab_offset, std::span<const int32_t> targets,
+                                       std::span<const int32_t> mask, VocabHeadCache<T>& cache);
+
+// row_weight[t]: the loss weight of row t (token_weight for mask == 1 rows, 0 otherwise), as
+// ref::cross_entropy_backward's weight. ADDS into dweight_local (same shape as weight_local) this
+// shard's gradient; returns dy [n, h] summed over tp (one all_reduce), equal to the reference's
+// gradient w.r.t. y. Collective over tp.
+template <class T>
+ref::Tensor<T> vocab_head_backward(comm::Communicator& tp, const ref::Tensor<T>& y,
+                                   const ref::Tensor<T>& weight_local, bool tied,
+                                   const VocabHeadCache<T>& cache,
+                                   std::span<const double> row_weight,
+                                   ref::Tensor<T>& dweight_local);
+
+// ---- TP parameter slicing -------------------------------------------------------------------
+
+// rows: split dim 0 (also of a 1-D tensor); columns: split dim 1 of a 2-D [in, out] weight.
+// Column slices of the attention projections follow heads: wq's columns of heads
+// [rank*a/tp, (rank+1)*a/tp) are contiguous, so TpSplit::columns is enough when a % tp == 0 and
+// kv % tp == 0.
+enum class TpSplit : std::uint8_t { replicated, rows, columns };
+
+// The TP rank's slice of a full tensor (replicated: a copy). Throws LayoutError naming the
+// dimension and tp when the split dimension is not divisible by tp.
+template <class T>
+ref::Tensor<T> tp_slice(const ref::Tensor<T>& full, TpSplit split, int tp, int rank);
+// The inverse: writes the TP rank's slice `local` into its place in `full` (replicated: copies
+// all of it). Throws LayoutError when the shapes do not match the split.
+template <class T>
+void tp_unslice(const ref::Tensor<T>& local, TpSplit split, int tp, int rank, ref::Tensor<T>& full);
+
+}  // namespace shardcheck::parallel

@@ -1,0 +1,289 @@
+// Vocab-parallel embedding, LM head and cross-entropy on the simulator (tp 1, 2, 4; tied and
+// untied; f64 and f32) against the reference on the full vocabulary, the planted bug of a target
+// logit that is not summed over TP, and the TP slicing helpers as a round-trip property.
+#include "parallel/mp/vocab_parallel.hpp"
+
+#include <gtest/gtest.h>
+#include <rapidcheck/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <string>
+
+#include "parallel/testing.hpp"
+#include "reference/ops.hpp"
+#include "sim/world.hpp"
+
+namespace shardcheck::parallel {
+namespace {
+
+constexpr int64_t kV = 32, kH = 8, kN = 6;
+// Targets across every shard at tp 4 (8 ids each); row 2 is masked with an out-of-range target
+// (never read), row 5 is masked with a valid one.
+const std::vector<int32_t> kTargets = {3, 31, -1, 17, 8, 25};
+const std::vector<int32_t> kMask = {1, 1, 0, 1, 1, 0};
+
+template <class T>
+ref::Tensor<T> random_tensor(ref::Shape shape, unsigned seed) {
+  std::mt19937_64 gen(seed);
+  std::normal_distribution<double> d(0.0, 1.0);
+  ref::Tensor<T> t(std::move(shape));
+  for (int64_t i = 0; i < t.numel(); ++i) t[i] = static_cast<T>(d(gen));
+  return t;
+}
+
+template <class T>
+double max_rel_err(const std::vector<T>& got, const std::vector<T>& want) {
+  EXPECT_EQ(got.size(), want.size());
+  double err = 0, scale = 0;
+  for (std::size_t i = 0; i < want.size() && i < got.size(); ++i) {
+    err = std::max(err, std::abs(static_cast<double>(got[i]) - static_cast<double>(want[i])));
+    scale = std::max(scale, std::abs(static_cast<double>(want[i])));
+  }
+  return err / std::max(scale, 1e-300);
+}
+
+std::vector<double> row_weights() {
+  const double tokens = static_cast<double>(std::count(kMask.begin(), kMask.end(), 1));
+  std::vector<double> w(kMask.size());
+  for (std::size_t i = 0; i < w.size(); ++i) w[i] = kMask[i] ? 1.0 / tokens : 0.0;
+  return w;
+}
+
+template <class T>
+struct HeadRun {
+  std::vector<std::vector<double>> loss;  // per TP rank
+  std::vector<ref::Tensor<T>> dy;         // per TP rank
+  ref::Tensor<T> dweight;                 // gathered from the shards
+};
+
+// The full weight: tied -> embed.weight [V, h]; untied -> lm_head.weight [h, V].
+template <class T>
+ref::Tensor<T> full_weight(bool tied) {
+  return tied ? random_tensor<T>({kV, kH}, 11) : random_tensor<T>({kH, kV}, 12);
+}
+
+template <class T>
+HeadRun<T> run_head(int tp, bool tied) {
+  const ref::Tensor<T> y = random_tensor<T>({kN, kH}, 7);
+  const ref::Tensor<T> w = full_weight<T>(tied);
+  const std::vector<double> weights = row_weights();
+  const TpSplit split = tied ? TpSplit::rows : TpSplit::columns;
+  HeadRun<T> out{.loss = std::vector<std::vector<double>>(static_cast<std::size_t>(tp)),
+                 .dy = std::vector<ref::Tensor<T>>(static_cast<std::size_t>(tp)),
+                 .dweight = ref::Tensor<T>(w.shape())};
+  std::vector<ref::Tensor<T>> dw_local(static_cast<std::size_t>(tp));
+  sim::SimWorld(tp).run([&](comm::Communicator& g) {
+    const auto r = static_cast<std::size_t>(g.rank());
+    const VocabShard shard = vocab_shard(kV, tp, g.rank());
+    const ref::Tensor<T> w_local = tp_slice(w, split, tp, g.rank());
+    VocabHeadCache<T> cache;
+    out.loss[r] = vocab_head_forward(g, y, w_local, tied, shard.offset, kTargets, kMask, cache);
+    dw_local[r] = ref::Tensor<T>(w_local.shape());
+    out.dy[r] = vocab_head_backward(g, y, w_local, tied, cache, weights, dw_local[r]);
+  });
+  for (int r = 0; r < tp; ++r) {
+    tp_unslice(dw_local[static_cast<std::size_t>(r)], split, tp, r, out.dweight);
+  }
+  return out;
+}
+
+template <class T>
+void check_head(int tp, bool tied, double tol) {
+  SCOPED_TRACE("tp " + std::to_string(tp) + (tied ? " tied" : " untied"));
+  const ref::Tensor<T> y = random_tensor<T>({kN, kH}, 7);
+  const ref::Tensor<T> w = full_weight<T>(tied);
+  const ref::Tensor<T> logits = tied ? ref::linear_t_forward(y, w) : ref::linear_forward(y, w);
+  const std::vector<double> want_loss = ref::cross_entropy_forward(logits, kTargets, kMask);
+  const ref::Tensor<T> dlogits = ref::cross_entropy_backward(logits, kTargets, row_weights());
+  ref::Tensor<T> want_dw(w.shape());
+  const ref::Tensor<T> want_dy = tied ? ref::linear_t_backward(dlogits, y, w, want_dw)
+                                      : ref::linear_backward(dlogits, y, w, want_dw);
+
+  const HeadRun<T> got = run_head<T>(tp, tied);
+  for (int r = 0; r < tp; ++r) {
+    const auto ur = static_cast<std::size_t>(r);
+    // Identical on every TP rank.
+    EXPECT_EQ(got.loss[ur], got.loss[0]) << "rank " << r;
+    EXPECT_EQ(got.dy[ur].vec(), got.dy[0].vec()) << "rank " << r;
+    EXPECT_LE(max_rel_err(got.loss[ur], want_loss), tol) << "rank " << r;
+    EXPECT_LE(max_rel_err(got.dy[ur].vec(), want_dy.vec()), tol) << "rank " << r;
+  }
+  for (std::size_t i = 0; i < kMask.size(); ++i) {
+    if (kMask[i]) {
+      EXPECT_GT(got.loss[0][i], 0.0) << "row " << i;
+    } else {
+      EXPECT_EQ(got.loss[0][i], 0.0) << "masked row " << i;
+    }
+  }
+  EXPECT_LE(max_rel_err(got.dweight.vec(), want_dw.vec()), tol);
+}
+
+TEST(VocabHead, ParallelCrossEntropyEqualsReferenceF64) {
+  for (const int tp : {1, 2, 4}) {
+    for (const bool tied : {true, false}) check_head<double>(tp, tied, 1e-12);
+  }
+}
+
+TEST(VocabHead, ParallelCrossEntropyEqualsReferenceF32) {
+  for (const int tp : {1, 2, 4}) {
+    for (const bool tied : {true, false}) check_head<float>(tp, tied, 2e-6);
+  }
+}
+
+TEST(VocabHead, AtTpOneItIsBitwiseTheReference) {
+  const ref::Tensor<double> y = random_tensor<double>({kN, kH}, 7);
+  const ref::Tensor<double> w = full_weight<double>(true);
+  const std::vector<double> want =
+      ref::cross_entropy_forward(ref::linear_t_forward(y, w), kTargets, kMask);
+  EXPECT_EQ(run_head<double>(1, true).loss[0], want);
+}
+
+// Planted bug: each rank keeps its own (mostly zero) target logit. The loss then depends on the
+// rank and differs from the reference wherever the target lives on another shard; the parity check
+// above must catch it.
+TEST(VocabHead, TargetLogitNotReducedIsCaught) {
+  const ref::Tensor<double> y = random_tensor<double>({kN, kH}, 7);
+  const ref::Tensor<double> w = full_weight<double>(true);
+  const std::vector<double> want =
+      ref::cross_entropy_forward(ref::linear_t_forward(y, w), kTargets, kMask);
+  {
+    const testing::ScopedMutation m(testing::Mutation::kVocabTargetNotReduced);
+    const HeadRun<double> bad = run_head<double>(2, true);
+    EXPECT_GT(max_rel_err(bad.loss[0], want), 1e-3);  // rank 0 lacks targets 17, 31
+    EXPECT_GT(max_rel_err(bad.loss[1], want), 1e-3);  // rank 1 lacks targets 3, 8
+    EXPECT_NE(bad.loss[0], bad.loss[1]);
+    EXPECT_EQ(run_head<double>(1, true).loss[0], want);  // tp 1: nothing to reduce, unaffected
+  }
+  EXPECT_LE(max_rel_err(run_head<double>(2, true).loss[0], want), 1e-12);
+}
+
+TEST(VocabHead, ReportsTheHeadMatmulAsCompute) {
+  sim::SimWorld world(2);
+  const ref::Tensor<double> y = random_tensor<double>({kN, kH}, 7);
+  const ref::Tensor<double> w = full_weight<double>(true);
+  world.run([&](comm::Communicator& g) {
+    const VocabShard shard = vocab_shard(kV, 2, g.rank());
+    const ref::Tensor<double> w_local = tp_slice(w, TpSplit::rows, 2, g.rank());
+    VocabHeadCache<double> cache;
+    (void)vocab_head_forward(g, y, w_local, true, shard.offset, kTargets, kMask, cache);
+    ref::Tensor<double> dw(w_local.shape());
+    (void)vocab_head_backward(g, y, w_local, true, cache, row_weights(), dw);
+  });
+  int forward = 0, backward = 0;
+  for (const sim::TimelineEvent& e : world.timeline()) {
+    forward += e.name == "vocab head forward";
+    backward += e.name == "vocab head backward";
+  }
+  EXPECT_EQ(forward, 2);
+  EXPECT_EQ(backward, 2);
+  EXPECT_GT(world.virtual_time(), 0.0);
+}
+
+template <class T>
+void check_embedding(int tp) {
+  SCOPED_TRACE("tp " + std::to_string(tp));
+  const ref::Tensor<T> table = random_tensor<T>({kV, kH}, 21);
+  const std::vector<int32_t> tokens = {0, 31, 8, 8, 16, 23, 7, 24};  // shard edges, a repeat
+  const auto n = static_cast<int64_t>(tokens.size());
+  const ref::Tensor<T> dy = random_tensor<T>({n, kH}, 22);
+  const ref::Tensor<T> want_y = ref::embedding_forward(table, tokens);
+  ref::Tensor<T> want_dtable(table.shape());
+  ref::embedding_backward(dy, tokens, want_dtable);
+
+  std::vector<ref::Tensor<T>> ys(static_cast<std::size_t>(tp)), dts(static_cast<std::size_t>(tp));
+  sim::SimWorld(tp).run([&](comm::Communicator& g) {
+    const auto r = static_cast<std::size_t>(g.rank());
+    const VocabShard shard = vocab_shard(kV, tp, g.rank());
+    const ref::Tensor<T> local = tp_slice(table, TpSplit::rows, tp, g.rank());
+    ys[r] = vocab_embed_forward(local, shard.offset, tokens);
+    all_reduce_sum(g, ys[r]);
+    dts[r] = ref::Tensor<T>(local.shape());
+    vocab_embed_backward(dy, shard.offset, tokens, dts[r]);
+  });
+  ref::Tensor<T> dtable(table.shape());
+  for (int r = 0; r < tp; ++r) {
+    // A sum of one row and zeros: exact.
+    EXPECT_EQ(ys[static_cast<std::size_t>(r)].vec(), want_y.vec()) << "rank " << r;
+    tp_unslice(dts[static_cast<std::size_t>(r)], TpSplit::rows, tp, r, dtable);
+  }
+  EXPECT_EQ(dtable.vec(), want_dtable.vec());
+}
+
+TEST(VocabEmbed, ReducedForwardAndShardedBackwardEqualReference) {
+  for (const int tp : {1, 2, 4}) {
+    check_embedding<double>(tp);
+    check_embedding<float>(tp);
+  }
+}
+
+TEST(VocabEmbed, PartialSumHasZeroRowsOutsideTheShard) {
+  const ref::Tensor<double> local = random_tensor<double>({8, kH}, 3);
+  const std::vector<int32_t> tokens = {7, 8, 15, 16};
+  const ref::Tensor<double> y = vocab_embed_forward(local, 8, tokens);
+  for (int64_t c = 0; c < kH; ++c) {
+    EXPECT_EQ(y.at(0, c), 0.0);
+    EXPECT_EQ(y.at(1, c), local.at(0, c));
+    EXPECT_EQ(y.at(2, c), local.at(7, c));
+    EXPECT_EQ(y.at(3, c), 0.0);
+  }
+}
+
+TEST(VocabLayout, IndivisibleVocabIsNamed) {
+  EXPECT_THROW(vocab_shard(kV, 3, 0), LayoutError);
+  EXPECT_THROW(tp_slice(random_tensor<double>({kV, kH}, 1), TpSplit::rows, 3, 1), LayoutError);
+  try {
+    vocab_shard(kV, 3, 0);
+  } catch (const LayoutError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("V = 32"), std::string::npos) << what;
+    EXPECT_NE(what.find("tp = 3"), std::string::npos) << what;
+  }
+  EXPECT_EQ(vocab_shard(kV, 4, 3).offset, 24);
+  EXPECT_EQ(vocab_shard(kV, 4, 3).size, 8);
+}
+
+RC_GTEST_PROP(TpSlice, SlicesTileTheTensorAndUnsliceInvertsThem, ()) {
+  const int tp = *rc::gen::inRange(1, 5);
+  const int64_t rows = tp * *rc::gen::inRange<int64_t>(1, 5);
+  const int64_t cols = tp * *rc::gen::inRange<int64_t>(1, 5);
+  const auto split = *rc::gen::element(TpSplit::replicated, TpSplit::rows, TpSplit::columns);
+  const bool one_d = split != TpSplit::columns && *rc::gen::arbitrary<bool>();
+  const ref::Shape shape = one_d ? ref::Shape{rows} : ref::Shape{rows, cols};
+  const auto full = random_tensor<float>(shape, *rc::gen::arbitrary<unsigned>());
+  ref::Tensor<float> back(shape);
+  int64_t elements = 0;
+  for (int r = 0; r < tp; ++r) {
+    const ref::Tensor<float> local = tp_slice(full, split, tp, r);
+    elements += local.numel();
+    if (split == TpSplit::rows) RC_ASSERT(local.dim(0) == rows / tp);
+    if (split == TpSplit::columns) RC_ASSERT(local.dim(1) == cols / tp);
+    for (int64_t i = 0; i < local.numel(); ++i) {  // element (i) of the slice in the full tensor
+      const int64_t c = split == TpSplit::columns ? i % (cols / tp) + r * (cols / tp) : 0;
+      const int64_t at = split == TpSplit::columns ? (i / (cols / tp)) * cols + c
+                         : split == TpSplit::rows  ? r * local.numel() + i
+                                                   : i;
+      RC_ASSERT(local[i] == full[at]);
+    }
+    tp_unslice(local, split, tp, r, back);
+  }
+  RC_ASSERT(elements == (split == TpSplit::replicated ? tp : 1) * full.numel());
+  RC_ASSERT(back.vec() == full.vec());
+  RC_ASSERT(back.shape() == full.shape());
+}
+
+TEST(TpSlice, ShapeMismatchesAreErrors) {
+  const ref::Tensor<double> full({4, 6});
+  EXPECT_THROW(tp_slice(full, TpSplit::columns, 4, 0), LayoutError);  // 6 % 4
+  EXPECT_THROW(tp_slice(ref::Tensor<double>({8}), TpSplit::columns, 2, 0), LayoutError);
+  EXPECT_THROW(tp_slice(full, TpSplit::rows, 2, 2), LayoutError);  // rank outside tp
+  ref::Tensor<double> target({4, 6});
+  EXPECT_THROW(tp_unslice(ref::Tensor<double>({4, 2}), TpSplit::rows, 2, 0, target), LayoutError);
+  tp_unslice(ref::Tensor<double>({4, 3}, 1.0), TpSplit::columns, 2, 1, target);
+  EXPECT_EQ(target.at(0, 2), 0.0);
+  EXPECT_EQ(target.at(3, 3), 1.0);
+}
+
+}  // namespace
+}  // namespace shardcheck::parallel
