@@ -236,6 +236,9 @@ const std::vector<Case>& cases() {
       {.shape = {.tp = 2, .ep = 2}, .sp = true, .capacity_factor = 0.5},
       {.shape = {.tp = 2, .cp = 2, .ep = 2}, .sp = true, .capacity_factor = 0.5},
       {.shape = {.tp = 2, .ep = 2}, .sp = false, .capacity_factor = 0.5},
+      // Capacity never binds.
+      {.shape = {.ep = 4}, .capacity_factor = 2.0},
+      {.shape = {.tp = 2, .cp = 2, .ep = 2}, .sp = true, .capacity_factor = 2.0},
   };
   return all;
 }
@@ -247,8 +250,10 @@ std::string describe(const Case& c) {
 }
 
 TEST(EpMoe, CapacityBindsInTheDropCases) {
-  // The parity cases with capacity_factor 0.5 must really drop (else the mutation test is empty).
+  // The parity cases with capacity_factor 0.5 must really drop (else the mutation test is empty);
+  // with 2.0 nothing drops.
   for (const int ep : {2, 4}) {
+    for (const int64_t d : make_problem<double>(ep, 2.0, 7 + ep).dropped) EXPECT_EQ(d, 0);
     const Problem<double> p = make_problem<double>(ep, 0.5, 7 + ep);
     for (const int64_t d : p.dropped) EXPECT_GT(d, 0);
     const Problem<double> loose = make_problem<double>(ep, 1.0, 7 + ep);
