@@ -1,0 +1,405 @@
+// MeshEngine: the step of mesh_engine.hpp. Model math in tp_block.cpp, parameter slices in
+// mesh_params.cpp, validation in mesh_validate.cpp.
+#include "parallel/mp/mesh_engine.hpp"
+
+#include <cmath>
+#include <map>
+#include <type_traits>
+
+#include "parallel/flops.hpp"
+#include "parallel/mp/tp_block.hpp"
+#include "parallel/testing.hpp"
+#include "reference/bf16.hpp"
+#include "reference/model.hpp"
+#include "reference/optim.hpp"
+
+namespace shardcheck::parallel {
+
+struct MeshEngine::Impl {
+  explicit Impl(comm::DeviceMesh m) : mesh(std::move(m)) {}
+  virtual ~Impl() = default;
+  virtual ref::StepRecord step(const ref::Batch& local) = 0;
+  virtual ref::ParamMap<double> full_params() = 0;
+  comm::DeviceMesh mesh;
+  int data_rank = 0, data_world = 1;
+};
+
+namespace {
+
+using ref::Tensor;
+
+std::unique_ptr<comm::Communicator> split_over(comm::Communicator& world,
+                                               const comm::DeviceMesh& mesh,
+                                               std::vector<comm::Axis> axes, const char* name) {
+  return world.split(mesh.group_index(world.rank(), axes), world.rank(), {.name = name});
+}
+
+template <class T>
+std::vector<Tensor<T>> split_rows(const Tensor<T>& x, int parts) {
+  std::vector<Tensor<T>> out;
+  const int64_t c = x.shape().back();
+  const int64_t n = x.numel() / c / parts;
+  for (int i = 0; i < parts; ++i) {
+    Tensor<T> t({n, c});
+    std::copy_n(x.data() + i * n * c, n * c, t.data());
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
+template <class T>
+Tensor<T> concat_rows(const std::vector<Tensor<T>>& xs) {
+  const int64_t c = xs.front().shape().back();
+  int64_t n = 0;
+  for (const auto& x : xs) n += x.numel() / c;
+  Tensor<T> out({n, c});
+  int64_t at = 0;
+  for (const auto& x : xs) {
+    std::copy_n(x.data(), x.numel(), out.data() + at);
+    at += x.numel();
+  }
+  return out;
+}
+
+template <class T>
+struct ChunkCache {
+  std::vector<std::vector<MpBlockCache<T>>> blocks;  // [sequence][layer - first]
+  std::vector<MpHeadCache<T>> heads;
+};
+
+template <class T>
+class MeshImpl final : public MeshEngine::Impl {
+ public:
+  MeshImpl(comm::Communicator& world, const ref::ModelConfig& model, const ref::TrainConfig& train,
+           uint64_t seed, MeshOptions options)
+      : Impl(comm::DeviceMesh(options.shape, options.order)),
+        world_(world),
+        model_(model),
+        train_(train),
+        seed_(seed),
+        opt_(std::move(options)),
+        layout_(model.seq_len, opt_.shape.cp, opt_.shape.tp, opt_.sequence_parallel) {
+    g_ = comm::build_groups(mesh, world);
+    data_ = split_over(world, mesh, {comm::Axis::dp, comm::Axis::ep}, "data");
+    dense_ = split_over(world, mesh, {comm::Axis::dp, comm::Axis::ep, comm::Axis::cp}, "dp-ep-cp");
+    expert_ = split_over(world, mesh, {comm::Axis::dp, comm::Axis::cp}, "expert-dp");
+    data_rank = data_->rank();
+    data_world = data_->size();
+    env_ = BlockEnv{&model_, g_.tp.get(), g_.cp.get(), g_.ep.get(), &layout_, opt_.cp_algo};
+    stage_ = g_.pp->rank();
+    plan_ = stage_plan(model_, opt_.shape.pp, opt_.virtual_stages, stage_);
+    specs_ = local_params(model_, mesh, world.rank(), opt_.virtual_stages);
+    for (const LocalParam& p : specs_) {
+      Tensor<T>& t = master_.add(p.name, p.local_shape);
+      for (int64_t i = 0; i < t.numel(); ++i) {
+        t[i] = static_cast<T>(ref::init_value(model_, seed_, p.name, p.global_index(i)));
+      }
+    }
+    grads_ = master_.zeros_like();
+    adam_ = std::make_unique<ref::AdamW<T>>(train_.optimizer, master_);
+  }
+
+  ref::StepRecord step(const ref::Batch& local) override {
+    ++steps_;
+    world_.begin_step(steps_);
+    const bool bf16 = train_.precision == ref::Precision::kBf16;
+    if (bf16) {
+      working_ = master_;
+      if constexpr (std::is_same_v<T, float>) ref::round_to_bf16(working_);
+      mb_grads_ = master_.zeros_like();
+    }
+    for (auto& e : grads_) e.value.fill(T{0});
+
+    // 1. Global denominators, before any backward.
+    std::vector<int64_t> den = {0, static_cast<int64_t>(local.size()), 0};
+    for (const ref::Sequence& s : local) {
+      den[0] += s.mask_count();
+      for (const int32_t d : s.doc_ids) den[2] += d >= 0;
+    }
+    const int64_t local_sequences = den[1];
+    data_->all_reduce(std::span<int64_t>(den))->wait();
+    ctx_ = ref::StepContext{};
+    ctx_.seed = seed_;
+    ctx_.step = static_cast<uint32_t>(steps_);
+    ctx_.token_weight = den[0] > 0 ? 1.0 / static_cast<double>(den[0]) : 0.0;
+    const int64_t seq_den =
+        testing::mutated(testing::Mutation::kAuxPerRankMean) ? local_sequences : den[1];
+    ctx_.sequence_weight = seq_den > 0 ? 1.0 / static_cast<double>(seq_den) : 0.0;
+
+    // 2. The pipeline over the microbatches.
+    batch_ = &local;
+    counted_ = {0.0, 0.0, 0.0};
+    const int mbs = train_.micro_batch;
+    const int microbatches = static_cast<int>(local.size()) / mbs;
+    PipeStage<T> stage;
+    stage.forward = [&](int mb, int chunk, Tensor<T> in) {
+      return forward(mb, chunk, std::move(in));
+    };
+    stage.backward = [&](int mb, int chunk, Tensor<T> d) {
+      return backward(mb, chunk, std::move(d));
+    };
+    stage.activation_shape = [&](int, int) {
+      return ref::Shape{int64_t{mbs} * layout_.row_count(), model_.hidden};
+    };
+    run_pipeline(*g_.pp, opt_.schedule, microbatches, opt_.virtual_stages, stage);
+    caches_.clear();
+
+    // 3. Gradient sums.
+    sync_gradients();
+
+    // 4. Norm and numerators.
+    double sq = 0.0;
+    for (std::size_t i = 0; i < specs_.size(); ++i) {
+      if (!counted_once(specs_[i])) continue;
+      for (const T g : grads_[specs_[i].name].vec())
+        sq += static_cast<double>(g) * static_cast<double>(g);
+    }
+    std::vector<double> sums = {sq, counted_[0], counted_[1], counted_[2]};
+    if (testing::mutated(testing::Mutation::kLocalNormClip)) {
+      std::vector<double> rest = {counted_[0], counted_[1], counted_[2]};
+      world_.all_reduce(std::span<double>(rest))->wait();
+      sums = {sq, rest[0], rest[1], rest[2]};
+    } else {
+      world_.all_reduce(std::span<double>(sums))->wait();
+    }
+    ref::StepRecord rec;
+    rec.step = steps_;
+    rec.tokens = den[0];
+    rec.sequences = den[1];
+    rec.non_padding_tokens = den[2];
+    rec.loss_sum = sums[1];
+    rec.aux = den[1] > 0 ? sums[2] / static_cast<double>(den[1]) : 0.0;
+    rec.loss = (den[0] > 0 ? sums[1] / static_cast<double>(den[0]) : 0.0) + rec.aux;
+    rec.grad_norm = std::sqrt(sums[0]);
+    rec.lr = ref::lr_at(train_.optimizer, steps_, train_.steps);
+
+    // 5. Clip and update.
+    rec.clip_factor = ref::clip_grad_norm(grads_, rec.grad_norm, train_.clip_grad_norm);
+    adam_->step(master_, grads_, rec.lr);
+    world_.compute({.name = "adamw", .flops = adamw_flops(static_cast<double>(master_.numel()))});
+    return rec;
+  }
+
+  ref::ParamMap<double> full_params() override {
+    ref::ParamMap<double> full;
+    for (const auto& [name, shape] : ref::param_shapes(model_)) full.add(name, shape);
+    for (const LocalParam& p : specs_) {
+      if (!counted_once(p)) continue;
+      const Tensor<T>& local = master_[p.name];
+      Tensor<double>& dst = full[p.name];
+      for (int64_t i = 0; i < local.numel(); ++i)
+        dst[p.global_index(i)] = static_cast<double>(local[i]);
+    }
+    std::vector<double> flat;
+    flat.reserve(static_cast<std::size_t>(full.numel()));
+    for (const auto& e : full) flat.insert(flat.end(), e.value.vec().begin(), e.value.vec().end());
+    world_.all_reduce(std::span<double>(flat))->wait();
+    std::size_t at = 0;
+    for (auto& e : full) {
+      std::copy_n(flat.begin() + static_cast<std::ptrdiff_t>(at), e.value.numel(), e.value.data());
+      at += static_cast<std::size_t>(e.value.numel());
+    }
+    return full;
+  }
+
+ private:
+  // Each element of the model is counted by exactly one rank of the world (norm, full_params).
+  bool counted_once(const LocalParam& p) const {
+    const int r = world_.rank();
+    if (p.tied_copy) return false;
+    if (mesh.coord(r, comm::Axis::dp) != 0 || mesh.coord(r, comm::Axis::cp) != 0) return false;
+    if (!p.expert && mesh.coord(r, comm::Axis::ep) != 0) return false;
+    if (p.tp_replicated && mesh.coord(r, comm::Axis::tp) != 0) return false;
+    return true;
+  }
+
+  const ref::ParamMap<T>& weights() const {
+    return train_.precision == ref::Precision::kBf16 ? working_ : master_;
+  }
+  ref::ParamMap<T>& grad_target() {
+    return train_.precision == ref::Precision::kBf16 ? mb_grads_ : grads_;
+  }
+
+  int virtual_stage(int chunk) const { return chunk * opt_.shape.pp + stage_; }
+  int last_virtual_stage() const { return opt_.shape.pp * opt_.virtual_stages - 1; }
+
+  Tensor<T> forward(int mb, int chunk, Tensor<T> input) {
+    const int mbs = train_.micro_batch;
+    const int vs = virtual_stage(chunk);
+    const auto [first, last] = plan_.chunk_layers[static_cast<std::size_t>(chunk)];
+    ChunkCache<T>& cc = caches_[{mb, chunk}];
+    cc.blocks.assign(static_cast<std::size_t>(mbs), {});
+    std::vector<Tensor<T>> xs;
+    if (vs == 0) {
+      for (int i = 0; i < mbs; ++i) xs.push_back(mp_embed_forward(env_, weights(), seq(mb, i)));
+    } else {
+      xs = split_rows(input, mbs);
+    }
+    const bool count_aux = g_.tp->rank() == 0 && g_.cp->rank() == 0;
+    for (int i = 0; i < mbs; ++i) {
+      auto& blocks = cc.blocks[static_cast<std::size_t>(i)];
+      blocks.resize(static_cast<std::size_t>(last - first));
+      for (int layer = first; layer < last; ++layer) {
+        MpSequenceLoss l;
+        xs[static_cast<std::size_t>(i)] = mp_block_forward(
+            env_, weights(), layer, seq(mb, i), ctx_, xs[static_cast<std::size_t>(i)],
+            blocks[static_cast<std::size_t>(layer - first)], &l);
+        if (count_aux) {
+          counted_[1] += l.aux;
+          counted_[2] += static_cast<double>(l.dropped);
+        }
+      }
+    }
+    if (vs != last_virtual_stage()) return concat_rows(xs);
+    cc.heads.resize(static_cast<std::size_t>(mbs));
+    for (int i = 0; i < mbs; ++i) {
+      MpSequenceLoss l;
+      mp_head_forward(env_, weights(), seq(mb, i), xs[static_cast<std::size_t>(i)],
+                      cc.heads[static_cast<std::size_t>(i)], &l);
+      if (g_.tp->rank() == 0) counted_[0] += l.loss_sum;
+    }
+    return {};
+  }
+
+  Tensor<T> backward(int mb, int chunk, Tensor<T> dout) {
+    const int mbs = train_.micro_batch;
+    const int vs = virtual_stage(chunk);
+    const auto [first, last] = plan_.chunk_layers[static_cast<std::size_t>(chunk)];
+    ChunkCache<T>& cc = caches_.at({mb, chunk});
+    ref::ParamMap<T>& grads = grad_target();
+    std::vector<Tensor<T>> dxs;
+    if (vs == last_virtual_stage()) {
+      for (int i = 0; i < mbs; ++i) {
+        dxs.push_back(mp_head_backward(env_, weights(), seq(mb, i), ctx_.token_weight,
+                                       cc.heads[static_cast<std::size_t>(i)], grads));
+      }
+    } else {
+      dxs = split_rows(dout, mbs);
+    }
+    for (int i = 0; i < mbs; ++i) {
+      auto& blocks = cc.blocks[static_cast<std::size_t>(i)];
+      for (int layer = last - 1; layer >= first; --layer) {
+        dxs[static_cast<std::size_t>(i)] =
+            mp_block_backward(env_, weights(), layer, seq(mb, i), ctx_,
+                              blocks[static_cast<std::size_t>(layer - first)],
+                              dxs[static_cast<std::size_t>(i)], grads);
+      }
+    }
+    Tensor<T> result;
+    if (vs == 0) {
+      for (int i = 0; i < mbs; ++i)
+        mp_embed_backward(env_, seq(mb, i), dxs[static_cast<std::size_t>(i)], grads);
+    } else {
+      result = concat_rows(dxs);
+    }
+    caches_.erase({mb, chunk});
+    if (train_.precision == ref::Precision::kBf16) {
+      if constexpr (std::is_same_v<T, float>) ref::round_to_bf16(mb_grads_);
+      for (auto& e : mb_grads_) {
+        ref::add_inplace(grads_[e.name], e.value);
+        e.value.fill(T{0});
+      }
+    }
+    return result;
+  }
+
+  const ref::Sequence& seq(int mb, int i) const {
+    return (*batch_)[static_cast<std::size_t>(mb * train_.micro_batch + i)];
+  }
+
+  void all_reduce_params(comm::Communicator& group,
+                         const std::function<bool(const LocalParam&)>& pick) {
+    if (group.size() == 1) return;
+    std::vector<T> flat;
+    for (const LocalParam& p : specs_) {
+      if (!pick(p)) continue;
+      const auto& v = grads_[p.name].vec();
+      flat.insert(flat.end(), v.begin(), v.end());
+    }
+    if (flat.empty()) return;
+    group.all_reduce(std::span<T>(flat))->wait();
+    std::size_t at = 0;
+    for (const LocalParam& p : specs_) {
+      if (!pick(p)) continue;
+      auto& v = grads_[p.name].vec();
+      std::copy_n(flat.begin() + static_cast<std::ptrdiff_t>(at), v.size(), v.begin());
+      at += v.size();
+    }
+  }
+
+  void sync_tied_embedding() {
+    const int pp = opt_.shape.pp;
+    if (pp == 1 || !model_.tie_embeddings) return;
+    if (!(plan_.has_embed || plan_.has_head)) return;
+    if (testing::mutated(testing::Mutation::kSkipTiedEmbeddingSync)) return;
+    Tensor<T>& mine = grads_["embed.weight"];
+    Tensor<T> peer(mine.shape());
+    const int other = plan_.has_embed ? pp - 1 : 0;
+    comm::WorkPtr s = g_.pp->send(comm::cview(std::span<const T>(mine.span())), other, {.tag = 7});
+    g_.pp->recv(comm::view(peer.span()), other, {.tag = 7})->wait();
+    s->wait();
+    // first stage's gradient + last stage's, in that order on both.
+    for (int64_t i = 0; i < mine.numel(); ++i) {
+      mine[i] = plan_.has_embed ? mine[i] + peer[i] : peer[i] + mine[i];
+    }
+  }
+
+  void sync_gradients() {
+    sync_tied_embedding();
+    if (env_.sp()) {
+      all_reduce_params(*g_.tp, [](const LocalParam& p) { return p.tp_replicated; });
+    }
+    all_reduce_params(*dense_, [](const LocalParam& p) { return !p.expert; });
+    all_reduce_params(*expert_, [](const LocalParam& p) { return p.expert; });
+  }
+
+  comm::Communicator& world_;
+  ref::ModelConfig model_;
+  ref::TrainConfig train_;
+  uint64_t seed_;
+  MeshOptions opt_;
+  TokenLayout layout_;
+  comm::MeshGroups g_;
+  std::unique_ptr<comm::Communicator> data_, dense_, expert_;
+  BlockEnv env_;
+  int stage_ = 0;
+  StagePlan plan_;
+  std::vector<LocalParam> specs_;
+  ref::ParamMap<T> master_, working_, grads_, mb_grads_;
+  std::unique_ptr<ref::AdamW<T>> adam_;
+  int steps_ = 0;
+  ref::StepContext ctx_;
+  const ref::Batch* batch_ = nullptr;
+  std::vector<double> counted_;  // loss_sum, aux_sum, dropped this rank counts
+  std::map<std::pair<int, int>, ChunkCache<T>> caches_;
+};
+
+}  // namespace
+
+MeshEngine::MeshEngine(comm::Communicator& world, const ref::ModelConfig& model,
+                       const ref::TrainConfig& train, uint64_t seed, MeshOptions options) {
+  validate_mesh(model, train, options);
+  if (train.precision == ref::Precision::kF64) {
+    impl_ = std::make_unique<MeshImpl<double>>(world, model, train, seed, std::move(options));
+  } else {
+    impl_ = std::make_unique<MeshImpl<float>>(world, model, train, seed, std::move(options));
+  }
+}
+MeshEngine::~MeshEngine() = default;
+const comm::DeviceMesh& MeshEngine::mesh() const {
+  return impl_->mesh;
+}
+int MeshEngine::data_rank() const {
+  return impl_->data_rank;
+}
+int MeshEngine::data_world() const {
+  return impl_->data_world;
+}
+ref::StepRecord MeshEngine::step(const ref::Batch& local) {
+  return impl_->step(local);
+}
+ref::ParamMap<double> MeshEngine::full_params() {
+  return impl_->full_params();
+}
+
+}  // namespace shardcheck::parallel

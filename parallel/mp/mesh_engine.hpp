@@ -1,0 +1,74 @@
+// Training of the reference model on a DP x TP x PP x CP x EP mesh (Megatron-Core style), written
+// only against comm::Communicator. Composes the pieces of parallel/mp/: vocab-parallel embedding
+// and head, the TP (+SP) block with CP attention (ring / Ulysses) and EP MoE, pipeline schedules
+// (GPipe, 1F1B, interleaved), and data parallelism over DP (and EP: EP ranks read different
+// sequences, as Megatron carves EP out of data parallelism).
+//
+// One step:
+//   1. all_reduce of the loss denominators over the data group (dp x ep), before any backward;
+//   2. the pipeline schedule over this rank's local batch in microbatches (send/recv between
+//      stages; every sublayer's TP/CP/EP collectives inside);
+//   3. gradient sums: the tied embedding between the first and last stage; under SP the
+//      TP-replicated parameters (norms, router, experts) over TP; non-expert parameters over
+//      dp x ep x cp, experts over dp x cp (the expert-DP group);
+//   4. the global L2 norm (every element counted once in the world), numerators over the world;
+//   5. clip and AdamW on the local slices (the reference's arithmetic), bf16 recipe as the trainer.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "comm/communicator.hpp"
+#include "comm/mesh.hpp"
+#include "parallel/mp/cp_attention.hpp"
+#include "parallel/mp/mesh_params.hpp"
+#include "parallel/mp/pipeline.hpp"
+#include "reference/batch.hpp"
+#include "reference/config.hpp"
+#include "reference/tensor.hpp"
+#include "reference/trainer.hpp"
+
+namespace shardcheck::parallel {
+
+struct MeshOptions {
+  comm::MeshShape shape;
+  std::string order = "tp-cp-ep-dp-pp";
+  bool sequence_parallel = false;
+  PipeSchedule schedule = PipeSchedule::one_f_one_b;
+  int virtual_stages = 1;
+  CpAlgo cp_algo = CpAlgo::ring;
+};
+
+// Throws MeshConfigError naming the field when the model, batch or mesh do not fit together.
+void validate_mesh(const ref::ModelConfig& model, const ref::TrainConfig& train,
+                   const MeshOptions& options);
+
+class MeshEngine {
+ public:
+  // Collective over world (world.size() == shape.world_size()): builds every group.
+  MeshEngine(comm::Communicator& world, const ref::ModelConfig& model,
+             const ref::TrainConfig& train, uint64_t seed, MeshOptions options);
+  ~MeshEngine();
+  MeshEngine(const MeshEngine&) = delete;
+  MeshEngine& operator=(const MeshEngine&) = delete;
+
+  const comm::DeviceMesh& mesh() const;
+  // This rank's slice of the global batch: data_rank() of data_world() (= dp * ep).
+  int data_rank() const;
+  int data_world() const;
+
+  // One optimizer step over the local batch (global_batch / data_world() sequences with global
+  // Sequence::index). Collective over the world; returns the same global record on every rank.
+  ref::StepRecord step(const ref::Batch& local_batch);
+
+  // Every parameter at full shape in f64 (master weights). Collective over the world.
+  ref::ParamMap<double> full_params();
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace shardcheck::parallel

@@ -1,0 +1,122 @@
+#include "parallel/mp/mesh_params.hpp"
+
+#include <algorithm>
+
+#include "parallel/flops.hpp"
+#include "parallel/mp/pipeline.hpp"
+#include "parallel/testing.hpp"
+#include "reference/model.hpp"
+
+namespace shardcheck::parallel {
+
+int64_t LocalParam::global_index(int64_t i) const {
+  if (split == TpSplit::replicated || local_shape.size() < 2) return i;
+  const int64_t cols = local_shape[1];
+  const int64_t r = i / cols, c = i % cols;
+  if (split == TpSplit::rows) return (offset + r) * global_shape[1] + c;
+  return r * global_shape[1] + offset + c;
+}
+
+std::vector<std::pair<int, int>> virtual_stage_layers(const ref::ModelConfig& model, int pp,
+                                                      int virtual_stages) {
+  const double s = static_cast<double>(model.seq_len);
+  std::vector<double> cost;
+  for (int i = 0; i < model.layers; ++i) cost.push_back(block_forward_flops(model, i, s));
+  return partition_layers(cost, 0.0, head_forward_flops(model, s), pp * virtual_stages);
+}
+
+StagePlan stage_plan(const ref::ModelConfig& model, int pp, int virtual_stages, int stage) {
+  const auto all = virtual_stage_layers(model, pp, virtual_stages);
+  StagePlan plan;
+  for (int c = 0; c < virtual_stages; ++c) {
+    plan.chunk_layers.push_back(all[static_cast<std::size_t>(c * pp + stage)]);
+  }
+  plan.has_embed = stage == 0;
+  plan.has_head = stage == pp - 1;
+  return plan;
+}
+
+namespace {
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+int layer_of(const std::string& name) {
+  if (name.rfind("layers.", 0) != 0) return -1;
+  return std::stoi(name.substr(7));
+}
+
+int expert_of(const std::string& name) {
+  const auto at = name.find(".experts.");
+  return at == std::string::npos ? -1 : std::stoi(name.substr(at + 9));
+}
+
+}  // namespace
+
+std::vector<LocalParam> local_params(const ref::ModelConfig& model, const comm::DeviceMesh& mesh,
+                                     int world_rank, int virtual_stages) {
+  const int tp = mesh.size(comm::Axis::tp), ep = mesh.size(comm::Axis::ep);
+  const int pp = mesh.size(comm::Axis::pp);
+  const int t = mesh.coord(world_rank, comm::Axis::tp);
+  const int e = mesh.coord(world_rank, comm::Axis::ep);
+  const StagePlan plan =
+      stage_plan(model, pp, virtual_stages, mesh.coord(world_rank, comm::Axis::pp));
+  auto holds_layer = [&](int layer) {
+    return std::any_of(plan.chunk_layers.begin(), plan.chunk_layers.end(),
+                       [&](const auto& r) { return layer >= r.first && layer < r.second; });
+  };
+  const int d = model.head_dim();
+  std::vector<LocalParam> out;
+  for (const auto& [name, shape] : ref::param_shapes(model)) {
+    LocalParam p;
+    p.name = name;
+    p.global_shape = shape;
+    p.local_shape = shape;
+    const int layer = layer_of(name);
+    if (name == "embed.weight") {
+      if (!plan.has_embed && !(plan.has_head && model.tie_embeddings)) continue;
+      p.tied_copy = !plan.has_embed;
+      p.split = TpSplit::rows;
+    } else if (name == "lm_head.weight") {
+      if (!plan.has_head) continue;
+      p.split = TpSplit::columns;
+    } else if (name == "final_norm.weight") {
+      if (!plan.has_head) continue;
+      p.tp_replicated = true;
+    } else if (layer >= 0) {
+      if (!holds_layer(layer)) continue;
+      const int expert = expert_of(name);
+      if (expert >= 0) {
+        const int per = model.moe->experts / ep;
+        if (expert / per != e) continue;
+        p.expert = true;
+        p.tp_replicated = true;
+      } else if (ends_with(name, "attn.wq") || ends_with(name, "mlp.w_up")) {
+        p.split = TpSplit::columns;
+      } else if (ends_with(name, "attn.wk") || ends_with(name, "attn.wv")) {
+        p.split = TpSplit::columns;
+        // kv heads of TP rank t: [t*kv/tp, (t+1)*kv/tp), the ones its query heads read.
+        const int64_t kv_cols = int64_t{model.kv_heads / tp} * d;
+        p.offset = testing::mutated(testing::Mutation::kGqaWrongHeadMapping) ? 0 : t * kv_cols;
+      } else if (ends_with(name, "attn.wo") || ends_with(name, "mlp.w_down")) {
+        p.split = TpSplit::rows;
+      } else {
+        p.tp_replicated = true;  // norms, router
+      }
+    }
+    if (p.split == TpSplit::rows) {
+      p.local_shape[0] = shape[0] / tp;
+      p.offset = t * p.local_shape[0];
+    } else if (p.split == TpSplit::columns) {
+      p.local_shape[1] = shape[1] / tp;
+      if (!(ends_with(name, "attn.wk") || ends_with(name, "attn.wv")))
+        p.offset = t * p.local_shape[1];
+    }
+    out.push_back(std::move(p));
+  }
+  return out;
+}
+
+}  // namespace shardcheck::parallel

@@ -1,0 +1,63 @@
+// Which slice of which parameter a rank of a DP x TP x PP x CP x EP mesh holds (Megatron-Core
+// rules), how it maps to the full tensor, and which ranks must sum its gradient.
+//
+//   embed.weight    [V, h]    vocab rows split over TP; on the stage holding virtual stage 0, and
+//                             (tied) a copy on the stage holding the last one (pp > 1)
+//   attn.wq/wk/wv   [h, *]    columns split over TP (heads, then kv heads: kv_heads % tp == 0)
+//   attn.wo         [a*d, h]  rows split over TP
+//   mlp.w_up        [h, f]    columns over TP;  mlp.w_down [f, h] rows over TP
+//   norms, router             replicated over TP
+//   moe.experts.<j>           experts split over EP (EP rank e holds j in [e*E/ep, (e+1)*E/ep)),
+//                             not split over TP
+//   lm_head.weight  [h, V]    columns over TP, on the last stage
+// Layers go to pipeline chunks by partition_layers over a FLOP profile (virtual stage c*pp + s
+// is chunk c of stage s).
+#pragma once
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "comm/mesh.hpp"
+#include "parallel/mp/vocab_parallel.hpp"
+#include "reference/config.hpp"
+#include "reference/tensor.hpp"
+
+namespace shardcheck::parallel {
+
+// A mesh the model or batch cannot be laid over (heads % tp, experts % ep, layers < stages, ...).
+class MeshConfigError : public std::invalid_argument {
+ public:
+  using std::invalid_argument::invalid_argument;
+};
+
+struct LocalParam {
+  std::string name;
+  ref::Shape global_shape;
+  ref::Shape local_shape;
+  TpSplit split = TpSplit::replicated;
+  int64_t offset = 0;   // first global row (rows) or column (columns) of the slice
+  bool expert = false;  // gradient summed over the expert-DP group (dp x cp), not dp x ep x cp
+  bool tp_replicated = false;  // same value on every TP rank (norms, router, experts)
+  bool tied_copy = false;      // the last stage's copy of the tied embedding (pp > 1)
+  int64_t global_index(int64_t local_flat) const;  // flat index in the full tensor
+};
+
+struct StagePlan {
+  std::vector<std::pair<int, int>> chunk_layers;  // per local chunk: [first, last) layers
+  bool has_embed = false;                         // holds virtual stage 0
+  bool has_head = false;                          // holds the last virtual stage
+};
+
+// Layer ranges of every virtual stage (pp * virtual_stages of them), by FLOP profile.
+std::vector<std::pair<int, int>> virtual_stage_layers(const ref::ModelConfig& model, int pp,
+                                                      int virtual_stages);
+StagePlan stage_plan(const ref::ModelConfig& model, int pp, int virtual_stages, int stage);
+
+// This rank's parameters, in the reference's canonical order.
+std::vector<LocalParam> local_params(const ref::ModelConfig& model, const comm::DeviceMesh& mesh,
+                                     int world_rank, int virtual_stages);
+
+}  // namespace shardcheck::parallel

@@ -1,0 +1,301 @@
+// The TP (+SP) block, embedding and head of tp_block.hpp. Backward mirrors forward: the backward of
+// "gather rows over TP" (SP) is a reduce_scatter, of a replicated input to a column-parallel layer
+// an all_reduce, of the row-parallel reduction the identity (all_reduce) or an all_gather (SP).
+#include "parallel/mp/tp_block.hpp"
+
+#include <algorithm>
+#include <string>
+
+#include "parallel/testing.hpp"
+#include "reference/attention.hpp"
+#include "reference/moe.hpp"
+
+namespace shardcheck::parallel {
+namespace {
+
+using ref::Tensor;
+
+std::string layer_prefix(int layer) {
+  return "layers." + std::to_string(layer) + ".";
+}
+
+void cost(const BlockEnv& env, const char* name, double flops, double bytes = 0) {
+  env.tp->compute({.name = name, .flops = flops, .bytes = bytes});
+}
+template <class T>
+double matmul_flops(const Tensor<T>& x, const Tensor<T>& w) {
+  return 2.0 * static_cast<double>(x.numel() / x.shape().back()) * static_cast<double>(w.dim(0)) *
+         static_cast<double>(w.dim(1));
+}
+
+// The CP rank's rows from this rank's rows (SP: all_gather over TP; else the same tensor).
+template <class T>
+Tensor<T> gather_in(const BlockEnv& env, const Tensor<T>& local) {
+  return env.sp() ? sp_gather(*env.tp, local) : local;
+}
+// Backward of gather_in: the partial input gradients of every TP rank summed (SP: each keeps its
+// rows).
+template <class T>
+Tensor<T> gather_in_backward(const BlockEnv& env, Tensor<T> d_full) {
+  if (env.sp()) return sp_reduce_scatter(*env.tp, d_full);
+  all_reduce_sum(*env.tp, d_full);
+  return d_full;
+}
+// Row-parallel partial sums [cp rows, h] -> this rank's rows of the sum.
+template <class T>
+Tensor<T> reduce_out(const BlockEnv& env, Tensor<T> partial, bool may_mutate) {
+  if (may_mutate && testing::mutated(testing::Mutation::kRowParallelNotReduced)) {
+    if (!env.sp()) return partial;
+    const int64_t n = partial.dim(0) / env.tp_size();
+    std::vector<int64_t> mine(static_cast<std::size_t>(n));
+    for (int64_t i = 0; i < n; ++i) mine[static_cast<std::size_t>(i)] = env.tp_rank() * n + i;
+    return take_rows(partial, mine);
+  }
+  if (env.sp()) return sp_reduce_scatter(*env.tp, partial);
+  all_reduce_sum(*env.tp, partial);
+  return partial;
+}
+// Backward of reduce_out: the output gradient for every CP row (SP: all_gather).
+template <class T>
+Tensor<T> reduce_out_backward(const BlockEnv& env, const Tensor<T>& dy) {
+  return gather_in(env, dy);
+}
+// This rank's rows of a tensor over the CP rank's rows that every TP rank holds in full.
+template <class T>
+Tensor<T> own_part(const BlockEnv& env, const Tensor<T>& full) {
+  if (!env.sp()) return full;
+  const int64_t n = full.dim(0) / env.tp_size();
+  std::vector<int64_t> mine(static_cast<std::size_t>(n));
+  for (int64_t i = 0; i < n; ++i) mine[static_cast<std::size_t>(i)] = env.tp_rank() * n + i;
+  return take_rows(full, mine);
+}
+
+std::vector<int32_t> pick(const std::vector<int32_t>& v, const std::vector<int64_t>& rows) {
+  std::vector<int32_t> out;
+  out.reserve(rows.size());
+  for (const int64_t r : rows) out.push_back(v[static_cast<std::size_t>(r)]);
+  return out;
+}
+
+ref::AttentionDropout dropout_of(const BlockEnv& env, const ref::StepContext& ctx, int layer,
+                                 const ref::Sequence& seq) {
+  ref::AttentionDropout d;
+  d.rate = env.model->dropout;
+  d.seed = ctx.seed;
+  d.layer = layer;
+  d.step = ctx.step;
+  d.sequence = seq.index;
+  d.head_offset = env.tp_rank() * env.local_heads();
+  d.total_heads = env.model->heads;
+  return d;
+}
+
+ref::MoeSpec moe_spec(const ref::ModelConfig& m) {
+  return {m.moe->experts, m.moe->top_k, m.moe->capacity_factor, m.moe->aux_loss};
+}
+
+template <class P, class Map>
+void local_experts(const BlockEnv& env, Map& m, int layer, std::vector<P*>& up,
+                   std::vector<P*>& down) {
+  const int per = env.model->moe->experts / env.ep->size();
+  for (int j = env.ep->rank() * per; j < (env.ep->rank() + 1) * per; ++j) {
+    const std::string p = layer_prefix(layer) + "moe.experts." + std::to_string(j) + ".";
+    up.push_back(&m[p + "w_up"]);
+    down.push_back(&m[p + "w_down"]);
+  }
+}
+
+int64_t vocab_offset(const BlockEnv& env) {
+  return static_cast<int64_t>(env.tp_rank()) * (env.model->vocab / env.tp_size());
+}
+
+}  // namespace
+
+std::vector<int32_t> cp_positions(const BlockEnv& env, const ref::Sequence& seq) {
+  const std::vector<int64_t> rows = env.cp_rows();
+  std::vector<int32_t> pos = pick(seq.positions, rows);
+  if (testing::mutated(testing::Mutation::kCpRopeChunkOffset) && env.layout->cp() > 1) {
+    const int64_t chunk = env.layout->seq_len() / (2 * int64_t{env.layout->cp()});
+    for (std::size_t i = 0; i < rows.size(); ++i) pos[i] = static_cast<int32_t>(rows[i] % chunk);
+  }
+  return pos;
+}
+
+template <class T>
+Tensor<T> mp_embed_forward(const BlockEnv& env, const ref::ParamMap<T>& params,
+                           const ref::Sequence& seq) {
+  const std::vector<int32_t> tokens = pick(seq.tokens, env.cp_rows());
+  Tensor<T> part = vocab_embed_forward(params["embed.weight"], vocab_offset(env),
+                                       std::span<const int32_t>(tokens));
+  return reduce_out(env, std::move(part), false);
+}
+
+template <class T>
+void mp_embed_backward(const BlockEnv& env, const ref::Sequence& seq, const Tensor<T>& dx,
+                       ref::ParamMap<T>& grads) {
+  const std::vector<int32_t> tokens = pick(seq.tokens, env.cp_rows());
+  vocab_embed_backward(reduce_out_backward(env, dx), vocab_offset(env),
+                       std::span<const int32_t>(tokens), grads["embed.weight"]);
+}
+
+template <class T>
+Tensor<T> mp_block_forward(const BlockEnv& env, const ref::ParamMap<T>& params, int layer,
+                           const ref::Sequence& seq, const ref::StepContext& ctx,
+                           const Tensor<T>& x, MpBlockCache<T>& c, MpSequenceLoss* loss) {
+  const std::string p = layer_prefix(layer);
+  const int hl = env.local_heads(), kvl = env.local_kv_heads();
+  c.x_in = x;
+  c.a = ref::rmsnorm_forward(x, params[p + "attn_norm.weight"], &c.rstd1);
+  c.a_full = gather_in(env, c.a);
+  const Tensor<T>& wq = params[p + "attn.wq"];
+  const Tensor<T>& wk = params[p + "attn.wk"];
+  const Tensor<T>& wv = params[p + "attn.wv"];
+  const Tensor<T>& wo = params[p + "attn.wo"];
+  c.q = ref::linear_forward(c.a_full, wq);
+  c.k = ref::linear_forward(c.a_full, wk);
+  c.v = ref::linear_forward(c.a_full, wv);
+  cost(env, "qkv", matmul_flops(c.a_full, wq) + 2 * matmul_flops(c.a_full, wk));
+  const std::vector<int32_t> pos = cp_positions(env, seq);
+  ref::rope_apply(c.q, std::span<const int32_t>(pos), hl, false);
+  ref::rope_apply(c.k, std::span<const int32_t>(pos), kvl, false);
+  c.o = cp_attention_forward(*env.cp, env.cp_algo, *env.layout, c.q, c.k, c.v,
+                             std::span<const int32_t>(seq.doc_ids), ref::AttentionShape{hl, kvl},
+                             dropout_of(env, ctx, layer, seq), c.attn);
+  Tensor<T> part = ref::linear_forward(c.o, wo);
+  cost(env, "wo", matmul_flops(c.o, wo));
+  c.x_mid = x;
+  ref::add_inplace(c.x_mid, reduce_out(env, std::move(part), true));
+  c.b = ref::rmsnorm_forward(c.x_mid, params[p + "mlp_norm.weight"], &c.rstd2);
+  Tensor<T> x_out = c.x_mid;
+  if (env.model->is_moe_layer(layer)) {
+    std::vector<const Tensor<T>*> up, down;
+    local_experts<const Tensor<T>>(env, params, layer, up, down);
+    const EpGroups g{.ep = env.ep, .cp = env.cp, .tp = env.sp() ? env.tp : nullptr};
+    double aux = 0.0;
+    int64_t dropped = 0;
+    ref::add_inplace(
+        x_out, ep_moe_forward(g, *env.layout, c.b, std::span<const int32_t>(seq.doc_ids),
+                              params[p + "moe.router"], up, down, moe_spec(*env.model), c.moe, &aux,
+                              &dropped));
+    if (loss) {
+      loss->aux += aux;
+      loss->dropped += dropped;
+    }
+  } else {
+    c.b_full = gather_in(env, c.b);
+    const Tensor<T>& w_up = params[p + "mlp.w_up"];
+    const Tensor<T>& w_down = params[p + "mlp.w_down"];
+    Tensor<T> mlp_part = ref::mlp_forward(c.b_full, w_up, w_down, &c.mlp);
+    cost(env, "mlp", matmul_flops(c.b_full, w_up) + matmul_flops(c.mlp.act, w_down));
+    ref::add_inplace(x_out, reduce_out(env, std::move(mlp_part), true));
+  }
+  return x_out;
+}
+
+template <class T>
+Tensor<T> mp_block_backward(const BlockEnv& env, const ref::ParamMap<T>& params, int layer,
+                            const ref::Sequence& seq, const ref::StepContext& ctx,
+                            const MpBlockCache<T>& c, const Tensor<T>& dy,
+                            ref::ParamMap<T>& grads) {
+  const std::string p = layer_prefix(layer);
+  const int hl = env.local_heads(), kvl = env.local_kv_heads();
+  Tensor<T> dx = dy;
+  Tensor<T> db;
+  if (env.model->is_moe_layer(layer)) {
+    std::vector<const Tensor<T>*> up, down;
+    local_experts<const Tensor<T>>(env, params, layer, up, down);
+    std::vector<Tensor<T>*> dup, ddown;
+    local_experts<Tensor<T>>(env, grads, layer, dup, ddown);
+    const EpGroups g{.ep = env.ep, .cp = env.cp, .tp = env.sp() ? env.tp : nullptr};
+    db = ep_moe_backward(g, dx, c.moe, ctx.sequence_weight, grads[p + "moe.router"], dup, ddown);
+  } else {
+    const Tensor<T> d_full = reduce_out_backward(env, dx);
+    Tensor<T> db_full =
+        ref::mlp_backward(d_full, c.b_full, params[p + "mlp.w_up"], params[p + "mlp.w_down"], c.mlp,
+                          grads[p + "mlp.w_up"], grads[p + "mlp.w_down"]);
+    cost(env, "mlp backward",
+         2 * (matmul_flops(c.b_full, params[p + "mlp.w_up"]) +
+              matmul_flops(c.mlp.act, params[p + "mlp.w_down"])));
+    db = gather_in_backward(env, std::move(db_full));
+  }
+  ref::add_inplace(dx, ref::rmsnorm_backward(db, c.x_mid, params[p + "mlp_norm.weight"], c.rstd2,
+                                             grads[p + "mlp_norm.weight"]));
+  const Tensor<T> d_part = reduce_out_backward(env, dx);
+  const Tensor<T> d_o =
+      ref::linear_backward(d_part, c.o, params[p + "attn.wo"], grads[p + "attn.wo"]);
+  Tensor<T> dq, dk, dv;
+  cp_attention_backward(*env.cp, d_o, c.attn, dq, dk, dv);
+  const std::vector<int32_t> pos = cp_positions(env, seq);
+  ref::rope_apply(dq, std::span<const int32_t>(pos), hl, true);
+  ref::rope_apply(dk, std::span<const int32_t>(pos), kvl, true);
+  Tensor<T> da_full =
+      ref::linear_backward(dq, c.a_full, params[p + "attn.wq"], grads[p + "attn.wq"]);
+  ref::add_inplace(da_full,
+                   ref::linear_backward(dk, c.a_full, params[p + "attn.wk"], grads[p + "attn.wk"]));
+  ref::add_inplace(da_full,
+                   ref::linear_backward(dv, c.a_full, params[p + "attn.wv"], grads[p + "attn.wv"]));
+  cost(env, "attention projections backward",
+       2 * (matmul_flops(c.a_full, params[p + "attn.wq"]) +
+            2 * matmul_flops(c.a_full, params[p + "attn.wk"]) +
+            matmul_flops(c.o, params[p + "attn.wo"])));
+  const Tensor<T> da = gather_in_backward(env, std::move(da_full));
+  ref::add_inplace(dx, ref::rmsnorm_backward(da, c.x_in, params[p + "attn_norm.weight"], c.rstd1,
+                                             grads[p + "attn_norm.weight"]));
+  return dx;
+}
+
+template <class T>
+void mp_head_forward(const BlockEnv& env, const ref::ParamMap<T>& params, const ref::Sequence& seq,
+                     const Tensor<T>& x, MpHeadCache<T>& c, MpSequenceLoss* loss) {
+  c.x = x;
+  const Tensor<T> y = ref::rmsnorm_forward(x, params["final_norm.weight"], &c.rstd);
+  c.y_full = gather_in(env, y);
+  const bool tied = env.model->tie_embeddings;
+  const Tensor<T>& w = tied ? params["embed.weight"] : params["lm_head.weight"];
+  const std::vector<int64_t> rows = env.cp_rows();
+  const std::vector<int32_t> targets = pick(seq.targets, rows);
+  const std::vector<int32_t> mask = pick(seq.loss_mask, rows);
+  const std::vector<double> losses = vocab_head_forward(
+      *env.tp, c.y_full, w, tied, vocab_offset(env), std::span<const int32_t>(targets),
+      std::span<const int32_t>(mask), c.vocab);
+  if (loss) {
+    for (const double l : losses) loss->loss_sum += l;
+  }
+}
+
+template <class T>
+Tensor<T> mp_head_backward(const BlockEnv& env, const ref::ParamMap<T>& params,
+                           const ref::Sequence& seq, double token_weight, const MpHeadCache<T>& c,
+                           ref::ParamMap<T>& grads) {
+  const bool tied = env.model->tie_embeddings;
+  const char* wname = tied ? "embed.weight" : "lm_head.weight";
+  const std::vector<int32_t> mask = pick(seq.loss_mask, env.cp_rows());
+  std::vector<double> weight(mask.size());
+  for (std::size_t t = 0; t < mask.size(); ++t) weight[t] = mask[t] ? token_weight : 0.0;
+  const Tensor<T> dy_full = vocab_head_backward(*env.tp, c.y_full, params[wname], tied, c.vocab,
+                                                std::span<const double>(weight), grads[wname]);
+  return ref::rmsnorm_backward(own_part(env, dy_full), c.x, params["final_norm.weight"], c.rstd,
+                               grads["final_norm.weight"]);
+}
+
+#define SHARDCHECK_TP_BLOCK(T)                                                                  \
+  template Tensor<T> mp_embed_forward(const BlockEnv&, const ref::ParamMap<T>&,                 \
+                                      const ref::Sequence&);                                    \
+  template void mp_embed_backward(const BlockEnv&, const ref::Sequence&, const Tensor<T>&,      \
+                                  ref::ParamMap<T>&);                                           \
+  template Tensor<T> mp_block_forward(const BlockEnv&, const ref::ParamMap<T>&, int,            \
+                                      const ref::Sequence&, const ref::StepContext&,            \
+                                      const Tensor<T>&, MpBlockCache<T>&, MpSequenceLoss*);     \
+  template Tensor<T> mp_block_backward(                                                         \
+      const BlockEnv&, const ref::ParamMap<T>&, int, const ref::Sequence&,                      \
+      const ref::StepContext&, const MpBlockCache<T>&, const Tensor<T>&, ref::ParamMap<T>&);    \
+  template void mp_head_forward(const BlockEnv&, const ref::ParamMap<T>&, const ref::Sequence&, \
+                                const Tensor<T>&, MpHeadCache<T>&, MpSequenceLoss*);            \
+  template Tensor<T> mp_head_backward(const BlockEnv&, const ref::ParamMap<T>&,                 \
+                                      const ref::Sequence&, double, const MpHeadCache<T>&,      \
+                                      ref::ParamMap<T>&);
+SHARDCHECK_TP_BLOCK(double)
+SHARDCHECK_TP_BLOCK(float)
+#undef SHARDCHECK_TP_BLOCK
+
+}  // namespace shardcheck::parallel
