@@ -3,6 +3,7 @@
 #include "parallel/mp/mesh_engine.hpp"
 
 #include <cmath>
+#include <cstring>
 #include <map>
 #include <type_traits>
 
@@ -20,6 +21,8 @@ struct MeshEngine::Impl {
   virtual ~Impl() = default;
   virtual ref::StepRecord step(const ref::Batch& local) = 0;
   virtual ref::ParamMap<double> full_params() = 0;
+  virtual std::vector<StatePiece> export_state() const = 0;
+  virtual void import_state(const StateReader& read) = 0;
   comm::DeviceMesh mesh;
   int data_rank = 0, data_world = 1;
 };
@@ -202,7 +205,80 @@ class MeshImpl final : public MeshEngine::Impl {
     return full;
   }
 
+  std::vector<StatePiece> export_state() const override {
+    std::vector<StatePiece> out;
+    const bool bf16 = train_.precision == ref::Precision::kBf16;
+    const auto add = [&]<class U>(const std::string& kind, const LocalParam& p,
+                                  const Tensor<T>& t) {
+      for (const LocalParam::Run& run : p.runs()) {
+        StatePiece piece{kind + "/" + p.name,
+                         p.global_shape,
+                         comm::dtype_v<U>,
+                         static_cast<std::size_t>(run.global),
+                         static_cast<std::size_t>(run.count),
+                         {}};
+        piece.bytes.resize(piece.count * sizeof(U));
+        for (int64_t i = 0; i < run.count; ++i) {
+          U v;
+          if constexpr (std::is_same_v<U, comm::bf16>) {
+            v = comm::bf16(static_cast<float>(t[run.local + i]));
+          } else {
+            v = static_cast<U>(t[run.local + i]);
+          }
+          std::memcpy(piece.bytes.data() + static_cast<std::size_t>(i) * sizeof(U), &v, sizeof(U));
+        }
+        out.push_back(std::move(piece));
+      }
+    };
+    for (const LocalParam& p : specs_) {
+      if (!counted_once(p)) continue;
+      if (bf16) {
+        add.template operator()<comm::bf16>("param", p, master_[p.name]);
+        add.template operator()<T>("master", p, master_[p.name]);
+      } else {
+        add.template operator()<T>("param", p, master_[p.name]);
+      }
+      add.template operator()<T>("exp_avg", p, adam_->exp_avg()[p.name]);
+      add.template operator()<T>("exp_avg_sq", p, adam_->exp_avg_sq()[p.name]);
+    }
+    if (world_.rank() == 0) {
+      out.push_back(scalar_piece("train/step", steps_));
+      out.push_back(scalar_piece("optimizer/step", adam_->steps_taken()));
+    }
+    return out;
+  }
+
+  void import_state(const StateReader& read) override {
+    const bool bf16 = train_.precision == ref::Precision::kBf16;
+    ref::ParamMap<T> m = master_.zeros_like(), v = master_.zeros_like();
+    const auto fetch = [&](const std::string& kind, const LocalParam& p, Tensor<T>& t) {
+      for (const LocalParam::Run& run : p.runs()) {
+        read(kind + "/" + p.name, comm::dtype_v<T>, static_cast<std::size_t>(run.global),
+             static_cast<std::size_t>(run.count),
+             std::as_writable_bytes(t.span().subspan(static_cast<std::size_t>(run.local),
+                                                     static_cast<std::size_t>(run.count))));
+      }
+    };
+    for (const LocalParam& p : specs_) {
+      fetch(bf16 ? "master" : "param", p, master_[p.name]);
+      fetch("exp_avg", p, m[p.name]);
+      fetch("exp_avg_sq", p, v[p.name]);
+    }
+    int64_t n = 0;
+    read("train/step", comm::DType::i64, 0, 1, std::as_writable_bytes(std::span<int64_t>(&n, 1)));
+    steps_ = static_cast<int>(n);
+    read("optimizer/step", comm::DType::i64, 0, 1,
+         std::as_writable_bytes(std::span<int64_t>(&n, 1)));
+    adam_->restore(std::move(m), std::move(v), static_cast<int>(n));
+  }
+
  private:
+  static StatePiece scalar_piece(const std::string& name, int64_t v) {
+    StatePiece p{name, {}, comm::DType::i64, 0, 1, std::vector<std::byte>(sizeof(int64_t))};
+    std::memcpy(p.bytes.data(), &v, sizeof v);
+    return p;
+  }
+
   // Each element of the model is counted by exactly one rank of the world (norm, full_params).
   bool counted_once(const LocalParam& p) const {
     const int r = world_.rank();
@@ -400,6 +476,12 @@ ref::StepRecord MeshEngine::step(const ref::Batch& local) {
 }
 ref::ParamMap<double> MeshEngine::full_params() {
   return impl_->full_params();
+}
+std::vector<StatePiece> MeshEngine::export_state() const {
+  return impl_->export_state();
+}
+void MeshEngine::import_state(const StateReader& read) {
+  impl_->import_state(read);
 }
 
 }  // namespace shardcheck::parallel

@@ -17,6 +17,16 @@ int64_t LocalParam::global_index(int64_t i) const {
   return r * global_shape[1] + offset + c;
 }
 
+std::vector<LocalParam::Run> LocalParam::runs() const {
+  const int64_t n = ref::numel_of(local_shape);
+  if (split != TpSplit::columns) return {{0, global_index(0), n}};
+  std::vector<Run> out;
+  const int64_t cols = local_shape[1];
+  for (int64_t r = 0; r < local_shape[0]; ++r)
+    out.push_back({r * cols, global_index(r * cols), cols});
+  return out;
+}
+
 std::vector<std::pair<int, int>> virtual_stage_layers(const ref::ModelConfig& model, int pp,
                                                       int virtual_stages) {
   const double s = static_cast<double>(model.seq_len);

@@ -43,6 +43,12 @@ struct LocalParam {
   bool tp_replicated = false;  // same value on every TP rank (norms, router, experts)
   bool tied_copy = false;      // the last stage's copy of the tied embedding (pp > 1)
   int64_t global_index(int64_t local_flat) const;  // flat index in the full tensor
+  // The slice as runs of elements contiguous in both the local and the full tensor (one run for
+  // replicated and row slices, one per row for column slices).
+  struct Run {
+    int64_t local = 0, global = 0, count = 0;
+  };
+  std::vector<Run> runs() const;
 };
 
 struct StagePlan {
