@@ -1,0 +1,82 @@
+// CUDA versions of the reference model's ops (reference/ops.hpp), on device pointers, row-major
+// [rows, features] like the reference, enqueued on the context's stream. Same math and the same
+// conventions: backward functions return the input gradient in `dx` and ADD into parameter
+// gradients. GEMMs are cuBLAS (f32 in pedantic math, no TF32, so f32 parity holds); the rest are
+// kernels. f32 and f64. Errors throw std::runtime_error naming the op and the CUDA/cuBLAS error.
+// Done: linear, linear_t, rmsnorm, gelu, embedding, cross-entropy. Not yet: attention, RoPE, MoE
+// routing, Philox dropout (see gpu/README.md).
+#pragma once
+
+#include <cstdint>
+
+namespace shardcheck::gpu::ops {
+
+// A cuBLAS handle bound to a device and a stream (nullptr: a new non-blocking stream).
+class Context {
+ public:
+  explicit Context(int device = 0, void* stream = nullptr);
+  ~Context();
+  Context(const Context&) = delete;
+  Context& operator=(const Context&) = delete;
+  void* stream() const { return stream_; }
+  void* cublas() const { return handle_; }
+  int device() const { return device_; }
+  void synchronize() const;  // waits for the stream; throws on an asynchronous CUDA error
+
+ private:
+  int device_;
+  void* stream_ = nullptr;
+  void* handle_ = nullptr;
+  bool owns_stream_ = false;
+};
+
+// y[rows,out] = x[rows,in] . w[in,out]
+template <class T>
+void linear_forward(Context& c, const T* x, const T* w, T* y, int64_t rows, int64_t in,
+                    int64_t out);
+// dx = dy . w^T; dw += x^T . dy
+template <class T>
+void linear_backward(Context& c, const T* dy, const T* x, const T* w, T* dx, T* dw, int64_t rows,
+                     int64_t in, int64_t out);
+// y[rows,out] = x[rows,in] . w^T, w [out,in] (the tied LM head)
+template <class T>
+void linear_t_forward(Context& c, const T* x, const T* w, T* y, int64_t rows, int64_t in,
+                      int64_t out);
+// dx = dy . w; dw += dy^T . x
+template <class T>
+void linear_t_backward(Context& c, const T* dy, const T* x, const T* w, T* dx, T* dw, int64_t rows,
+                       int64_t in, int64_t out);
+
+// y = x / sqrt(mean(x^2) + 1e-5) * w per row; rstd[rows] (may be null) = 1/sqrt(...)
+template <class T>
+void rmsnorm_forward(Context& c, const T* x, const T* w, T* y, T* rstd, int64_t rows, int64_t h);
+template <class T>
+void rmsnorm_backward(Context& c, const T* dy, const T* x, const T* w, const T* rstd, T* dx, T* dw,
+                      int64_t rows, int64_t h);
+
+// gelu_tanh, elementwise over n
+template <class T>
+void gelu_forward(Context& c, const T* x, T* y, int64_t n);
+template <class T>
+void gelu_backward(Context& c, const T* dy, const T* x, T* dx, int64_t n);
+
+// y[t] = table[tokens[t]], table [vocab, h]; dtable[tokens[t]] += dy[t] (atomic adds: the order
+// of equal tokens' contributions is not fixed). A token outside [0, vocab) gives a zero row and
+// contributes nothing (the reference throws; callers check tokens on the host).
+template <class T>
+void embedding_forward(Context& c, const T* table, const int32_t* tokens, T* y, int64_t ntok,
+                       int64_t vocab, int64_t h);
+template <class T>
+void embedding_backward(Context& c, const T* dy, const int32_t* tokens, T* dtable, int64_t ntok,
+                        int64_t h);
+
+// loss[r] = logsumexp(logits[r]) - logits[r][target[r]] (0 where mask[r] == 0), in f64.
+template <class T>
+void cross_entropy_forward(Context& c, const T* logits, const int32_t* targets, const int32_t* mask,
+                           double* loss, int64_t rows, int64_t vocab);
+// dlogits[r] = weight[r] * (softmax(logits[r]) - onehot(target[r])); rows with weight 0 are 0.
+template <class T>
+void cross_entropy_backward(Context& c, const T* logits, const int32_t* targets,
+                            const double* weight, T* dlogits, int64_t rows, int64_t vocab);
+
+}  // namespace shardcheck::gpu::ops
