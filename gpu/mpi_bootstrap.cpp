@@ -6,6 +6,7 @@
 
 #include <mpi.h>
 
+#include <cstdlib>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -66,6 +67,36 @@ std::unique_ptr<NcclCommunicator> init_from_mpi(NcclOptions options) {
   mpi_ok(MPI_Bcast(id.data(), static_cast<int>(id.size()), MPI_BYTE, 0, MPI_COMM_WORLD),
          "MPI_Bcast (ncclUniqueId)");
   return init_rank(id, p.size, p.rank, p.device, options);
+}
+
+bool launched_by_mpi() {
+  return std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr || std::getenv("PMIX_RANK") != nullptr ||
+         std::getenv("PMI_SIZE") != nullptr;
+}
+
+void run_nccl_ranks(int ranks, const std::function<void(comm::Communicator&)>& fn,
+                    NcclOptions options) {
+  if (!launched_by_mpi()) {
+    run_all_gpus(
+        ranks, [&fn](NcclCommunicator& c) { fn(c); }, options);
+    return;
+  }
+  int inited = 0;
+  mpi_ok(MPI_Initialized(&inited), "MPI_Initialized");
+  if (inited == 0) {
+    mpi_ok(MPI_Init(nullptr, nullptr), "MPI_Init");
+    std::atexit([] {
+      int finalized = 0;
+      MPI_Finalized(&finalized);
+      if (finalized == 0) MPI_Finalize();
+    });
+  }
+  const MpiPlace p = mpi_place();
+  if (ranks != 0 && ranks != p.size)
+    throw std::runtime_error("--ranks " + std::to_string(ranks) + " but mpirun started " +
+                             std::to_string(p.size) + " processes (one rank per process)");
+  auto comm = init_from_mpi(options);
+  fn(*comm);
 }
 
 }  // namespace shardcheck::gpu

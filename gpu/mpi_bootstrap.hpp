@@ -2,6 +2,7 @@
 // data. Built into shardcheck_gpu_mpi where MPI is found.
 #pragma once
 
+#include <functional>
 #include <memory>
 
 #include "gpu/nccl_communicator.hpp"
@@ -38,5 +39,17 @@ std::unique_ptr<NcclCommunicator> init_from_mpi(NcclOptions options = {});
 
 // The place of this process (MPI must be initialised).
 MpiPlace mpi_place();
+
+// True when this process was started by mpirun or srun (OMPI_COMM_WORLD_SIZE, PMIX_RANK or
+// PMI_SIZE in the environment).
+bool launched_by_mpi();
+
+// The backend-neutral entry the harness uses (a harness::RankRunner): runs fn on this process's
+// NCCL ranks and returns when they are done. Under mpirun/srun: one rank, this process's, with the
+// MPI bootstrap (MPI is initialised on first use and finalised at exit); `ranks` must be 0 or the
+// MPI world size. Otherwise: `ranks` threads over the visible GPUs (run_all_gpus; 0 = all).
+// Failures rethrow as in run_all_gpus (RankFailure) or, under MPI, as the rank's own exception.
+void run_nccl_ranks(int ranks, const std::function<void(comm::Communicator&)>& fn,
+                    NcclOptions options = {});
 
 }  // namespace shardcheck::gpu

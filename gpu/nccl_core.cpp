@@ -55,6 +55,7 @@ Launch::~Launch() {
 }
 
 Core::~Core() {
+  cudaSetDevice(device);  // a Work may release the last reference on another thread
   if (one != nullptr) cudaFreeAsync(one, stream);
   if (comm != nullptr && !is_aborted) {
     // Finalize flushes outstanding work; a peer that never comes would hang it, so poll with the
