@@ -3,8 +3,8 @@
 // conventions: backward functions return the input gradient in `dx` and ADD into parameter
 // gradients. GEMMs are cuBLAS (f32 in pedantic math, no TF32, so f32 parity holds); the rest are
 // kernels. f32 and f64. Errors throw std::runtime_error naming the op and the CUDA/cuBLAS error.
-// Done: linear, linear_t, rmsnorm, gelu, embedding, cross-entropy. Not yet: attention, RoPE, MoE
-// routing, Philox dropout (see gpu/README.md).
+// Done: linear, linear_t, rmsnorm, gelu, embedding, cross-entropy, Philox draws, RoPE. Not yet:
+// attention (with document mask and dropout), MoE routing, AdamW (see gpu/README.md).
 #pragma once
 
 #include <cstdint>
@@ -78,5 +78,21 @@ void cross_entropy_forward(Context& c, const T* logits, const int32_t* targets, 
 template <class T>
 void cross_entropy_backward(Context& c, const T* logits, const int32_t* targets,
                             const double* weight, T* dlogits, int64_t rows, int64_t vocab);
+
+// Counter-based draws identical to ref::RngStream{seed, stream, step} (stream = ref::stream_hash
+// of the name) at indices first .. first+n-1: the 4 Philox words of each block (out: 4n words),
+// uniforms in [0, 1) (bitwise equal), standard normals (equal up to the device's log/cos ulp).
+void philox_blocks(Context& c, uint64_t seed, uint32_t stream, uint32_t step, uint64_t first,
+                   uint32_t* out, int64_t n);
+void rng_uniform(Context& c, uint64_t seed, uint32_t stream, uint32_t step, uint64_t first,
+                 double* out, int64_t n);
+void rng_normal(Context& c, uint64_t seed, uint32_t stream, uint32_t step, uint64_t first,
+                double* out, int64_t n);
+
+// In place on x [s, heads*d]: rotate pairs (2j, 2j+1) by positions[t] * 10000^(-2j/d) (inverse:
+// the negative angle, the backward), as ref::rope_apply.
+template <class T>
+void rope_apply(Context& c, T* x, const int32_t* positions, int64_t s, int heads, int64_t d,
+                bool inverse);
 
 }  // namespace shardcheck::gpu::ops

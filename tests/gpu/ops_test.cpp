@@ -7,7 +7,9 @@
 #include <random>
 
 #include "gpu/ops.hpp"
+#include "reference/attention.hpp"
 #include "reference/ops.hpp"
+#include "reference/rng.hpp"
 #include "tests/gpu/support.hpp"
 
 namespace shardcheck::gpu {
@@ -190,6 +192,53 @@ TYPED_TEST(GpuOps, CrossEntropyForwardBackward) {
   EXPECT_LE(rel_err(dlogits.download(), ref::cross_entropy_backward(logits, targets, weight).vec()),
             kTol<T>)
       << this->seed_;
+}
+
+TYPED_TEST(GpuOps, RopeForwardAndInverse) {
+  using T = TypeParam;
+  const int64_t s = 29, d = 16;
+  const int heads = 3;
+  auto x = random<T>({s, heads * d}, this->gen_);
+  std::vector<std::int32_t> pos(static_cast<std::size_t>(s));
+  for (std::size_t t = 0; t < pos.size(); ++t) pos[t] = static_cast<std::int32_t>((t * 7) % 13);
+  Dev<T> dxv(x);
+  DeviceVec<std::int32_t> dpos(pos);
+  ops::rope_apply(*this->ctx_, dxv.data(), dpos.data(), s, heads, d, false);
+  this->ctx_->synchronize();
+  ref::Tensor<T> want = x;
+  ref::rope_apply(want, pos, heads, false);
+  EXPECT_LE(rel_err(dxv.download(), want.vec()), kTol<T>) << this->seed_;
+  ops::rope_apply(*this->ctx_, dxv.data(), dpos.data(), s, heads, d, true);
+  this->ctx_->synchronize();
+  ref::rope_apply(want, pos, heads, true);
+  EXPECT_LE(rel_err(dxv.download(), want.vec()), kTol<T>) << this->seed_;
+}
+
+TEST(GpuRng, PhiloxBlocksAndUniformsAreBitwiseTheReferenceNormalsToAnUlp) {
+  SC_REQUIRE_GPU();
+  ops::Context ctx(0);
+  const std::uint64_t seed = fresh_seed();
+  const auto stream = ref::RngStream::of(seed, "dropout/layers.3", 17);
+  const std::uint64_t first = (std::uint64_t{1} << 33) - 100;  // crosses the 32-bit boundary
+  const int64_t n = 4096;
+  DeviceVec<std::uint32_t> blocks(static_cast<std::size_t>(4 * n));
+  DeviceVec<double> uni(static_cast<std::size_t>(n)), nor(static_cast<std::size_t>(n));
+  ops::philox_blocks(ctx, seed, stream.stream, stream.step, first, blocks.data(), n);
+  ops::rng_uniform(ctx, seed, stream.stream, stream.step, first, uni.data(), n);
+  ops::rng_normal(ctx, seed, stream.stream, stream.step, first, nor.data(), n);
+  ctx.synchronize();
+  const auto b = blocks.download();
+  const auto u = uni.download();
+  const auto z = nor.download();
+  for (int64_t i = 0; i < n; ++i) {
+    const auto want = stream.block(first + static_cast<std::uint64_t>(i));
+    for (std::size_t k = 0; k < 4; ++k)
+      ASSERT_EQ(b[static_cast<std::size_t>(4 * i) + k], want[k]) << "i " << i << " seed " << seed;
+    ASSERT_EQ(u[static_cast<std::size_t>(i)],
+              stream.uniform(first + static_cast<std::uint64_t>(i)));
+    const double zn = stream.normal(first + static_cast<std::uint64_t>(i));
+    ASSERT_NEAR(z[static_cast<std::size_t>(i)], zn, 1e-14 * std::max(1.0, std::abs(zn)));
+  }
 }
 
 }  // namespace

@@ -1,0 +1,129 @@
+// Philox-4x32-10 draws matching reference/rng.hpp bit for bit (blocks and uniforms; normals to the
+// last ulp of the device's log/cos), and RoPE matching reference/attention.cpp.
+#include <cuda_runtime_api.h>
+
+#include <stdexcept>
+#include <string>
+
+#include "gpu/ops.hpp"
+
+namespace shardcheck::gpu::ops {
+namespace {
+
+constexpr int kThreads = 256;
+
+void cuda_ok(cudaError_t e, const char* op) {
+  if (e != cudaSuccess)
+    throw std::runtime_error(std::string("gpu::ops::") + op + ": " + cudaGetErrorString(e));
+}
+unsigned grid(int64_t n) {
+  const int64_t b = (n + kThreads - 1) / kThreads;
+  return static_cast<unsigned>(b < 1 ? 1 : (b > 65535 ? 65535 : b));
+}
+
+struct Words {
+  uint32_t w[4];
+};
+
+// Random123 philox4x32-10, as ref::philox4x32_10; counter (lo(index), hi(index), step, stream),
+// key (lo(seed), hi(seed)), as ref::RngStream::block.
+__device__ Words philox(uint64_t seed, uint32_t stream, uint32_t step, uint64_t index) {
+  uint32_t c0 = static_cast<uint32_t>(index), c1 = static_cast<uint32_t>(index >> 32), c2 = step,
+           c3 = stream;
+  uint32_t k0 = static_cast<uint32_t>(seed), k1 = static_cast<uint32_t>(seed >> 32);
+  for (int r = 0; r < 10; ++r) {
+    if (r > 0) {
+      k0 += 0x9E3779B9U;
+      k1 += 0xBB67AE85U;
+    }
+    const uint32_t hi0 = __umulhi(0xD2511F53U, c0), lo0 = 0xD2511F53U * c0;
+    const uint32_t hi1 = __umulhi(0xCD9E8D57U, c2), lo1 = 0xCD9E8D57U * c2;
+    const uint32_t n0 = hi1 ^ c1 ^ k0, n2 = hi0 ^ c3 ^ k1;
+    c0 = n0;
+    c1 = lo1;
+    c2 = n2;
+    c3 = lo0;
+  }
+  return {{c0, c1, c2, c3}};
+}
+
+__device__ uint64_t join(uint32_t hi, uint32_t lo) {
+  return (static_cast<uint64_t>(hi) << 32) | lo;
+}
+
+// kind 0: blocks (4 words per draw), 1: uniform, 2: normal
+__global__ void draw(uint64_t seed, uint32_t stream, uint32_t step, uint64_t first, int64_t n,
+                     int kind, void* out) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const Words w = philox(seed, stream, step, first + static_cast<uint64_t>(i));
+    if (kind == 0) {
+      auto* o = static_cast<uint32_t*>(out) + 4 * i;
+      for (int k = 0; k < 4; ++k) o[k] = w.w[k];
+    } else if (kind == 1) {
+      static_cast<double*>(out)[i] = static_cast<double>(join(w.w[0], w.w[1]) >> 11) * 0x1.0p-53;
+    } else {
+      const double u1 = static_cast<double>((join(w.w[0], w.w[1]) >> 11) + 1) * 0x1.0p-53;
+      const double u2 = static_cast<double>(join(w.w[2], w.w[3]) >> 11) * 0x1.0p-53;
+      static_cast<double*>(out)[i] = sqrt(-2.0 * log(u1)) * cos(2.0 * 3.14159265358979323846 * u2);
+    }
+  }
+}
+
+template <class T>
+__global__ void rope(T* x, const int32_t* positions, int64_t s, int heads, int64_t d,
+                     bool inverse) {
+  const int64_t half = d / 2;
+  const int64_t total = s * half;
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t t = e / half, j = e % half;
+    const double pos = positions[t];
+    const double freq = pow(10000.0, -2.0 * static_cast<double>(j) / static_cast<double>(d));
+    const double angle = (inverse ? -pos : pos) * freq;
+    const T c = static_cast<T>(cos(angle)), sn = static_cast<T>(sin(angle));
+    for (int h = 0; h < heads; ++h) {
+      T* p = x + t * heads * d + h * d + 2 * j;
+      const T a = p[0], b = p[1];
+      p[0] = a * c - b * sn;
+      p[1] = a * sn + b * c;
+    }
+  }
+}
+
+void launch_draw(Context& c, uint64_t seed, uint32_t stream, uint32_t step, uint64_t first,
+                 int64_t n, int kind, void* out, const char* op) {
+  if (n == 0) return;
+  draw<<<grid(n), kThreads, 0, static_cast<cudaStream_t>(c.stream())>>>(seed, stream, step, first,
+                                                                        n, kind, out);
+  cuda_ok(cudaGetLastError(), op);
+}
+
+}  // namespace
+
+void philox_blocks(Context& c, uint64_t seed, uint32_t stream, uint32_t step, uint64_t first,
+                   uint32_t* out, int64_t n) {
+  launch_draw(c, seed, stream, step, first, n, 0, out, "philox_blocks");
+}
+void rng_uniform(Context& c, uint64_t seed, uint32_t stream, uint32_t step, uint64_t first,
+                 double* out, int64_t n) {
+  launch_draw(c, seed, stream, step, first, n, 1, out, "rng_uniform");
+}
+void rng_normal(Context& c, uint64_t seed, uint32_t stream, uint32_t step, uint64_t first,
+                double* out, int64_t n) {
+  launch_draw(c, seed, stream, step, first, n, 2, out, "rng_normal");
+}
+
+template <class T>
+void rope_apply(Context& c, T* x, const int32_t* positions, int64_t s, int heads, int64_t d,
+                bool inverse) {
+  if (d % 2 != 0) throw std::invalid_argument("gpu::ops::rope_apply: odd head dimension");
+  if (s == 0) return;
+  rope<<<grid(s * (d / 2)), kThreads, 0, static_cast<cudaStream_t>(c.stream())>>>(
+      x, positions, s, heads, d, inverse);
+  cuda_ok(cudaGetLastError(), "rope_apply");
+}
+template void rope_apply(Context&, float*, const int32_t*, int64_t, int, int64_t, bool);
+template void rope_apply(Context&, double*, const int32_t*, int64_t, int, int64_t, bool);
+
+}  // namespace shardcheck::gpu::ops
