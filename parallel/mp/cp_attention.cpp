@@ -160,6 +160,13 @@ template <class T>
 void cp_attention_backward(comm::Communicator& cp, const ref::Tensor<T>& dout,
                            const CpAttentionCache<T>& cache, ref::Tensor<T>& dq, ref::Tensor<T>& dk,
                            ref::Tensor<T>& dv) {
+  const int64_t n = cache.seq_len / cp.size();
+  const ref::Shape want{n, cache.shape.heads * cache.head_dim};
+  if (cache.rows.size() != static_cast<std::size_t>(cp.size()) || dout.shape() != want) {
+    throw LayoutError("cp attention backward: dout must be [" + str(n) + ", " + str(want[1]) +
+                      "] on a CP group of the forward's size " +
+                      str(static_cast<int64_t>(cache.rows.size())));
+  }
   if (cache.algo == CpAlgo::ring) {
     detail::ring_attention_backward(cp, dout, cache, dq, dk, dv);
     return;

@@ -68,7 +68,8 @@ ref::Tensor<T> cp_attention_forward(comm::Communicator& cp, CpAlgo algo, const T
 
 // dout [n, heads*d] for the local rows; writes dq [n, heads*d], dk, dv [n, kv_heads*d]: the local
 // rows of the reference's full-sequence gradients (dK/dV contributions of other ranks' queries are
-// sent back to the owner). Collective over cp.
+// sent back to the owner). Collective over cp, the same group as the forward. Throws LayoutError
+// when dout is not [n, heads*d] or the group's size differs from the forward's.
 template <class T>
 void cp_attention_backward(comm::Communicator& cp, const ref::Tensor<T>& dout,
                            const CpAttentionCache<T>& cache, ref::Tensor<T>& dq, ref::Tensor<T>& dk,
