@@ -3,8 +3,8 @@
 // conventions: backward functions return the input gradient in `dx` and ADD into parameter
 // gradients. GEMMs are cuBLAS (f32 in pedantic math, no TF32, so f32 parity holds); the rest are
 // kernels. f32 and f64. Errors throw std::runtime_error naming the op and the CUDA/cuBLAS error.
-// Done: linear, linear_t, rmsnorm, gelu, embedding, cross-entropy, Philox draws, RoPE. Not yet:
-// attention (with document mask and dropout), MoE routing, AdamW (see gpu/README.md).
+// Done: linear, linear_t, rmsnorm, gelu, embedding, cross-entropy, Philox draws, RoPE, attention
+// (document mask, GQA, dropout). Not yet: MoE routing, AdamW (see gpu/README.md).
 #pragma once
 
 #include <cstdint>
@@ -94,5 +94,31 @@ void rng_normal(Context& c, uint64_t seed, uint32_t stream, uint32_t step, uint6
 template <class T>
 void rope_apply(Context& c, T* x, const int32_t* positions, int64_t s, int heads, int64_t d,
                 bool inverse);
+
+// Attention dropout, as ref::AttentionDropout: probability (head_offset + h, i, j) of sequence
+// `sequence` is kept iff the uniform of stream "dropout/layers.<layer>" at `step`, index
+// ((sequence * total_heads + head) * s + i) * s + j, is >= rate; kept ones scale by 1/(1-rate).
+struct Dropout {
+  double rate = 0.0;
+  uint64_t seed = 0;
+  int layer = 0;
+  uint32_t step = 0;
+  int64_t sequence = 0;
+  int head_offset = 0;
+  int total_heads = 0;  // 0: the local heads are all of them
+};
+
+// q [s, heads*d], k, v [s, kv_heads*d] (RoPE applied); key j visible to query i iff j <= i and
+// doc_ids equal. o [s, heads*d]; probs [heads, s, s] (may be null) gets the pre-dropout
+// probabilities. Backward needs them; it overwrites dq, dk, dv. Sequences up to 48 KiB of one
+// probability row (12,288 f32 / 6,144 f64 positions).
+template <class T>
+void attention_forward(Context& c, const T* q, const T* k, const T* v, const int32_t* doc_ids,
+                       int64_t s, int heads, int kv_heads, int64_t d, const Dropout& dropout, T* o,
+                       T* probs);
+template <class T>
+void attention_backward(Context& c, const T* dout, const T* q, const T* k, const T* v,
+                        const T* probs, int64_t s, int heads, int kv_heads, int64_t d,
+                        const Dropout& dropout, T* dq, T* dk, T* dv);
 
 }  // namespace shardcheck::gpu::ops

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "gpu/ops.hpp"
+#include "gpu/philox.cuh"
 
 namespace shardcheck::gpu::ops {
 namespace {
@@ -21,42 +22,16 @@ unsigned grid(int64_t n) {
   return static_cast<unsigned>(b < 1 ? 1 : (b > 65535 ? 65535 : b));
 }
 
-struct Words {
-  uint32_t w[4];
-};
-
-// Random123 philox4x32-10, as ref::philox4x32_10; counter (lo(index), hi(index), step, stream),
-// key (lo(seed), hi(seed)), as ref::RngStream::block.
-__device__ Words philox(uint64_t seed, uint32_t stream, uint32_t step, uint64_t index) {
-  uint32_t c0 = static_cast<uint32_t>(index), c1 = static_cast<uint32_t>(index >> 32), c2 = step,
-           c3 = stream;
-  uint32_t k0 = static_cast<uint32_t>(seed), k1 = static_cast<uint32_t>(seed >> 32);
-  for (int r = 0; r < 10; ++r) {
-    if (r > 0) {
-      k0 += 0x9E3779B9U;
-      k1 += 0xBB67AE85U;
-    }
-    const uint32_t hi0 = __umulhi(0xD2511F53U, c0), lo0 = 0xD2511F53U * c0;
-    const uint32_t hi1 = __umulhi(0xCD9E8D57U, c2), lo1 = 0xCD9E8D57U * c2;
-    const uint32_t n0 = hi1 ^ c1 ^ k0, n2 = hi0 ^ c3 ^ k1;
-    c0 = n0;
-    c1 = lo1;
-    c2 = n2;
-    c3 = lo0;
-  }
-  return {{c0, c1, c2, c3}};
-}
-
-__device__ uint64_t join(uint32_t hi, uint32_t lo) {
-  return (static_cast<uint64_t>(hi) << 32) | lo;
-}
+using detail::join;
+using detail::philox;
+using detail::PhiloxWords;
 
 // kind 0: blocks (4 words per draw), 1: uniform, 2: normal
 __global__ void draw(uint64_t seed, uint32_t stream, uint32_t step, uint64_t first, int64_t n,
                      int kind, void* out) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const Words w = philox(seed, stream, step, first + static_cast<uint64_t>(i));
+    const PhiloxWords w = philox(seed, stream, step, first + static_cast<uint64_t>(i));
     if (kind == 0) {
       auto* o = static_cast<uint32_t*>(out) + 4 * i;
       for (int k = 0; k < 4; ++k) o[k] = w.w[k];

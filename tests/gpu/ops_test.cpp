@@ -214,6 +214,49 @@ TYPED_TEST(GpuOps, RopeForwardAndInverse) {
   EXPECT_LE(rel_err(dxv.download(), want.vec()), kTol<T>) << this->seed_;
 }
 
+TYPED_TEST(GpuOps, AttentionWithDocumentsGqaAndDropout) {
+  using T = TypeParam;
+  const int64_t s = 40, d = 8;
+  const int heads = 4, kv = 2;
+  auto q = random<T>({s, heads * d}, this->gen_);
+  auto k = random<T>({s, kv * d}, this->gen_);
+  auto v = random<T>({s, kv * d}, this->gen_);
+  auto dout = random<T>({s, heads * d}, this->gen_);
+  std::vector<std::int32_t> doc(static_cast<std::size_t>(s));
+  for (std::size_t t = 0; t < doc.size(); ++t) doc[t] = t < 15 ? 0 : 1;
+  ref::AttentionDropout rd;
+  rd.rate = 0.1;
+  rd.seed = this->seed_;
+  rd.layer = 2;
+  rd.step = 3;
+  rd.sequence = 1;
+  ops::Dropout gd;
+  gd.rate = rd.rate;
+  gd.seed = rd.seed;
+  gd.layer = rd.layer;
+  gd.step = rd.step;
+  gd.sequence = rd.sequence;
+  Dev<T> dq_in(q), dk_in(k), dv_in(v), ddout(dout);
+  DeviceVec<std::int32_t> ddoc(doc);
+  const auto n = [](int64_t x) { return static_cast<std::size_t>(x); };
+  Dev<T> o(n(s * heads * d)), probs(n(heads * s * s)), dq(n(s * heads * d)), dk(n(s * kv * d)),
+      dv(n(s * kv * d));
+  ops::attention_forward(*this->ctx_, dq_in.data(), dk_in.data(), dv_in.data(), ddoc.data(), s,
+                         heads, kv, d, gd, o.data(), probs.data());
+  ops::attention_backward(*this->ctx_, ddout.data(), dq_in.data(), dk_in.data(), dv_in.data(),
+                          probs.data(), s, heads, kv, d, gd, dq.data(), dk.data(), dv.data());
+  this->ctx_->synchronize();
+  ref::Tensor<T> probs_ref;
+  const auto o_ref = ref::attention_forward(q, k, v, doc, {heads, kv}, rd, &probs_ref);
+  ref::Tensor<T> dq_ref, dk_ref, dv_ref;
+  ref::attention_backward(dout, q, k, v, {heads, kv}, rd, probs_ref, dq_ref, dk_ref, dv_ref);
+  EXPECT_LE(rel_err(o.download(), o_ref.vec()), kTol<T>) << this->seed_;
+  EXPECT_LE(rel_err(probs.download(), probs_ref.vec()), kTol<T>) << this->seed_;
+  EXPECT_LE(rel_err(dq.download(), dq_ref.vec()), kTol<T>) << this->seed_;
+  EXPECT_LE(rel_err(dk.download(), dk_ref.vec()), kTol<T>) << this->seed_;
+  EXPECT_LE(rel_err(dv.download(), dv_ref.vec()), kTol<T>) << this->seed_;
+}
+
 TEST(GpuRng, PhiloxBlocksAndUniformsAreBitwiseTheReferenceNormalsToAnUlp) {
   SC_REQUIRE_GPU();
   ops::Context ctx(0);
