@@ -17,9 +17,10 @@ namespace {
 // What must match between the saving and the restoring run, whatever the mesh.
 nlohmann::json identity(const Scenario& s) {
   const ref::ModelConfig& m = s.model;
-  nlohmann::json model{{"vocab", m.vocab},     {"hidden", m.hidden},   {"layers", m.layers},
-                       {"heads", m.heads},     {"kv_heads", m.kv_heads}, {"ffn", m.ffn},
-                       {"seq_len", m.seq_len}, {"tie_embeddings", m.tie_embeddings}};
+  nlohmann::json model{{"vocab", m.vocab},       {"hidden", m.hidden},
+                       {"layers", m.layers},     {"heads", m.heads},
+                       {"kv_heads", m.kv_heads}, {"ffn", m.ffn},
+                       {"seq_len", m.seq_len},   {"tie_embeddings", m.tie_embeddings}};
   if (m.moe)
     model["moe"] = {{"experts", m.moe->experts},
                     {"top_k", m.moe->top_k},
@@ -57,8 +58,7 @@ std::filesystem::path config_checkpoint_dir(const Scenario& s, const ParallelSpe
   return s.configs.size() == 1 ? dir : dir / p.label();
 }
 
-checkpoint::SaveResult save_training(comm::Communicator& world,
-                                     const parallel::DataParallelEngine& engine,
+checkpoint::SaveResult save_training(comm::Communicator& world, const Trainee& engine,
                                      const Scenario& s, const ParallelSpec& p,
                                      const TrainCursor& cursor, const std::filesystem::path& dir,
                                      const checkpoint::SaveOptions& opts) {
@@ -69,8 +69,8 @@ checkpoint::SaveResult save_training(comm::Communicator& world,
   st.step = static_cast<std::uint64_t>(cursor.step);
   st.consumed_samples = static_cast<std::uint64_t>(cursor.consumed_samples);
   st.consumed_tokens = static_cast<std::uint64_t>(cursor.consumed_tokens);
-  st.mesh = {{"dp", p.mesh.dp}, {"tp", p.mesh.tp}, {"pp", p.mesh.pp}, {"cp", p.mesh.cp},
-             {"ep", p.mesh.ep}, {"config", p.label()}};
+  st.mesh = {{"dp", p.mesh.dp}, {"tp", p.mesh.tp}, {"pp", p.mesh.pp},
+             {"cp", p.mesh.cp}, {"ep", p.mesh.ep}, {"config", p.label()}};
   st.order = p.order;
   st.code_version = SHARDCHECK_VERSION;
   st.data_cursor = {{"consumed_samples", cursor.consumed_samples}, {"step", cursor.step}};
@@ -81,9 +81,12 @@ checkpoint::SaveResult save_training(comm::Communicator& world,
                     {"lr", o.lr},
                     {"warmup", o.warmup},
                     {"min_lr", o.min_lr}};
-  st.optimizer = {{"name", "adamw"},        {"lr", o.lr},
-                  {"beta1", o.beta1},       {"beta2", o.beta2},
-                  {"eps", o.eps},           {"weight_decay", o.weight_decay},
+  st.optimizer = {{"name", "adamw"},
+                  {"lr", o.lr},
+                  {"beta1", o.beta1},
+                  {"beta2", o.beta2},
+                  {"eps", o.eps},
+                  {"weight_decay", o.weight_decay},
                   {"clip_grad_norm", s.train.clip_grad_norm}};
   st.training = identity(s);
   st.model = st.training.at("model");
@@ -105,8 +108,8 @@ checkpoint::SaveResult save_training(comm::Communicator& world,
   return checkpoint::save(world, req, opts);
 }
 
-TrainCursor restore_training(comm::Communicator& world, parallel::DataParallelEngine& engine,
-                             const Scenario& s, const std::filesystem::path& step_dir) {
+TrainCursor restore_training(comm::Communicator& world, Trainee& engine, const Scenario& s,
+                             const std::filesystem::path& step_dir) {
   const checkpoint::Checkpoint ck = checkpoint::Checkpoint::open_collective(world, step_dir);
   const checkpoint::RunState& st = ck.manifest().state;
   const nlohmann::json want = identity(s);
@@ -122,11 +125,11 @@ TrainCursor restore_training(comm::Communicator& world, parallel::DataParallelEn
                           std::size_t count, std::span<std::byte> out) {
     const checkpoint::TensorRecord& t = ck.tensor(tensor);
     if (t.dtype != dtype)
-      throw checkpoint::RestoreError(
-          checkpoint::Reason::bad_tensor,
-          "stored as " + std::string(comm::name_of(t.dtype)) + ", the engine needs " +
-              std::string(comm::name_of(dtype)) + " (another precision recipe)",
-          "", tensor);
+      throw checkpoint::RestoreError(checkpoint::Reason::bad_tensor,
+                                     "stored as " + std::string(comm::name_of(t.dtype)) +
+                                         ", the engine needs " + std::string(comm::name_of(dtype)) +
+                                         " (another precision recipe)",
+                                     "", tensor);
     ck.read(tensor, checkpoint::FlatRange{begin, count}, out);
   });
   TrainCursor c;

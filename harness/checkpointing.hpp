@@ -11,14 +11,14 @@
 #include "checkpoint/checkpoint.hpp"
 #include "comm/communicator.hpp"
 #include "harness/scenario.hpp"
-#include "parallel/data_parallel.hpp"
+#include "harness/trainee.hpp"
 #include "reference/data.hpp"
 
 namespace shardcheck::harness {
 
 // Progress of a training run, as a checkpoint records it.
 struct TrainCursor {
-  int step = 0;                      // optimizer steps taken
+  int step = 0;  // optimizer steps taken
   std::int64_t consumed_samples = 0;
   std::int64_t consumed_tokens = 0;  // non-padding tokens
   ref::SamplerState sampler;
@@ -26,8 +26,7 @@ struct TrainCursor {
 
 // Collective over `world` (the engine's DP group): saves the engine's state and the cursor into
 // dir/step-<cursor.step>. Throws checkpoint::SaveError / comm errors as save() does.
-checkpoint::SaveResult save_training(comm::Communicator& world,
-                                     const parallel::DataParallelEngine& engine,
+checkpoint::SaveResult save_training(comm::Communicator& world, const Trainee& engine,
                                      const Scenario& s, const ParallelSpec& p,
                                      const TrainCursor& cursor, const std::filesystem::path& dir,
                                      const checkpoint::SaveOptions& opts = {});
@@ -36,8 +35,8 @@ checkpoint::SaveResult save_training(comm::Communicator& world,
 // belongs to this scenario (model, precision, seed, global batch) and imports it into `engine`
 // (resharding as needed). Returns the cursor to continue from. Throws checkpoint::RestoreError
 // naming the shard and reason; nothing of the engine is touched before validation passed.
-TrainCursor restore_training(comm::Communicator& world, parallel::DataParallelEngine& engine,
-                             const Scenario& s, const std::filesystem::path& step_dir);
+TrainCursor restore_training(comm::Communicator& world, Trainee& engine, const Scenario& s,
+                             const std::filesystem::path& step_dir);
 
 // The directory a configuration saves into: dir itself for a single-configuration scenario,
 // dir/<config label> otherwise.

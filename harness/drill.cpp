@@ -47,16 +47,13 @@ std::string steps_text(int from, int to) {
                     : "steps " + std::to_string(from) + "-" + std::to_string(to);
 }
 
-std::string not_built(const ParallelSpec& p) {
-  const auto& m = p.mesh;
-  if (m.tp > 1 || m.pp > 1 || m.cp > 1 || m.ep > 1)
-    return p.label() +
-           ": tensor, pipeline, context and expert parallel checkpoints are not built "
-           "yet (issue 7)";
-  return "";
+std::string not_built(const Scenario& s, const ParallelSpec& p) {
+  const std::string why = unsupported(s, p);
+  return why.empty() ? "" : p.label() + ": " + why;
 }
 
 std::string config_text(const Scenario& s, const ParallelSpec& p) {
+  if (model_parallel(p)) return p.label() + " (mesh)";
   return p.label() + " (" + std::string(parallel::name_of(engine_options(s, p).strategy)) + ")";
 }
 
@@ -127,7 +124,7 @@ Trace reference_trace(const Scenario& s, const ref::Dataset& ds) {
 
 // PlantedBug::skip_checksums: each rank opens the checkpoint alone without hashing payloads and
 // imports straight away; a read that re-hashes a whole shard may still throw, but only mid-import.
-TrainCursor restore_unverified(parallel::DataParallelEngine& e, const fs::path& step_dir) {
+TrainCursor restore_unverified(Trainee& e, const fs::path& step_dir) {
   const ck::Checkpoint c = ck::Checkpoint::open(step_dir, {.verify_checksums = false});
   e.import_state([&](const std::string& tensor, comm::DType, std::size_t begin, std::size_t count,
                      std::span<std::byte> out) {
@@ -144,8 +141,7 @@ TrainCursor restore_unverified(parallel::DataParallelEngine& e, const fs::path& 
 }
 
 // restore_training as the drills call it, or with the planted bug a test asked for.
-TrainCursor restore(comm::Communicator& c, parallel::DataParallelEngine& e, const Ctx& x,
-                    const fs::path& step_dir) {
+TrainCursor restore(comm::Communicator& c, Trainee& e, const Ctx& x, const fs::path& step_dir) {
   switch (x.bug) {
     case PlantedBug::swallow_restore_errors:
       try {
@@ -221,7 +217,8 @@ Trajectory train(const Ctx& x, const TrainPlan& plan) {
   t.final_state.resize(static_cast<std::size_t>(n));
   world.run([&](comm::Communicator& c) {
     const bool lead = c.rank() == 0;
-    parallel::DataParallelEngine engine(c, x.s.model, x.s.train, x.s.seed, opt);
+    const std::unique_ptr<Trainee> trainee = make_trainee(c, x.s, p, opt);
+    Trainee& engine = *trainee;
     ref::DistributedSampler sampler(static_cast<int64_t>(x.ds.samples.size()),
                                     x.s.train.global_batch, x.s.seed, x.s.data.drop_last);
     TrainCursor cur;
@@ -233,7 +230,7 @@ Trajectory train(const Ctx& x, const TrainPlan& plan) {
     if (lead) t.first_step = cur.step + 1;
     for (int k = cur.step + 1; k <= plan.last_step; ++k) {
       const std::vector<std::int64_t> ids = sampler.next_global_batch();
-      const ref::StepRecord rec = engine.step(parallel::rank_batch(x.ds, ids, c.rank(), c.size()));
+      const ref::StepRecord rec = engine.step(engine.local_batch(x.ds, ids));
       cur.step = k;
       cur.consumed_samples += x.s.train.global_batch;
       cur.consumed_tokens += rec.non_padding_tokens;
@@ -355,7 +352,7 @@ const Trajectory& resumed_same(Ctx& x) {
 // restore_same (the base mesh, the shared resumed run) or restore_resharded (restore_parallel).
 DrillResult restore_into(Ctx& x, bool resharded) {
   const ParallelSpec& q = resharded ? *x.target : x.base;
-  if (std::string why = not_built(q); !why.empty()) return {.name = "", .detail = why};
+  if (std::string why = not_built(x.s, q); !why.empty()) return {.name = "", .detail = why};
   const fs::path from = x.root / "saved" / step_name(x.k);
   const Trajectory t =
       resharded ? train(x, {.spec = q, .resume_from = from, .last_step = x.s.train.steps})
@@ -424,7 +421,8 @@ std::vector<Attempt> attempt_restore(const Ctx& x, const std::function<fs::path(
   std::vector<Attempt> out(static_cast<std::size_t>(n));
   world.run([&](comm::Communicator& c) {
     Attempt& a = out[static_cast<std::size_t>(c.rank())];
-    parallel::DataParallelEngine engine(c, x.s.model, x.s.train, x.s.seed, opt);
+    const std::unique_ptr<Trainee> trainee = make_trainee(c, x.s, x.base, opt);
+    Trainee& engine = *trainee;
     const std::vector<parallel::StatePiece> before = engine.export_state();
     try {
       (void)restore(c, engine, x, resolve());
@@ -576,7 +574,7 @@ DrillResult run_one(Ctx& x, const std::string& name) {
   const auto t0 = std::chrono::steady_clock::now();
   DrillResult d;
   try {
-    if (std::string why = not_built(x.base); !why.empty()) {
+    if (std::string why = not_built(x.s, x.base); !why.empty()) {
       d.detail = why;
     } else if (!x.straight) {
       d.broke = true;
@@ -708,7 +706,7 @@ DrillReport run_drills(const Scenario& s, const DrillOptions& o) {
   r.steps = s.train.steps;
   r.work_dir = work.temporary ? fs::path() : work.path;
   std::string broke;
-  if (not_built(x.base).empty()) {
+  if (not_built(x.s, x.base).empty()) {
     x.want = reference_trace(s, x.ds);
     try {
       x.straight = train(x, {.spec = x.base,

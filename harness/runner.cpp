@@ -7,16 +7,17 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
-#include <type_traits>
-#include <cmath>
 #include <mutex>
 #include <numeric>
 #include <optional>
+#include <type_traits>
 
 #include "harness/checkpointing.hpp"
 #include "harness/sim_options.hpp"
+#include "harness/trainee.hpp"
 #include "parallel/data_parallel.hpp"
 #include "parallel/flops.hpp"
 #include "parallel/parity.hpp"
@@ -54,15 +55,6 @@ Trace reference_run(const Scenario& s, const ref::Dataset& ds, const std::string
   return t;
 }
 
-// Why this configuration cannot run yet, or "" when the data-parallel engine covers it.
-std::string unsupported(const ParallelSpec& p, const ref::TrainConfig& t) {
-  const auto& m = p.mesh;
-  if (m.tp > 1 || m.pp > 1 || m.cp > 1 || m.ep > 1)
-    return "tensor, pipeline, context and expert parallelism are not built yet (issue 7)";
-  (void)t;
-  return "";
-}
-
 }  // namespace
 
 parallel::DataParallelOptions engine_options(const Scenario& s, const ParallelSpec& p) {
@@ -88,9 +80,8 @@ parallel::DataParallelOptions engine_options(const Scenario& s, const ParallelSp
     f.reshard_after_forward = p.fsdp_reshard_after_forward;
     f.prefetch = p.fsdp_prefetch;
     // PyTorch's HYBRID_SHARD default: shard inside a node, replicate across nodes.
-    f.shard_group_size = p.fsdp_shard_group > 0
-                             ? p.fsdp_shard_group
-                             : std::gcd(p.mesh.dp, s.topology.ranks_per_node);
+    f.shard_group_size = p.fsdp_shard_group > 0 ? p.fsdp_shard_group
+                                                : std::gcd(p.mesh.dp, s.topology.ranks_per_node);
   }
   return opt;
 }
@@ -160,8 +151,7 @@ void fill_rates(const Scenario& s, const ParallelSpec& p, const Trace& want, Tim
   t.tokens_per_s = t.tokens_per_step / t.step_time_s;
   t.flops_per_step = 3.0 * parallel::model_forward_flops(s.model, s.model.seq_len) *
                      static_cast<double>(s.train.global_batch);
-  t.mfu = t.flops_per_step /
-          (t.step_time_s * p.mesh.world_size() * s.topology.peak_tflops * 1e12);
+  t.mfu = t.flops_per_step / (t.step_time_s * p.mesh.world_size() * s.topology.peak_tflops * 1e12);
 }
 
 // The verdict. With expect.fault set, the configuration passes when that fault was detected
@@ -196,7 +186,7 @@ void measure_parity(const Scenario& s, const Trace& want, const std::vector<Rank
   std::vector<const std::vector<parallel::StatePiece>*> pieces(got.size());
   const int first = got[0].first_step;
   for (int k = first - 1; k < s.train.steps; ++k) {
-    const auto uk = static_cast<std::size_t>(k);             // into the reference trace
+    const auto uk = static_cast<std::size_t>(k);              // into the reference trace
     const auto ug = static_cast<std::size_t>(k - first + 1);  // into the ranks' traces
     StepParity sp{k + 1, got[0].steps[ug].loss, want.steps[uk].loss, 0};
     const auto note = [&](double e, std::size_t rank, const std::string& what) {
@@ -287,9 +277,10 @@ SimRun simulate(const Scenario& s, const ref::Dataset& ds, sim::SimWorld& world,
     world.run([&](comm::Communicator& c) {
       parallel::DataParallelOptions mine_opt = opt;
       mine_opt.grad_hook = nan_injector(s, c.world_rank());
-      parallel::DataParallelEngine engine(c, s.model, s.train, s.seed, mine_opt);
-      ref::DistributedSampler sampler(static_cast<int64_t>(ds.samples.size()),
-                                      s.train.global_batch, s.seed, s.data.drop_last);
+      const std::unique_ptr<Trainee> trainee = make_trainee(c, s, p, mine_opt);
+      Trainee& engine = *trainee;
+      ref::DistributedSampler sampler(static_cast<int64_t>(ds.samples.size()), s.train.global_batch,
+                                      s.seed, s.data.drop_last);
       RankTrace& mine = out.got[static_cast<std::size_t>(c.rank())];
       TrainCursor cursor;
       if (!ck.resume_step_dir.empty()) {
@@ -298,8 +289,7 @@ SimRun simulate(const Scenario& s, const ref::Dataset& ds, sim::SimWorld& world,
       }
       mine.first_step = cursor.step + 1;
       for (int k = cursor.step + 1; k <= s.train.steps; ++k) {
-        const ref::Batch local =
-            parallel::rank_batch(ds, sampler.next_global_batch(), c.rank(), c.size());
+        const ref::Batch local = engine.local_batch(ds, sampler.next_global_batch());
         mine.steps.push_back(engine.step(local));
         mine.pieces.push_back(engine.export_state());
         mine.health.push_back(engine.last_step_health());
@@ -330,7 +320,7 @@ ConfigResult run_config(const Scenario& s, const ref::Dataset& ds, const Trace& 
   r.config = p.label();
   r.spec = p;
   r.tolerance = tolerance_for(s.train.precision);
-  r.detail = unsupported(p, s.train);
+  r.detail = unsupported(s, p);
   if (!r.detail.empty()) {
     r.supported = false;
     return r;
@@ -339,7 +329,7 @@ ConfigResult run_config(const Scenario& s, const ref::Dataset& ds, const Trace& 
   opt.health.check = true;
   opt.health.policy = s.health.nan_policy == "stop" ? parallel::NonFinitePolicy::stop
                                                     : parallel::NonFinitePolicy::skip_step;
-  r.strategy = std::string(parallel::name_of(opt.strategy));
+  r.strategy = model_parallel(p) ? "mesh" : std::string(parallel::name_of(opt.strategy));
   const int world = p.mesh.world_size();
   CheckpointPlan ck;
   if (!o.checkpoint_dir.empty()) {
@@ -356,11 +346,12 @@ ConfigResult run_config(const Scenario& s, const ref::Dataset& ds, const Trace& 
     try {
       ck.resume_step_dir = checkpoint::open_latest(dir).path();
     } catch (const checkpoint::RestoreError& e) {
-      r.detail = std::string("cannot resume from ") + dir.string() + ": " + e.what() +
-                 (e.previous_good().empty() ? std::string()
-                                            : "; the previous good checkpoint is " +
-                                                  e.previous_good() + " (resume from it by "
-                                                  "moving the bad one away)");
+      r.detail =
+          std::string("cannot resume from ") + dir.string() + ": " + e.what() +
+          (e.previous_good().empty() ? std::string()
+                                     : "; the previous good checkpoint is " + e.previous_good() +
+                                           " (resume from it by "
+                                           "moving the bad one away)");
       r.resume_refused = true;
       return r;
     }
@@ -404,8 +395,11 @@ ConfigResult run_config(const Scenario& s, const ref::Dataset& ds, const Trace& 
         f.group = ff.group;
         f.seq = ff.seq;
         f.step = ff.step;
-        f.message = (r.parity_pass ? "UNDETECTED: the parity check passed despite " : "the parity "
-                     "check diverged (" + r.detail + ") after ") + ff.describe();
+        f.message = (r.parity_pass ? "UNDETECTED: the parity check passed despite "
+                                   : "the parity "
+                                     "check diverged (" +
+                                         r.detail + ") after ") +
+                    ff.describe();
         r.faults.push_back(f);
       }
   }
@@ -416,8 +410,7 @@ ConfigResult run_config(const Scenario& s, const ref::Dataset& ds, const Trace& 
       sim::SimWorld base(world, sim_options(calm, world));
       simulate(calm, ds, base, opt, p);
       const double without = timing_of(base.step_times(), s.train.steps).step_time_s;
-      r.faults.push_back(
-          straggler_result(sw.timeline(), world, f, r.timing.step_time_s, without));
+      r.faults.push_back(straggler_result(sw.timeline(), world, f, r.timing.step_time_s, without));
       break;
     }
   fill_rates(s, p, want, r.timing);

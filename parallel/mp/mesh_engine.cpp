@@ -370,7 +370,7 @@ class MeshImpl final : public MeshEngine::Impl {
     }
     caches_.erase({mb, chunk});
     if (train_.precision == ref::Precision::kBf16) {
-      if constexpr (std::is_same_v<T, float>) ref::round_to_bf16(mb_grads_);
+      round_microbatch_gradient();
       for (auto& e : mb_grads_) {
         ref::add_inplace(grads_[e.name], e.value);
         e.value.fill(T{0});
@@ -383,13 +383,43 @@ class MeshImpl final : public MeshEngine::Impl {
     return (*batch_)[static_cast<std::size_t>(mb * train_.micro_batch + i)];
   }
 
+  // The bf16 recipe rounds each microbatch's whole gradient once (ref::Trainer). Row partials of
+  // CP ranks (and under SP of TP ranks, for TP-replicated parameters) are summed first, and one
+  // copy carries the sum; rounding the partials instead would differ from the reference by far
+  // more than rounding noise where they cancel. Expert gradients under EP mix the tokens of
+  // several data ranks' microbatches, so they are rounded per local microbatch (not the
+  // reference's grouping; see parallel/mp/README.md).
+  void round_microbatch_gradient() {
+    if constexpr (std::is_same_v<T, float>) {
+      const auto all = [](const LocalParam&) { return true; };
+      if (g_.cp->size() > 1) {
+        all_reduce_params(*g_.cp, all, mb_grads_);
+        if (g_.cp->rank() != 0)
+          for (auto& e : mb_grads_) e.value.fill(T{0});
+      }
+      if (env_.sp()) {
+        const auto rep = [](const LocalParam& p) { return p.tp_replicated; };
+        all_reduce_params(*g_.tp, rep, mb_grads_);
+        if (g_.tp->rank() != 0)
+          for (const LocalParam& p : specs_)
+            if (p.tp_replicated) mb_grads_[p.name].fill(T{0});
+      }
+      ref::round_to_bf16(mb_grads_);
+    }
+  }
+
   void all_reduce_params(comm::Communicator& group,
                          const std::function<bool(const LocalParam&)>& pick) {
+    all_reduce_params(group, pick, grads_);
+  }
+  void all_reduce_params(comm::Communicator& group,
+                         const std::function<bool(const LocalParam&)>& pick,
+                         ref::ParamMap<T>& grads) {
     if (group.size() == 1) return;
     std::vector<T> flat;
     for (const LocalParam& p : specs_) {
       if (!pick(p)) continue;
-      const auto& v = grads_[p.name].vec();
+      const auto& v = grads[p.name].vec();
       flat.insert(flat.end(), v.begin(), v.end());
     }
     if (flat.empty()) return;
@@ -397,7 +427,7 @@ class MeshImpl final : public MeshEngine::Impl {
     std::size_t at = 0;
     for (const LocalParam& p : specs_) {
       if (!pick(p)) continue;
-      auto& v = grads_[p.name].vec();
+      auto& v = grads[p.name].vec();
       std::copy_n(flat.begin() + static_cast<std::ptrdiff_t>(at), v.size(), v.begin());
       at += v.size();
     }

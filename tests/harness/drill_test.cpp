@@ -90,7 +90,8 @@ TEST_P(DrillScenario, EveryDrillPasses) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Scenarios, DrillScenario,
-                         ::testing::Values("ddp", "zero3", "fsdp_full_shard", "bf16_zero2"));
+                         ::testing::Values("ddp", "zero3", "fsdp_full_shard", "bf16_zero2",
+                                           "tp2-pp2"));
 
 // Runs `drills` of a scenario in-process with a planted restore bug.
 DrillReport planted(const std::string& scenario, std::vector<std::string> drills, PlantedBug bug) {
@@ -208,21 +209,14 @@ TEST(DrillCli, KeepDirKeepsTheCheckpointsAndMustBeEmpty) {
   EXPECT_NE(out2.find("not empty"), std::string::npos) << out2;
 }
 
-TEST(DrillCli, ModelParallelMeshesAreFailedDrillsNotPasses) {
-  const TempDir tmp("shardcheck_drill_tp");
-  nlohmann::json j = read_json(kDrills / "ddp.json");
-  j["model"]["hidden"] = 16;
-  j["model"]["heads"] = 4;
-  j["model"]["kv_heads"] = 2;
-  j["parallel"] = {{"dp", 1}, {"tp", 2}};
-  j["checkpoint"]["restore_parallel"] = {{"dp", 2}, {"tp", 1}};
-  const auto [code, out] = shardcheck("drill checkpoint " + tmp.write("s.json", j).string() +
-                                      " --report " + tmp.path().string());
-  EXPECT_EQ(code, 1) << out;
-  const auto report = read_json(tmp.path() / "report.json");
-  for (const auto& d : report.at("drills")) {
-    EXPECT_FALSE(d.at("pass").get<bool>());
-    EXPECT_NE(d.at("detail").get<std::string>().find("not built yet (issue 7)"), std::string::npos);
+TEST(DrillMutation, TensorPipelineMeshCatchesAnUnrestoredSamplerAndSwallowedErrors) {
+  // The drills guard a TP x PP mesh as they guard DP: a replayed data cursor fails the exact
+  // resume, a swallowed restore error fails the damaged-shard drills.
+  DrillReport r = planted("tp2-pp2", {"resume_exact"}, PlantedBug::replay_data);
+  EXPECT_FALSE(drill(r, "resume_exact").pass) << drill(r, "resume_exact").detail;
+  r = planted("tp2-pp2", {"missing_shard", "corrupt_shard"}, PlantedBug::swallow_restore_errors);
+  for (const char* name : {"missing_shard", "corrupt_shard"}) {
+    EXPECT_FALSE(drill(r, name).pass) << name;
   }
 }
 
