@@ -2,6 +2,7 @@
 #include "gpu/nccl_communicator.hpp"
 
 #include <algorithm>
+#include <cstdlib>
 #include <numeric>
 #include <thread>
 #include <tuple>
@@ -69,6 +70,8 @@ NcclCommunicator::NcclCommunicator(void* nccl_comm, int device, std::string name
   c.name = std::move(name);
   c.members = std::move(members);
   c.options = options;
+  if (const char* e = std::getenv("SHARDCHECK_NCCL_CHECK"); e != nullptr && e[0] == '1')
+    c.options.check_signatures = true;
   c.books = std::move(books);
   c.cancel = std::move(cancel);
   const OpContext ctx{-1, c.name, "create", 0};
@@ -137,6 +140,7 @@ WorkPtr NcclCommunicator::reduce_common(const char* op, ConstBuffer send, Buffer
   const std::size_t want = scatter ? recv.count * static_cast<std::size_t>(c.size) : recv.count;
   require(send.count == want, ctx,
           "send has " + std::to_string(send.count) + " elements, expected " + std::to_string(want));
+  c.check_signature(ctx, recv.count, recv.dtype, -1, static_cast<int>(o.op));
   Staging s;
   const void* sp = c.in(send, s, ctx);
   void* rp = c.out(recv, s, ctx);
@@ -179,6 +183,7 @@ WorkPtr NcclCommunicator::do_all_gather(ConstBuffer send, Buffer recv) {
   require(recv.count == send.count * static_cast<std::size_t>(c.size), ctx,
           "recv has " + std::to_string(recv.count) + " elements, expected send.count * size = " +
               std::to_string(send.count * static_cast<std::size_t>(c.size)));
+  c.check_signature(ctx, send.count, send.dtype, -1, -1);
   Staging s;
   const void* sp = c.in(send, s, ctx);
   void* rp = c.out(recv, s, ctx);
@@ -201,6 +206,7 @@ WorkPtr NcclCommunicator::do_broadcast(ConstBuffer send, Buffer recv, comm::Broa
         send.count == recv.count, ctx,
         "send has " + std::to_string(send.count) + " elements, recv " + std::to_string(recv.count));
   }
+  c.check_signature(ctx, recv.count, recv.dtype, o.root, -1);
   Staging s;
   void* rp = c.out(recv, s, ctx);
   const void* sp = is_root ? c.in(send, s, ctx) : rp;
@@ -218,6 +224,7 @@ WorkPtr NcclCommunicator::do_all_to_all(ConstBuffer send, Buffer recv) {
   require(send.count == recv.count && send.count % static_cast<std::size_t>(c.size) == 0, ctx,
           "all_to_all needs equal send and recv counts divisible by the group size; got " +
               std::to_string(send.count) + " and " + std::to_string(recv.count));
+  c.check_signature(ctx, send.count, send.dtype, -1, -1);
   Staging s;
   const void* sp = c.in(send, s, ctx);
   void* rp = c.out(recv, s, ctx);
@@ -249,6 +256,7 @@ WorkPtr NcclCommunicator::do_all_to_all_v(ConstBuffer send,
           "counts sum to " + std::to_string(ssum) + " sent / " + std::to_string(rsum) +
               " received, buffers hold " + std::to_string(send.count) + " / " +
               std::to_string(recv.count));
+  c.check_signature(ctx, 0, send.dtype, -1, -1);  // counts are checked below
   Staging s;
   if (c.options.check_all_to_all_v) {
     // Every rank gathers every rank's send and recv counts and checks all pairs, so all members
@@ -350,6 +358,7 @@ WorkPtr NcclCommunicator::do_barrier() {
   Core& c = *core_;
   const OpContext ctx = c.begin("barrier");
   c.flush(ctx);
+  c.check_signature(ctx, 0, comm::DType::f32, -1, -1);
   c.nccl_check(ncclAllReduce(c.one, c.one, 1, ncclFloat32, ncclMax, c.comm, c.stream), ctx,
                "ncclAllReduce (barrier)");
   return std::make_shared<NcclWork>(core_, c.record(ctx), ctx, Staging{});

@@ -40,6 +40,12 @@ struct NcclOptions {
   bool exact_half = true;
   // Exchange all_to_all_v counts first and raise MismatchError when they disagree.
   bool check_all_to_all_v = true;
+  // Before every collective, all-gather (op, count, dtype, root, reduce op) and raise
+  // MismatchError naming both ranks when members disagree (as the simulator does). Costs one small
+  // synchronous collective per op: a debugging mode. Without it a mismatch hangs until the timeout
+  // (PeerError) or corrupts silently, as with plain NCCL. Environment SHARDCHECK_NCCL_CHECK=1 turns
+  // it on too.
+  bool check_signatures = false;
 };
 
 // What every communicator of one world rank shares: its books and the record of its compute.

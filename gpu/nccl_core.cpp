@@ -221,6 +221,41 @@ void Core::flush(const OpContext& ctx) {
   launch->launched = true;
 }
 
+void Core::check_signature(const OpContext& ctx, std::size_t count, DType t, int root, int redop) {
+  if (!options.check_signatures) return;
+  std::int64_t op_hash = 1469598103934665603LL;  // FNV-1a of the op name
+  for (const char ch : ctx.op)
+    op_hash = (op_hash ^ static_cast<unsigned char>(ch)) * 1099511628211LL;
+  constexpr std::size_t kFields = 5;
+  const std::int64_t mine[kFields] = {op_hash, static_cast<std::int64_t>(count),
+                                      static_cast<std::int64_t>(t), root, redop};
+  const auto p = static_cast<std::size_t>(size);
+  std::vector<std::int64_t> all(kFields * p);
+  Staging s;
+  auto* d = static_cast<std::int64_t*>(scratch(all.size() * 8, s, ctx));
+  std::int64_t* slot = d + kFields * static_cast<std::size_t>(rank);
+  cuda_check(cudaMemcpyAsync(slot, mine, sizeof mine, cudaMemcpyHostToDevice, stream), ctx,
+             "cudaMemcpyAsync");
+  nccl_check(ncclAllGather(slot, d, kFields, ncclInt64, comm, stream), ctx,
+             "ncclAllGather (signature check)");
+  auto launch = record(ctx);
+  wait_event(launch->event, ctx, -1);
+  cuda_check(cudaMemcpy(all.data(), d, all.size() * 8, cudaMemcpyDeviceToHost), ctx, "cudaMemcpy");
+  release(s);
+  static constexpr const char* kNames[kFields] = {"op", "count", "dtype", "root", "reduce op"};
+  for (std::size_t r = 1; r < p; ++r)
+    for (std::size_t f = 0; f < kFields; ++f)
+      if (all[kFields * r + f] != all[f]) {
+        const std::string what = std::string("collective mismatch at seq ") +
+                                 std::to_string(ctx.seq) + ": ranks " + std::to_string(members[0]) +
+                                 " and " + std::to_string(members[r]) + " disagree on the " +
+                                 kNames[f] + " (" + std::to_string(all[f]) + " vs " +
+                                 std::to_string(all[kFields * r + f]) + ")";
+        abort(what);
+        throw comm::MismatchError(ctx, what, {members[0], members[r]});
+      }
+}
+
 void* Core::scratch(std::size_t bytes, Staging& s, const OpContext& ctx) {
   void* p = nullptr;
   cuda_check(cudaMallocAsync(&p, bytes == 0 ? 1 : bytes, stream), ctx, "cudaMallocAsync");

@@ -101,6 +101,11 @@ struct Core : std::enable_shared_from_this<Core> {
   // Throws the typed error for a failed NCCL result r (after aborting).
   [[noreturn]] void fail(ncclResult_t r, const comm::OpContext& ctx, const char* call, int peer);
 
+  // With options.check_signatures: all-gathers this call's signature and throws MismatchError
+  // (after aborting) on every member when any two disagree.
+  void check_signature(const comm::OpContext& ctx, std::size_t count, comm::DType t, int root,
+                       int redop);
+
   // Device pointers for buffers: host buffers are staged through scratch.
   const void* in(const comm::ConstBuffer& b, Staging& s, const comm::OpContext& ctx);
   void* out(const comm::Buffer& b, Staging& s, const comm::OpContext& ctx);

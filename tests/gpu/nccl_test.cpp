@@ -303,6 +303,47 @@ TEST(Nccl, AllToAllVCountMismatchIsAMismatchErrorOnEveryRank) {
   EXPECT_EQ(mismatches.load(), 2);
 }
 
+TEST(Nccl, SignatureCheckPassesMatchingCallsAndNamesAMismatch) {
+  SC_REQUIRE_GPU();
+  NcclOptions o;
+  o.check_signatures = true;
+  for (int p : world_sizes()) {  // matching calls: the check is invisible
+    run_all_gpus(
+        p,
+        [&](NcclCommunicator& c) {
+          DeviceVec<float> x(contribution<float>(c.rank(), 64));
+          c.all_reduce(x.buf(c.device()))->wait();
+          c.broadcast(x.buf(c.device()), {p - 1})->wait();
+          c.barrier()->wait();
+          EXPECT_EQ(x.download(), [&] {
+            std::vector<float> w(64);
+            for (std::size_t i = 0; i < w.size(); ++i)
+              w[i] = static_cast<float>(expected(comm::ReduceOp::sum, p, i, false));
+            return w;
+          }());
+        },
+        o);
+  }
+  if (visible_devices() < 2) GTEST_SKIP() << "the mismatch half needs 2 GPUs";
+  std::atomic<int> mismatches{0};
+  EXPECT_THROW(run_all_gpus(
+                   2,
+                   [&](NcclCommunicator& c) {
+                     DeviceVec<float> x(c.rank() == 0 ? 64 : 65);
+                     try {
+                       (void)c.all_reduce(x.buf(c.device()));
+                     } catch (const comm::MismatchError& e) {
+                       EXPECT_EQ(e.ranks(), (std::vector<int>{0, 1}));
+                       EXPECT_NE(std::string(e.what()).find("count"), std::string::npos);
+                       ++mismatches;
+                       throw;
+                     }
+                   },
+                   o),
+               RankFailure);
+  EXPECT_EQ(mismatches.load(), 2);
+}
+
 TEST(Nccl, HungPeerTimesOutAsPeerErrorNotAHang) {
   SC_REQUIRE_GPU();
   if (visible_devices() < 2) GTEST_SKIP() << "needs 2 GPUs";
