@@ -152,6 +152,13 @@ __global__ void gelu_bwd(const T* dy, const T* x, T* dx, int64_t n) {
 }
 
 template <class T>
+__global__ void add_kernel(T* a, const T* b, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    a[i] += b[i];
+}
+
+template <class T>
 __global__ void embed_fwd(const T* table, const int32_t* tokens, T* y, int64_t vocab, int64_t h) {
   const int32_t t = tokens[blockIdx.x];
   const bool ok = t >= 0 && t < vocab;
@@ -306,6 +313,13 @@ void gelu_backward(Context& c, const T* dy, const T* x, T* dx, int64_t n) {
 }
 
 template <class T>
+void add_inplace(Context& c, T* a, const T* b, int64_t n) {
+  if (n == 0) return;
+  add_kernel<<<grid(n), kThreads, 0, st(c)>>>(a, b, n);
+  cuda_ok(cudaGetLastError(), "add_inplace");
+}
+
+template <class T>
 void embedding_forward(Context& c, const T* table, const int32_t* tokens, T* y, int64_t ntok,
                        int64_t vocab, int64_t h) {
   if (ntok == 0) return;
@@ -348,6 +362,7 @@ void cross_entropy_backward(Context& c, const T* logits, const int32_t* targets,
   template void rmsnorm_forward(Context&, const T*, const T*, T*, T*, int64_t, int64_t);           \
   template void rmsnorm_backward(Context&, const T*, const T*, const T*, const T*, T*, T*,         \
                                  int64_t, int64_t);                                                \
+  template void add_inplace(Context&, T*, const T*, int64_t);                                      \
   template void gelu_forward(Context&, const T*, T*, int64_t);                                     \
   template void gelu_backward(Context&, const T*, const T*, T*, int64_t);                          \
   template void embedding_forward(Context&, const T*, const int32_t*, T*, int64_t, int64_t,        \

@@ -54,6 +54,10 @@ template <class T>
 void rmsnorm_backward(Context& c, const T* dy, const T* x, const T* w, const T* rstd, T* dx, T* dw,
                       int64_t rows, int64_t h);
 
+// a[i] += b[i] (residual adds)
+template <class T>
+void add_inplace(Context& c, T* a, const T* b, int64_t n);
+
 // gelu_tanh, elementwise over n
 template <class T>
 void gelu_forward(Context& c, const T* x, T* y, int64_t n);
