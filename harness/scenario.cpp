@@ -155,6 +155,10 @@ void check_config(const ParallelSpec& p, const ref::ModelConfig& m, const ref::T
   if (m.kv_heads % s.tp != 0 && s.tp % m.kv_heads != 0)
     fail("tp", num(s.tp) + " and model.kv_heads (" + num(m.kv_heads) +
                    ") must divide one another (kv heads split, or replicated across tp ranks)");
+  if (m.ffn % s.tp != 0) fail("tp", num(s.tp) + " does not divide model.ffn (" + num(m.ffn) + ")");
+  if (m.vocab % s.tp != 0)
+    fail("tp", num(s.tp) + " does not divide model.vocab (" + num(m.vocab) +
+                   ") for the vocab-parallel embedding and LM head");
   if (s.ep > 1 && !m.moe) fail("ep", "ep = " + num(s.ep) + " needs a model with moe experts");
   if (m.moe && m.moe->experts % s.ep != 0)
     fail("ep", num(s.ep) + " does not divide model.moe.experts (" + num(m.moe->experts) + ")");
@@ -164,9 +168,14 @@ void check_config(const ParallelSpec& p, const ref::ModelConfig& m, const ref::T
   if (s.cp > 1 && m.seq_len % (2 * s.cp) != 0)
     fail("cp", "model.seq_len (" + num(m.seq_len) + ") must be divisible by 2*cp (" +
                    num(2 * s.cp) + ") for causal load balancing");
-  if (p.sequence_parallel && m.seq_len % s.tp != 0)
+  if (p.sequence_parallel && (m.seq_len / s.cp) % s.tp != 0)
     fail("sequence_parallel",
-         "model.seq_len (" + num(m.seq_len) + ") is not divisible by tp (" + num(s.tp) + ")");
+         "the " + num(m.seq_len / s.cp) +
+             " rows per CP rank (model.seq_len / cp) are not divisible by tp (" + num(s.tp) + ")");
+  if (p.cp_algo == "ulysses" && s.cp > 1 &&
+      ((m.heads / s.tp) % s.cp != 0 || (m.kv_heads / s.tp) % s.cp != 0))
+    fail("cp_algo", "ulysses needs the heads per TP rank (" + num(m.heads / s.tp) + " query, " +
+                        num(m.kv_heads / s.tp) + " kv) divisible by cp (" + num(s.cp) + ")");
   const int data_ranks = s.dp * s.ep;  // ep ranks hold different data for the dense layers
   if (t.global_batch % (data_ranks * t.micro_batch) != 0)
     fail("dp", "train.global_batch (" + num(t.global_batch) +
@@ -176,10 +185,22 @@ void check_config(const ParallelSpec& p, const ref::ModelConfig& m, const ref::T
     fail("fsdp", "choose either zero (stage " + num(p.zero) + ") or fsdp, not both");
   if (p.fsdp && *p.fsdp == "hybrid_shard" && p.fsdp_shard_group > 0 &&
       s.dp % p.fsdp_shard_group != 0)
-    fail("fsdp", "shard_group_size " + num(p.fsdp_shard_group) + " does not divide dp (" +
-                     num(s.dp) + ")");
+    fail("fsdp",
+         "shard_group_size " + num(p.fsdp_shard_group) + " does not divide dp (" + num(s.dp) + ")");
   if (p.pp_schedule == "interleaved" && p.virtual_stages < 2)
     fail("virtual_stages", "the interleaved schedule needs virtual_stages >= 2");
+  if (p.pp_schedule != "interleaved" && p.virtual_stages > 1)
+    fail("virtual_stages",
+         "virtual_stages " + num(p.virtual_stages) + " needs pp_schedule \"interleaved\"");
+  const int microbatches = t.global_batch / (data_ranks * t.micro_batch);
+  if (s.pp > 1 && microbatches < s.pp)
+    fail("pp", num(microbatches) +
+                   " microbatches per step (global_batch / (dp*ep*micro_batch)) "
+                   "are fewer than the " +
+                   num(s.pp) + " pipeline stages");
+  if (s.pp > 1 && p.pp_schedule == "interleaved" && microbatches % s.pp != 0)
+    fail("pp", "the interleaved schedule needs the " + num(microbatches) +
+                   " microbatches per step to be a multiple of pp (" + num(s.pp) + ")");
 }
 
 FaultSpec parse_fault(ObjectReader o, int world) {
@@ -326,7 +347,8 @@ Scenario parse_scenario(const nlohmann::json& j) {
   sc.expect_parity = ex.boolean("parity", true);
   if (!ex.is_null("fault"))
     sc.expect_fault = ex.choice(
-        "fault", "", {"deadlock", "mismatch", "hang", "crash", "straggler", "nan", "corruption", "oom"});
+        "fault", "",
+        {"deadlock", "mismatch", "hang", "crash", "straggler", "nan", "corruption", "oom"});
   else
     ex.raw("fault");
   ex.finish();
