@@ -111,6 +111,7 @@ class Dev {
   float* f() { return static_cast<float*>(p_); }
   void put(const std::vector<float>& h) {
     cudaMemcpy(p_, h.data(), h.size() * sizeof(float), cudaMemcpyHostToDevice);
+    cudaDeviceSynchronize();  // the comm stream does not wait for the default stream
   }
   std::vector<float> get(std::size_t off, std::size_t n) const {
     std::vector<float> h(n);

@@ -59,6 +59,8 @@ GpuModel<T>::GpuModel(const ref::ModelConfig& cfg, const ref::ParamMap<T>& param
     params_[e.name] = p;
     grads_[e.name] = g;
   }
+  // The copies above ran on the default stream; the ops' stream does not wait for it.
+  ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
 }
 
 template <class T>
@@ -91,6 +93,7 @@ void GpuModel<T>::zero_grads() {
   for (const auto& e : shapes_)
     ok(cudaMemset(grads_.at(e.name), 0, static_cast<std::size_t>(e.value.numel()) * sizeof(T)),
        "cudaMemset");
+  ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
 }
 
 template <class T>

@@ -138,6 +138,7 @@ TEST(Nccl, ReduceScatterAndAllGather) {
       DeviceVec<float> inplace(kCount * pp);
       inplace.poison();
       cudaMemcpy(inplace.data() + me * kCount, chunk.data(), kCount * 4, cudaMemcpyDeviceToDevice);
+      cudaDeviceSynchronize();  // the default stream's copy, before the comm stream reads it
       c.all_gather(inplace.buf(c.device()))->wait();
       ASSERT_EQ(inplace.download(), got);
     });

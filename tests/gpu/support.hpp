@@ -50,8 +50,12 @@ class DeviceVec {
   DeviceVec(const DeviceVec&) = delete;
   DeviceVec& operator=(const DeviceVec&) = delete;
 
+  // cudaMemcpy/cudaMemset run on the legacy default stream, which the communicators' and ops'
+  // non-blocking streams do not wait for (and a pageable upload may return before its DMA ends):
+  // synchronise, so the data is in place before any other stream reads it.
   void upload(const std::vector<T>& h) {
     cuda_ok(cudaMemcpy(p_, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice), "upload");
+    cuda_ok(cudaDeviceSynchronize(), "upload");
   }
   std::vector<T> download() const {
     std::vector<T> h(n_);
@@ -59,7 +63,10 @@ class DeviceVec {
     return h;
   }
   // Every byte 0xFF: NaN for floats, -1 for integers. Catches elements an op never wrote.
-  void poison() { cuda_ok(cudaMemset(p_, 0xFF, n_ * sizeof(T)), "cudaMemset"); }
+  void poison() {
+    cuda_ok(cudaMemset(p_, 0xFF, n_ * sizeof(T)), "cudaMemset");
+    cuda_ok(cudaDeviceSynchronize(), "poison");
+  }
   T* data() { return p_; }
   const T* data() const { return p_; }
   std::size_t size() const { return n_; }
