@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <numeric>
+#include <thread>
 
 #include "comm/errors.hpp"
 #include "gpu/bootstrap.hpp"
@@ -350,14 +351,24 @@ TEST(Nccl, HungPeerTimesOutAsPeerErrorNotAHang) {
   if (visible_devices() < 2) GTEST_SKIP() << "needs 2 GPUs";
   NcclOptions o;
   o.timeout = std::chrono::milliseconds(3000);
+  std::atomic<bool> rank0_done{false};
   const auto start = std::chrono::steady_clock::now();
   try {
     run_all_gpus(
         2,
         [&](NcclCommunicator& c) {
-          if (c.rank() == 1) return;  // never joins
-          DeviceVec<float> x(1024);
-          c.all_reduce(x.buf(c.device()))->wait();
+          if (c.rank() == 1) {  // never joins, but keeps its communicator (and the buffers rank
+            while (!rank0_done) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+            return;  // 0's kernel may touch) alive until rank 0 has aborted
+          }
+          try {
+            DeviceVec<float> x(1024);
+            c.all_reduce(x.buf(c.device()))->wait();
+          } catch (...) {
+            rank0_done = true;
+            throw;
+          }
+          rank0_done = true;
         },
         o);
     FAIL() << "no error";
