@@ -7,7 +7,11 @@
 #include <map>
 #include <type_traits>
 
+#include "comm/memory.hpp"
 #include "parallel/flops.hpp"
+#include "parallel/ledger.hpp"
+#include "parallel/mp/mesh_memory.hpp"
+#include "parallel/mp/mesh_zero.hpp"
 #include "parallel/mp/tp_block.hpp"
 #include "parallel/testing.hpp"
 #include "reference/bf16.hpp"
@@ -24,6 +28,7 @@ struct MeshEngine::Impl {
   virtual std::vector<StatePiece> export_state() const = 0;
   virtual void import_state(const StateReader& read) = 0;
   comm::DeviceMesh mesh;
+  comm::MemoryBreakdown model_state;
   int data_rank = 0, data_world = 1;
 };
 
@@ -68,6 +73,7 @@ template <class T>
 struct ChunkCache {
   std::vector<std::vector<MpBlockCache<T>>> blocks;  // [sequence][layer - first]
   std::vector<MpHeadCache<T>> heads;
+  comm::TrackedBytes held;  // activations, from the chunk's forward to its backward
 };
 
 template <class T>
@@ -81,6 +87,8 @@ class MeshImpl final : public MeshEngine::Impl {
         train_(train),
         seed_(seed),
         opt_(std::move(options)),
+        mem_(world.memory()),
+        recipe_(recipe_of(train.precision)),
         layout_(model.seq_len, opt_.shape.cp, opt_.shape.tp, opt_.sequence_parallel) {
     g_ = comm::build_groups(mesh, world);
     data_ = split_over(world, mesh, {comm::Axis::dp, comm::Axis::ep}, "data");
@@ -93,23 +101,38 @@ class MeshImpl final : public MeshEngine::Impl {
     plan_ = stage_plan(model_, opt_.shape.pp, opt_.virtual_stages, stage_);
     specs_ = local_params(model_, mesh, world.rank(), opt_.virtual_stages);
     for (const LocalParam& p : specs_) {
-      Tensor<T>& t = master_.add(p.name, p.local_shape);
+      Tensor<T>& t = params_.add(p.name, p.local_shape);
       for (int64_t i = 0; i < t.numel(); ++i) {
         t[i] = static_cast<T>(ref::init_value(model_, seed_, p.name, p.global_index(i)));
       }
     }
-    grads_ = master_.zeros_like();
-    adam_ = std::make_unique<ref::AdamW<T>>(train_.optimizer, master_);
+    grads_ = params_.zeros_like();
+    params_held_ = comm::TrackedBytes(mem_, comm::MemCategory::params,
+                                      static_cast<std::size_t>(params_.numel()) * recipe_.param);
+    typename MeshOptimizer<T>::Env env{.dense = dense_.get(),
+                                       .expert = expert_.get(),
+                                       .world = &world_,
+                                       .zero = opt_.zero,
+                                       .bf16 = train_.precision == ref::Precision::kBf16,
+                                       .tp_rank = g_.tp->rank(),
+                                       .optimizer = train_.optimizer,
+                                       .recipe = recipe_};
+    zopt_ = std::make_unique<MeshOptimizer<T>>(std::move(env), specs_, params_);
   }
 
   ref::StepRecord step(const ref::Batch& local) override {
     ++steps_;
     world_.begin_step(steps_);
+    prefix_ = "step " + std::to_string(steps_);
+    mem_.set_phase(prefix_ + " begin");
     const bool bf16 = train_.precision == ref::Precision::kBf16;
+    const auto local_elems = static_cast<std::size_t>(params_.numel());
+    comm::TrackedBytes grads_held(mem_, comm::MemCategory::grads, local_elems * recipe_.grad);
+    comm::TrackedBytes mb_held;
     if (bf16) {
-      working_ = master_;
-      if constexpr (std::is_same_v<T, float>) ref::round_to_bf16(working_);
-      mb_grads_ = master_.zeros_like();
+      mb_grads_ = params_.zeros_like();
+      mb_held =
+          comm::TrackedBytes(mem_, comm::MemCategory::grads, local_elems * recipe_.microbatch_grad);
     }
     for (auto& e : grads_) e.value.fill(T{0});
 
@@ -146,17 +169,19 @@ class MeshImpl final : public MeshEngine::Impl {
     };
     run_pipeline(*g_.pp, opt_.schedule, microbatches, opt_.virtual_stages, stage);
     caches_.clear();
+    mb_held.reset();
 
-    // 3. Gradient sums.
+    // 3. Gradient sums (zero 2: reduce_scatter, this rank keeps its shards).
+    mem_.set_phase(prefix_ + " reduce");
     sync_gradients();
+    if (opt_.zero == 2) {
+      grads_held =
+          comm::TrackedBytes(mem_, comm::MemCategory::grads,
+                             static_cast<std::size_t>(zopt_->reduced_grad_elems()) * recipe_.grad);
+    }
 
     // 4. Norm and numerators.
-    double sq = 0.0;
-    for (std::size_t i = 0; i < specs_.size(); ++i) {
-      if (!counted_once(specs_[i])) continue;
-      for (const T g : grads_[specs_[i].name].vec())
-        sq += static_cast<double>(g) * static_cast<double>(g);
-    }
+    const double sq = zopt_->sum_squares(grads_);
     std::vector<double> sums = {sq, counted_[0], counted_[1], counted_[2]};
     if (testing::mutated(testing::Mutation::kLocalNormClip)) {
       std::vector<double> rest = {counted_[0], counted_[1], counted_[2]};
@@ -176,23 +201,23 @@ class MeshImpl final : public MeshEngine::Impl {
     rec.grad_norm = std::sqrt(sums[0]);
     rec.lr = ref::lr_at(train_.optimizer, steps_, train_.steps);
 
-    // 5. Clip and update.
-    rec.clip_factor = ref::clip_grad_norm(grads_, rec.grad_norm, train_.clip_grad_norm);
-    adam_->step(master_, grads_, rec.lr);
-    world_.compute({.name = "adamw", .flops = adamw_flops(static_cast<double>(master_.numel()))});
+    // 5. Clip and update (each rank its owned range; zero >= 1 then all_gather).
+    mem_.set_phase(prefix_ + " optimizer");
+    model_state = mem_.current();
+    const double clip = train_.clip_grad_norm;
+    rec.clip_factor = clip > 0.0 && rec.grad_norm > clip ? clip / (rec.grad_norm + 1e-6) : 1.0;
+    zopt_->update(grads_, rec.clip_factor, rec.lr, params_);
+    grads_held.reset();
+    mem_.set_phase(prefix_ + " end");
     return rec;
   }
 
   ref::ParamMap<double> full_params() override {
     ref::ParamMap<double> full;
     for (const auto& [name, shape] : ref::param_shapes(model_)) full.add(name, shape);
-    for (const LocalParam& p : specs_) {
-      if (!counted_once(p)) continue;
-      const Tensor<T>& local = master_[p.name];
-      Tensor<double>& dst = full[p.name];
-      for (int64_t i = 0; i < local.numel(); ++i)
-        dst[p.global_index(i)] = static_cast<double>(local[i]);
-    }
+    zopt_->for_each_counted(params_, [&](const LocalParam& p, int64_t i, T v) {
+      full[p.name][p.global_index(i)] = static_cast<double>(v);
+    });
     std::vector<double> flat;
     flat.reserve(static_cast<std::size_t>(full.numel()));
     for (const auto& e : full) flat.insert(flat.end(), e.value.vec().begin(), e.value.vec().end());
@@ -207,69 +232,19 @@ class MeshImpl final : public MeshEngine::Impl {
 
   std::vector<StatePiece> export_state() const override {
     std::vector<StatePiece> out;
-    const bool bf16 = train_.precision == ref::Precision::kBf16;
-    const auto add = [&]<class U>(const std::string& kind, const LocalParam& p,
-                                  const Tensor<T>& t) {
-      for (const LocalParam::Run& run : p.runs()) {
-        StatePiece piece{kind + "/" + p.name,
-                         p.global_shape,
-                         comm::dtype_v<U>,
-                         static_cast<std::size_t>(run.global),
-                         static_cast<std::size_t>(run.count),
-                         {}};
-        piece.bytes.resize(piece.count * sizeof(U));
-        for (int64_t i = 0; i < run.count; ++i) {
-          U v;
-          if constexpr (std::is_same_v<U, comm::bf16>) {
-            v = comm::bf16(static_cast<float>(t[run.local + i]));
-          } else {
-            v = static_cast<U>(t[run.local + i]);
-          }
-          std::memcpy(piece.bytes.data() + static_cast<std::size_t>(i) * sizeof(U), &v, sizeof(U));
-        }
-        out.push_back(std::move(piece));
-      }
-    };
-    for (const LocalParam& p : specs_) {
-      if (!counted_once(p)) continue;
-      if (bf16) {
-        add.template operator()<comm::bf16>("param", p, master_[p.name]);
-        add.template operator()<T>("master", p, master_[p.name]);
-      } else {
-        add.template operator()<T>("param", p, master_[p.name]);
-      }
-      add.template operator()<T>("exp_avg", p, adam_->exp_avg()[p.name]);
-      add.template operator()<T>("exp_avg_sq", p, adam_->exp_avg_sq()[p.name]);
-    }
+    zopt_->export_pieces(params_, out);
     if (world_.rank() == 0) {
       out.push_back(scalar_piece("train/step", steps_));
-      out.push_back(scalar_piece("optimizer/step", adam_->steps_taken()));
+      out.push_back(scalar_piece("optimizer/step", zopt_->steps_taken()));
     }
     return out;
   }
 
   void import_state(const StateReader& read) override {
-    const bool bf16 = train_.precision == ref::Precision::kBf16;
-    ref::ParamMap<T> m = master_.zeros_like(), v = master_.zeros_like();
-    const auto fetch = [&](const std::string& kind, const LocalParam& p, Tensor<T>& t) {
-      for (const LocalParam::Run& run : p.runs()) {
-        read(kind + "/" + p.name, comm::dtype_v<T>, static_cast<std::size_t>(run.global),
-             static_cast<std::size_t>(run.count),
-             std::as_writable_bytes(t.span().subspan(static_cast<std::size_t>(run.local),
-                                                     static_cast<std::size_t>(run.count))));
-      }
-    };
-    for (const LocalParam& p : specs_) {
-      fetch(bf16 ? "master" : "param", p, master_[p.name]);
-      fetch("exp_avg", p, m[p.name]);
-      fetch("exp_avg_sq", p, v[p.name]);
-    }
+    zopt_->import_pieces(read, params_);
     int64_t n = 0;
     read("train/step", comm::DType::i64, 0, 1, std::as_writable_bytes(std::span<int64_t>(&n, 1)));
     steps_ = static_cast<int>(n);
-    read("optimizer/step", comm::DType::i64, 0, 1,
-         std::as_writable_bytes(std::span<int64_t>(&n, 1)));
-    adam_->restore(std::move(m), std::move(v), static_cast<int>(n));
   }
 
  private:
@@ -279,19 +254,7 @@ class MeshImpl final : public MeshEngine::Impl {
     return p;
   }
 
-  // Each element of the model is counted by exactly one rank of the world (norm, full_params).
-  bool counted_once(const LocalParam& p) const {
-    const int r = world_.rank();
-    if (p.tied_copy) return false;
-    if (mesh.coord(r, comm::Axis::dp) != 0 || mesh.coord(r, comm::Axis::cp) != 0) return false;
-    if (!p.expert && mesh.coord(r, comm::Axis::ep) != 0) return false;
-    if (p.tp_replicated && mesh.coord(r, comm::Axis::tp) != 0) return false;
-    return true;
-  }
-
-  const ref::ParamMap<T>& weights() const {
-    return train_.precision == ref::Precision::kBf16 ? working_ : master_;
-  }
+  const ref::ParamMap<T>& weights() const { return params_; }
   ref::ParamMap<T>& grad_target() {
     return train_.precision == ref::Precision::kBf16 ? mb_grads_ : grads_;
   }
@@ -303,6 +266,8 @@ class MeshImpl final : public MeshEngine::Impl {
     const int mbs = train_.micro_batch;
     const int vs = virtual_stage(chunk);
     const auto [first, last] = plan_.chunk_layers[static_cast<std::size_t>(chunk)];
+    mem_.set_phase(prefix_ + " microbatch " + std::to_string(mb) + " forward chunk " +
+                   std::to_string(chunk));
     ChunkCache<T>& cc = caches_[{mb, chunk}];
     cc.blocks.assign(static_cast<std::size_t>(mbs), {});
     std::vector<Tensor<T>> xs;
@@ -326,14 +291,21 @@ class MeshImpl final : public MeshEngine::Impl {
         }
       }
     }
-    if (vs != last_virtual_stage()) return concat_rows(xs);
-    cc.heads.resize(static_cast<std::size_t>(mbs));
-    for (int i = 0; i < mbs; ++i) {
-      MpSequenceLoss l;
-      mp_head_forward(env_, weights(), seq(mb, i), xs[static_cast<std::size_t>(i)],
-                      cc.heads[static_cast<std::size_t>(i)], &l);
-      if (g_.tp->rank() == 0) counted_[0] += l.loss_sum;
+    if (vs == last_virtual_stage()) {
+      cc.heads.resize(static_cast<std::size_t>(mbs));
+      for (int i = 0; i < mbs; ++i) {
+        MpSequenceLoss l;
+        mp_head_forward(env_, weights(), seq(mb, i), xs[static_cast<std::size_t>(i)],
+                        cc.heads[static_cast<std::size_t>(i)], &l);
+        if (g_.tp->rank() == 0) counted_[0] += l.loss_sum;
+      }
     }
+    std::size_t held = 0;
+    for (const auto& blocks : cc.blocks)
+      for (const MpBlockCache<T>& b : blocks) held += cache_elems(b);
+    for (const MpHeadCache<T>& h : cc.heads) held += cache_elems(h);
+    cc.held = comm::TrackedBytes(mem_, comm::MemCategory::activations, held * recipe_.activation);
+    if (vs != last_virtual_stage()) return concat_rows(xs);
     return {};
   }
 
@@ -341,6 +313,8 @@ class MeshImpl final : public MeshEngine::Impl {
     const int mbs = train_.micro_batch;
     const int vs = virtual_stage(chunk);
     const auto [first, last] = plan_.chunk_layers[static_cast<std::size_t>(chunk)];
+    mem_.set_phase(prefix_ + " microbatch " + std::to_string(mb) + " backward chunk " +
+                   std::to_string(chunk));
     ChunkCache<T>& cc = caches_.at({mb, chunk});
     ref::ParamMap<T>& grads = grad_target();
     std::vector<Tensor<T>> dxs;
@@ -455,8 +429,7 @@ class MeshImpl final : public MeshEngine::Impl {
     if (env_.sp()) {
       all_reduce_params(*g_.tp, [](const LocalParam& p) { return p.tp_replicated; });
     }
-    all_reduce_params(*dense_, [](const LocalParam& p) { return !p.expert; });
-    all_reduce_params(*expert_, [](const LocalParam& p) { return p.expert; });
+    zopt_->reduce(grads_);
   }
 
   comm::Communicator& world_;
@@ -464,6 +437,8 @@ class MeshImpl final : public MeshEngine::Impl {
   ref::TrainConfig train_;
   uint64_t seed_;
   MeshOptions opt_;
+  comm::MemoryTracker& mem_;
+  Recipe recipe_;
   TokenLayout layout_;
   comm::MeshGroups g_;
   std::unique_ptr<comm::Communicator> data_, dense_, expert_;
@@ -471,8 +446,11 @@ class MeshImpl final : public MeshEngine::Impl {
   int stage_ = 0;
   StagePlan plan_;
   std::vector<LocalParam> specs_;
-  ref::ParamMap<T> master_, working_, grads_, mb_grads_;
-  std::unique_ptr<ref::AdamW<T>> adam_;
+  // params_: the forward weights (f64/f32: the master; bf16: the rounded working copy).
+  ref::ParamMap<T> params_, grads_, mb_grads_;
+  comm::TrackedBytes params_held_;
+  std::unique_ptr<MeshOptimizer<T>> zopt_;
+  std::string prefix_;
   int steps_ = 0;
   ref::StepContext ctx_;
   const ref::Batch* batch_ = nullptr;
@@ -503,6 +481,9 @@ int MeshEngine::data_world() const {
 }
 ref::StepRecord MeshEngine::step(const ref::Batch& local) {
   return impl_->step(local);
+}
+const comm::MemoryBreakdown& MeshEngine::last_model_state() const {
+  return impl_->model_state;
 }
 ref::ParamMap<double> MeshEngine::full_params() {
   return impl_->full_params();

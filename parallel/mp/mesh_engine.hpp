@@ -12,7 +12,10 @@
 //      TP-replicated parameters (norms, router, experts) over TP; non-expert parameters over
 //      dp x ep x cp, experts over dp x cp (the expert-DP group);
 //   4. the global L2 norm (every element counted once in the world), numerators over the world;
-//   5. clip and AdamW on the local slices (the reference's arithmetic), bf16 recipe as the trainer.
+//   5. clip and AdamW on the local slices (the reference's arithmetic), bf16 recipe as the trainer;
+//      with MeshOptions::zero >= 1 on the owned shard only, then all_gather of the parameters.
+// Every buffer is reported to world.memory() (params, grads, optimizer state, the activations the
+// pipeline keeps between a chunk's forward and its backward, collective temporaries).
 #pragma once
 
 #include <cstdint>
@@ -20,6 +23,7 @@
 #include <string>
 
 #include "comm/communicator.hpp"
+#include "comm/memory.hpp"
 #include "comm/mesh.hpp"
 #include "parallel/mp/cp_attention.hpp"
 #include "parallel/mp/mesh_params.hpp"
@@ -39,6 +43,14 @@ struct MeshOptions {
   PipeSchedule schedule = PipeSchedule::one_f_one_b;
   int virtual_stages = 1;
   CpAlgo cp_algo = CpAlgo::ring;
+  // ZeRO stage on the data-parallel axes (mesh_zero.hpp): 0 replicated optimizer state; 1 moments
+  // and bf16 master sharded over each parameter class's gradient-sum group (dp x ep x cp for
+  // non-expert, dp x cp for expert parameters), updated shards all_gathered; 2 also gradients
+  // reduce_scattered. 3 (parameters sharded) is not built on the mesh: validate_mesh refuses it.
+  int zero = 0;
+  // FSDP strategy name ("full_shard", ...); empty = none. Not built on the mesh: validate_mesh
+  // refuses any non-empty value (ZeRO-1/2 are the mesh's sharding).
+  std::string fsdp;
 };
 
 // Throws MeshConfigError naming the field when the model, batch or mesh do not fit together.
@@ -62,6 +74,10 @@ class MeshEngine {
   // One optimizer step over the local batch (global_batch / data_world() sequences with global
   // Sequence::index). Collective over the world; returns the same global record on every rank.
   ref::StepRecord step(const ref::Batch& local_batch);
+
+  // world.memory()'s holdings when the last step's optimizer began (gradients reduced,
+  // activations freed): the model state per rank.
+  const comm::MemoryBreakdown& last_model_state() const;
 
   // Every parameter at full shape in f64 (master weights). Collective over the world.
   ref::ParamMap<double> full_params();

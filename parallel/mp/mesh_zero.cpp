@@ -1,0 +1,367 @@
+// MeshOptimizer: see mesh_zero.hpp. AdamW element by element as reference/optim.cpp (same order
+// and types), over flat owned ranges whose decay flags come from the parameters' ranks.
+#include "parallel/mp/mesh_zero.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <type_traits>
+
+#include "parallel/flops.hpp"
+#include "parallel/testing.hpp"
+#include "reference/bf16.hpp"
+
+namespace shardcheck::parallel {
+
+using comm::MemCategory;
+
+template <class T>
+MeshOptimizer<T>::MeshOptimizer(Env env, const std::vector<LocalParam>& specs,
+                                ref::ParamMap<T>& params)
+    : env_(std::move(env)), specs_(specs), mem_(&env_.world->memory()) {
+  classes_.resize(2);
+  classes_[0].group = env_.dense;
+  classes_[1].group = env_.expert;
+  for (std::size_t i = 0; i < specs_.size(); ++i) {
+    Class& c = classes_[specs_[i].expert ? 1 : 0];
+    c.specs.push_back(i);
+    c.base.push_back(c.numel);
+    c.numel += ref::numel_of(specs_[i].local_shape);
+  }
+  for (Class& c : classes_) {
+    const int d = c.group->size(), r = c.group->rank();
+    if (env_.zero == 0) {
+      c.shard = c.numel;
+      c.own_begin = 0;
+      c.own_end = c.numel;
+      c.out_begin = 0;
+      c.out_end = r == 0 ? c.numel : 0;
+    } else {
+      c.shard = (c.numel + d - 1) / d;
+      c.own_begin = std::min(c.numel, r * c.shard);
+      c.own_end = std::min(c.numel, (r + 1) * c.shard);
+      c.out_begin = c.own_begin;
+      c.out_end = c.own_end;
+    }
+    const auto s = static_cast<std::size_t>(c.shard);
+    c.m.assign(s, T{0});
+    c.v.assign(s, T{0});
+    c.decay.assign(s, 0);
+    segments(c, c.own_begin, c.own_end, [&](const LocalParam& p, int64_t, int64_t n, int64_t f) {
+      std::fill_n(c.decay.begin() + (f - c.own_begin), n, p.global_shape.size() == 2 ? 1 : 0);
+    });
+    if (env_.bf16) {
+      c.master = pack(c, params, c.own_begin, c.own_end);
+      c.master.resize(s, T{0});
+    }
+  }
+  if constexpr (std::is_same_v<T, float>) {
+    if (env_.bf16) ref::round_to_bf16(params);
+  }
+  tracked_ = static_cast<std::size_t>(owned_elems()) * env_.recipe.optimizer();
+  mem_->allocate(MemCategory::optimizer, tracked_);
+}
+
+template <class T>
+MeshOptimizer<T>::~MeshOptimizer() {
+  mem_->release(MemCategory::optimizer, tracked_);
+}
+
+template <class T>
+int64_t MeshOptimizer<T>::owned_elems() const {
+  int64_t n = 0;
+  for (const Class& c : classes_) n += c.shard;
+  return n;
+}
+
+template <class T>
+void MeshOptimizer<T>::segments(const Class& c, int64_t begin, int64_t end,
+                                const SegmentFn& fn) const {
+  for (std::size_t k = 0; k < c.specs.size(); ++k) {
+    const LocalParam& p = specs_[c.specs[k]];
+    const int64_t lo = std::max(begin, c.base[k]);
+    const int64_t hi = std::min(end, c.base[k] + ref::numel_of(p.local_shape));
+    if (lo < hi) fn(p, lo - c.base[k], hi - lo, lo);
+  }
+}
+
+template <class T>
+std::vector<T> MeshOptimizer<T>::pack(const Class& c, const ref::ParamMap<T>& m, int64_t begin,
+                                      int64_t end) const {
+  std::vector<T> flat(static_cast<std::size_t>(end - begin));
+  segments(c, begin, end, [&](const LocalParam& p, int64_t local, int64_t n, int64_t f) {
+    std::copy_n(m[p.name].data() + local, n, flat.begin() + (f - begin));
+  });
+  return flat;
+}
+
+template <class T>
+void MeshOptimizer<T>::unpack(const Class& c, std::span<const T> flat, int64_t begin,
+                              ref::ParamMap<T>& m) const {
+  const int64_t end = begin + static_cast<int64_t>(flat.size());
+  segments(c, begin, std::min(end, c.numel),
+           [&](const LocalParam& p, int64_t local, int64_t n, int64_t f) {
+             std::copy_n(flat.begin() + (f - begin), n, m[p.name].data() + local);
+           });
+}
+
+template <class T>
+bool MeshOptimizer<T>::counts(const LocalParam& p) const {
+  return !p.tied_copy && !(p.tp_replicated && env_.tp_rank != 0);
+}
+
+template <class T>
+void MeshOptimizer<T>::reduce(ref::ParamMap<T>& grads) {
+  for (Class& c : classes_) {
+    comm::Communicator& g = *c.group;
+    if (c.numel == 0) continue;
+    if (env_.zero == 2) {
+      std::vector<T> flat = pack(c, grads, 0, c.numel);
+      flat.resize(static_cast<std::size_t>(c.shard * g.size()), T{0});
+      const comm::TrackedBytes tmp(*mem_, MemCategory::temporary, flat.size() * sizeof(T));
+      if (g.size() > 1) g.reduce_scatter(comm::view(std::span<T>(flat)))->wait();
+      const auto at = static_cast<std::ptrdiff_t>(c.shard * g.rank());
+      c.grad.assign(flat.begin() + at, flat.begin() + at + c.shard);
+      continue;
+    }
+    if (g.size() == 1) continue;
+    std::vector<T> flat = pack(c, grads, 0, c.numel);
+    const comm::TrackedBytes tmp(*mem_, MemCategory::temporary, flat.size() * sizeof(T));
+    g.all_reduce(std::span<T>(flat))->wait();
+    unpack(c, std::span<const T>(flat), 0, grads);
+  }
+}
+
+template <class T>
+int64_t MeshOptimizer<T>::reduced_grad_elems() const {
+  int64_t n = 0;
+  for (const Class& c : classes_) n += env_.zero == 2 ? c.shard : c.numel;
+  return n;
+}
+
+template <class T>
+double MeshOptimizer<T>::sum_squares(const ref::ParamMap<T>& grads) const {
+  double sq = 0.0;
+  for (const Class& c : classes_) {
+    segments(
+        c, c.out_begin, c.out_end, [&](const LocalParam& p, int64_t local, int64_t n, int64_t f) {
+          if (!counts(p)) return;
+          const T* g =
+              env_.zero == 2 ? c.grad.data() + (f - c.own_begin) : grads[p.name].data() + local;
+          for (int64_t i = 0; i < n; ++i)
+            sq += static_cast<double>(g[i]) * static_cast<double>(g[i]);
+        });
+  }
+  return sq;
+}
+
+template <class T>
+double MeshOptimizer<T>::local_sum_squares(const ref::ParamMap<T>& grads) const {
+  double sq = 0.0;
+  for (const LocalParam& p : specs_) {
+    if (!counts(p)) continue;
+    for (const T g : grads[p.name].vec()) sq += static_cast<double>(g) * static_cast<double>(g);
+  }
+  return sq;
+}
+
+template <class T>
+void MeshOptimizer<T>::adam(Class& c, std::span<T> p, std::span<const T> g, double lr) const {
+  const ref::OptimizerConfig& o = env_.optimizer;
+  const double bc1 = 1.0 - std::pow(o.beta1, t_);
+  const double bc2 = 1.0 - std::pow(o.beta2, t_);
+  const auto b1 = static_cast<T>(o.beta1), b2 = static_cast<T>(o.beta2);
+  const auto eps = static_cast<T>(o.eps);
+  const auto decay_on = static_cast<T>(1.0 - lr * o.weight_decay);
+  for (std::size_t i = 0; i < p.size(); ++i) {
+    p[i] *= c.decay[i] != 0 ? decay_on : T{1};
+    c.m[i] = b1 * c.m[i] + (T{1} - b1) * g[i];
+    c.v[i] = b2 * c.v[i] + (T{1} - b2) * g[i] * g[i];
+    const T mhat = c.m[i] / static_cast<T>(bc1);
+    const T vhat = c.v[i] / static_cast<T>(bc2);
+    p[i] -= static_cast<T>(lr) * mhat / (std::sqrt(vhat) + eps);
+  }
+}
+
+template <class T>
+void MeshOptimizer<T>::update(const ref::ParamMap<T>& grads, double clip_factor, double lr,
+                              ref::ParamMap<T>& params) {
+  ++t_;
+  int64_t owned = 0;
+  for (Class& c : classes_) {
+    const int64_t len = c.own_end - c.own_begin;
+    std::vector<T> g;
+    if (env_.zero == 2) {
+      g.assign(c.grad.begin(), c.grad.begin() + len);
+    } else {
+      int64_t from = c.own_begin;
+      if (env_.zero == 1 && testing::mutated(testing::Mutation::kWrongShardOffset))
+        from = c.group->rank() * (c.numel / c.group->size());
+      g = pack(c, grads, from, from + len);
+    }
+    if (clip_factor != 1.0)
+      for (T& x : g) x = static_cast<T>(static_cast<double>(x) * clip_factor);
+    if (env_.bf16) {
+      adam(c, std::span<T>(c.master).first(static_cast<std::size_t>(len)), g, lr);
+      std::vector<T> working(c.master.begin(), c.master.begin() + len);
+      if constexpr (std::is_same_v<T, float>)
+        for (T& x : working) x = ref::round_to_bf16(x);
+      unpack(c, std::span<const T>(working), c.own_begin, params);
+    } else {
+      std::vector<T> p = pack(c, params, c.own_begin, c.own_end);
+      adam(c, std::span<T>(p), g, lr);
+      unpack(c, std::span<const T>(p), c.own_begin, params);
+    }
+    owned += len;
+    c.grad = std::vector<T>{};
+    share(c, params);
+  }
+  env_.world->compute({.name = "adamw",
+                       .flops = adamw_flops(static_cast<double>(owned)),
+                       .bytes = static_cast<double>(owned) *
+                                static_cast<double>(env_.recipe.param + env_.recipe.grad +
+                                                    env_.recipe.optimizer())});
+}
+
+// ZeRO >= 1: every rank updated its shard of the replicated working parameters; all_gather them
+// (bf16: in bf16, the recipe's traffic).
+template <class T>
+void MeshOptimizer<T>::share(Class& c, ref::ParamMap<T>& params) {
+  comm::Communicator& g = *c.group;
+  if (env_.zero == 0 || g.size() == 1 || c.numel == 0) return;
+  const auto padded = static_cast<std::size_t>(c.shard * g.size());
+  const std::vector<T> mine = pack(c, params, c.own_begin, c.own_end);
+  const auto at = static_cast<std::size_t>(c.shard * g.rank());
+  std::vector<T> full(padded, T{0});
+  if (env_.bf16) {
+    const comm::TrackedBytes tmp(*mem_, MemCategory::temporary, padded * 2);
+    std::vector<comm::bf16> staging(padded);
+    for (std::size_t i = 0; i < mine.size(); ++i)
+      staging[at + i] = comm::bf16(static_cast<float>(mine[i]));
+    g.all_gather(comm::view(std::span<comm::bf16>(staging)))->wait();
+    for (std::size_t i = 0; i < padded; ++i)
+      full[i] = static_cast<T>(static_cast<float>(staging[i]));
+  } else {
+    const comm::TrackedBytes tmp(*mem_, MemCategory::temporary, padded * sizeof(T));
+    std::copy(mine.begin(), mine.end(), full.begin() + static_cast<std::ptrdiff_t>(at));
+    g.all_gather(comm::view(std::span<T>(full)))->wait();
+  }
+  unpack(c, std::span<const T>(full).first(static_cast<std::size_t>(c.numel)), 0, params);
+}
+
+template <class T>
+void MeshOptimizer<T>::for_each_counted(
+    const ref::ParamMap<T>& params,
+    const std::function<void(const LocalParam&, int64_t, T)>& fn) const {
+  for (const Class& c : classes_) {
+    segments(c, c.out_begin, c.out_end,
+             [&](const LocalParam& p, int64_t local, int64_t n, int64_t f) {
+               if (!counts(p)) return;
+               for (int64_t i = 0; i < n; ++i) {
+                 const T v = env_.bf16 ? c.master[static_cast<std::size_t>(f - c.own_begin + i)]
+                                       : params[p.name][local + i];
+                 fn(p, local + i, v);
+               }
+             });
+  }
+}
+
+namespace {
+
+// Runs of p (contiguous in local and full tensor) intersected with local [lo, lo + n).
+template <class F>
+void runs_within(const LocalParam& p, int64_t lo, int64_t n, F&& fn) {
+  for (const LocalParam::Run& r : p.runs()) {
+    const int64_t a = std::max(lo, r.local), b = std::min(lo + n, r.local + r.count);
+    if (a < b) fn(a, r.global + (a - r.local), b - a);
+  }
+}
+
+template <class U, class T>
+StatePiece piece_of(const std::string& name, const LocalParam& p, int64_t global, int64_t n,
+                    const T* src) {
+  StatePiece piece{name,
+                   p.global_shape,
+                   comm::dtype_v<U>,
+                   static_cast<std::size_t>(global),
+                   static_cast<std::size_t>(n),
+                   {}};
+  piece.bytes.resize(piece.count * sizeof(U));
+  for (int64_t i = 0; i < n; ++i) {
+    U v;
+    if constexpr (std::is_same_v<U, comm::bf16>) {
+      v = comm::bf16(static_cast<float>(src[i]));
+    } else {
+      v = static_cast<U>(src[i]);
+    }
+    std::memcpy(piece.bytes.data() + static_cast<std::size_t>(i) * sizeof(U), &v, sizeof(U));
+  }
+  return piece;
+}
+
+}  // namespace
+
+template <class T>
+void MeshOptimizer<T>::export_pieces(const ref::ParamMap<T>& params,
+                                     std::vector<StatePiece>& out) const {
+  for (const Class& c : classes_) {
+    segments(c, c.out_begin, c.out_end,
+             [&](const LocalParam& p, int64_t local, int64_t n, int64_t f) {
+               if (!counts(p)) return;
+               const int64_t shift = f - c.own_begin - local;  // owned index = local + shift
+               runs_within(p, local, n, [&](int64_t a, int64_t global, int64_t k) {
+                 const T* param = params[p.name].data() + a;
+                 const auto o = static_cast<std::size_t>(a + shift);
+                 if (env_.bf16) {
+                   out.push_back(piece_of<comm::bf16>("param/" + p.name, p, global, k, param));
+                   out.push_back(piece_of<T>("master/" + p.name, p, global, k, &c.master[o]));
+                 } else {
+                   out.push_back(piece_of<T>("param/" + p.name, p, global, k, param));
+                 }
+                 out.push_back(piece_of<T>("exp_avg/" + p.name, p, global, k, &c.m[o]));
+                 out.push_back(piece_of<T>("exp_avg_sq/" + p.name, p, global, k, &c.v[o]));
+               });
+             });
+  }
+}
+
+template <class T>
+void MeshOptimizer<T>::import_pieces(const StateReader& read, ref::ParamMap<T>& params) {
+  const auto fetch = [&](const std::string& name, int64_t global, int64_t n, T* dst) {
+    read(name, comm::dtype_v<T>, static_cast<std::size_t>(global), static_cast<std::size_t>(n),
+         std::as_writable_bytes(std::span<T>(dst, static_cast<std::size_t>(n))));
+  };
+  const std::string source = env_.bf16 ? "master/" : "param/";
+  for (const LocalParam& p : specs_) {
+    runs_within(p, 0, ref::numel_of(p.local_shape), [&](int64_t a, int64_t global, int64_t k) {
+      fetch(source + p.name, global, k, params[p.name].data() + a);
+    });
+  }
+  for (Class& c : classes_) {
+    std::fill(c.m.begin(), c.m.end(), T{0});
+    std::fill(c.v.begin(), c.v.end(), T{0});
+    if (env_.bf16) {
+      c.master = pack(c, params, c.own_begin, c.own_end);
+      c.master.resize(static_cast<std::size_t>(c.shard), T{0});
+    }
+    segments(
+        c, c.own_begin, c.own_end, [&](const LocalParam& p, int64_t local, int64_t n, int64_t f) {
+          const int64_t shift = f - c.own_begin - local;
+          runs_within(p, local, n, [&](int64_t a, int64_t global, int64_t k) {
+            fetch("exp_avg/" + p.name, global, k, &c.m[static_cast<std::size_t>(a + shift)]);
+            fetch("exp_avg_sq/" + p.name, global, k, &c.v[static_cast<std::size_t>(a + shift)]);
+          });
+        });
+  }
+  if constexpr (std::is_same_v<T, float>) {
+    if (env_.bf16) ref::round_to_bf16(params);
+  }
+  int64_t n = 0;
+  read("optimizer/step", comm::DType::i64, 0, 1, std::as_writable_bytes(std::span<int64_t>(&n, 1)));
+  t_ = static_cast<int>(n);
+}
+
+template class MeshOptimizer<double>;
+template class MeshOptimizer<float>;
+
+}  // namespace shardcheck::parallel

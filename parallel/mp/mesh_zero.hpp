@@ -1,0 +1,108 @@
+// The optimizer side of the mesh engine (mesh_engine.hpp): gradient sums over each parameter
+// class's group, the global norm's share of a rank, AdamW, and ZeRO on the data-parallel axes
+// (Megatron's distributed optimizer / DeepSpeed ZeRO semantics).
+//
+// A rank's local parameter slices fall in two classes, each with its own gradient-sum group whose
+// members hold identical slices: non-expert (dp x ep x cp, "dense") and expert (dp x cp, "expert
+// DP"). Each class is one flat buffer (the local slices in canonical order, N elements); with ZeRO
+// (zero >= 1) the group of D ranks splits it into shards of S = ceil(N / D) (padded P = D * S, the
+// padding zeros at the end) and group rank r owns [r*S, (r+1)*S):
+//   zero 0: every member holds the moments (and the bf16 master) of all N; gradients all_reduced.
+//   zero 1: moments and bf16 master of the owned shard only; gradients all_reduced; each rank
+//           updates its shard, then all_gather of the updated (working) parameters.
+//   zero 2: as 1, but the gradient is reduce_scattered (each rank keeps its reduced shard). The
+//           accumulation over microbatches stays full (Megatron's grad buffer: one reduce_scatter
+//           per step, after the pipeline flush), so grads shrink to S from the reduction on.
+// Every element is counted once in the world (norm, full_params, export): by its shard owner
+// (zero >= 1) or the group's rank 0 (zero 0), never on the tied embedding's last-stage copy, and
+// TP-replicated parameters only on TP rank 0.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.hpp"
+#include "comm/memory.hpp"
+#include "parallel/ledger.hpp"
+#include "parallel/mp/mesh_params.hpp"
+#include "parallel/state.hpp"
+#include "reference/config.hpp"
+#include "reference/tensor.hpp"
+
+namespace shardcheck::parallel {
+
+template <class T>
+class MeshOptimizer {
+ public:
+  struct Env {
+    comm::Communicator* dense = nullptr;   // non-expert gradient-sum group (dp x ep x cp)
+    comm::Communicator* expert = nullptr;  // expert gradient-sum group (dp x cp)
+    comm::Communicator* world = nullptr;   // compute reports
+    int zero = 0;
+    bool bf16 = false;  // separate f32 master; params hold the bf16-rounded working weights
+    int tp_rank = 0;
+    ref::OptimizerConfig optimizer;
+    Recipe recipe;
+  };
+  // params: this rank's local slices at their initial (master) values; bf16: rounded in place.
+  MeshOptimizer(Env env, const std::vector<LocalParam>& specs, ref::ParamMap<T>& params);
+  ~MeshOptimizer();
+  MeshOptimizer(const MeshOptimizer&) = delete;
+  MeshOptimizer& operator=(const MeshOptimizer&) = delete;
+
+  // Sums each class's gradient over its group: all_reduce (zero 0/1) or reduce_scatter (zero 2).
+  void reduce(ref::ParamMap<T>& grads);
+  // Elements of reduced gradient this rank keeps after reduce() (zero 2: the shards).
+  int64_t reduced_grad_elems() const;
+  // Sum of squares of the reduced gradient elements this rank counts.
+  double sum_squares(const ref::ParamMap<T>& grads) const;
+  // Sum of squares of this rank's local (unreduced) gradient (planted kLocalNormClip).
+  double local_sum_squares(const ref::ParamMap<T>& grads) const;
+  // Clip (factor != 1: each g = T(double(g) * factor)) and AdamW on the owned ranges, then share
+  // the updated working parameters over each group (zero >= 1).
+  void update(const ref::ParamMap<T>& grads, double clip_factor, double lr,
+              ref::ParamMap<T>& params);
+  int64_t owned_elems() const;  // optimizer elements this rank holds (with padding)
+  int steps_taken() const { return t_; }
+
+  // fn(spec, local index, master value) for every element this rank counts.
+  void for_each_counted(const ref::ParamMap<T>& params,
+                        const std::function<void(const LocalParam&, int64_t, T)>& fn) const;
+  // "param", "master" (bf16), "exp_avg", "exp_avg_sq" pieces of the elements this rank counts.
+  void export_pieces(const ref::ParamMap<T>& params, std::vector<StatePiece>& out) const;
+  // Reads params (full local slices) and the owned optimizer state; steps_taken from "optimizer/
+  // step".
+  void import_pieces(const StateReader& read, ref::ParamMap<T>& params);
+
+ private:
+  struct Class {
+    comm::Communicator* group = nullptr;
+    std::vector<std::size_t> specs;  // indices into specs_
+    std::vector<int64_t> base;       // flat offset of each
+    int64_t numel = 0, shard = 0;
+    int64_t own_begin = 0, own_end = 0;  // the optimizer's range (within [0, numel))
+    int64_t out_begin = 0, out_end = 0;  // counted range (norm, export)
+    std::vector<T> m, v, master;         // [shard]; master: bf16 only
+    std::vector<uint8_t> decay;          // [shard]
+    std::vector<T> grad;                 // zero 2: the reduced shard [shard]
+  };
+  using SegmentFn =
+      std::function<void(const LocalParam&, int64_t local, int64_t count, int64_t flat)>;
+  void segments(const Class& c, int64_t begin, int64_t end, const SegmentFn& fn) const;
+  std::vector<T> pack(const Class& c, const ref::ParamMap<T>& m, int64_t begin, int64_t end) const;
+  void unpack(const Class& c, std::span<const T> flat, int64_t begin, ref::ParamMap<T>& m) const;
+  bool counts(const LocalParam& p) const;
+  void adam(Class& c, std::span<T> p, std::span<const T> g, double lr) const;
+  void share(Class& c, ref::ParamMap<T>& params);
+
+  Env env_;
+  std::vector<LocalParam> specs_;
+  std::vector<Class> classes_;
+  comm::MemoryTracker* mem_ = nullptr;
+  std::size_t tracked_ = 0;
+  int t_ = 0;
+};
+
+}  // namespace shardcheck::parallel
