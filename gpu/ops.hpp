@@ -4,7 +4,8 @@
 // gradients. GEMMs are cuBLAS (f32 in pedantic math, no TF32, so f32 parity holds); the rest are
 // kernels. f32 and f64. Errors throw std::runtime_error naming the op and the CUDA/cuBLAS error.
 // Done: linear, linear_t, rmsnorm, gelu, embedding, cross-entropy, Philox draws, RoPE, attention
-// (document mask, GQA, dropout). Not yet: MoE routing, AdamW (see gpu/README.md).
+// (document mask, GQA, dropout), AdamW, gradient norm and clipping. Not yet: MoE routing (see
+// gpu/README.md).
 #pragma once
 
 #include <cstdint>
@@ -124,5 +125,22 @@ template <class T>
 void attention_backward(Context& c, const T* dout, const T* q, const T* k, const T* v,
                         const T* probs, int64_t s, int heads, int kv_heads, int64_t d,
                         const Dropout& dropout, T* dq, T* dk, T* dv);
+
+// One AdamW update of t (1-based), as ref::AdamW::step: p *= 1 - lr*wd (matrices only);
+// m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2; p -= lr * (m/(1-b1^t)) / (sqrt(v/(1-b2^t)) + eps).
+struct AdamWStep {
+  double lr = 1e-3, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1;
+  int t = 1;
+};
+template <class T>
+void adamw_update(Context& c, T* p, const T* g, T* m, T* v, int64_t n, bool is_matrix,
+                  const AdamWStep& step);
+// *out += sum of g^2, accumulated in f64 (for the global gradient norm; order differs from the
+// reference's sequential sum, so equal within rounding, not bitwise).
+template <class T>
+void add_sum_of_squares(Context& c, const T* g, int64_t n, double* out);
+// g = T(double(g) * factor) (gradient clipping).
+template <class T>
+void scale_inplace(Context& c, T* g, int64_t n, double factor);
 
 }  // namespace shardcheck::gpu::ops

@@ -4,11 +4,14 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <map>
+#include <memory>
 #include <random>
 
 #include "gpu/ops.hpp"
 #include "reference/attention.hpp"
 #include "reference/ops.hpp"
+#include "reference/optim.hpp"
 #include "reference/rng.hpp"
 #include "tests/gpu/support.hpp"
 
@@ -255,6 +258,53 @@ TYPED_TEST(GpuOps, AttentionWithDocumentsGqaAndDropout) {
   EXPECT_LE(rel_err(dq.download(), dq_ref.vec()), kTol<T>) << this->seed_;
   EXPECT_LE(rel_err(dk.download(), dk_ref.vec()), kTol<T>) << this->seed_;
   EXPECT_LE(rel_err(dv.download(), dv_ref.vec()), kTol<T>) << this->seed_;
+}
+
+TYPED_TEST(GpuOps, AdamWNormAndClipOverThreeSteps) {
+  using T = TypeParam;
+  ref::OptimizerConfig opt;
+  ref::ParamMap<T> params;
+  params.add("w", {8, 16}) = random<T>({8, 16}, this->gen_);
+  params.add("norm", {16}) = random<T>({16}, this->gen_);
+  ref::AdamW<T> adam(opt, params);
+  ref::ParamMap<T> dev_m = params.zeros_like(), dev_v = params.zeros_like();
+  std::map<std::string, std::unique_ptr<DeviceVec<T>>> p, m, v;
+  for (const auto& e : params) {
+    p[e.name] = std::make_unique<DeviceVec<T>>(e.value.vec());
+    m[e.name] = std::make_unique<DeviceVec<T>>(dev_m[e.name].vec());
+    v[e.name] = std::make_unique<DeviceVec<T>>(dev_v[e.name].vec());
+  }
+  for (int t = 1; t <= 3; ++t) {
+    ref::ParamMap<T> grads = params.zeros_like();
+    for (auto& e : grads) e.value = random<T>(e.value.shape(), this->gen_, 5.0);
+    // Norm and clipping (max norm 1: the random gradients are far above it).
+    DeviceVec<double> sq(std::vector<double>{0.0});
+    std::map<std::string, std::unique_ptr<DeviceVec<T>>> g;
+    for (const auto& e : grads) {
+      g[e.name] = std::make_unique<DeviceVec<T>>(e.value.vec());
+      ops::add_sum_of_squares(*this->ctx_, g[e.name]->data(), e.value.numel(), sq.data());
+    }
+    this->ctx_->synchronize();
+    const double norm = ref::global_grad_norm(grads);
+    const double dev_norm = std::sqrt(sq.download()[0]);
+    EXPECT_NEAR(dev_norm, norm, 1e-12 * norm) << this->seed_;
+    const double factor = ref::clip_grad_norm(grads, norm, 1.0);
+    const double lr = ref::lr_at(opt, t, 3);
+    adam.step(params, grads, lr);
+    const ops::AdamWStep st{lr, opt.beta1, opt.beta2, opt.eps, opt.weight_decay, t};
+    for (const auto& e : params) {
+      ops::scale_inplace(*this->ctx_, g[e.name]->data(), e.value.numel(), factor);
+      ops::adamw_update(*this->ctx_, p[e.name]->data(), g[e.name]->data(), m[e.name]->data(),
+                        v[e.name]->data(), e.value.numel(), e.value.rank() == 2, st);
+    }
+    this->ctx_->synchronize();
+    for (const auto& e : params) {
+      EXPECT_LE(rel_err(p[e.name]->download(), e.value.vec()), kTol<T>) << e.name << " t " << t;
+      EXPECT_LE(rel_err(m[e.name]->download(), adam.exp_avg()[e.name].vec()), kTol<T>) << e.name;
+      EXPECT_LE(rel_err(v[e.name]->download(), adam.exp_avg_sq()[e.name].vec()), kTol<T>)
+          << e.name << " seed " << this->seed_;
+    }
+  }
 }
 
 TEST(GpuRng, PhiloxBlocksAndUniformsAreBitwiseTheReferenceNormalsToAnUlp) {
