@@ -15,24 +15,30 @@ void ok(cudaError_t e, const char* what) {
     throw std::runtime_error(std::string("GpuModel: ") + what + ": " + cudaGetErrorString(e));
 }
 
-// Device scratch for one step, freed at the end of it.
+// Device scratch for one step, from the stream's memory pool (cudaMallocAsync), freed in stream
+// order at the end of it.
 template <class T>
 struct Scratch {
+  cudaStream_t stream;
   std::vector<void*> ptrs;
+  explicit Scratch(cudaStream_t s) : stream(s) {}
   ~Scratch() {
-    for (void* p : ptrs) cudaFree(p);
+    for (void* p : ptrs) cudaFreeAsync(p, stream);
   }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
   template <class U = T>
   U* get(std::size_t n) {
     void* p = nullptr;
-    ok(cudaMalloc(&p, (n == 0 ? 1 : n) * sizeof(U)), "cudaMalloc");
+    ok(cudaMallocAsync(&p, (n == 0 ? 1 : n) * sizeof(U), stream), "cudaMallocAsync");
     ptrs.push_back(p);
     return static_cast<U*>(p);
   }
   template <class U>
-  U* upload(const std::vector<U>& h, cudaStream_t s) {
+  U* upload(const std::vector<U>& h) {
     U* d = get<U>(h.size());
-    ok(cudaMemcpyAsync(d, h.data(), h.size() * sizeof(U), cudaMemcpyHostToDevice, s), "upload");
+    ok(cudaMemcpyAsync(d, h.data(), h.size() * sizeof(U), cudaMemcpyHostToDevice, stream),
+       "upload");
     return d;
   }
 };
@@ -117,12 +123,12 @@ ref::SequenceLoss GpuModel<T>::step(const ref::Sequence& seq, const ref::StepCon
   const int64_t h = cfg_.hidden, V = cfg_.vocab, F = cfg_.ffn, d = cfg_.head_dim();
   const int A = cfg_.heads, KV = cfg_.kv_heads;
   const auto n = [](int64_t x) { return static_cast<std::size_t>(x); };
-  Scratch<T> m;
-  const int32_t* tokens = m.upload(seq.tokens, st);
-  const int32_t* targets = m.upload(seq.targets, st);
-  const int32_t* mask = m.upload(seq.loss_mask, st);
-  const int32_t* docs = m.upload(seq.doc_ids, st);
-  const int32_t* pos = m.upload(seq.positions, st);
+  Scratch<T> m(st);
+  const int32_t* tokens = m.upload(seq.tokens);
+  const int32_t* targets = m.upload(seq.targets);
+  const int32_t* mask = m.upload(seq.loss_mask);
+  const int32_t* docs = m.upload(seq.doc_ids);
+  const int32_t* pos = m.upload(seq.positions);
 
   struct Layer {
     T *x_in, *rstd1, *a, *q, *k, *v, *probs, *o, *x_mid, *rstd2, *b, *up, *act;
@@ -183,7 +189,7 @@ ref::SequenceLoss GpuModel<T>::step(const ref::Sequence& seq, const ref::StepCon
     std::vector<double> weight(n(s), 0.0);
     for (std::size_t t = 0; t < weight.size(); ++t)
       weight[t] = seq.loss_mask[t] != 0 ? sctx.token_weight : 0.0;
-    const double* dweight = m.upload(weight, st);
+    const double* dweight = m.upload(weight);
     T* dlogits = m.get(n(s * V));
     ops::cross_entropy_backward(c, logits, targets, dweight, dlogits, s, V);
     T* dy = m.get(n(s * h));
