@@ -84,6 +84,17 @@ nlohmann::json faults_json(const std::vector<FaultResult>& faults) {
   return out;
 }
 
+nlohmann::json pipeline_json(const std::optional<PipelineResult>& p) {
+  if (!p) return nullptr;
+  return {{"schedule", p->schedule},
+          {"stages", p->stages},
+          {"virtual_stages", p->virtual_stages},
+          {"microbatches", p->microbatches},
+          {"bubble_formula", p->formula},
+          {"bubble_measured", p->measured},
+          {"stage_bubble", p->stage_bubble}};
+}
+
 nlohmann::json timing_json(const TimingResult& t) {
   if (!t.valid) return nullptr;
   nlohmann::json j{{"step_time_s", t.step_time_s},
@@ -211,6 +222,7 @@ nlohmann::json report_json(const RunResult& r, const std::string& backend) {
                       {"broke", c.broke},
                       {"faults", faults_json(c.faults)},
                       {"timing", timing_json(c.timing)},
+                      {"pipeline", pipeline_json(c.pipeline)},
                       {"timeline", timeline_json(c.timeline, c.spec.mesh.world_size())}});
   }
   return {
@@ -290,6 +302,16 @@ void print_summary(std::ostream& os, const RunResult& r) {
                                 : "UNSUPPORTED");
     os << line;
     if (!c.pass || !c.faults.empty()) os << "      " << c.detail << "\n";
+    if (c.pipeline) {
+      std::snprintf(line, sizeof line,
+                    "      pipeline %s pp%d%s m%d: bubble %.3f measured, %.3f by (p-1)/(v*m+p-1)\n",
+                    c.pipeline->schedule.c_str(), c.pipeline->stages,
+                    c.pipeline->virtual_stages > 1
+                        ? (" v" + std::to_string(c.pipeline->virtual_stages)).c_str()
+                        : "",
+                    c.pipeline->microbatches, c.pipeline->measured, c.pipeline->formula);
+      os << line;
+    }
     for (const FaultResult& f : c.faults) {
       os << "      fault " << f.kind << (f.detected ? "" : " (NOT detected)") << ": ranks "
          << comm::rank_list(f.ranks) << "\n";

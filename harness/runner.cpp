@@ -364,6 +364,7 @@ ConfigResult run_config(const Scenario& s, const ref::Dataset& ds, const Trace& 
   r.memory = run.memory;
   r.timeline = sw.timeline();
   r.timing = timing_of(sw.step_times(), s.train.steps);
+  if (!run.failed) r.pipeline = pipeline_bubble(s, p, r.timeline, sw.step_times());
   if (run.failed) {
     r.memory.clear();
     bool nan_stop = false;

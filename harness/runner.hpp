@@ -4,10 +4,12 @@
 #pragma once
 
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "comm/memory.hpp"
+#include "harness/bubble.hpp"
 #include "harness/outcome.hpp"
 #include "harness/scenario.hpp"
 #include "parallel/data_parallel.hpp"
@@ -40,14 +42,15 @@ struct ConfigResult {
   bool parity_pass = false;  // every step within tolerance (false when the run did not finish)
   bool pass = false;         // the verdict (outcome.hpp: parity, or the expected fault detected)
   bool broke = false;        // an unexpected fault stopped or corrupted the run (exit 3)
-  std::string detail;  // why unsupported, or where the largest error was
+  std::string detail;        // why unsupported, or where the largest error was
   double wall_seconds = 0;
   std::vector<RankMemory> memory;  // one per rank (empty when unsupported)
   std::vector<FaultResult> faults;
   TimingResult timing;
   std::vector<sim::TimelineEvent> timeline;
-  std::string resumed_from;     // the step directory a --resume started from
-  bool resume_refused = false;  // the newest committed checkpoint failed validation
+  std::optional<PipelineResult> pipeline;  // pp > 1: measured bubble beside the formula
+  std::string resumed_from;                // the step directory a --resume started from
+  bool resume_refused = false;             // the newest committed checkpoint failed validation
 };
 
 struct RunResult {
