@@ -33,6 +33,8 @@ parallel::MeshOptions mesh_options(const ParallelSpec& p) {
                                                 : parallel::PipeSchedule::one_f_one_b;
   o.virtual_stages = p.virtual_stages;
   o.cp_algo = p.cp_algo == "ulysses" ? parallel::CpAlgo::ulysses : parallel::CpAlgo::ring;
+  o.zero = p.zero;
+  if (p.fsdp) o.fsdp = *p.fsdp;
   return o;
 }
 
@@ -61,9 +63,6 @@ bool model_parallel(const ParallelSpec& p) {
 
 std::string unsupported(const Scenario& s, const ParallelSpec& p) {
   if (!model_parallel(p)) return "";
-  if (p.zero > 0 || p.fsdp)
-    return "ZeRO/FSDP on the DP axis of a model-parallel mesh is not built yet (the mesh engine "
-           "replicates optimizer state over DP)";
   for (const FaultSpec& f : s.faults)
     if (f.kind == "nan_gradient")
       return "nan_gradient faults need the gradient hook of the data-parallel engine; the mesh "
