@@ -94,6 +94,10 @@ class MeshImpl final : public MeshEngine::Impl {
     data_ = split_over(world, mesh, {comm::Axis::dp, comm::Axis::ep}, "data");
     dense_ = split_over(world, mesh, {comm::Axis::dp, comm::Axis::ep, comm::Axis::cp}, "dp-ep-cp");
     expert_ = split_over(world, mesh, {comm::Axis::dp, comm::Axis::cp}, "expert-dp");
+    if (opt_.shape.tp > model_.kv_heads) {  // TP ranks sharing one replicated kv head
+      const int replicas = opt_.shape.tp / model_.kv_heads;
+      kv_ = g_.tp->split(g_.tp->rank() / replicas, g_.tp->rank(), {.name = "tp-kv"});
+    }
     data_rank = data_->rank();
     data_world = data_->size();
     env_ = BlockEnv{&model_, g_.tp.get(), g_.cp.get(), g_.ep.get(), &layout_, opt_.cp_algo};
@@ -371,6 +375,13 @@ class MeshImpl final : public MeshEngine::Impl {
         if (g_.cp->rank() != 0)
           for (auto& e : mb_grads_) e.value.fill(T{0});
       }
+      if (kv_) {
+        const auto kv = [](const LocalParam& p) { return p.kv_replicas > 1; };
+        all_reduce_params(*kv_, kv, mb_grads_);
+        if (kv_->rank() != 0)
+          for (const LocalParam& p : specs_)
+            if (p.kv_replicas > 1) mb_grads_[p.name].fill(T{0});
+      }
       if (env_.sp()) {
         const auto rep = [](const LocalParam& p) { return p.tp_replicated; };
         all_reduce_params(*g_.tp, rep, mb_grads_);
@@ -429,6 +440,7 @@ class MeshImpl final : public MeshEngine::Impl {
     if (env_.sp()) {
       all_reduce_params(*g_.tp, [](const LocalParam& p) { return p.tp_replicated; });
     }
+    if (kv_) all_reduce_params(*kv_, [](const LocalParam& p) { return p.kv_replicas > 1; });
     zopt_->reduce(grads_);
   }
 
@@ -441,7 +453,7 @@ class MeshImpl final : public MeshEngine::Impl {
   Recipe recipe_;
   TokenLayout layout_;
   comm::MeshGroups g_;
-  std::unique_ptr<comm::Communicator> data_, dense_, expert_;
+  std::unique_ptr<comm::Communicator> data_, dense_, expert_, kv_;
   BlockEnv env_;
   int stage_ = 0;
   StagePlan plan_;

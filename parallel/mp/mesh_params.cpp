@@ -107,9 +107,14 @@ std::vector<LocalParam> local_params(const ref::ModelConfig& model, const comm::
         p.split = TpSplit::columns;
       } else if (ends_with(name, "attn.wk") || ends_with(name, "attn.wv")) {
         p.split = TpSplit::columns;
-        // kv heads of TP rank t: [t*kv/tp, (t+1)*kv/tp), the ones its query heads read.
-        const int64_t kv_cols = int64_t{model.kv_heads / tp} * d;
-        p.offset = testing::mutated(testing::Mutation::kGqaWrongHeadMapping) ? 0 : t * kv_cols;
+        // kv heads of TP rank t: [t*kv/tp, (t+1)*kv/tp), the ones its query heads read; with
+        // tp > kv, the one kv head its query heads share, replicated on tp/kv consecutive ranks.
+        const bool replicated = tp > model.kv_heads;
+        p.kv_replicas = replicated ? tp / model.kv_heads : 1;
+        const int64_t kv_cols = int64_t{replicated ? 1 : model.kv_heads / tp} * d;
+        const int64_t first = replicated ? t / p.kv_replicas : t;
+        p.offset = testing::mutated(testing::Mutation::kGqaWrongHeadMapping) ? 0 : first * kv_cols;
+        p.local_shape[1] = kv_cols;
       } else if (ends_with(name, "attn.wo") || ends_with(name, "mlp.w_down")) {
         p.split = TpSplit::rows;
       } else {
@@ -119,10 +124,10 @@ std::vector<LocalParam> local_params(const ref::ModelConfig& model, const comm::
     if (p.split == TpSplit::rows) {
       p.local_shape[0] = shape[0] / tp;
       p.offset = t * p.local_shape[0];
-    } else if (p.split == TpSplit::columns) {
+    } else if (p.split == TpSplit::columns &&
+               !(ends_with(name, "attn.wk") || ends_with(name, "attn.wv"))) {
       p.local_shape[1] = shape[1] / tp;
-      if (!(ends_with(name, "attn.wk") || ends_with(name, "attn.wv")))
-        p.offset = t * p.local_shape[1];
+      p.offset = t * p.local_shape[1];
     }
     out.push_back(std::move(p));
   }

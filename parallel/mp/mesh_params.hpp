@@ -3,7 +3,8 @@
 //
 //   embed.weight    [V, h]    vocab rows split over TP; on the stage holding virtual stage 0, and
 //                             (tied) a copy on the stage holding the last one (pp > 1)
-//   attn.wq/wk/wv   [h, *]    columns split over TP (heads, then kv heads: kv_heads % tp == 0)
+//   attn.wq/wk/wv   [h, *]    columns split over TP (heads, then kv heads: kv_heads % tp == 0;
+//                             tp > kv_heads: each kv head replicated on tp / kv_heads ranks)
 //   attn.wo         [a*d, h]  rows split over TP
 //   mlp.w_up        [h, f]    columns over TP;  mlp.w_down [f, h] rows over TP
 //   norms, router             replicated over TP
@@ -42,6 +43,9 @@ struct LocalParam {
   bool expert = false;  // gradient summed over the expert-DP group (dp x cp), not dp x ep x cp
   bool tp_replicated = false;  // same value on every TP rank (norms, router, experts)
   bool tied_copy = false;      // the last stage's copy of the tied embedding (pp > 1)
+  // wk / wv when tp > kv_heads: the TP ranks holding the same kv head (tp / kv_heads of them,
+  // consecutive); their gradients are summed over them and the first counts the slice.
+  int kv_replicas = 1;
   int64_t global_index(int64_t local_flat) const;  // flat index in the full tensor
   // The slice as runs of elements contiguous in both the local and the full tensor (one run for
   // replicated and row slices, one per row for column slices).

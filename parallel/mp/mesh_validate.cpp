@@ -22,9 +22,10 @@ void validate_mesh(const ref::ModelConfig& m, const ref::TrainConfig& t, const M
     require(s.size(a) >= 1, std::string(comm::name_of(a)) + " must be >= 1");
   }
   require(m.heads % s.tp == 0, "model.heads " + n(m.heads) + " is not divisible by tp " + n(s.tp));
-  require(m.kv_heads % s.tp == 0,
-          "model.kv_heads " + n(m.kv_heads) + " is not divisible by tp " + n(s.tp) +
-              " (each TP rank holds whole kv heads: the ones its query heads read)");
+  require(m.kv_heads % s.tp == 0 || s.tp % m.kv_heads == 0,
+          "model.kv_heads " + n(m.kv_heads) + " and tp " + n(s.tp) +
+              " must divide one another (kv heads split over TP, or each replicated on "
+              "tp / kv_heads ranks)");
   require(m.ffn % s.tp == 0, "model.ffn " + n(m.ffn) + " is not divisible by tp " + n(s.tp));
   require(m.vocab % s.tp == 0, "model.vocab " + n(m.vocab) + " is not divisible by tp " + n(s.tp) +
                                    " (vocab-parallel embedding and LM head)");

@@ -107,7 +107,8 @@ void MeshOptimizer<T>::unpack(const Class& c, std::span<const T> flat, int64_t b
 
 template <class T>
 bool MeshOptimizer<T>::counts(const LocalParam& p) const {
-  return !p.tied_copy && !(p.tp_replicated && env_.tp_rank != 0);
+  return !p.tied_copy && !(p.tp_replicated && env_.tp_rank != 0) &&
+         !(p.kv_replicas > 1 && env_.tp_rank % p.kv_replicas != 0);
 }
 
 template <class T>

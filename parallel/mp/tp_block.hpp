@@ -11,6 +11,7 @@
 // Activations are this rank's rows: layout.rows(cp rank, tp rank) ([n, h]).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -41,7 +42,8 @@ struct BlockEnv {
   int tp_size() const { return tp->size(); }
   bool sp() const { return layout->sp() && tp->size() > 1; }
   int local_heads() const { return model->heads / tp_size(); }
-  int local_kv_heads() const { return model->kv_heads / tp_size(); }
+  // kv_heads % tp == 0: a 1/tp share; tp > kv_heads: the one kv head this rank's query heads read.
+  int local_kv_heads() const { return std::max(1, model->kv_heads / tp_size()); }
   std::vector<int64_t> rows() const { return layout->rows(cp->rank(), tp->rank()); }
   std::vector<int64_t> cp_rows() const { return layout->cp_rows(cp->rank()); }
 };

@@ -140,6 +140,22 @@ TEST(MeshEngine, FullComposition) {
   EXPECT_LE(p.max(), test::kF64Tolerance) << p.worst;
 }
 
+// tp > kv_heads: each kv head replicated on tp / kv_heads TP ranks (GQA 4/2 at tp 4, MQA at tp 2,
+// with SP), its gradient summed over them; the wrong kv head for a rank's query heads is caught.
+TEST(MeshEngine, ReplicatedKvHeadsWhenTpExceedsThem) {
+  Scenario mqa = mesh_dense();
+  mqa.model.kv_heads = 1;
+  MeshOptions sp = mesh({.tp = 2});
+  sp.sequence_parallel = true;
+  for (const auto& [s, o] : {std::pair{mesh_dense(), mesh({.tp = 4})}, std::pair{mqa, sp},
+                             std::pair{mesh_dense(), mesh({.dp = 2, .tp = 4})}}) {
+    const Parity p = parity(s, o);
+    EXPECT_LE(p.max(), test::kF64Tolerance) << o.shape.world_size() << ": " << p.worst;
+  }
+  testing::ScopedMutation m(testing::Mutation::kGqaWrongHeadMapping);
+  EXPECT_GT(parity(mesh_dense(), mesh({.tp = 4})).max(), 1e-6);
+}
+
 }  // namespace
 }  // namespace shardcheck::parallel
 
@@ -285,6 +301,9 @@ void state_round_trip(const MeshOptions& src, const std::vector<MeshOptions>& ds
 
 TEST(MeshEngineState, ExportWritesEachElementOnceAndImportReshards) {
   state_round_trip(mesh({.tp = 2, .pp = 2}), {mesh({.dp = 2, .cp = 2}), mesh({})});
+  // TP 2 <-> 4 (kv heads replicated at 4), PP 2 -> 1.
+  state_round_trip(mesh({.tp = 2, .pp = 2}), {mesh({.tp = 4})});
+  state_round_trip(mesh({.tp = 4}), {mesh({.tp = 2, .pp = 2})});
 }
 
 // Sharded optimizer state (ZeRO-1/2): each shard's owner writes its pieces; any mesh reads them.
