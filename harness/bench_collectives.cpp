@@ -259,7 +259,10 @@ BenchCell measure(const RankRunner& run, int n, const BenchOptions& o, std::size
     Case<T> cs(c, o, count, in_place);
     cs.fill();
     cs.run();
-    wrong[static_cast<std::size_t>(c.rank())] = cs.wrong();
+    // Every rank learns the total (under mpirun a process sees only its own rank's slot).
+    auto bad = static_cast<std::int64_t>(cs.wrong());
+    c.all_reduce(comm::view(std::span<std::int64_t>(&bad, 1)), {.op = comm::ReduceOp::sum})->wait();
+    wrong[static_cast<std::size_t>(c.rank())] = static_cast<std::uint64_t>(bad);
     for (int i = 0; i < o.warmup; ++i) cs.run();
     std::int64_t iters = o.iters;
     if (iters <= 0) {  // calibrate on rank 0's clock, then agree on the count
@@ -287,7 +290,7 @@ BenchCell measure(const RankRunner& run, int n, const BenchOptions& o, std::size
   cell.time_us = per_op * 1e6;
   cell.algbw_gbps = per_op > 0 ? bytes / per_op * 1e-9 : 0;
   cell.busbw_gbps = cell.algbw_gbps * bus_factor(o.op, n);
-  for (auto w : wrong) cell.wrong += w;
+  cell.wrong = *std::max_element(wrong.begin(), wrong.end());  // every filled slot: the total
   return cell;
 }
 

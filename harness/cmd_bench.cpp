@@ -4,7 +4,9 @@
 #include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 
+#include "harness/backend.hpp"
 #include "harness/bench_collectives.hpp"
 #include "harness/cli.hpp"
 #include "harness/cli_commands.hpp"
@@ -17,6 +19,7 @@ namespace {
 struct BenchArgs {
   std::string backend = "sim";
   int ranks = 8;
+  bool ranks_given = false;  // --ranks on the command line (nccl: otherwise every GPU / process)
   std::string op = "all_reduce";
   std::string dtype = "f32";
   std::string redop = "sum";
@@ -82,16 +85,36 @@ int bench_collectives_cmd(const BenchArgs& a) {
   o.iters = a.iters;
 
   check_backend(a.backend);
-  sim::SimWorld world(a.ranks);
-  const RankRunner runner = [&world](const std::function<void(comm::Communicator&)>& fn) {
-    world.run(fn);
-  };
+  int ranks = a.ranks;
+  bool lead = true;  // under mpirun only world rank 0 prints and writes
+  RankRunner runner;
+  std::optional<sim::SimWorld> world;
+  if (a.backend == "nccl") {
+    if (const std::string why = nccl_unavailable(); !why.empty())
+      throw BadInput("--backend nccl: " + why);
+    const NcclPlace place = nccl_place();
+    lead = place.rank == 0;
+    if (!a.ranks_given) ranks = place.capacity;
+    if (place.mpi && ranks != place.capacity)
+      throw BadInput("--ranks " + std::to_string(ranks) + " but mpirun started " +
+                     std::to_string(place.capacity) +
+                     " processes (one rank per process; leave --ranks out)");
+    if (ranks > place.capacity)
+      throw BadInput("--ranks " + std::to_string(ranks) + " but only " +
+                     std::to_string(place.capacity) + " CUDA devices are visible");
+    runner = [ranks](const std::function<void(comm::Communicator&)>& fn) { run_nccl(ranks, fn); };
+  } else {
+    world.emplace(ranks);
+    runner = [&world](const std::function<void(comm::Communicator&)>& fn) { world->run(fn); };
+  }
+  std::ostream silent(nullptr);
+  std::ostream& out = lead ? std::cout : silent;
   // Rows print as each size completes, so a long run shows its progress.
-  o.on_row = [&o](const BenchRow& row) { print_row(std::cout, o, row); };
-  print_header(std::cout, "sim", a.ranks, o);
-  const BenchResult r = bench_collectives(runner, "sim", a.ranks, o);
-  print_footer(std::cout, r);
-  if (!a.json.empty()) {
+  o.on_row = [&o, &out](const BenchRow& row) { print_row(out, o, row); };
+  print_header(out, a.backend, ranks, o);
+  const BenchResult r = bench_collectives(runner, a.backend, ranks, o);
+  print_footer(out, r);
+  if (lead && !a.json.empty()) {
     std::ofstream f(a.json);
     if (!f) throw BadInput("--json: cannot write '" + a.json + "'");
     f << to_json(r).dump(2) << "\n";
@@ -111,7 +134,9 @@ void add_bench_commands(CLI::App& app, int& exit_code) {
   coll->add_option("--backend", ba.backend, "sim (CPU threads) or nccl (GPUs)")
       ->check(CLI::IsMember({"sim", "nccl"}))
       ->capture_default_str();
-  coll->add_option("--ranks", ba.ranks, "Number of ranks (sim)")
+  coll->add_option("--ranks", ba.ranks,
+                   "Number of ranks (sim; nccl: GPUs of this process, default all, or leave out "
+                   "under mpirun)")
       ->check(CLI::Range(1, 4096))
       ->capture_default_str();
   coll->add_option("--op", ba.op, "all_reduce, all_gather, reduce_scatter, all_to_all or broadcast")
@@ -134,7 +159,10 @@ void add_bench_commands(CLI::App& app, int& exit_code) {
       ->capture_default_str();
   coll->add_option("--json", ba.json, "Also write the results as JSON to this file");
 
-  coll->callback([args, &exit_code] { exit_code = bench_collectives_cmd(*args); });
+  coll->callback([args, coll, &exit_code] {
+    args->ranks_given = coll->count("--ranks") > 0;
+    exit_code = bench_collectives_cmd(*args);
+  });
 }
 
 }  // namespace shardcheck::harness

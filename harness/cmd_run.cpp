@@ -9,6 +9,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 
+#include "harness/backend.hpp"
 #include "harness/cli.hpp"
 #include "harness/cli_commands.hpp"
 #include "harness/html.hpp"
@@ -90,8 +91,28 @@ std::vector<std::string> scenario_files(const std::vector<std::string>& paths) {
   return files;
 }
 
+// --backend nccl runs the same training and parity check on GPUs; what only the simulator can do
+// (inject faults, checksum payloads, save or resume checkpoints) is refused up front.
+void check_nccl_run(const RunArgs& a, const std::vector<Scenario>& scenarios) {
+  const std::string only_sim =
+      " only the simulator offers; run it with --backend sim (the default)";
+  if (!a.checkpoint_dir.empty() || !a.resume.empty())
+    throw BadInput("--backend nccl: --checkpoint-dir and --resume are checkpoint drills," +
+                   only_sim);
+  for (const Scenario& s : scenarios) {
+    if (!s.faults.empty())
+      throw BadInput(s.name + ": --backend nccl: injected faults ($.faults, '" + s.faults[0].kind +
+                     "') are" + only_sim);
+    if (s.expect_fault)
+      throw BadInput(s.name + ": --backend nccl: $.expect.fault (a fault to detect) is" + only_sim);
+    if (s.health.payload_checksums)
+      throw BadInput(s.name + ": --backend nccl: $.health.payload_checksums is" + only_sim);
+  }
+  if (const std::string why = nccl_unavailable(); !why.empty())
+    throw BadInput("--backend nccl: " + why);
+}
+
 int run_scenarios(const RunArgs& a) {
-  check_backend(a.backend);
   const std::vector<std::string> files = scenario_files(a.paths);
   std::vector<Scenario> scenarios;
   for (const auto& f : files) {
@@ -101,49 +122,61 @@ int run_scenarios(const RunArgs& a) {
       throw BadInput(e.what());
     }
   }
+  // Under mpirun (--backend nccl) every process runs and reaches the same verdict; rank 0 alone
+  // prints and writes files.
+  bool lead = true;
+  if (a.backend == "nccl") {
+    check_nccl_run(a, scenarios);
+    lead = nccl_place().rank == 0;
+  }
+  std::ostream silent(nullptr);
+  std::ostream& out = lead ? std::cout : silent;
   std::vector<RunResult> runs;
   nlohmann::json all = nlohmann::json::array();
-  if (!a.report.empty()) prepare_dir("--report", a.report);
-  if (!a.dump_tensors.empty()) prepare_dir("--dump-tensors", a.dump_tensors);
+  if (lead && !a.report.empty()) prepare_dir("--report", a.report);
+  if (lead && !a.dump_tensors.empty()) prepare_dir("--dump-tensors", a.dump_tensors);
   if (!a.checkpoint_dir.empty()) prepare_dir("--checkpoint-dir", a.checkpoint_dir);
   if (!a.resume.empty() && !std::filesystem::is_directory(a.resume))
     throw BadInput("--resume: no such directory '" + a.resume + "'");
   for (const auto& sc : scenarios) {
     RunOptions o;
-    o.dump_tensors = a.dump_tensors;
+    o.backend = a.backend;
+    if (lead) o.dump_tensors = a.dump_tensors;
     o.checkpoint_dir = a.checkpoint_dir;
     o.resume_dir = a.resume;
     if (!a.checkpoint_dir.empty() && sc.checkpoint.every == 0)
-      throw BadInput(sc.name + ": --checkpoint-dir needs $.checkpoint.every > 0 in the scenario "
+      throw BadInput(sc.name +
+                     ": --checkpoint-dir needs $.checkpoint.every > 0 in the scenario "
                      "(how often to save), got 0");
-    o.progress = progress_reporter(sc.name);
-    if (!a.report.empty()) write_manifest(a.report, sc);
+    if (lead) o.progress = progress_reporter(sc.name);
+    if (lead && !a.report.empty()) write_manifest(a.report, sc);
     try {
       runs.push_back(run_scenario(sc, o));
     } catch (const ScenarioError& e) {
       throw BadInput(sc.name + ": " + e.what());
     }
-    print_summary(std::cout, runs.back());
-    std::cout << std::flush;
+    print_summary(out, runs.back());
+    out << std::flush;
     all.push_back(report_json(runs.back(), a.backend));
   }
   bool pass = true;
   for (const auto& r : runs) pass = pass && r.pass();
-  if (!a.report.empty())
+  if (lead && !a.report.empty())
     write_report(a.report,
                  runs.size() == 1 ? all[0] : nlohmann::json{{"pass", pass}, {"scenarios", all}});
-  if (!a.junit.empty()) write_junit(runs, a.junit);
+  if (lead && !a.junit.empty()) write_junit(runs, a.junit);
   std::size_t configs = 0, failed = 0;
   for (const auto& r : runs)
     for (const auto& c : r.configs) {
       ++configs;
       failed += !c.pass;
     }
-  std::cout << "parity: " << configs - failed << " passed, " << failed << " failed\n";
+  out << "parity: " << configs - failed << " passed, " << failed << " failed\n";
   bool broke = false;
   for (const auto& r : runs) broke = broke || r.broke();
   if (broke) {
-    std::cerr << "shardcheck: the run broke: an unexpected fault was diagnosed (see above)\n";
+    if (lead)
+      std::cerr << "shardcheck: the run broke: an unexpected fault was diagnosed (see above)\n";
     return kExitRunBroke;
   }
   return pass ? kExitOk : kExitCheckFailed;
@@ -152,10 +185,7 @@ int run_scenarios(const RunArgs& a) {
 }  // namespace
 
 void check_backend(const std::string& backend) {
-  if (backend == "nccl")
-    throw BadInput(
-        "--backend nccl: this shardcheck was built without the gpu/ backend (configure "
-        "with the 'cuda' preset on a machine with CUDA and NCCL)");
+  if (backend == "nccl" && !nccl_built()) throw BadInput("--backend nccl: " + nccl_unavailable());
 }
 
 void add_run_commands(CLI::App& app, int& exit_code) {

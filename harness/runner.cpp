@@ -15,7 +15,9 @@
 #include <optional>
 #include <type_traits>
 
+#include "harness/backend.hpp"
 #include "harness/checkpointing.hpp"
+#include "harness/runner_detail.hpp"
 #include "harness/sim_options.hpp"
 #include "harness/trainee.hpp"
 #include "parallel/data_parallel.hpp"
@@ -29,12 +31,11 @@
 
 namespace shardcheck::harness {
 
-namespace {
+using detail::CheckpointPlan;
+using detail::RankTrace;
+using detail::Trace;
 
-struct Trace {
-  std::vector<ref::StepRecord> steps;
-  std::vector<ref::ParamMap<double>> params;  // after each step
-};
+namespace {
 
 Trace reference_run(const Scenario& s, const ref::Dataset& ds, const std::string& dump_dir) {
   ref::DistributedSampler sampler(static_cast<int64_t>(ds.samples.size()), s.train.global_batch,
@@ -116,14 +117,6 @@ ref::ParamMap<double> assemble(const std::vector<const std::vector<parallel::Sta
   return out;
 }
 
-struct RankTrace {
-  int first_step = 1;  // after a resume from step K: K + 1
-  std::vector<ref::StepRecord> steps;
-  std::vector<std::vector<parallel::StatePiece>> pieces;  // after each step
-  ref::ParamMap<double> final_params;                     // full_params() after the last step
-  std::vector<parallel::StepHealth> health;
-};
-
 // On world rank `rank`: writes a NaN into the first element of every local gradient of the first
 // microbatch at each nan_gradient fault's step (before any reduction).
 parallel::GradHook nan_injector(const Scenario& s, int rank) {
@@ -153,6 +146,10 @@ void fill_rates(const Scenario& s, const ParallelSpec& p, const Trace& want, Tim
                      static_cast<double>(s.train.global_batch);
   t.mfu = t.flops_per_step / (t.step_time_s * p.mesh.world_size() * s.topology.peak_tflops * 1e12);
 }
+
+}  // namespace
+
+namespace detail {
 
 // The verdict. With expect.fault set, the configuration passes when that fault was detected
 // (parity is reported, not required: a fault may change the numbers on purpose). Without it, a
@@ -251,13 +248,47 @@ std::optional<FaultResult> nan_result(const RankTrace& rank0) {
   return std::nullopt;
 }
 
-// Saving every `every` steps into save_dir, and resuming from resume_step_dir (validated before).
-struct CheckpointPlan {
-  std::filesystem::path save_dir;
-  int every = 0;
-  std::size_t keep = 0;
-  std::filesystem::path resume_step_dir;
-};
+void train_rank(comm::Communicator& c, const Scenario& s, const ref::Dataset& ds,
+                const parallel::DataParallelOptions& opt, const ParallelSpec& p,
+                const CheckpointPlan& ck, RankTrace& mine, RankMemory& memory) {
+  parallel::DataParallelOptions mine_opt = opt;
+  mine_opt.grad_hook = nan_injector(s, c.world_rank());
+  const std::unique_ptr<Trainee> trainee = make_trainee(c, s, p, mine_opt);
+  Trainee& engine = *trainee;
+  ref::DistributedSampler sampler(static_cast<int64_t>(ds.samples.size()), s.train.global_batch,
+                                  s.seed, s.data.drop_last);
+  TrainCursor cursor;
+  if (!ck.resume_step_dir.empty()) {
+    cursor = restore_training(c, engine, s, ck.resume_step_dir);
+    sampler.restore(cursor.sampler);
+  }
+  mine.first_step = cursor.step + 1;
+  for (int k = cursor.step + 1; k <= s.train.steps; ++k) {
+    const ref::Batch local = engine.local_batch(ds, sampler.next_global_batch());
+    mine.steps.push_back(engine.step(local));
+    mine.pieces.push_back(engine.export_state());
+    mine.health.push_back(engine.last_step_health());
+    cursor.step = k;
+    cursor.consumed_samples += s.train.global_batch;
+    cursor.consumed_tokens += mine.steps.back().non_padding_tokens;
+    cursor.sampler = sampler.state();
+    if (!ck.save_dir.empty() && ck.every > 0 && k % ck.every == 0)
+      save_training(c, engine, s, p, cursor, ck.save_dir, {.keep = ck.keep});
+  }
+  // Outside the measured steps: the final gather of every rank's view.
+  c.begin_step(s.train.steps + 1);
+  mine.final_params = engine.full_params();
+  const comm::MemoryTracker& m = c.memory();
+  memory = RankMemory{c.world_rank(), m.current(), m.at_peak(), m.peak(), m.peak_phase()};
+}
+
+}  // namespace detail
+
+namespace {
+
+using detail::decide;
+using detail::measure_parity;
+using detail::nan_result;
 
 struct SimRun {
   std::vector<RankTrace> got;
@@ -275,37 +306,8 @@ SimRun simulate(const Scenario& s, const ref::Dataset& ds, sim::SimWorld& world,
   out.memory.resize(static_cast<std::size_t>(n));
   try {
     world.run([&](comm::Communicator& c) {
-      parallel::DataParallelOptions mine_opt = opt;
-      mine_opt.grad_hook = nan_injector(s, c.world_rank());
-      const std::unique_ptr<Trainee> trainee = make_trainee(c, s, p, mine_opt);
-      Trainee& engine = *trainee;
-      ref::DistributedSampler sampler(static_cast<int64_t>(ds.samples.size()), s.train.global_batch,
-                                      s.seed, s.data.drop_last);
-      RankTrace& mine = out.got[static_cast<std::size_t>(c.rank())];
-      TrainCursor cursor;
-      if (!ck.resume_step_dir.empty()) {
-        cursor = restore_training(c, engine, s, ck.resume_step_dir);
-        sampler.restore(cursor.sampler);
-      }
-      mine.first_step = cursor.step + 1;
-      for (int k = cursor.step + 1; k <= s.train.steps; ++k) {
-        const ref::Batch local = engine.local_batch(ds, sampler.next_global_batch());
-        mine.steps.push_back(engine.step(local));
-        mine.pieces.push_back(engine.export_state());
-        mine.health.push_back(engine.last_step_health());
-        cursor.step = k;
-        cursor.consumed_samples += s.train.global_batch;
-        cursor.consumed_tokens += mine.steps.back().non_padding_tokens;
-        cursor.sampler = sampler.state();
-        if (!ck.save_dir.empty() && ck.every > 0 && k % ck.every == 0)
-          save_training(c, engine, s, p, cursor, ck.save_dir, {.keep = ck.keep});
-      }
-      // Outside the measured steps: the final gather of every rank's view.
-      c.begin_step(s.train.steps + 1);
-      mine.final_params = engine.full_params();
-      const comm::MemoryTracker& m = c.memory();
-      out.memory[static_cast<std::size_t>(c.rank())] =
-          RankMemory{c.world_rank(), m.current(), m.at_peak(), m.peak(), m.peak_phase()};
+      const auto r = static_cast<std::size_t>(c.rank());
+      detail::train_rank(c, s, ds, opt, p, ck, out.got[r], out.memory[r]);
     });
   } catch (const sim::RankFailure& e) {
     out.failed = true;
@@ -316,6 +318,12 @@ SimRun simulate(const Scenario& s, const ref::Dataset& ds, sim::SimWorld& world,
 
 ConfigResult run_config(const Scenario& s, const ref::Dataset& ds, const Trace& want,
                         const ParallelSpec& p, const RunOptions& o) {
+  if (o.backend == "nccl") {
+    const NcclPlace place = nccl_place();
+    return detail::run_config_ranks(
+        s, ds, want, p, [&p](const auto& fn) { run_nccl(p.mesh.world_size(), fn); }, place.mpi,
+        place.capacity, place.mpi ? "processes started by mpirun" : "visible GPUs");
+  }
   ConfigResult r;
   r.config = p.label();
   r.spec = p;

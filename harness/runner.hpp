@@ -63,6 +63,9 @@ struct RunResult {
 double tolerance_for(ref::Precision p);
 
 struct RunOptions {
+  // "sim" (the simulator) or "nccl" (GPUs through harness/backend.hpp: no faults, no virtual
+  // timeline, no checkpoints; the caller refuses scenarios that need them).
+  std::string backend = "sim";
   // When set, the reference run's tensors are written there as .npy files plus index.json
   // (DESIGN.md "Tensor dumps").
   std::string dump_tensors;

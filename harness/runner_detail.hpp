@@ -1,0 +1,68 @@
+// Inside the scenario runner (runner.cpp), shared with its NCCL path (runner_nccl.cpp): one
+// rank's training loop and record, and the parity measurement and verdict over all ranks' records.
+#pragma once
+
+#include <filesystem>
+#include <functional>
+#include <optional>
+#include <vector>
+
+#include "comm/communicator.hpp"
+#include "harness/runner.hpp"
+#include "parallel/state.hpp"
+#include "reference/data.hpp"
+#include "reference/trainer.hpp"
+
+namespace shardcheck::harness::detail {
+
+// The reference run: its step records and parameters after each step.
+struct Trace {
+  std::vector<ref::StepRecord> steps;
+  std::vector<ref::ParamMap<double>> params;  // after each step
+};
+
+// One rank's record of a configuration's run.
+struct RankTrace {
+  int first_step = 1;  // after a resume from step K: K + 1
+  std::vector<ref::StepRecord> steps;
+  std::vector<std::vector<parallel::StatePiece>> pieces;  // after each step
+  ref::ParamMap<double> final_params;                     // full_params() after the last step
+  std::vector<parallel::StepHealth> health;
+};
+
+// Saving every `every` steps into save_dir, and resuming from resume_step_dir (validated before).
+struct CheckpointPlan {
+  std::filesystem::path save_dir;
+  int every = 0;
+  std::size_t keep = 0;
+  std::filesystem::path resume_step_dir;
+};
+
+// The per-rank function of a configuration's run, on any backend: builds the engine, trains the
+// scenario's steps, records them into `mine` and the rank's memory books into `memory`.
+void train_rank(comm::Communicator& c, const Scenario& s, const ref::Dataset& ds,
+                const parallel::DataParallelOptions& opt, const ParallelSpec& p,
+                const CheckpointPlan& ck, RankTrace& mine, RankMemory& memory);
+
+void measure_parity(const Scenario& s, const Trace& want, const std::vector<RankTrace>& got,
+                    ConfigResult& r);
+std::optional<FaultResult> nan_result(const RankTrace& rank0);
+void decide(const Scenario& s, ConfigResult& r);
+
+// Runs `fn` on every rank of a configuration (a backend's rank runner).
+using Ranks = std::function<void(const std::function<void(comm::Communicator&)>&)>;
+
+// The NCCL path of run_config (runner_nccl.cpp): the same per-rank function run by `ranks`. With
+// `gather` (one rank per process, under mpirun) every rank's record and memory books are
+// all-gathered over the world communicator after training, so every process holds all of them
+// and reaches the same verdict. Configurations that need more ranks than `capacity` are reported
+// as not run (unsupported) with the reason.
+ConfigResult run_config_ranks(const Scenario& s, const ref::Dataset& ds, const Trace& want,
+                              const ParallelSpec& p, const Ranks& ranks, bool gather, int capacity,
+                              const std::string& capacity_what);
+
+// Byte form of a rank's record and books (for the gather); unpack(pack(x)) == x.
+std::vector<std::byte> pack(const RankTrace& t, const RankMemory& m);
+void unpack(const std::vector<std::byte>& bytes, RankTrace& t, RankMemory& m);
+
+}  // namespace shardcheck::harness::detail
