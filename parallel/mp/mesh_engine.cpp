@@ -111,8 +111,6 @@ class MeshImpl final : public MeshEngine::Impl {
       }
     }
     grads_ = params_.zeros_like();
-    params_held_ = comm::TrackedBytes(mem_, comm::MemCategory::params,
-                                      static_cast<std::size_t>(params_.numel()) * recipe_.param);
     typename MeshOptimizer<T>::Env env{.dense = dense_.get(),
                                        .expert = expert_.get(),
                                        .world = &world_,
@@ -122,6 +120,9 @@ class MeshImpl final : public MeshEngine::Impl {
                                        .optimizer = train_.optimizer,
                                        .recipe = recipe_};
     zopt_ = std::make_unique<MeshOptimizer<T>>(std::move(env), specs_, params_);
+    params_held_ =
+        comm::TrackedBytes(mem_, comm::MemCategory::params,
+                           static_cast<std::size_t>(zopt_->resident_elems()) * recipe_.param);
   }
 
   ref::StepRecord step(const ref::Batch& local) override {
@@ -178,7 +179,7 @@ class MeshImpl final : public MeshEngine::Impl {
     // 3. Gradient sums (zero 2: reduce_scatter, this rank keeps its shards).
     mem_.set_phase(prefix_ + " reduce");
     sync_gradients();
-    if (opt_.zero == 2) {
+    if (opt_.zero >= 2) {
       grads_held =
           comm::TrackedBytes(mem_, comm::MemCategory::grads,
                              static_cast<std::size_t>(zopt_->reduced_grad_elems()) * recipe_.grad);
@@ -266,12 +267,51 @@ class MeshImpl final : public MeshEngine::Impl {
   int virtual_stage(int chunk) const { return chunk * opt_.shape.pp + stage_; }
   int last_virtual_stage() const { return opt_.shape.pp * opt_.virtual_stages - 1; }
 
+  // ZeRO-3: the parameters chunk uses (its layers; the embedding on virtual stage 0 in forward
+  // only, its backward needs none; the final norm, LM head and tied embedding copy on the last).
+  typename MeshOptimizer<T>::Pick chunk_params(int chunk, bool forward) const {
+    const int first = plan_.chunk_layers[static_cast<std::size_t>(chunk)].first;
+    const int last = plan_.chunk_layers[static_cast<std::size_t>(chunk)].second;
+    const bool embed = forward && virtual_stage(chunk) == 0;
+    const bool head = virtual_stage(chunk) == last_virtual_stage();
+    const bool tied = model_.tie_embeddings;
+    return [=](const LocalParam& p) {
+      if (p.name.rfind("layers.", 0) == 0) {
+        const int layer = std::stoi(p.name.substr(7));
+        return layer >= first && layer < last;
+      }
+      if (p.name == "embed.weight") return embed || (head && tied);
+      return head && (p.name == "final_norm.weight" || p.name == "lm_head.weight");
+    };
+  }
+
+  // ZeRO-3: all_gather of chunk's parameters, held (and tracked) until the callback returns.
+  struct Gathered {
+    MeshImpl* self = nullptr;
+    typename MeshOptimizer<T>::Pick pick;
+    comm::TrackedBytes held;
+    ~Gathered() {
+      if (self != nullptr) self->zopt_->release(self->params_, pick);
+    }
+  };
+  std::unique_ptr<Gathered> gather_chunk(int chunk, bool forward) {
+    if (opt_.zero != 3) return nullptr;
+    auto g = std::make_unique<Gathered>();
+    g->pick = chunk_params(chunk, forward);
+    const int64_t n = zopt_->gather(params_, g->pick);
+    g->held = comm::TrackedBytes(mem_, comm::MemCategory::params,
+                                 static_cast<std::size_t>(n) * recipe_.param);
+    g->self = this;
+    return g;
+  }
+
   Tensor<T> forward(int mb, int chunk, Tensor<T> input) {
     const int mbs = train_.micro_batch;
     const int vs = virtual_stage(chunk);
     const auto [first, last] = plan_.chunk_layers[static_cast<std::size_t>(chunk)];
     mem_.set_phase(prefix_ + " microbatch " + std::to_string(mb) + " forward chunk " +
                    std::to_string(chunk));
+    const auto gathered = gather_chunk(chunk, true);
     ChunkCache<T>& cc = caches_[{mb, chunk}];
     cc.blocks.assign(static_cast<std::size_t>(mbs), {});
     std::vector<Tensor<T>> xs;
@@ -319,6 +359,7 @@ class MeshImpl final : public MeshEngine::Impl {
     const auto [first, last] = plan_.chunk_layers[static_cast<std::size_t>(chunk)];
     mem_.set_phase(prefix_ + " microbatch " + std::to_string(mb) + " backward chunk " +
                    std::to_string(chunk));
+    const auto gathered = gather_chunk(chunk, false);
     ChunkCache<T>& cc = caches_.at({mb, chunk});
     ref::ParamMap<T>& grads = grad_target();
     std::vector<Tensor<T>> dxs;
@@ -475,6 +516,8 @@ class MeshImpl final : public MeshEngine::Impl {
 MeshEngine::MeshEngine(comm::Communicator& world, const ref::ModelConfig& model,
                        const ref::TrainConfig& train, uint64_t seed, MeshOptions options) {
   validate_mesh(model, train, options);
+  if (options.fsdp == "full_shard") options.zero = 3;  // FSDP FULL_SHARD is ZeRO-3
+  if (options.fsdp == "shard_grad_op") options.zero = 2;
   if (train.precision == ref::Precision::kF64) {
     impl_ = std::make_unique<MeshImpl<double>>(world, model, train, seed, std::move(options));
   } else {

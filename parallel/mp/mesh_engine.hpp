@@ -13,7 +13,10 @@
 //      dp x ep x cp, experts over dp x cp (the expert-DP group);
 //   4. the global L2 norm (every element counted once in the world), numerators over the world;
 //   5. clip and AdamW on the local slices (the reference's arithmetic), bf16 recipe as the trainer;
-//      with MeshOptions::zero >= 1 on the owned shard only, then all_gather of the parameters.
+//      with MeshOptions::zero >= 1 on the owned shard only, then all_gather of the parameters
+//      (zero 1/2). Zero 3 (= fsdp "full_shard") keeps only the shards between uses and gathers,
+//      per class and pipeline chunk, the flat ranges of the parameters the chunk uses before each
+//      forward and backward callback (reshard after forward), freeing them after.
 // Every buffer is reported to world.memory() (params, grads, optimizer state, the activations the
 // pipeline keeps between a chunk's forward and its backward, collective temporaries).
 #pragma once
@@ -46,10 +49,12 @@ struct MeshOptions {
   // ZeRO stage on the data-parallel axes (mesh_zero.hpp): 0 replicated optimizer state; 1 moments
   // and bf16 master sharded over each parameter class's gradient-sum group (dp x ep x cp for
   // non-expert, dp x cp for expert parameters), updated shards all_gathered; 2 also gradients
-  // reduce_scattered. 3 (parameters sharded) is not built on the mesh: validate_mesh refuses it.
+  // reduce_scattered; 3 also parameters sharded (each pipeline chunk's parameters all_gathered
+  // before its forward and again before its backward, freed after each).
   int zero = 0;
-  // FSDP strategy name ("full_shard", ...); empty = none. Not built on the mesh: validate_mesh
-  // refuses any non-empty value (ZeRO-1/2 are the mesh's sharding).
+  // FSDP strategy name; empty = none. "full_shard" is zero 3, "shard_grad_op" zero 2 (the mesh's
+  // sharding over the same groups); any other value is refused by validate_mesh, as is a zero
+  // stage that contradicts it.
   std::string fsdp;
 };
 

@@ -35,12 +35,15 @@ void validate_mesh(const ref::ModelConfig& m, const ref::TrainConfig& t, const M
             "model.moe.experts " + n(m.moe->experts) + " is not divisible by ep " + n(s.ep));
   }
   require(o.zero >= 0 && o.zero <= 3, "zero " + n(o.zero) + " is not a ZeRO stage (0..3)");
-  require(o.zero != 3,
-          "zero 3 (parameters sharded over the data-parallel group) is not built on "
-          "a model-parallel mesh; use zero 1 or 2 (optimizer state, gradients)");
-  require(o.fsdp.empty(), "fsdp \"" + o.fsdp +
-                              "\" is not built on a model-parallel mesh; use zero 1 or 2 on the "
-                              "dp axis instead");
+  if (!o.fsdp.empty()) {
+    require(o.fsdp == "full_shard" || o.fsdp == "shard_grad_op",
+            "fsdp \"" + o.fsdp +
+                "\" is not built on a model-parallel mesh; use \"full_shard\" (= zero 3) or "
+                "\"shard_grad_op\" (= zero 2)");
+    const int stage = o.fsdp == "full_shard" ? 3 : 2;
+    require(o.zero == 0 || o.zero == stage, "fsdp \"" + o.fsdp + "\" is zero " + n(stage) +
+                                                ", but zero " + n(o.zero) + " was also asked for");
+  }
   require(o.virtual_stages >= 1, "virtual_stages must be >= 1");
   require(o.virtual_stages == 1 || o.schedule == PipeSchedule::interleaved,
           "virtual_stages " + n(o.virtual_stages) + " needs pp_schedule \"interleaved\"");

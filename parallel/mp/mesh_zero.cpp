@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <type_traits>
 
 #include "parallel/flops.hpp"
@@ -60,6 +61,7 @@ MeshOptimizer<T>::MeshOptimizer(Env env, const std::vector<LocalParam>& specs,
   }
   tracked_ = static_cast<std::size_t>(owned_elems()) * env_.recipe.optimizer();
   mem_->allocate(MemCategory::optimizer, tracked_);
+  release(params, [](const LocalParam&) { return true; });
 }
 
 template <class T>
@@ -71,6 +73,14 @@ template <class T>
 int64_t MeshOptimizer<T>::owned_elems() const {
   int64_t n = 0;
   for (const Class& c : classes_) n += c.shard;
+  return n;
+}
+
+template <class T>
+int64_t MeshOptimizer<T>::resident_elems() const {
+  if (env_.zero == 3) return owned_elems();
+  int64_t n = 0;
+  for (const Class& c : classes_) n += c.numel;
   return n;
 }
 
@@ -116,12 +126,14 @@ void MeshOptimizer<T>::reduce(ref::ParamMap<T>& grads) {
   for (Class& c : classes_) {
     comm::Communicator& g = *c.group;
     if (c.numel == 0) continue;
-    if (env_.zero == 2) {
+    if (env_.zero >= 2) {
       std::vector<T> flat = pack(c, grads, 0, c.numel);
       flat.resize(static_cast<std::size_t>(c.shard * g.size()), T{0});
       const comm::TrackedBytes tmp(*mem_, MemCategory::temporary, flat.size() * sizeof(T));
       if (g.size() > 1) g.reduce_scatter(comm::view(std::span<T>(flat)))->wait();
-      const auto at = static_cast<std::ptrdiff_t>(c.shard * g.rank());
+      auto at = static_cast<std::ptrdiff_t>(c.shard * g.rank());
+      if (testing::mutated(testing::Mutation::kWrongShardOffset))
+        at = static_cast<std::ptrdiff_t>(g.rank() * (c.numel / g.size()));
       c.grad.assign(flat.begin() + at, flat.begin() + at + c.shard);
       continue;
     }
@@ -136,7 +148,7 @@ void MeshOptimizer<T>::reduce(ref::ParamMap<T>& grads) {
 template <class T>
 int64_t MeshOptimizer<T>::reduced_grad_elems() const {
   int64_t n = 0;
-  for (const Class& c : classes_) n += env_.zero == 2 ? c.shard : c.numel;
+  for (const Class& c : classes_) n += env_.zero >= 2 ? c.shard : c.numel;
   return n;
 }
 
@@ -148,7 +160,7 @@ double MeshOptimizer<T>::sum_squares(const ref::ParamMap<T>& grads) const {
         c, c.out_begin, c.out_end, [&](const LocalParam& p, int64_t local, int64_t n, int64_t f) {
           if (!counts(p)) return;
           const T* g =
-              env_.zero == 2 ? c.grad.data() + (f - c.own_begin) : grads[p.name].data() + local;
+              env_.zero >= 2 ? c.grad.data() + (f - c.own_begin) : grads[p.name].data() + local;
           for (int64_t i = 0; i < n; ++i)
             sq += static_cast<double>(g[i]) * static_cast<double>(g[i]);
         });
@@ -192,7 +204,7 @@ void MeshOptimizer<T>::update(const ref::ParamMap<T>& grads, double clip_factor,
   for (Class& c : classes_) {
     const int64_t len = c.own_end - c.own_begin;
     std::vector<T> g;
-    if (env_.zero == 2) {
+    if (env_.zero >= 2) {
       g.assign(c.grad.begin(), c.grad.begin() + len);
     } else {
       int64_t from = c.own_begin;
@@ -229,7 +241,7 @@ void MeshOptimizer<T>::update(const ref::ParamMap<T>& grads, double clip_factor,
 template <class T>
 void MeshOptimizer<T>::share(Class& c, ref::ParamMap<T>& params) {
   comm::Communicator& g = *c.group;
-  if (env_.zero == 0 || g.size() == 1 || c.numel == 0) return;
+  if (env_.zero == 0 || env_.zero == 3 || g.size() == 1 || c.numel == 0) return;
   const auto padded = static_cast<std::size_t>(c.shard * g.size());
   const std::vector<T> mine = pack(c, params, c.own_begin, c.own_end);
   const auto at = static_cast<std::size_t>(c.shard * g.rank());
@@ -248,6 +260,98 @@ void MeshOptimizer<T>::share(Class& c, ref::ParamMap<T>& params) {
     g.all_gather(comm::view(std::span<T>(full)))->wait();
   }
   unpack(c, std::span<const T>(full).first(static_cast<std::size_t>(c.numel)), 0, params);
+}
+
+template <class T>
+std::vector<std::pair<int64_t, int64_t>> MeshOptimizer<T>::ranges(const Class& c,
+                                                                  const Pick& pick) const {
+  std::vector<std::pair<int64_t, int64_t>> out;
+  for (std::size_t k = 0; k < c.specs.size(); ++k) {
+    const LocalParam& p = specs_[c.specs[k]];
+    if (!pick(p)) continue;
+    const int64_t a = c.base[k], b = a + ref::numel_of(p.local_shape);
+    if (!out.empty() && out.back().second == a) {
+      out.back().second = b;
+    } else if (a < b) {
+      out.emplace_back(a, b);
+    }
+  }
+  return out;
+}
+
+// ZeRO-3: [a, b) of the class's flat buffer from the shards that hold it. Group rank r holds
+// [max(a, r*S), min(b, (r+1)*S)); each contributes a block of the longest such length (zeros
+// past its own), one all_gather (bf16 recipe: in bf16, as the DP engine's FSDP).
+template <class T>
+void MeshOptimizer<T>::gather_range(Class& c, int64_t a, int64_t b, ref::ParamMap<T>& params) {
+  comm::Communicator& g = *c.group;
+  const int d = g.size();
+  std::vector<int64_t> lo(static_cast<std::size_t>(d)), hi(lo.size());
+  int64_t block = 0;
+  for (int r = 0; r < d; ++r) {
+    const auto i = static_cast<std::size_t>(r);
+    lo[i] = std::max(a, std::min(b, r * c.shard));
+    hi[i] = std::max(lo[i], std::min(b, (r + 1) * c.shard));
+    block = std::max(block, hi[i] - lo[i]);
+  }
+  if (block == 0) return;
+  const auto me = static_cast<std::size_t>(g.rank());
+  const auto at = static_cast<std::size_t>(block) * me;
+  const auto total = static_cast<std::size_t>(block) * static_cast<std::size_t>(d);
+  const std::vector<T> mine = pack(c, params, lo[me], hi[me]);
+  std::vector<T> full(total, T{0});
+  if (env_.bf16) {
+    const comm::TrackedBytes tmp(*mem_, MemCategory::temporary, total * 2);
+    std::vector<comm::bf16> staging(total);
+    for (std::size_t i = 0; i < mine.size(); ++i)
+      staging[at + i] = comm::bf16(static_cast<float>(mine[i]));
+    g.all_gather(comm::view(std::span<comm::bf16>(staging)))->wait();
+    for (std::size_t i = 0; i < total; ++i)
+      full[i] = static_cast<T>(static_cast<float>(staging[i]));
+  } else {
+    const comm::TrackedBytes tmp(*mem_, MemCategory::temporary, total * sizeof(T));
+    std::copy(mine.begin(), mine.end(), full.begin() + static_cast<std::ptrdiff_t>(at));
+    g.all_gather(comm::view(std::span<T>(full)))->wait();
+  }
+  for (int r = 0; r < d; ++r) {
+    const auto i = static_cast<std::size_t>(r);
+    if (r == g.rank() || hi[i] == lo[i]) continue;
+    unpack(c,
+           std::span<const T>(full).subspan(static_cast<std::size_t>(block) * i,
+                                            static_cast<std::size_t>(hi[i] - lo[i])),
+           lo[i], params);
+  }
+}
+
+template <class T>
+int64_t MeshOptimizer<T>::gather(ref::ParamMap<T>& params, const Pick& pick) {
+  if (env_.zero != 3) return 0;
+  int64_t n = 0;
+  for (Class& c : classes_) {
+    if (c.group->size() == 1) continue;
+    for (const auto& [a, b] : ranges(c, pick)) {
+      gather_range(c, a, b, params);
+      n += b - a;
+    }
+  }
+  return n;
+}
+
+template <class T>
+void MeshOptimizer<T>::release(ref::ParamMap<T>& params, const Pick& pick) const {
+  if (env_.zero != 3) return;
+  const T poison = std::numeric_limits<T>::quiet_NaN();
+  for (const Class& c : classes_) {
+    for (const auto& [a, b] : ranges(c, pick)) {
+      for (const auto& [x, y] :
+           {std::pair{a, std::min(b, c.own_begin)}, std::pair{std::max(a, c.own_end), b}}) {
+        if (x >= y) continue;
+        segments(c, x, y, [&](const LocalParam& p, int64_t local, int64_t n, int64_t) {
+          std::fill_n(params[p.name].data() + local, n, poison);
+        });
+      }
+    }
+  }
 }
 
 template <class T>
@@ -357,6 +461,7 @@ void MeshOptimizer<T>::import_pieces(const StateReader& read, ref::ParamMap<T>& 
   if constexpr (std::is_same_v<T, float>) {
     if (env_.bf16) ref::round_to_bf16(params);
   }
+  release(params, [](const LocalParam&) { return true; });
   int64_t n = 0;
   read("optimizer/step", comm::DType::i64, 0, 1, std::as_writable_bytes(std::span<int64_t>(&n, 1)));
   t_ = static_cast<int>(n);

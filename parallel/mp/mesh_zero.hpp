@@ -13,6 +13,13 @@
 //   zero 2: as 1, but the gradient is reduce_scattered (each rank keeps its reduced shard). The
 //           accumulation over microbatches stays full (Megatron's grad buffer: one reduce_scatter
 //           per step, after the pipeline flush), so grads shrink to S from the reduction on.
+//   zero 3: as 2, but the parameters are sharded too (FSDP FULL_SHARD): between uses a rank keeps
+//           only its owned range of each class's flat parameter buffer (the rest of its local
+//           slices is poisoned with NaN, so a use without a gather cannot pass parity); the engine
+//           calls gather() for the parameters a pipeline chunk uses before its forward and again
+//           before its backward (reshard after forward), and release() after each. gather() is
+//           one all_gather per contiguous flat range of the picked parameters per class (bf16
+//           recipe: in bf16); no all_gather after the update (the owner keeps its shard).
 // Every element is counted once in the world (norm, full_params, export): by its shard owner
 // (zero >= 1) or the group's rank 0 (zero 0), never on the tied embedding's last-stage copy, and
 // TP-replicated parameters only on TP rank 0.
@@ -21,6 +28,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "comm/communicator.hpp"
@@ -52,19 +60,29 @@ class MeshOptimizer {
   MeshOptimizer(const MeshOptimizer&) = delete;
   MeshOptimizer& operator=(const MeshOptimizer&) = delete;
 
-  // Sums each class's gradient over its group: all_reduce (zero 0/1) or reduce_scatter (zero 2).
+  // Sums each class's gradient over its group: all_reduce (zero 0/1) or reduce_scatter (zero 2/3).
   void reduce(ref::ParamMap<T>& grads);
-  // Elements of reduced gradient this rank keeps after reduce() (zero 2: the shards).
+  // Elements of reduced gradient this rank keeps after reduce() (zero 2/3: the shards).
   int64_t reduced_grad_elems() const;
   // Sum of squares of the reduced gradient elements this rank counts.
   double sum_squares(const ref::ParamMap<T>& grads) const;
   // Sum of squares of this rank's local (unreduced) gradient (planted kLocalNormClip).
   double local_sum_squares(const ref::ParamMap<T>& grads) const;
   // Clip (factor != 1: each g = T(double(g) * factor)) and AdamW on the owned ranges, then share
-  // the updated working parameters over each group (zero >= 1).
+  // the updated working parameters over each group (zero 1/2; zero 3 keeps only the shards).
   void update(const ref::ParamMap<T>& grads, double clip_factor, double lr,
               ref::ParamMap<T>& params);
   int64_t owned_elems() const;  // optimizer elements this rank holds (with padding)
+  // Parameter elements a rank holds between uses: zero 3 its shards (owned_elems()), else all.
+  int64_t resident_elems() const;
+
+  // zero 3: all_gather the picked parameters' full local slices from their shards into params
+  // (collective over each class's group; every member picks the same parameters). Returns the
+  // elements gathered (0 below zero 3 or for a group of one).
+  using Pick = std::function<bool(const LocalParam&)>;
+  int64_t gather(ref::ParamMap<T>& params, const Pick& pick);
+  // zero 3: frees the gathered copies (the non-owned elements of the picked parameters: NaN).
+  void release(ref::ParamMap<T>& params, const Pick& pick) const;
   int steps_taken() const { return t_; }
 
   // fn(spec, local index, master value) for every element this rank counts.
@@ -96,6 +114,9 @@ class MeshOptimizer {
   bool counts(const LocalParam& p) const;
   void adam(Class& c, std::span<T> p, std::span<const T> g, double lr) const;
   void share(Class& c, ref::ParamMap<T>& params);
+  // Flat ranges [begin, end) of the picked parameters of c, contiguous ones merged.
+  std::vector<std::pair<int64_t, int64_t>> ranges(const Class& c, const Pick& pick) const;
+  void gather_range(Class& c, int64_t a, int64_t b, ref::ParamMap<T>& params);
 
   Env env_;
   std::vector<LocalParam> specs_;

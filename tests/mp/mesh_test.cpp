@@ -13,6 +13,7 @@
 
 #include "parallel/testing.hpp"
 #include "sim/world.hpp"
+#include "tests/mp/mesh_support.hpp"
 #include "tests/parallel/parity_support.hpp"
 
 namespace shardcheck::parallel {
@@ -20,74 +21,7 @@ namespace {
 
 using test::Parity;
 using test::Scenario;
-
-// Dense: 4 layers (pp 4), heads 4 / kv 2, vocab 32, S 16 (cp 4: 8 chunks of 2), dropout on.
-Scenario mesh_dense() {
-  Scenario s;
-  s.name = "mesh-dense";
-  s.model.vocab = 32;
-  s.model.hidden = 16;
-  s.model.layers = 4;
-  s.model.heads = 4;
-  s.model.kv_heads = 2;
-  s.model.ffn = 24;
-  s.model.seq_len = 16;
-  s.model.dropout = 0.1;
-  s.train.steps = 2;
-  s.train.global_batch = 16;
-  s.train.micro_batch = 2;
-  s.train.optimizer.lr = 5e-3;
-  s.train.clip_grad_norm = 0.05;
-  s.data.documents = 200;
-  s.data.min_len = 3;
-  s.data.max_len = 20;
-  return s;
-}
-
-Scenario mesh_moe() {
-  Scenario s = mesh_dense();
-  s.name = "mesh-moe";
-  s.model.dropout = 0.0;
-  s.model.tie_embeddings = false;
-  s.model.moe = ref::MoeConfig{
-      .experts = 4, .top_k = 2, .capacity_factor = 1.0, .every = 2, .aux_loss = 0.01};
-  return s;
-}
-
-test::DpRun mesh_run(const Scenario& s, const MeshOptions& o) {
-  const ref::Dataset ds = test::dataset_of(s);
-  test::DpRun out;
-  const int world = o.shape.world_size();
-  out.ranks.resize(static_cast<std::size_t>(world));
-  sim::SimWorld(world).run([&](comm::Communicator& c) {
-    MeshEngine engine(c, s.model, s.train, s.seed, o);
-    ref::DistributedSampler sampler(static_cast<int64_t>(ds.samples.size()), s.train.global_batch,
-                                    s.seed, true);
-    test::Trace& mine = out.ranks[static_cast<std::size_t>(c.rank())];
-    for (int n = 1; n <= s.train.steps; ++n) {
-      const ref::Batch local =
-          rank_batch(ds, sampler.next_global_batch(), engine.data_rank(), engine.data_world());
-      mine.steps.push_back(engine.step(local));
-      mine.params.push_back(engine.full_params());
-    }
-  });
-  return out;
-}
-
-Parity parity(const Scenario& s, const MeshOptions& o) {
-  return test::compare(test::reference_run(s), mesh_run(s, o));
-}
-
-struct Case {
-  const char* name;
-  MeshOptions options;
-};
-
-MeshOptions mesh(comm::MeshShape shape) {
-  MeshOptions o;
-  o.shape = shape;
-  return o;
-}
+using namespace mesh_test;  // NOLINT
 
 TEST(MeshEngine, SingleRankEqualsTheReference) {
   const Parity p = parity(mesh_dense(), mesh({}));
@@ -242,11 +176,6 @@ void put(Store& st, const StatePiece& p) {
   }
 }
 
-MeshOptions zero(MeshOptions o, int stage) {
-  o.zero = stage;
-  return o;
-}
-
 // Saves after step 1 on `src`, checks every element was written once, and continues step 2 on
 // each of `dsts` from the saved state: parity with the uninterrupted reference.
 void state_round_trip(const MeshOptions& src, const std::vector<MeshOptions>& dsts) {
@@ -306,12 +235,15 @@ TEST(MeshEngineState, ExportWritesEachElementOnceAndImportReshards) {
   state_round_trip(mesh({.tp = 4}), {mesh({.tp = 2, .pp = 2})});
 }
 
-// Sharded optimizer state (ZeRO-1/2): each shard's owner writes its pieces; any mesh reads them.
+// Sharded optimizer state (ZeRO-1/2/3): each shard's owner writes its pieces; any mesh reads them.
 TEST(MeshEngineState, ZeroShardsExportOnceAndImportAnywhere) {
   state_round_trip(zero(mesh({.dp = 2, .tp = 2}), 1),
                    {mesh({.tp = 2, .pp = 2}), zero(mesh({.dp = 2, .cp = 2}), 2)});
   state_round_trip(zero(mesh({.dp = 2, .pp = 2, .cp = 2}), 2),
                    {zero(mesh({.dp = 4}), 1), mesh({})});
+  // ZeRO-3: each rank holds only its parameter shards between steps; the owners write them.
+  state_round_trip(zero(mesh({.dp = 2, .tp = 2}), 3),
+                   {mesh({.tp = 2, .pp = 2}), zero(mesh({.dp = 2, .pp = 2}), 3)});
 }
 
 }  // namespace
@@ -320,103 +252,7 @@ TEST(MeshEngineState, ZeroShardsExportOnceAndImportAnywhere) {
 namespace shardcheck::parallel {
 namespace {
 
-// ZeRO on the data-parallel axes of the mesh: parity in f64 (tight) and bf16, the planted shard
-// offset bug caught.
-TEST(MeshEngineZero, ParityWithTheReference) {
-  MeshOptions sp = mesh({.dp = 2, .tp = 2, .pp = 2});
-  sp.sequence_parallel = true;
-  const std::vector<Case> cases = {
-      {"dp2-tp2 zero1", zero(mesh({.dp = 2, .tp = 2}), 1)},
-      {"dp2-tp2-pp2 zero2", zero(mesh({.dp = 2, .tp = 2, .pp = 2}), 2)},
-      {"dp2-tp2-pp2 sp zero1", zero(sp, 1)},
-      {"dp2-cp2 zero2", zero(mesh({.dp = 2, .cp = 2}), 2)},
-      {"dp4 zero2", zero(mesh({.dp = 4}), 2)},
-  };
-  for (const Case& c : cases) {
-    const Parity p = parity(mesh_dense(), c.options);
-    EXPECT_LE(p.max(), test::kF64Tolerance) << c.name << ": " << p.worst;
-    std::printf("%-28s f64 %.2e\n", c.name, p.max());
-  }
-  for (const int z : {1, 2}) {
-    const Parity p = parity(mesh_moe(), zero(mesh({.dp = 2, .ep = 2}), z));
-    EXPECT_LE(p.max(), test::kF64Tolerance) << "moe dp2-ep2 zero" << z << ": " << p.worst;
-    std::printf("moe dp2-ep2 zero%d           f64 %.2e\n", z, p.max());
-  }
-  const Parity cpep = parity(mesh_moe(), zero(mesh({.dp = 2, .tp = 2, .cp = 2, .ep = 2}), 2));
-  EXPECT_LE(cpep.max(), test::kF64Tolerance) << "moe dp2-tp2-cp2-ep2 zero2: " << cpep.worst;
-  std::printf("moe dp2-tp2-cp2-ep2 zero2   f64 %.2e\n", cpep.max());
-}
-
-TEST(MeshEngineZero, Bf16RecipeParity) {
-  Scenario s = mesh_dense();
-  s.train.precision = ref::Precision::kBf16;
-  for (const int z : {0, 1, 2}) {
-    const Parity p = parity(s, zero(mesh({.dp = 2, .tp = 2, .pp = 2}), z));
-    EXPECT_LE(p.loss, 2e-2) << "zero" << z << ": " << p.worst;
-    EXPECT_LE(p.params, 1e-3) << "zero" << z << ": " << p.worst;
-    std::printf("bf16 dp2-tp2-pp2 zero%d loss %.2e params %.2e\n", z, p.loss, p.params);
-  }
-}
-
-// The owner reads its gradient shard at r * floor(N / D) instead of r * S: needs N % D != 0
-// (DP 3 x TP 2: N = 3472 non-expert elements per rank, S = 1158).
-TEST(MeshEngineZero, WrongShardOffsetIsCaught) {
-  Scenario s = mesh_dense();
-  s.train.global_batch = 18;
-  const MeshOptions o = zero(mesh({.dp = 3, .tp = 2}), 1);
-  const Parity clean = parity(s, o);
-  EXPECT_LE(clean.max(), test::kF64Tolerance) << clean.worst;
-  testing::ScopedMutation m(testing::Mutation::kWrongShardOffset);
-  const Parity bad = parity(s, o);
-  EXPECT_GT(bad.max(), 1e-6) << "wrong shard offset was not caught";
-  std::printf("wrong shard offset: clean %.2e planted %.2e (%s)\n", clean.max(), bad.max(),
-              bad.worst.c_str());
-}
-
-TEST(MeshEngineZero, ValidationRefusesWhatIsNotBuilt) {
-  const Scenario s = mesh_dense();
-  const auto refuses = [&](const MeshOptions& o, const char* needle) {
-    try {
-      validate_mesh(s.model, s.train, o);
-      ADD_FAILURE() << "accepted: " << needle;
-    } catch (const MeshConfigError& e) {
-      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-    }
-  };
-  refuses(zero(mesh({.dp = 2, .tp = 2}), 3), "zero 3");
-  refuses(zero(mesh({.dp = 2}), 4), "zero 4");
-  MeshOptions f = mesh({.dp = 2, .tp = 2});
-  f.fsdp = "full_shard";
-  refuses(f, "fsdp \"full_shard\"");
-  EXPECT_NO_THROW(validate_mesh(s.model, s.train, zero(mesh({.dp = 2, .tp = 2}), 2)));
-}
-
-// Per rank: the tracker's category peaks over two steps, and the model state at the last
-// optimizer.
-struct RankMemory {
-  comm::MemoryBreakdown peaks, model_state, after;
-};
-
-std::vector<RankMemory> mesh_memory(const Scenario& s, const MeshOptions& o) {
-  const ref::Dataset ds = test::dataset_of(s);
-  std::vector<RankMemory> out(static_cast<std::size_t>(o.shape.world_size()));
-  sim::SimWorld(o.shape.world_size()).run([&](comm::Communicator& c) {
-    MeshEngine e(c, s.model, s.train, s.seed, o);
-    ref::DistributedSampler sampler(static_cast<int64_t>(ds.samples.size()), s.train.global_batch,
-                                    s.seed, true);
-    for (int n = 1; n <= s.train.steps; ++n)
-      e.step(rank_batch(ds, sampler.next_global_batch(), e.data_rank(), e.data_world()));
-    RankMemory& m = out[static_cast<std::size_t>(c.rank())];
-    m.peaks = c.memory().category_peaks();
-    m.model_state = e.last_model_state();
-    m.after = c.memory().current();
-  });
-  return out;
-}
-
-std::size_t of(const comm::MemoryBreakdown& b, comm::MemCategory c) {
-  return b[c];
-}
+using namespace mesh_test;  // NOLINT
 
 TEST(MeshEngineMemory, OneFOneBKeepsFewerActivationsThanGPipe) {
   const Scenario s = mesh_dense();  // 8 microbatches per step over 4 stages
@@ -456,32 +292,6 @@ TEST(MeshEngineMemory, TensorParallelHalvesTheSplitWeights) {
   }
   std::printf("params per rank: tp1 %.0f B, tp2 %zu B\n", p1,
               of(two[0].model_state, comm::MemCategory::params));
-}
-
-TEST(MeshEngineMemory, ZeroShardsOptimizerStateAndGradients) {
-  const Scenario s = mesh_dense();
-  const auto z0 = mesh_memory(s, mesh({.dp = 2, .tp = 2}));
-  const auto z1 = mesh_memory(s, zero(mesh({.dp = 2, .tp = 2}), 1));
-  const auto z2 = mesh_memory(s, zero(mesh({.dp = 2, .tp = 2}), 2));
-  for (std::size_t r = 0; r < z0.size(); ++r) {
-    const std::size_t o0 = of(z0[r].model_state, comm::MemCategory::optimizer);
-    const std::size_t o1 = of(z1[r].model_state, comm::MemCategory::optimizer);
-    const std::size_t g0 = of(z0[r].model_state, comm::MemCategory::grads);
-    const std::size_t g2 = of(z2[r].model_state, comm::MemCategory::grads);
-    EXPECT_GE(2 * o1, o0);
-    EXPECT_LE(2 * o1, o0 + 2 * 16);  // padding: < D elements per class
-    EXPECT_EQ(of(z2[r].model_state, comm::MemCategory::optimizer), o1);
-    EXPECT_EQ(of(z1[r].model_state, comm::MemCategory::grads), g0);
-    EXPECT_GE(2 * g2, g0);
-    EXPECT_LE(2 * g2, g0 + 2 * 8);
-    EXPECT_EQ(of(z1[r].model_state, comm::MemCategory::params),
-              of(z0[r].model_state, comm::MemCategory::params));
-    if (r == 0)
-      std::printf(
-          "dp2-tp2 rank 0: optimizer zero0 %zu B, zero1 %zu B; grads zero0 %zu B, "
-          "zero2 %zu B\n",
-          o0, o1, g0, g2);
-  }
 }
 
 }  // namespace
