@@ -163,6 +163,19 @@ TEST(MeshEngineZero, Zero3ShardsTheParameters) {
       std::printf("dp2-tp2 rank 0 params between steps: zero0 %zu B, zero3 %zu B (peak %zu B)\n",
                   p0, p3, of(z3[r].peaks, comm::MemCategory::params));
   }
+  // Interleaved (two chunks per stage): one chunk's parameters gathered at a time, never the
+  // stage's whole set.
+  MeshOptions inter = zero(mesh({.dp = 2, .pp = 2}), 3);
+  inter.schedule = PipeSchedule::interleaved;
+  inter.virtual_stages = 2;
+  MeshOptions inter0 = inter;
+  inter0.zero = 0;
+  const auto i0 = mesh_memory(s, inter0), i3 = mesh_memory(s, inter);
+  for (std::size_t r = 0; r < i0.size(); ++r) {
+    const std::size_t p0 = of(i0[r].after, comm::MemCategory::params);
+    const std::size_t p3 = of(i3[r].after, comm::MemCategory::params);
+    EXPECT_LT(of(i3[r].peaks, comm::MemCategory::params), p3 + p0) << "rank " << r;
+  }
 }
 
 }  // namespace
