@@ -3,6 +3,8 @@
 // the value to change: heads not divisible by tp, experts by ep, layers fewer than stages, ...
 #include "harness/scenario.hpp"
 
+#include <algorithm>
+
 #include <fstream>
 #include <sstream>
 
@@ -172,10 +174,10 @@ void check_config(const ParallelSpec& p, const ref::ModelConfig& m, const ref::T
     fail("sequence_parallel",
          "the " + num(m.seq_len / s.cp) +
              " rows per CP rank (model.seq_len / cp) are not divisible by tp (" + num(s.tp) + ")");
-  if (p.cp_algo == "ulysses" && s.cp > 1 &&
-      ((m.heads / s.tp) % s.cp != 0 || (m.kv_heads / s.tp) % s.cp != 0))
+  const int kv_local = std::max(1, m.kv_heads / s.tp);  // tp > kv_heads: one, replicated
+  if (p.cp_algo == "ulysses" && s.cp > 1 && ((m.heads / s.tp) % s.cp != 0 || kv_local % s.cp != 0))
     fail("cp_algo", "ulysses needs the heads per TP rank (" + num(m.heads / s.tp) + " query, " +
-                        num(m.kv_heads / s.tp) + " kv) divisible by cp (" + num(s.cp) + ")");
+                        num(kv_local) + " kv) divisible by cp (" + num(s.cp) + ")");
   const int data_ranks = s.dp * s.ep;  // ep ranks hold different data for the dense layers
   if (t.global_batch % (data_ranks * t.micro_batch) != 0)
     fail("dp", "train.global_batch (" + num(t.global_batch) +

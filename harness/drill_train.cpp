@@ -1,0 +1,171 @@
+// The drills' training and restore machinery (drill_train.hpp).
+#include "harness/drill_train.hpp"
+
+#include <algorithm>
+#include <cstdio>
+
+#include "harness/runner.hpp"
+#include "harness/sim_options.hpp"
+#include "parallel/data_parallel.hpp"
+
+namespace shardcheck::harness::drill_impl {
+
+std::string g3(double v) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.3g", v);
+  return b;
+}
+
+std::string step_name(int k) {
+  return ck::step_dir_name(static_cast<std::uint64_t>(k));
+}
+
+std::string steps_text(int from, int to) {
+  return from == to ? "step " + std::to_string(from)
+                    : "steps " + std::to_string(from) + "-" + std::to_string(to);
+}
+
+std::string not_built(const Scenario& s, const ParallelSpec& p) {
+  const std::string why = unsupported(s, p);
+  return why.empty() ? "" : p.label() + ": " + why;
+}
+
+std::string config_text(const Scenario& s, const ParallelSpec& p) {
+  if (model_parallel(p)) return p.label() + " (mesh)";
+  return p.label() + " (" + std::string(parallel::name_of(engine_options(s, p).strategy)) + ")";
+}
+
+Trace reference_trace(const Scenario& s, const ref::Dataset& ds) {
+  ref::DistributedSampler sampler(static_cast<int64_t>(ds.samples.size()), s.train.global_batch,
+                                  s.seed, s.data.drop_last);
+  ref::Trainer trainer(s.model, s.train, s.seed);
+  Trace t;
+  for (int n = 1; n <= s.train.steps; ++n) {
+    t.steps.push_back(trainer.step(ref::gather_batch(ds, sampler.next_global_batch())));
+    t.params.push_back(trainer.params());
+  }
+  return t;
+}
+
+// PlantedBug::skip_checksums: each rank opens the checkpoint alone without hashing payloads and
+// imports straight away; a read that re-hashes a whole shard may still throw, but only mid-import.
+TrainCursor restore_unverified(Trainee& e, const fs::path& step_dir) {
+  const ck::Checkpoint c = ck::Checkpoint::open(step_dir, {.verify_checksums = false});
+  e.import_state([&](const std::string& tensor, comm::DType, std::size_t begin, std::size_t count,
+                     std::span<std::byte> out) {
+    c.read(tensor, ck::FlatRange{begin, count}, out);
+  });
+  const ck::RunState& st = c.manifest().state;
+  TrainCursor cur;
+  cur.step = static_cast<int>(st.step);
+  cur.consumed_samples = static_cast<std::int64_t>(st.consumed_samples);
+  cur.consumed_tokens = static_cast<std::int64_t>(st.consumed_tokens);
+  const nlohmann::json& j = st.sampler;
+  cur.sampler = {j.at("epoch"), j.at("offset"), j.at("steps"), j.at("padded"), j.at("drop_last")};
+  return cur;
+}
+
+// restore_training as the drills call it, or with the planted bug a test asked for.
+TrainCursor restore(comm::Communicator& c, Trainee& e, const Ctx& x, const fs::path& step_dir) {
+  switch (x.bug) {
+    case PlantedBug::swallow_restore_errors:
+      try {
+        return restore_training(c, e, x.s, step_dir);
+      } catch (const ck::RestoreError&) {
+        return {};
+      }
+    case PlantedBug::skip_checksums:
+      return restore_unverified(e, step_dir);
+    case PlantedBug::off_by_one_step: {
+      TrainCursor cur = restore_training(c, e, x.s, step_dir);
+      cur.step -= 1;
+      return cur;
+    }
+    default:
+      return restore_training(c, e, x.s, step_dir);
+  }
+}
+
+// The checkpoint a resume from `dir` uses: the newest committed one, validated (open_latest
+// refuses a bad newest one naming the previous good one), or what a planted bug picks instead.
+fs::path resolve_latest(const Ctx& x, const fs::path& dir) {
+  if (x.bug == PlantedBug::accept_uncommitted) {
+    fs::path best;
+    std::uint64_t best_step = 0;
+    for (const auto& e : fs::directory_iterator(dir)) {
+      std::string name = e.path().filename().string();
+      if (name.ends_with(".tmp")) name.resize(name.size() - 4);
+      if (auto n = ck::parse_step_dir_name(name); n && (best.empty() || *n >= best_step)) {
+        best = e.path();
+        best_step = *n;
+      }
+    }
+    return best;
+  }
+  if (x.bug == PlantedBug::skip_bad_latest) {
+    try {
+      return ck::open_latest(dir).path();
+    } catch (const ck::RestoreError& e) {
+      if (e.previous_good().empty()) throw;
+      return e.previous_good();
+    }
+  }
+  return ck::open_latest(dir).path();
+}
+
+sim::SimOptions world_options(const Scenario& s, int n) {
+  Scenario calm = s;  // the drills inject checkpoint damage, not the scenario's run faults
+  calm.faults.clear();
+  return sim_options(calm, n);
+}
+
+// Trains plan.spec on a fresh SimWorld. Throws sim::RankFailure when a rank fails.
+Trajectory train(const Ctx& x, const TrainPlan& plan) {
+  const ParallelSpec& p = plan.spec;
+  const int n = p.mesh.world_size();
+  const parallel::DataParallelOptions opt = engine_options(x.s, p);
+  sim::SimWorld world(n, world_options(x.s, n));
+  Trajectory t;
+  t.final_params.resize(static_cast<std::size_t>(n));
+  t.final_state.resize(static_cast<std::size_t>(n));
+  world.run([&](comm::Communicator& c) {
+    const bool lead = c.rank() == 0;
+    const std::unique_ptr<Trainee> trainee = make_trainee(c, x.s, p, opt);
+    Trainee& engine = *trainee;
+    ref::DistributedSampler sampler(static_cast<int64_t>(x.ds.samples.size()),
+                                    x.s.train.global_batch, x.s.seed, x.s.data.drop_last);
+    TrainCursor cur;
+    if (!plan.resume_from.empty()) {
+      cur = restore(c, engine, x, plan.resume_from);
+      if (x.bug != PlantedBug::replay_data) sampler.restore(cur.sampler);
+      if (lead) t.restored = cur;
+    }
+    if (lead) t.first_step = cur.step + 1;
+    for (int k = cur.step + 1; k <= plan.last_step; ++k) {
+      const std::vector<std::int64_t> ids = sampler.next_global_batch();
+      const ref::StepRecord rec = engine.step(engine.local_batch(x.ds, ids));
+      cur.step = k;
+      cur.consumed_samples += x.s.train.global_batch;
+      cur.consumed_tokens += rec.non_padding_tokens;
+      cur.sampler = sampler.state();
+      if (lead) {
+        t.steps.push_back(rec);
+        t.ids.push_back(ids);
+        t.cursors.push_back(cur);
+      }
+      if (std::find(plan.save_at.begin(), plan.save_at.end(), k) != plan.save_at.end()) {
+        // Throwaway drill data: no fsync (the commit order, which the drills check, is the same).
+        // keep = 0 (all): retention must not delete step-k, which every restore drill starts from.
+        ck::SaveOptions so{.keep = 0, .durable = false};
+        if (k == plan.crash_step) so = ck::drill::crash_before_commit(so, plan.crash_rank);
+        save_training(c, engine, x.s, p, cur, plan.save_dir, so);
+      }
+    }
+    const auto r = static_cast<std::size_t>(c.rank());
+    t.final_params[r] = engine.full_params();
+    t.final_state[r] = engine.export_state();
+  });
+  return t;
+}
+
+}  // namespace shardcheck::harness::drill_impl
