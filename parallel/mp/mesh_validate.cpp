@@ -1,4 +1,5 @@
 // validate_mesh: every divisibility rule of the mesh, with the field and the numbers named.
+#include <algorithm>
 #include <string>
 
 #include "parallel/mp/mesh_engine.hpp"
@@ -56,7 +57,7 @@ void validate_mesh(const ref::ModelConfig& m, const ref::TrainConfig& t, const M
     throw MeshConfigError(std::string("model.seq_len: ") + e.what());
   }
   if (o.cp_algo == CpAlgo::ulysses && s.cp > 1) {
-    const int hl = m.heads / s.tp, kvl = m.kv_heads / s.tp;
+    const int hl = m.heads / s.tp, kvl = std::max(1, m.kv_heads / s.tp);  // replicated kv: 1
     require(hl % s.cp == 0 && kvl % s.cp == 0, "cp_algo \"ulysses\" needs the heads per TP rank (" +
                                                    n(hl) + " query, " + n(kvl) +
                                                    " kv) divisible by cp " + n(s.cp));
