@@ -63,6 +63,10 @@ bool model_parallel(const ParallelSpec& p) {
 
 std::string unsupported(const Scenario& s, const ParallelSpec& p) {
   if (!model_parallel(p)) return "";
+  if (p.fsdp && (p.fsdp_wrap != "block" || !p.fsdp_reshard_after_forward || p.fsdp_prefetch > 1))
+    return "on a model-parallel mesh FSDP gathers each pipeline chunk's parameters before its "
+           "forward and again before its backward, without prefetch: fsdp wrap, "
+           "reshard_after_forward and prefetch settings are not built there";
   for (const FaultSpec& f : s.faults)
     if (f.kind == "nan_gradient")
       return "nan_gradient faults need the gradient hook of the data-parallel engine; the mesh "
