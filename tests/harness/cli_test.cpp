@@ -45,7 +45,6 @@ TEST(Cli, BadInputExitsTwoAndSaysWhat) {
       {"bench collectives --ranks two", "--ranks"},
       {"bench collectives -b 1MB -e 4KB", "--min-bytes must be positive and at most --max-bytes"},
       {"bench collectives --backend mpi", "--backend"},
-      {"bench collectives --backend nccl", "built without the gpu/ backend"},
       {"bench collectives --frobnicate", "frobnicate"},
   };
   for (const auto& [args, message] : cases) {
