@@ -26,6 +26,7 @@ const std::string kScenarios = SHARDCHECK_SCENARIOS_DIR;
 using shardcheck::testing::shardcheck;
 
 using shardcheck::testing::read_json;
+using shardcheck::testing::TempDir;
 
 TEST(RunCommand, ParityMatrixPassesAndWritesReports) {
   const fs::path dir = fs::temp_directory_path() / "shardcheck_matrix_report";
@@ -70,22 +71,40 @@ TEST(RunCommand, PlantedBugsFailTheGate) {
   }
 }
 
-TEST(RunCommand, UnsupportedConfigurationsAreReportedNotPassed) {
-  const fs::path dir = fs::temp_directory_path() / "shardcheck_run_example";
-  const auto [code, out] =
-      shardcheck("run " + kScenarios + "/examples/dp2-tp2-moe.json --report " + dir.string());
-  EXPECT_EQ(code, 1) << out;
-  const auto j = read_json(dir / "report.json");
-  EXPECT_FALSE(j.at("pass").get<bool>());
+TEST(RunCommand, DesignExamplePassesOnBothEngines) {
+  // dp4 on the data-parallel engine, dp2 x tp2 with ZeRO-3 (MoE) on the mesh engine.
+  const TempDir tmp("shardcheck_run_example");
+  const auto [code, out] = shardcheck("run " + kScenarios + "/examples/dp2-tp2-moe.json --report " +
+                                      tmp.path().string());
+  EXPECT_EQ(code, 0) << out;
+  const auto j = read_json(tmp.path() / "report.json");
+  EXPECT_TRUE(j.at("pass").get<bool>());
   EXPECT_EQ(j.at("world_size"), 4);
   ASSERT_EQ(j.at("manifest").at("groups").size(), 4u);
   EXPECT_EQ(j.at("manifest").at("groups")[3].at("tp"), (std::vector<int>{2, 3}));
   const auto& rows = j.at("parity");
   ASSERT_EQ(rows.size(), 2u);
-  EXPECT_TRUE(rows[0].at("pass").get<bool>());        // dp4
-  EXPECT_FALSE(rows[1].at("supported").get<bool>());  // dp2-tp2-zero3
+  EXPECT_EQ(rows[0].at("strategy"), "ddp");
+  EXPECT_EQ(rows[1].at("strategy"), "mesh");
+  EXPECT_TRUE(rows[1].at("pass").get<bool>());
+}
+
+TEST(RunCommand, UnsupportedConfigurationsAreReportedNotPassed) {
+  const TempDir tmp("shardcheck_run_unsupported");
+  nlohmann::json s = read_json(kScenarios + "/examples/dp2-tp2-moe.json");
+  s["matrix"] = {{{"dp", 4}}, {{"dp", 2}, {"tp", 2}, {"zero", 0}, {"fsdp", "hybrid_shard"}}};
+  const auto [code, out] =
+      shardcheck("run " + tmp.write("s.json", s).string() + " --report " + tmp.path().string());
+  EXPECT_EQ(code, 1) << out;
+  const auto j = read_json(tmp.path() / "report.json");
+  EXPECT_FALSE(j.at("pass").get<bool>());
+  const auto& rows = j.at("parity");
+  ASSERT_EQ(rows.size(), 2u);
+  EXPECT_TRUE(rows[0].at("pass").get<bool>());
+  EXPECT_FALSE(rows[1].at("supported").get<bool>());
   EXPECT_FALSE(rows[1].at("pass").get<bool>());
-  fs::remove_all(dir);
+  EXPECT_NE(rows[1].at("detail").get<std::string>().find("hybrid_shard"), std::string::npos)
+      << rows[1].at("detail");
 }
 
 TEST(RunCommand, BadScenariosExitTwoWithThePath) {
