@@ -7,18 +7,16 @@
 #include <stdexcept>
 #include <string>
 
+#include "gpu/kernel_util.cuh"
 #include "gpu/ops.hpp"
 #include "gpu/philox.cuh"
 
 namespace shardcheck::gpu::ops {
 namespace {
 
-constexpr int kThreads = 256;
+using kernel::kThreads;
 
-void cuda_ok(cudaError_t e, const char* op) {
-  if (e != cudaSuccess)
-    throw std::runtime_error(std::string("gpu::ops::") + op + ": " + cudaGetErrorString(e));
-}
+using kernel::cuda_ok;
 
 // What the kernels need of the dropout: the stream of "dropout/layers.<layer>" hashed on the host.
 struct Drop {

@@ -5,18 +5,16 @@
 #include <stdexcept>
 #include <string>
 
+#include "gpu/kernel_util.cuh"
 #include "gpu/ops.hpp"
 
 namespace shardcheck::gpu::ops {
 namespace {
 
-constexpr int kThreads = 256;
+using kernel::kThreads;
 constexpr double kEps = 1e-5;  // reference::kRmsNormEps
 
-void cuda_ok(cudaError_t e, const char* op) {
-  if (e != cudaSuccess)
-    throw std::runtime_error(std::string("gpu::ops::") + op + ": " + cudaGetErrorString(e));
-}
+using kernel::cuda_ok;
 void blas_ok(cublasStatus_t s, const char* op) {
   if (s != CUBLAS_STATUS_SUCCESS)
     throw std::runtime_error(std::string("gpu::ops::") + op + ": cuBLAS " +
@@ -28,10 +26,7 @@ cudaStream_t st(const Context& c) {
 cublasHandle_t bh(const Context& c) {
   return static_cast<cublasHandle_t>(c.cublas());
 }
-unsigned grid(int64_t n) {
-  const int64_t b = (n + kThreads - 1) / kThreads;
-  return static_cast<unsigned>(b < 1 ? 1 : (b > 65535 ? 65535 : b));
-}
+using kernel::grid;
 int ci(int64_t v) {
   return static_cast<int>(v);
 }

@@ -6,20 +6,17 @@
 #include <stdexcept>
 #include <string>
 
+#include "gpu/kernel_util.cuh"
 #include "gpu/ops.hpp"
 
 namespace shardcheck::gpu::ops {
 namespace {
 
-constexpr int kThreads = 256;
+using kernel::kThreads;
 
-void cuda_ok(cudaError_t e, const char* op) {
-  if (e != cudaSuccess)
-    throw std::runtime_error(std::string("gpu::ops::") + op + ": " + cudaGetErrorString(e));
-}
+using kernel::cuda_ok;
 unsigned grid(int64_t n) {
-  const int64_t b = (n + kThreads - 1) / kThreads;
-  return static_cast<unsigned>(b < 1 ? 1 : (b > 1024 ? 1024 : b));
+  return kernel::grid(n, 1024);
 }
 
 template <class T>

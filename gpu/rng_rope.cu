@@ -5,22 +5,17 @@
 #include <stdexcept>
 #include <string>
 
+#include "gpu/kernel_util.cuh"
 #include "gpu/ops.hpp"
 #include "gpu/philox.cuh"
 
 namespace shardcheck::gpu::ops {
 namespace {
 
-constexpr int kThreads = 256;
+using kernel::kThreads;
 
-void cuda_ok(cudaError_t e, const char* op) {
-  if (e != cudaSuccess)
-    throw std::runtime_error(std::string("gpu::ops::") + op + ": " + cudaGetErrorString(e));
-}
-unsigned grid(int64_t n) {
-  const int64_t b = (n + kThreads - 1) / kThreads;
-  return static_cast<unsigned>(b < 1 ? 1 : (b > 65535 ? 65535 : b));
-}
+using kernel::cuda_ok;
+using kernel::grid;
 
 using detail::join;
 using detail::philox;
