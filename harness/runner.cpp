@@ -154,6 +154,16 @@ namespace detail {
 // The verdict. With expect.fault set, the configuration passes when that fault was detected
 // (parity is reported, not required: a fault may change the numbers on purpose). Without it, a
 // detected fault that breaks runs (FaultResult::breaks_run) means exit 3; otherwise parity decides.
+ConfigResult config_row(const Scenario& s, const ParallelSpec& p) {
+  ConfigResult r;
+  r.config = p.label();
+  r.spec = p;
+  r.tolerance = tolerance_for(s.train.precision);
+  r.detail = unsupported(s, p);
+  r.supported = r.detail.empty();
+  return r;
+}
+
 void decide(const Scenario& s, ConfigResult& r) {
   if (s.expect_fault) {
     const auto hit = std::find_if(r.faults.begin(), r.faults.end(), [&](const FaultResult& f) {
@@ -324,15 +334,8 @@ ConfigResult run_config(const Scenario& s, const ref::Dataset& ds, const Trace& 
         s, ds, want, p, [&p](const auto& fn) { run_nccl(p.mesh.world_size(), fn); }, place.mpi,
         place.capacity, place.mpi ? "processes started by mpirun" : "visible GPUs");
   }
-  ConfigResult r;
-  r.config = p.label();
-  r.spec = p;
-  r.tolerance = tolerance_for(s.train.precision);
-  r.detail = unsupported(s, p);
-  if (!r.detail.empty()) {
-    r.supported = false;
-    return r;
-  }
+  ConfigResult r = detail::config_row(s, p);
+  if (!r.supported) return r;
   parallel::DataParallelOptions opt = engine_options(s, p);
   opt.health.check = true;
   opt.health.policy = s.health.nan_policy == "stop" ? parallel::NonFinitePolicy::stop

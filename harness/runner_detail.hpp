@@ -48,6 +48,9 @@ void measure_parity(const Scenario& s, const Trace& want, const std::vector<Rank
                     ConfigResult& r);
 std::optional<FaultResult> nan_result(const RankTrace& rank0);
 void decide(const Scenario& s, ConfigResult& r);
+// A configuration's row before it runs: label, spec, tolerance, and, when it cannot run,
+// supported = false with the reason in detail.
+ConfigResult config_row(const Scenario& s, const ParallelSpec& p);
 
 // Runs `fn` on every rank of a configuration (a backend's rank runner).
 using Ranks = std::function<void(const std::function<void(comm::Communicator&)>&)>;

@@ -204,15 +204,8 @@ void unpack(const std::vector<std::byte>& bytes, RankTrace& t, RankMemory& m) {
 ConfigResult run_config_ranks(const Scenario& s, const ref::Dataset& ds, const Trace& want,
                               const ParallelSpec& p, const Ranks& ranks, bool gather, int capacity,
                               const std::string& capacity_what) {
-  ConfigResult r;
-  r.config = p.label();
-  r.spec = p;
-  r.tolerance = tolerance_for(s.train.precision);
-  r.detail = unsupported(s, p);
-  if (!r.detail.empty()) {
-    r.supported = false;
-    return r;
-  }
+  ConfigResult r = config_row(s, p);
+  if (!r.supported) return r;
   const int world = p.mesh.world_size();
   if (world > capacity || (gather && world != capacity)) {
     r.supported = false;
