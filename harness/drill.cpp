@@ -484,7 +484,7 @@ DrillReport run_drills(const Scenario& s, const DrillOptions& o) {
   r.work_dir = work.temporary ? fs::path() : work.path;
   std::string broke;
   if (not_built(x.s, x.base).empty()) {
-    x.want = reference_trace(s, x.ds);
+    x.want = detail::reference_run(s, x.ds, "");
     try {
       x.straight = train(x, {.spec = x.base,
                              .last_step = s.train.steps,

@@ -35,18 +35,6 @@ std::string config_text(const Scenario& s, const ParallelSpec& p) {
   return p.label() + " (" + std::string(parallel::name_of(engine_options(s, p).strategy)) + ")";
 }
 
-Trace reference_trace(const Scenario& s, const ref::Dataset& ds) {
-  ref::DistributedSampler sampler(static_cast<int64_t>(ds.samples.size()), s.train.global_batch,
-                                  s.seed, s.data.drop_last);
-  ref::Trainer trainer(s.model, s.train, s.seed);
-  Trace t;
-  for (int n = 1; n <= s.train.steps; ++n) {
-    t.steps.push_back(trainer.step(ref::gather_batch(ds, sampler.next_global_batch())));
-    t.params.push_back(trainer.params());
-  }
-  return t;
-}
-
 // PlantedBug::skip_checksums: each rank opens the checkpoint alone without hashing payloads and
 // imports straight away; a read that re-hashes a whole shard may still throw, but only mid-import.
 TrainCursor restore_unverified(Trainee& e, const fs::path& step_dir) {

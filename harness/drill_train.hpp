@@ -13,6 +13,7 @@
 #include "checkpoint/checkpoint.hpp"
 #include "harness/checkpointing.hpp"
 #include "harness/drill.hpp"
+#include "harness/runner_detail.hpp"
 #include "harness/scenario.hpp"
 #include "harness/trainee.hpp"
 #include "reference/data.hpp"
@@ -24,10 +25,7 @@ namespace shardcheck::harness::drill_impl {
 namespace fs = std::filesystem;
 namespace ck = checkpoint;
 
-struct Trace {  // the single-device reference
-  std::vector<ref::StepRecord> steps;
-  std::vector<ref::ParamMap<double>> params;  // after each step
-};
+using detail::Trace;  // the single-device reference
 
 // What one simulated training run recorded. Steps, sample ids and cursors are rank 0's (every
 // rank's step record is the global one); parameters and state are every rank's own.
@@ -98,8 +96,6 @@ std::string steps_text(int from, int to);
 std::string not_built(const Scenario& s, const ParallelSpec& p);
 
 std::string config_text(const Scenario& s, const ParallelSpec& p);
-
-Trace reference_trace(const Scenario& s, const ref::Dataset& ds);
 
 // PlantedBug::skip_checksums: each rank opens the checkpoint alone without hashing payloads and
 // imports straight away; a read that re-hashes a whole shard may still throw, but only mid-import.

@@ -35,28 +35,7 @@ using detail::CheckpointPlan;
 using detail::RankTrace;
 using detail::Trace;
 
-namespace {
-
-Trace reference_run(const Scenario& s, const ref::Dataset& ds, const std::string& dump_dir) {
-  ref::DistributedSampler sampler(static_cast<int64_t>(ds.samples.size()), s.train.global_batch,
-                                  s.seed, s.data.drop_last);
-  ref::Trainer trainer(s.model, s.train, s.seed);
-  std::optional<ref::TensorDumper> dumper;
-  if (!dump_dir.empty()) {
-    dumper.emplace(dump_dir);
-    trainer.set_observer(
-        [&](const std::string& name, const ref::HostArray& a) { dumper->add(name, a); });
-  }
-  Trace t;
-  for (int n = 1; n <= s.train.steps; ++n) {
-    t.steps.push_back(trainer.step(ref::gather_batch(ds, sampler.next_global_batch())));
-    t.params.push_back(trainer.params());
-  }
-  if (dumper) dumper->write_index();
-  return t;
-}
-
-}  // namespace
+namespace {}  // namespace
 
 parallel::DataParallelOptions engine_options(const Scenario& s, const ParallelSpec& p) {
   parallel::DataParallelOptions opt;
@@ -154,6 +133,25 @@ namespace detail {
 // The verdict. With expect.fault set, the configuration passes when that fault was detected
 // (parity is reported, not required: a fault may change the numbers on purpose). Without it, a
 // detected fault that breaks runs (FaultResult::breaks_run) means exit 3; otherwise parity decides.
+Trace reference_run(const Scenario& s, const ref::Dataset& ds, const std::string& dump_dir) {
+  ref::DistributedSampler sampler(static_cast<int64_t>(ds.samples.size()), s.train.global_batch,
+                                  s.seed, s.data.drop_last);
+  ref::Trainer trainer(s.model, s.train, s.seed);
+  std::optional<ref::TensorDumper> dumper;
+  if (!dump_dir.empty()) {
+    dumper.emplace(dump_dir);
+    trainer.set_observer(
+        [&](const std::string& name, const ref::HostArray& a) { dumper->add(name, a); });
+  }
+  Trace t;
+  for (int n = 1; n <= s.train.steps; ++n) {
+    t.steps.push_back(trainer.step(ref::gather_batch(ds, sampler.next_global_batch())));
+    t.params.push_back(trainer.params());
+  }
+  if (dumper) dumper->write_index();
+  return t;
+}
+
 ConfigResult config_row(const Scenario& s, const ParallelSpec& p) {
   ConfigResult r;
   r.config = p.label();
@@ -463,7 +461,7 @@ RunResult run_scenario(const Scenario& s, const RunOptions& o) {
                             std::to_string(s.train.global_batch) + "); add documents");
   const int total = static_cast<int>(s.configs.size());
   if (o.progress) o.progress("reference", 0, total);
-  const Trace want = reference_run(s, ds, o.dump_tensors);
+  const Trace want = detail::reference_run(s, ds, o.dump_tensors);
   for (const ParallelSpec& p : s.configs) {
     if (o.progress) o.progress(p.label(), static_cast<int>(out.configs.size()) + 1, total);
     out.configs.push_back(run_config(s, ds, want, p, o));

@@ -48,6 +48,9 @@ void measure_parity(const Scenario& s, const Trace& want, const std::vector<Rank
                     ConfigResult& r);
 std::optional<FaultResult> nan_result(const RankTrace& rank0);
 void decide(const Scenario& s, ConfigResult& r);
+// The single-device reference over the scenario's steps (the sampler's global batches); with a
+// dump_dir, its tensors as .npy files there.
+Trace reference_run(const Scenario& s, const ref::Dataset& ds, const std::string& dump_dir);
 // A configuration's row before it runs: label, spec, tolerance, and, when it cannot run,
 // supported = false with the reason in detail.
 ConfigResult config_row(const Scenario& s, const ParallelSpec& p);
