@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "comm/errors.hpp"
+#include "gpu/nccl_core.hpp"
 
 namespace shardcheck::gpu {
 
@@ -25,27 +26,6 @@ void cuda_ok(cudaError_t e, const char* call, int rank) {
   if (e != cudaSuccess)
     throw comm::CommError({rank, "world", "init", 0},
                           std::string(call) + ": " + cudaGetErrorString(e));
-}
-
-// Non-blocking init returns at once; poll until the communicator is ready (or failed, or late).
-void settle_init(ncclComm_t c, int rank, std::chrono::milliseconds timeout) {
-  const auto start = std::chrono::steady_clock::now();
-  for (;;) {
-    ncclResult_t a = ncclSuccess;
-    const ncclResult_t q = ncclCommGetAsyncError(c, &a);
-    if (q != ncclSuccess) a = q;
-    if (a == ncclSuccess) return;
-    if (a != ncclInProgress) {
-      ncclCommAbort(c);
-      nccl_fail("ncclCommInitRankConfig", a, rank);
-    }
-    if (std::chrono::steady_clock::now() - start > timeout) {
-      ncclCommAbort(c);
-      throw comm::PeerError({rank, "world", "init", 0}, "NCCL init timed out: a rank never joined",
-                            -1);
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
 }
 
 ncclConfig_t nonblocking() {
@@ -81,7 +61,7 @@ std::unique_ptr<NcclCommunicator> init_rank(const std::vector<char>& unique_id, 
   ncclComm_t c = nullptr;
   const ncclResult_t r = ncclCommInitRankConfig(&c, nranks, id, rank, &cfg);
   if (r != ncclSuccess && r != ncclInProgress) nccl_fail("ncclCommInitRankConfig", r, rank);
-  settle_init(c, rank, options.timeout);
+  detail::settle_comm(c, {rank, "world", "init", 0}, "ncclCommInitRankConfig", options.timeout);
   return std::make_unique<NcclCommunicator>(c, device, std::move(name), std::vector<int>{}, nullptr,
                                             options);
 }
@@ -107,7 +87,9 @@ void run_all_gpus(int n, const std::function<void(NcclCommunicator&)>& fn, NcclO
   }
   r = ncclGroupEnd();
   if (r != ncclSuccess && r != ncclInProgress) nccl_fail("ncclGroupEnd (init)", r, 0);
-  for (int i = 0; i < n; ++i) settle_init(comms[static_cast<std::size_t>(i)], i, options.timeout);
+  for (int i = 0; i < n; ++i)
+    detail::settle_comm(comms[static_cast<std::size_t>(i)], {i, "world", "init", 0},
+                        "ncclCommInitRankConfig", options.timeout);
 
   auto cancel = std::make_shared<std::atomic<bool>>(false);
   std::mutex mu;

@@ -38,26 +38,6 @@ bool is_half(DType t) {
 }
 
 // Polls a communicator that NCCL is still creating (non-blocking init or split).
-void settle_new(ncclComm_t c, const OpContext& ctx, const char* call,
-                std::chrono::milliseconds timeout) {
-  const auto start = std::chrono::steady_clock::now();
-  for (;;) {
-    ncclResult_t a = ncclSuccess;
-    const ncclResult_t q = ncclCommGetAsyncError(c, &a);
-    if (q != ncclSuccess) a = q;
-    if (a == ncclSuccess) return;
-    if (a != ncclInProgress) {
-      ncclCommAbort(c);
-      throw comm::CommError(ctx, std::string(call) + ": " + ncclGetErrorString(a));
-    }
-    if (std::chrono::steady_clock::now() - start > timeout) {
-      ncclCommAbort(c);
-      throw comm::PeerError(ctx, std::string(call) + " timed out (a member never joined)", -1);
-    }
-    std::this_thread::sleep_for(std::chrono::microseconds(100));
-  }
-}
-
 }  // namespace
 
 NcclCommunicator::NcclCommunicator(void* nccl_comm, int device, std::string name,
@@ -394,7 +374,7 @@ std::unique_ptr<comm::Communicator> NcclCommunicator::do_split(int color, int ke
   c.settle(ctx, "ncclCommSplit");
   if (color < 0) return nullptr;
   if (nc == nullptr) throw comm::CommError(ctx, "ncclCommSplit returned no communicator");
-  settle_new(nc, ctx, "ncclCommSplit (new communicator)", c.options.timeout);
+  detail::settle_comm(nc, ctx, "ncclCommSplit (new communicator)", c.options.timeout);
 
   std::vector<std::tuple<int, int, int>> order;  // (key, group rank, world rank)
   for (std::size_t r2 = 0; r2 < p; ++r2)

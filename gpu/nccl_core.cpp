@@ -50,6 +50,26 @@ void cuda_check(cudaError_t e, const OpContext& ctx, const char* call) {
                                  " (" + cudaGetErrorString(e) + ")");
 }
 
+void settle_comm(ncclComm_t c, const OpContext& ctx, const char* call,
+                 std::chrono::milliseconds timeout) {
+  const auto start = std::chrono::steady_clock::now();
+  for (;;) {
+    ncclResult_t a = ncclSuccess;
+    const ncclResult_t q = ncclCommGetAsyncError(c, &a);
+    if (q != ncclSuccess) a = q;
+    if (a == ncclSuccess) return;
+    if (a != ncclInProgress) {
+      ncclCommAbort(c);
+      throw comm::CommError(ctx, std::string(call) + ": " + ncclGetErrorString(a));
+    }
+    if (std::chrono::steady_clock::now() - start > timeout) {
+      ncclCommAbort(c);
+      throw comm::PeerError(ctx, std::string(call) + " timed out (a member never joined)", -1);
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+}
+
 Launch::~Launch() {
   if (event != nullptr) cudaEventDestroy(event);
 }

@@ -6,6 +6,7 @@
 #include <nccl.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -21,6 +22,12 @@ ncclRedOp_t nccl_op(comm::ReduceOp op);  // avg maps to sum (the division is don
 
 // Throws comm::CommError naming ctx and the call when e != cudaSuccess.
 void cuda_check(cudaError_t e, const comm::OpContext& ctx, const char* call);
+
+// A non-blocking communicator returns from init/split at once: poll until it is ready. On an
+// error, or when `timeout` passes (a member never joined), abort it and throw comm::CommError /
+// comm::PeerError naming ctx and the call.
+void settle_comm(ncclComm_t c, const comm::OpContext& ctx, const char* call,
+                 std::chrono::milliseconds timeout);
 
 // One launch of NCCL work: the event recorded after it. P2P works share a launch that stays
 // unlaunched until the held group is flushed.
