@@ -9,6 +9,7 @@
 #include <limits>
 #include <stdexcept>
 
+#include "parallel/adamw.hpp"
 #include "parallel/flops.hpp"
 #include "parallel/testing.hpp"
 #include "reference/bf16.hpp"
@@ -65,7 +66,8 @@ EngineImpl<T>::EngineImpl(comm::Communicator& dp, const ref::ModelConfig& model,
       buckets_ = layout.buckets(options_.bucket_elems);
       for (const Range& b : buckets_) {
         bucket_units_.emplace_back();
-        for (const Segment& s : layout.segments(b)) bucket_units_.back().push_back(unit_of(model_, s.param->name));
+        for (const Segment& s : layout.segments(b))
+          bucket_units_.back().push_back(unit_of(model_, s.param->name));
       }
       break;
     case Strategy::zero2:
@@ -101,7 +103,8 @@ EngineImpl<T>::EngineImpl(comm::Communicator& dp, const ref::ModelConfig& model,
       param_index_[p.name] = {static_cast<int>(gi), &p};
   work_.resize(static_cast<std::size_t>(units));
   for (int u = 0; u < units; ++u)
-    for (const auto& [name, shape] : unit_shapes(model_, u)) work_[static_cast<std::size_t>(u)].add(name, shape);
+    for (const auto& [name, shape] : unit_shapes(model_, u))
+      work_[static_cast<std::size_t>(u)].add(name, shape);
   mb_grads_.resize(static_cast<std::size_t>(units));
   mb_grads_live_.assign(static_cast<std::size_t>(units), false);
   for (Group<T>& g : groups_) {
@@ -201,7 +204,8 @@ ref::StepRecord EngineImpl<T>::step(const ref::Batch& local) {
     for (int32_t id : s.doc_ids) counts[2] += id >= 0;
   }
   const std::array<int64_t, 3> local_counts = counts;
-  issue("all_reduce", "mask tokens, sequences, non-padding tokens", dp_, std::span<int64_t>(counts))->wait();
+  issue("all_reduce", "mask tokens, sequences, non-padding tokens", dp_, std::span<int64_t>(counts))
+      ->wait();
   ref::StepContext ctx;
   ctx.seed = seed_;
   ctx.step = static_cast<uint32_t>(n);
@@ -215,9 +219,9 @@ ref::StepRecord EngineImpl<T>::step(const ref::Batch& local) {
 
   // 2. Microbatches, unit by unit; gradients accumulated (DDP/ZeRO-1) or reduced per microbatch.
   for (Group<T>& g : groups_) {
-    g.acc.assign(mode_ == GradMode::full_buckets || no_shard_ ? g.layout.padded_numel()
-                                                              : g.owned.size(),
-                 T{0});
+    g.acc.assign(
+        mode_ == GradMode::full_buckets || no_shard_ ? g.layout.padded_numel() : g.owned.size(),
+        T{0});
     track(MemCategory::grads, g.acc.size() * recipe_.grad);
   }
   nonfinite_ = false;
@@ -260,7 +264,8 @@ ref::StepRecord EngineImpl<T>::step(const ref::Batch& local) {
     if (!local_norm) sq = ref_sum_squares(acc.first(layout.numel()));
   } else {
     for (const Group<T>& g : groups_)
-      sq += ref_sum_squares(std::span<const T>(g.acc).first(no_shard_ ? g.layout.numel() : g.acc.size()));
+      sq += ref_sum_squares(
+          std::span<const T>(g.acc).first(no_shard_ ? g.layout.numel() : g.acc.size()));
     // Sharded gradients: the global square norm is the sum of the owners' shard squares (one
     // shard group holds every element once; replicas of a hybrid shard are equal).
     if (sharded_grads_ && !local_norm)
@@ -282,8 +287,9 @@ ref::StepRecord EngineImpl<T>::step(const ref::Batch& local) {
   rec.non_padding_tokens = counts[2];
   rec.loss_sum = sums[0];
   rec.aux = rank_means ? sums[1] : sums[1] / static_cast<double>(counts[1]);
-  rec.loss = rank_means ? sums[0] + sums[1]
-                        : (counts[0] > 0 ? sums[0] / static_cast<double>(counts[0]) : 0.0) + rec.aux;
+  rec.loss = rank_means
+                 ? sums[0] + sums[1]
+                 : (counts[0] > 0 ? sums[0] / static_cast<double>(counts[0]) : 0.0) + rec.aux;
   rec.lr = ref::lr_at(train_.optimizer, n, train_.steps);
   rec.grad_norm = std::sqrt(sq);
   const double clip = train_.clip_grad_norm;
@@ -351,7 +357,8 @@ void EngineImpl<T>::issue_gather(int w) {
     g.staging.assign(p, comm::bf16{});
     for (std::size_t i = 0; i < g.params.size(); ++i)
       g.staging[g.owned.begin + i] = comm::bf16(static_cast<float>(g.params[i]));
-    g.pending = issue("all_gather", "parameters (one unit)", *shard_, std::span<comm::bf16>(g.staging));
+    g.pending =
+        issue("all_gather", "parameters (one unit)", *shard_, std::span<comm::bf16>(g.staging));
   } else {
     g.full.assign(p, T{0});
     std::copy(g.params.begin(), g.params.end(), g.full.begin() + at);
@@ -366,7 +373,8 @@ void EngineImpl<T>::finish_gather(int w) {
   g.pending = nullptr;
   if (bf16_) {
     g.full.resize(g.staging.size());
-    for (std::size_t i = 0; i < g.staging.size(); ++i) g.full[i] = static_cast<T>(static_cast<float>(g.staging[i]));
+    for (std::size_t i = 0; i < g.staging.size(); ++i)
+      g.full[i] = static_cast<T>(static_cast<float>(g.staging[i]));
     g.staging = {};
   }
   unpack_units(g, std::span<const T>(g.full));
@@ -382,7 +390,8 @@ void EngineImpl<T>::free_gather(int w) {
   g.held = false;
   // Poison the freed copy: a use after free shows up as NaN in parity, not as stale numbers.
   for (int u : g.units)
-    for (auto& e : work_[static_cast<std::size_t>(u)]) e.value.fill(std::numeric_limits<T>::quiet_NaN());
+    for (auto& e : work_[static_cast<std::size_t>(u)])
+      e.value.fill(std::numeric_limits<T>::quiet_NaN());
 }
 
 template <class T>
@@ -393,7 +402,8 @@ ref::ParamMap<T>& EngineImpl<T>::grads(int unit) {
     for (const auto& e : work_[u]) m.add(e.name, e.value.shape());
     mb_grads_[u] = std::move(m);
     mb_grads_live_[u] = true;
-    track(MemCategory::grads, static_cast<std::size_t>(mb_grads_[u].numel()) * recipe_.microbatch_grad);
+    track(MemCategory::grads,
+          static_cast<std::size_t>(mb_grads_[u].numel()) * recipe_.microbatch_grad);
   }
   return mb_grads_[u];
 }
@@ -403,14 +413,16 @@ void EngineImpl<T>::grads_ready(int unit) {
   const auto u = static_cast<std::size_t>(unit);
   ref::ParamMap<T>& mg = grads(unit);
   for (auto& e : mg) {
-    if (options_.grad_hook) options_.grad_hook(steps_, microbatch_, e.name, comm::view(e.value.span()));
+    if (options_.grad_hook)
+      options_.grad_hook(steps_, microbatch_, e.name, comm::view(e.value.span()));
     if (options_.health.check)
       for (const T x : e.value.vec()) nonfinite_ = nonfinite_ || !std::isfinite(x);
   }
   if constexpr (std::is_same_v<T, float>)
     if (bf16_) ref::round_to_bf16(mg);  // the recipe: each microbatch's gradient rounded to bf16
   const auto drop = [&](std::size_t v) {
-    untrack(MemCategory::grads, static_cast<std::size_t>(mb_grads_[v].numel()) * recipe_.microbatch_grad);
+    untrack(MemCategory::grads,
+            static_cast<std::size_t>(mb_grads_[v].numel()) * recipe_.microbatch_grad);
     mb_grads_[v] = ref::ParamMap<T>{};
     mb_grads_live_[v] = false;
   };
@@ -429,19 +441,23 @@ void EngineImpl<T>::grads_ready(int unit) {
   g.ready = 0;
   PendingReduce<T> pr;
   pr.group = group_of_[u];
-  pr.tracked = comm::TrackedBytes(mem_, MemCategory::temporary, g.layout.padded_numel() * recipe_.grad);
+  pr.tracked =
+      comm::TrackedBytes(mem_, MemCategory::temporary, g.layout.padded_numel() * recipe_.grad);
   pr.buffer.assign(g.layout.padded_numel(), T{0});
   for (int v : g.units) {
     for (const auto& e : mb_grads_[static_cast<std::size_t>(v)]) {
       const FlatParam* p = param_index_.at(e.name).second;
-      std::copy(e.value.vec().begin(), e.value.vec().end(), pr.buffer.begin() + static_cast<std::ptrdiff_t>(p->offset));
+      std::copy(e.value.vec().begin(), e.value.vec().end(),
+                pr.buffer.begin() + static_cast<std::ptrdiff_t>(p->offset));
     }
     drop(static_cast<std::size_t>(v));
   }
-  const bool skip = mutated(Mutation::kSkipBucket) && pr.group == static_cast<int>(groups_.size() / 2);
+  const bool skip =
+      mutated(Mutation::kSkipBucket) && pr.group == static_cast<int>(groups_.size() / 2);
   if (!skip)
     pr.work = no_shard_ ? issue("all_reduce", "gradients (one unit)", dp_, std::span<T>(pr.buffer))
-                        : issue("reduce_scatter", "gradients to owners", *shard_, std::span<T>(pr.buffer));
+                        : issue("reduce_scatter", "gradients to owners", *shard_,
+                                std::span<T>(pr.buffer));
   pending_.push_back(std::move(pr));
 }
 
@@ -487,7 +503,8 @@ void EngineImpl<T>::issue_ready_buckets(bool all) {
 template <class T>
 std::span<T> EngineImpl<T>::master_of(Group<T>& g) {
   if (bf16_) return std::span<T>(g.master);
-  return g.sharded ? std::span<T>(g.params) : std::span<T>(g.params).subspan(g.owned.begin, g.owned.size());
+  return g.sharded ? std::span<T>(g.params)
+                   : std::span<T>(g.params).subspan(g.owned.begin, g.owned.size());
 }
 
 template <class T>
@@ -499,7 +516,8 @@ void EngineImpl<T>::optimizer_step(double clip_factor, double lr) {
     if (mode_ == GradMode::full_buckets) {
       std::size_t begin = g.owned.begin;
       if (strategy != Strategy::ddp && mutated(Mutation::kWrongShardOffset))
-        begin = static_cast<std::size_t>(rank_) * (g.layout.numel() / static_cast<std::size_t>(size_));
+        begin =
+            static_cast<std::size_t>(rank_) * (g.layout.numel() / static_cast<std::size_t>(size_));
       grad = std::span<T>(g.acc).subspan(begin, g.owned.size());
     } else {
       grad = std::span<T>(g.acc).first(g.owned.size());
@@ -510,7 +528,9 @@ void EngineImpl<T>::optimizer_step(double clip_factor, double lr) {
     adam(g, master, grad, lr);
     owned += g.owned.size();
     if (bf16_) {
-      const std::span<T> working = g.sharded ? std::span<T>(g.params) : std::span<T>(g.params).subspan(g.owned.begin, g.owned.size());
+      const std::span<T> working =
+          g.sharded ? std::span<T>(g.params)
+                    : std::span<T>(g.params).subspan(g.owned.begin, g.owned.size());
       for (std::size_t i = 0; i < working.size(); ++i)
         working[i] = static_cast<T>(ref::round_to_bf16(static_cast<float>(master[i])));
     }
@@ -531,9 +551,11 @@ void EngineImpl<T>::share_updated(Group<T>& g) {
   if (bf16_) {
     comm::TrackedBytes t(mem_, MemCategory::temporary, g.params.size() * 2);
     std::vector<comm::bf16> staging(g.params.size());
-    for (std::size_t i = g.owned.begin; i < g.owned.end; ++i) staging[i] = comm::bf16(static_cast<float>(g.params[i]));
+    for (std::size_t i = g.owned.begin; i < g.owned.end; ++i)
+      staging[i] = comm::bf16(static_cast<float>(g.params[i]));
     issue("all_gather", "updated parameters", dp_, std::span<comm::bf16>(staging))->wait();
-    for (std::size_t i = 0; i < staging.size(); ++i) g.params[i] = static_cast<T>(static_cast<float>(staging[i]));
+    for (std::size_t i = 0; i < staging.size(); ++i)
+      g.params[i] = static_cast<T>(static_cast<float>(staging[i]));
   } else {
     issue("all_gather", "updated parameters", dp_, std::span<T>(g.params))->wait();
   }
@@ -544,22 +566,8 @@ void EngineImpl<T>::share_updated(Group<T>& g) {
 // range whose per-element decay flags come from the layout.
 template <class T>
 void EngineImpl<T>::adam(Group<T>& grp, std::span<T> p, std::span<const T> g, double lr) {
-  const ref::OptimizerConfig& o = train_.optimizer;
-  const double bc1 = 1.0 - std::pow(o.beta1, adam_t_);
-  const double bc2 = 1.0 - std::pow(o.beta2, adam_t_);
-  const auto b1 = static_cast<T>(o.beta1), b2 = static_cast<T>(o.beta2);
-  const auto eps = static_cast<T>(o.eps);
-  const auto decay_on = static_cast<T>(1.0 - lr * o.weight_decay);
-  std::vector<T>& m = grp.m;
-  std::vector<T>& v = grp.v;
-  for (std::size_t i = 0; i < p.size(); ++i) {
-    p[i] *= grp.decay[i] ? decay_on : T{1};
-    m[i] = b1 * m[i] + (T{1} - b1) * g[i];
-    v[i] = b2 * v[i] + (T{1} - b2) * g[i] * g[i];
-    const T mhat = m[i] / static_cast<T>(bc1);
-    const T vhat = v[i] / static_cast<T>(bc2);
-    p[i] -= static_cast<T>(lr) * mhat / (std::sqrt(vhat) + eps);
-  }
+  adamw_range(train_.optimizer, adam_t_, lr, p, g, std::span<T>(grp.m), std::span<T>(grp.v),
+              std::span<const std::uint8_t>(grp.decay));
 }
 
 template class EngineImpl<double>;

@@ -8,6 +8,7 @@
 #include <limits>
 #include <type_traits>
 
+#include "parallel/adamw.hpp"
 #include "parallel/flops.hpp"
 #include "parallel/testing.hpp"
 #include "reference/bf16.hpp"
@@ -180,20 +181,8 @@ double MeshOptimizer<T>::local_sum_squares(const ref::ParamMap<T>& grads) const 
 
 template <class T>
 void MeshOptimizer<T>::adam(Class& c, std::span<T> p, std::span<const T> g, double lr) const {
-  const ref::OptimizerConfig& o = env_.optimizer;
-  const double bc1 = 1.0 - std::pow(o.beta1, t_);
-  const double bc2 = 1.0 - std::pow(o.beta2, t_);
-  const auto b1 = static_cast<T>(o.beta1), b2 = static_cast<T>(o.beta2);
-  const auto eps = static_cast<T>(o.eps);
-  const auto decay_on = static_cast<T>(1.0 - lr * o.weight_decay);
-  for (std::size_t i = 0; i < p.size(); ++i) {
-    p[i] *= c.decay[i] != 0 ? decay_on : T{1};
-    c.m[i] = b1 * c.m[i] + (T{1} - b1) * g[i];
-    c.v[i] = b2 * c.v[i] + (T{1} - b2) * g[i] * g[i];
-    const T mhat = c.m[i] / static_cast<T>(bc1);
-    const T vhat = c.v[i] / static_cast<T>(bc2);
-    p[i] -= static_cast<T>(lr) * mhat / (std::sqrt(vhat) + eps);
-  }
+  adamw_range(env_.optimizer, t_, lr, p, g, std::span<T>(c.m), std::span<T>(c.v),
+              std::span<const std::uint8_t>(c.decay));
 }
 
 template <class T>
