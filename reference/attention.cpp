@@ -6,6 +6,7 @@
 #include <limits>
 #include <string>
 
+#include "reference/compute.hpp"
 #include "reference/testing.hpp"
 
 namespace shardcheck::ref {
@@ -82,10 +83,13 @@ Tensor<T> attention_forward(const Tensor<T>& q, const Tensor<T>& k, const Tensor
   REF_CHECK(a % kv == 0, "heads must be a multiple of kv_heads");
   const int64_t d = q.dim(1) / a;
   REF_CHECK(k.dim(1) == kv * d && v.dim(1) == kv * d, "k/v width != kv_heads * head_dim");
-  const T scale = T{1} / std::sqrt(static_cast<T>(d));
-  const DropMask mask(dropout, a, s);
   Tensor<T> o({s, a * d});
   if (probs) *probs = Tensor<T>({a, s, s});
+  if (auto* dev = compute_ops<T>();
+      dev && dev->attention_forward(q, k, v, doc_ids, shape, dropout, o, probs))
+    return o;
+  const T scale = T{1} / std::sqrt(static_cast<T>(d));
+  const DropMask mask(dropout, a, s);
   std::vector<T> p(static_cast<size_t>(s));
   for (int h = 0; h < a; ++h) {
     const int64_t g = h / (a / kv);
@@ -124,11 +128,14 @@ void attention_backward(const Tensor<T>& dout, const Tensor<T>& q, const Tensor<
   const int64_t s = q.dim(0);
   const int a = shape.heads, kv = shape.kv_heads;
   const int64_t d = q.dim(1) / a;
-  const T scale = T{1} / std::sqrt(static_cast<T>(d));
-  const DropMask mask(dropout, a, s);
   dq = Tensor<T>(q.shape());
   dk = Tensor<T>(k.shape());
   dv = Tensor<T>(v.shape());
+  if (auto* dev = compute_ops<T>();
+      dev && dev->attention_backward(dout, q, k, v, shape, dropout, probs, dq, dk, dv))
+    return;
+  const T scale = T{1} / std::sqrt(static_cast<T>(d));
+  const DropMask mask(dropout, a, s);
   std::vector<T> dp(static_cast<size_t>(s));
   for (int h = 0; h < a; ++h) {
     const int64_t g = h / (a / kv);
