@@ -4,6 +4,7 @@
 #include <cuda_runtime_api.h>
 
 #include <stdexcept>
+#include <type_traits>
 #include <vector>
 
 namespace shardcheck::gpu {
@@ -100,6 +101,16 @@ void GpuModel<T>::zero_grads() {
     ok(cudaMemset(grads_.at(e.name), 0, static_cast<std::size_t>(e.value.numel()) * sizeof(T)),
        "cudaMemset");
   ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+}
+
+template <class T>
+void GpuModel<T>::round_grads_to_bf16() {
+  if constexpr (std::is_same_v<T, float>) {
+    for (const auto& e : shapes_) ops::round_to_bf16(*ctx_, grads_.at(e.name), e.value.numel());
+  } else {
+    throw std::invalid_argument(
+        "GpuModel::round_grads_to_bf16: the bf16 recipe is GpuModel<float>");
+  }
 }
 
 template <class T>

@@ -32,6 +32,10 @@ class GpuModel {
   // The accumulated gradients, same names and shapes as the parameters.
   ref::ParamMap<T> grads() const;
   void zero_grads();
+  // The bf16 recipe's per-microbatch step (reference/trainer.cpp): every accumulated gradient
+  // rounded to bf16 in place (ops::round_to_bf16). GpuModel<float> only (else
+  // std::invalid_argument); the weights given to the constructor are the caller's to round.
+  void round_grads_to_bf16();
   ops::Context& context() { return *ctx_; }
 
  private:

@@ -4,8 +4,8 @@
 // gradients. GEMMs are cuBLAS (f32 in pedantic math, no TF32, so f32 parity holds); the rest are
 // kernels. f32 and f64. Errors throw std::runtime_error naming the op and the CUDA/cuBLAS error.
 // Done: linear, linear_t, rmsnorm, gelu, embedding, cross-entropy, Philox draws, RoPE, attention
-// (document mask, GQA, dropout), AdamW, gradient norm and clipping. Not yet: MoE routing (see
-// gpu/README.md).
+// (document mask, GQA, dropout), AdamW, gradient norm and clipping; bf16 rounding, conversions and
+// tensor-core GEMMs (the bf16 section at the end). Not yet: MoE routing (see gpu/README.md).
 #pragma once
 
 #include <cstdint>
@@ -142,5 +142,44 @@ void add_sum_of_squares(Context& c, const T* g, int64_t n, double* out);
 // g = T(double(g) * factor) (gradient clipping).
 template <class T>
 void scale_inplace(Context& c, T* g, int64_t n, double factor);
+
+// ---- bf16 mixed precision (gpu/bf16.cu) ------------------------------------------------------
+// The reference's bf16 recipe (reference/bf16.hpp, reference/trainer.cpp): f32 master weights,
+// forward/backward on bf16-rounded weights, each microbatch's gradients rounded to bf16 before
+// they are accumulated in f32. bf16 device buffers are raw bits (uint16_t: the high half of the
+// f32), so this header needs no CUDA header.
+
+// x[i] = ref::round_to_bf16(x[i]) in place, bit for bit: round to nearest, ties to even; NaN kept
+// as is; a value past the largest bf16 becomes +-inf.
+void round_to_bf16(Context& c, float* x, int64_t n);
+// y[i] = the bf16 bits of x[i], rounded as ref::round_to_bf16 (== comm::bf16(x[i]).bits): NaN
+// becomes a quiet NaN with its sign (the f32 payload does not fit), everything else is the high
+// half of round_to_bf16(x[i]).
+void to_bf16(Context& c, const float* x, uint16_t* y, int64_t n);
+// y[i] = the f32 whose bits are x[i] << 16 (exact).
+void from_bf16(Context& c, const uint16_t* x, float* y, int64_t n);
+
+// Tensor-core GEMMs (cublasGemmEx: bf16 inputs, f32 output, CUBLAS_COMPUTE_32F; the handle's
+// pedantic math is lifted for the call only). Shapes and layouts as the f32 linear ops above.
+// Stated bound (tests/gpu/bf16_test.cpp): every product of two bf16 values is exact in f32 and the
+// k-term sum is accumulated in f32 (tensor-core adders may truncate: 2^-23 per addition at worst),
+// so against the exact result of the same bf16 inputs each element satisfies
+//   |gpu - exact| <= k * 2^-22 * (|a| . |b|)          (k the inner dimension; 2x margin)
+// and against the exact product of the unrounded f32 inputs (each input rounded to bf16 moves by
+// at most 2^-8 of itself)
+//   |gpu - exact_f32_inputs| <= (2^-7 + 2^-14 + k * 2^-21) * (|a| . |b|).
+// For dw (+=) the accumulated term counts as one more addend: k = rows + 1, |dw0| in the scale.
+// y[rows,out] = x[rows,in] . w[in,out]
+void linear_forward_bf16(Context& c, const uint16_t* x, const uint16_t* w, float* y, int64_t rows,
+                         int64_t in, int64_t out);
+// dx = dy . w^T (overwritten); dw += x^T . dy
+void linear_backward_bf16(Context& c, const uint16_t* dy, const uint16_t* x, const uint16_t* w,
+                          float* dx, float* dw, int64_t rows, int64_t in, int64_t out);
+// y[rows,out] = x[rows,in] . w^T, w [out,in] (the tied LM head)
+void linear_t_forward_bf16(Context& c, const uint16_t* x, const uint16_t* w, float* y, int64_t rows,
+                           int64_t in, int64_t out);
+// dx = dy . w (overwritten); dw += dy^T . x
+void linear_t_backward_bf16(Context& c, const uint16_t* dy, const uint16_t* x, const uint16_t* w,
+                            float* dx, float* dw, int64_t rows, int64_t in, int64_t out);
 
 }  // namespace shardcheck::gpu::ops
