@@ -97,10 +97,13 @@ T* GpuModel<T>::grad(const std::string& name) const {
 
 template <class T>
 void GpuModel<T>::zero_grads() {
+  // On the model's (non-blocking) stream, after the steps still queued there that add into them.
+  auto* stream = static_cast<cudaStream_t>(ctx_->stream());
   for (const auto& e : shapes_)
-    ok(cudaMemset(grads_.at(e.name), 0, static_cast<std::size_t>(e.value.numel()) * sizeof(T)),
-       "cudaMemset");
-  ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+    ok(cudaMemsetAsync(grads_.at(e.name), 0, static_cast<std::size_t>(e.value.numel()) * sizeof(T),
+                       stream),
+       "cudaMemsetAsync");
+  ctx_->synchronize();
 }
 
 template <class T>
