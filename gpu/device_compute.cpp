@@ -15,10 +15,14 @@ namespace shardcheck::gpu {
 
 namespace {
 
+// Throws on an error, after clearing it from the thread's last error (so no later, unrelated
+// cudaGetLastError reports it again).
 void cuda_check(cudaError_t e, const char* op) {
-  if (e != cudaSuccess)
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
     throw std::runtime_error(std::string("gpu::DeviceCompute::") + op + ": " +
                              cudaGetErrorString(e));
+  }
 }
 
 template <class T>
@@ -88,6 +92,9 @@ struct DeviceCompute::Impl {
   // after the exception leaves.
   template <class Fn>
   void run(const char* op, Fn&& fn) {
+    // The thread's last error may hold a failure of an earlier, unrelated runtime call (a probe, a
+    // bad device ordinal); gpu::ops reads cudaGetLastError after its launches, so clear it first.
+    (void)cudaGetLastError();
     cuda_check(cudaSetDevice(ctx.device()), op);
     try {
       fn();
