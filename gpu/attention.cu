@@ -163,10 +163,12 @@ __global__ void attn_bwd(const T* dout, const T* q, const T* k, const T* v, cons
   }
 }
 
-void check_shape(int64_t s, int heads, int kv, std::size_t row_bytes, const char* op) {
+// row_bytes of dynamic shared memory plus the kernels' static 32 elements must fit 48 KiB.
+void check_shape(int64_t s, int heads, int kv, std::size_t row_bytes, std::size_t elem,
+                 const char* op) {
   if (kv <= 0 || heads % kv != 0)
     throw std::invalid_argument(std::string("gpu::ops::") + op + ": heads % kv_heads != 0");
-  if (row_bytes > 48 * 1024)
+  if (row_bytes > 48 * 1024 - 32 * elem)
     throw std::invalid_argument(std::string("gpu::ops::") + op + ": sequence of " +
                                 std::to_string(s) +
                                 " is longer than this kernel's shared-memory row allows");
@@ -179,7 +181,7 @@ void attention_forward(Context& c, const T* q, const T* k, const T* v, const int
                        int64_t s, int heads, int kv_heads, int64_t d, const Dropout& dropout, T* o,
                        T* probs) {
   const std::size_t row = static_cast<std::size_t>(s) * sizeof(T);
-  check_shape(s, heads, kv_heads, row, "attention_forward");
+  check_shape(s, heads, kv_heads, row, sizeof(T), "attention_forward");
   if (s == 0) return;
   attn_fwd<<<static_cast<unsigned>(s * heads), kThreads, row,
              static_cast<cudaStream_t>(c.stream())>>>(q, k, v, doc_ids, s, heads, kv_heads, d,
@@ -192,7 +194,7 @@ void attention_backward(Context& c, const T* dout, const T* q, const T* k, const
                         const T* probs, int64_t s, int heads, int kv_heads, int64_t d,
                         const Dropout& dropout, T* dq, T* dk, T* dv) {
   const std::size_t row = static_cast<std::size_t>(s) * sizeof(T);
-  check_shape(s, heads, kv_heads, row, "attention_backward");
+  check_shape(s, heads, kv_heads, row, sizeof(T), "attention_backward");
   if (s == 0) return;
   const auto st = static_cast<cudaStream_t>(c.stream());
   const std::size_t kv_bytes = static_cast<std::size_t>(s * kv_heads * d) * sizeof(T);

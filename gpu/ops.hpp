@@ -116,7 +116,7 @@ struct Dropout {
 // q [s, heads*d], k, v [s, kv_heads*d] (RoPE applied); key j visible to query i iff j <= i and
 // doc_ids equal. o [s, heads*d]; probs [heads, s, s] (may be null) gets the pre-dropout
 // probabilities. Backward needs them; it overwrites dq, dk, dv. Sequences up to 48 KiB of one
-// probability row (12,288 f32 / 6,144 f64 positions).
+// probability row less the kernels' 32 static elements (12,256 f32 / 6,112 f64 positions).
 template <class T>
 void attention_forward(Context& c, const T* q, const T* k, const T* v, const int32_t* doc_ids,
                        int64_t s, int heads, int kv_heads, int64_t d, const Dropout& dropout, T* o,
