@@ -6,6 +6,7 @@
 
 #include <mpi.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
@@ -74,8 +75,15 @@ bool launched_by_mpi() {
          std::getenv("PMI_SIZE") != nullptr;
 }
 
+void abort_job(int code, const std::string& why) {
+  std::fprintf(stderr, "shardcheck: %s; aborting the MPI job\n", why.c_str());
+  std::fflush(stderr);
+  MPI_Abort(MPI_COMM_WORLD, code);
+  std::abort();  // MPI_Abort does not return; should it, end this process at least
+}
+
 void run_nccl_ranks(int ranks, const std::function<void(comm::Communicator&)>& fn,
-                    NcclOptions options) {
+                    NcclOptions options, int abort_code) {
   if (!launched_by_mpi()) {
     run_all_gpus(
         ranks, [&fn](NcclCommunicator& c) { fn(c); }, options);
@@ -92,11 +100,27 @@ void run_nccl_ranks(int ranks, const std::function<void(comm::Communicator&)>& f
     });
   }
   const MpiPlace p = mpi_place();
-  if (ranks != 0 && ranks != p.size)
+  if (ranks != 0 && ranks != p.size)  // the same on every process: each throws, none waits
     throw std::runtime_error("--ranks " + std::to_string(ranks) + " but mpirun started " +
                              std::to_string(p.size) + " processes (one rank per process)");
-  auto comm = init_from_mpi(options);
-  fn(*comm);
+  // A rank that fails here alone leaves its peers blocked in NCCL (init or a collective) until
+  // their timeout: with peers, end the job now, naming the rank and the error.
+  const auto fail = [&](const std::string& what) {
+    if (p.size > 1)
+      abort_job(abort_code, "rank " + std::to_string(p.rank) + " of " + std::to_string(p.size) +
+                                " failed: " + what);
+  };
+  std::unique_ptr<NcclCommunicator> comm;
+  try {
+    comm = init_from_mpi(options);
+    fn(*comm);
+  } catch (const std::exception& e) {
+    fail(e.what());
+    throw;
+  } catch (...) {
+    fail("unknown exception");
+    throw;
+  }
 }
 
 }  // namespace shardcheck::gpu

@@ -4,6 +4,7 @@
 
 #include <functional>
 #include <memory>
+#include <string>
 
 #include "gpu/nccl_communicator.hpp"
 
@@ -48,8 +49,16 @@ bool launched_by_mpi();
 // NCCL ranks and returns when they are done. Under mpirun/srun: one rank, this process's, with the
 // MPI bootstrap (MPI is initialised on first use and finalised at exit); `ranks` must be 0 or the
 // MPI world size. Otherwise: `ranks` threads over the visible GPUs (run_all_gpus; 0 = all).
-// Failures rethrow as in run_all_gpus (RankFailure) or, under MPI, as the rank's own exception.
+// Failures rethrow as in run_all_gpus (RankFailure). Under MPI with more than one process, a rank
+// whose bootstrap or fn throws cannot tell its peers (they would wait in NCCL until the timeout):
+// it prints its diagnosis and ends the job with abort_job(abort_code); with one process the
+// rank's own exception is rethrown.
 void run_nccl_ranks(int ranks, const std::function<void(comm::Communicator&)>& fn,
-                    NcclOptions options = {});
+                    NcclOptions options = {}, int abort_code = 3);
+
+// Ends every process of the MPI job now: prints "shardcheck: <why>; aborting the MPI job" to
+// stderr and calls MPI_Abort(MPI_COMM_WORLD, code) (mpirun then exits with `code`). MPI must be
+// initialised.
+[[noreturn]] void abort_job(int code, const std::string& why);
 
 }  // namespace shardcheck::gpu

@@ -1,4 +1,5 @@
-// The NCCL backend seen from the harness: the only file of harness/ that includes gpu/.
+// The NCCL backend and the GPU compute seen from the harness: the only file of harness/ that
+// includes gpu/.
 #include "harness/backend.hpp"
 
 #include <stdexcept>
@@ -8,6 +9,9 @@
 #include "gpu/device.hpp"
 #ifdef SHARDCHECK_HAVE_NCCL_MPI
 #include "gpu/mpi_bootstrap.hpp"
+#endif
+#ifdef SHARDCHECK_HAVE_GPU_COMPUTE
+#include "gpu/device_compute.hpp"
 #endif
 #endif
 
@@ -35,6 +39,7 @@ NcclPlace nccl_place() {
     p.mpi = true;
     p.rank = session.place().rank;
     p.capacity = session.place().size;
+    p.device = session.place().device;
     return p;
   }
 #endif
@@ -44,11 +49,55 @@ NcclPlace nccl_place() {
 
 void run_nccl(int ranks, const std::function<void(comm::Communicator&)>& fn) {
 #ifdef SHARDCHECK_HAVE_NCCL_MPI
-  gpu::run_nccl_ranks(ranks, fn);
+  // Under mpirun a rank that fails ends the whole job at once (its diagnosis on stderr, exit
+  // status 3: the run broke) rather than leaving its peers in NCCL until their timeout.
+  gpu::run_nccl_ranks(ranks, fn, {}, 3);
 #else
   gpu::run_all_gpus(ranks, [&fn](gpu::NcclCommunicator& c) { fn(c); });
 #endif
 }
+
+#ifdef SHARDCHECK_HAVE_GPU_COMPUTE
+
+std::string cuda_compute_unavailable() {
+  const gpu::DeviceInfo d = gpu::probe();
+  if (d.count > 0) return "";
+  return "no CUDA device is visible" + (d.why_none.empty() ? "" : " (" + d.why_none + ")") +
+         "; computing on GPUs needs at least one (--compute cpu trains on the CPU)";
+}
+
+std::function<std::unique_ptr<ref::Compute>(int)> cuda_compute(bool nccl) {
+  if (const std::string why = cuda_compute_unavailable(); !why.empty())
+    throw std::runtime_error("--compute cuda: " + why);
+  if (nccl) {
+    const NcclPlace place = nccl_place();
+    if (place.mpi)
+      return [device = place.device](int /*rank*/) -> std::unique_ptr<ref::Compute> {
+        return std::make_unique<gpu::DeviceCompute>(device);
+      };
+    return [](int rank) -> std::unique_ptr<ref::Compute> {
+      return std::make_unique<gpu::DeviceCompute>(rank);
+    };
+  }
+  const int devices = gpu::visible_devices();
+  return [devices](int rank) -> std::unique_ptr<ref::Compute> {
+    return std::make_unique<gpu::DeviceCompute>(rank % devices);
+  };
+}
+
+#else
+
+std::string cuda_compute_unavailable() {
+  return "built without the GPU compute (gpu/device_compute): configure with the cuda preset "
+         "(cmake --preset cuda) on a machine with CUDA and NCCL, or train on the CPU with "
+         "--compute cpu";
+}
+
+std::function<std::unique_ptr<ref::Compute>(int)> cuda_compute(bool /*nccl*/) {
+  throw std::runtime_error("--compute cuda: " + cuda_compute_unavailable());
+}
+
+#endif
 
 #else
 
@@ -69,6 +118,13 @@ NcclPlace nccl_place() {
 }
 void run_nccl(int /*ranks*/, const std::function<void(comm::Communicator&)>& /*fn*/) {
   throw std::runtime_error(kNotBuilt);
+}
+std::string cuda_compute_unavailable() {
+  return "built without the GPU compute (gpu/): configure with the cuda preset (cmake --preset "
+         "cuda) on a machine with CUDA and NCCL, or train on the CPU with --compute cpu";
+}
+std::function<std::unique_ptr<ref::Compute>(int)> cuda_compute(bool /*nccl*/) {
+  throw std::runtime_error("--compute cuda: " + cuda_compute_unavailable());
 }
 
 #endif

@@ -23,6 +23,7 @@ namespace {
 
 struct RunArgs {
   std::string backend = "sim";
+  std::string compute;  // cpu | cuda; "" = the backend's default (sim: cpu, nccl: cuda)
   std::vector<std::string> paths;
   std::string report;
   std::string junit;
@@ -112,6 +113,23 @@ void check_nccl_run(const RunArgs& a, const std::vector<Scenario>& scenarios) {
     throw BadInput("--backend nccl: " + why);
 }
 
+// Where the strategies' ranks compute (the reference run is always on the CPU): --compute, or
+// by default the CPU on the simulator and the GPUs on the nccl backend.
+struct ComputeChoice {
+  ComputeFactory factory;  // empty: the CPU
+  std::string name = "cpu";
+};
+
+ComputeChoice choose_compute(const RunArgs& a) {
+  const std::string compute = !a.compute.empty() ? a.compute : a.backend == "nccl" ? "cuda" : "cpu";
+  if (compute == "cpu") return {};
+  if (const std::string why = cuda_compute_unavailable(); !why.empty())
+    throw BadInput("--compute cuda" +
+                   std::string(a.compute.empty() ? " (the default of --backend nccl)" : "") + ": " +
+                   why);
+  return {cuda_compute(a.backend == "nccl"), "cuda"};
+}
+
 int run_scenarios(const RunArgs& a) {
   const std::vector<std::string> files = scenario_files(a.paths);
   std::vector<Scenario> scenarios;
@@ -129,6 +147,7 @@ int run_scenarios(const RunArgs& a) {
     check_nccl_run(a, scenarios);
     lead = nccl_place().rank == 0;
   }
+  const ComputeChoice compute = choose_compute(a);
   std::ostream silent(nullptr);
   std::ostream& out = lead ? std::cout : silent;
   std::vector<RunResult> runs;
@@ -141,6 +160,8 @@ int run_scenarios(const RunArgs& a) {
   for (const auto& sc : scenarios) {
     RunOptions o;
     o.backend = a.backend;
+    o.compute = compute.factory;
+    o.compute_name = compute.name;
     if (lead) o.dump_tensors = a.dump_tensors;
     o.checkpoint_dir = a.checkpoint_dir;
     o.resume_dir = a.resume;
@@ -188,6 +209,12 @@ void check_backend(const std::string& backend) {
   if (backend == "nccl" && !nccl_built()) throw BadInput("--backend nccl: " + nccl_unavailable());
 }
 
+namespace {
+constexpr const char* kComputeHelp =
+    "Where the strategies' ranks compute the model's ops: cpu or cuda (GPUs; default: cpu with "
+    "--backend sim, cuda with --backend nccl). The reference run is always on the CPU";
+}  // namespace
+
 void add_run_commands(CLI::App& app, int& exit_code) {
   auto ra_ptr = std::make_shared<RunArgs>();
   auto ma_ptr = std::make_shared<RunArgs>();
@@ -199,6 +226,7 @@ void add_run_commands(CLI::App& app, int& exit_code) {
   run->add_option("--backend", ra.backend, "sim (CPU threads) or nccl (GPUs)")
       ->check(CLI::IsMember({"sim", "nccl"}))
       ->capture_default_str();
+  run->add_option("--compute", ra.compute, kComputeHelp)->check(CLI::IsMember({"cpu", "cuda"}));
   run->add_option("--report", ra.report,
                   "Write manifest.json (at start) and report.json into this directory");
   run->add_option("--junit", ra.junit, "Write JUnit XML (one testcase per configuration)");
@@ -216,6 +244,7 @@ void add_run_commands(CLI::App& app, int& exit_code) {
   matrix->add_option("--backend", ma.backend, "sim (CPU threads) or nccl (GPUs)")
       ->check(CLI::IsMember({"sim", "nccl"}))
       ->capture_default_str();
+  matrix->add_option("--compute", ma.compute, kComputeHelp)->check(CLI::IsMember({"cpu", "cuda"}));
   matrix->add_option("--report", ma.report,
                      "Write manifest.json (at start) and report.json into this directory");
   matrix->add_option("--junit", ma.junit, "Write JUnit XML (one testcase per configuration)");

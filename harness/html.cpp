@@ -324,6 +324,9 @@ std::string scenario_body(const Json& r, const std::string& idp, int level) {
     if (!text.empty()) o += std::string("<dt>") + label + "</dt><dd>" + escape(text) + "</dd>";
   };
   fact("backend", str(r, "backend"));
+  // Where the strategies' ranks computed, when not the CPU (the reference is always on the CPU).
+  if (const std::string c = str(r, "compute"); !c.empty() && c != "cpu")
+    fact("compute", c + " (strategy ranks; the reference on the CPU)");
   fact("world size", str(r, "world_size"));
   if (const Json* mesh = field(m, "mesh")) fact("mesh", fmt_mesh(*mesh));
   fact("order", str(m, "order"));

@@ -95,7 +95,7 @@ nlohmann::json pipeline_json(const std::optional<PipelineResult>& p) {
           {"stage_bubble", p->stage_bubble}};
 }
 
-nlohmann::json timing_json(const TimingResult& t) {
+nlohmann::json timing_json(const TimingResult& t, bool wall) {
   if (!t.valid) return nullptr;
   nlohmann::json j{{"step_time_s", t.step_time_s},
                    {"rank_step_time_s", {{"p50", t.p50}, {"p95", t.p95}, {"max", t.max}}},
@@ -109,7 +109,9 @@ nlohmann::json timing_json(const TimingResult& t) {
                     "every position of the global batch, recomputation not counted, / (step time "
                     "x ranks x device peak)"},
                    {"bubble_fraction", 0.0},
-                   {"time", "virtual (simulator cost model over the scenario's topology)"}};
+                   {"time", wall ? "wall (measured on each rank: its step() from batch to "
+                                   "updated parameters)"
+                                 : "virtual (simulator cost model over the scenario's topology)"}};
   if (t.scaling_efficiency >= 0) {
     j["scaling_efficiency"] = t.scaling_efficiency;
     j["scaling_baseline"] = t.scaling_baseline;
@@ -216,12 +218,13 @@ nlohmann::json report_json(const RunResult& r, const std::string& backend) {
                       {"pass", c.pass},
                       {"detail", c.detail},
                       {"wall_s", c.wall_seconds},
+                      {"compute", c.compute},
                       {"memory", memory_json(c.memory)},
                       {"parity_pass", c.parity_pass},
                       {"resumed_from", c.resumed_from},
                       {"broke", c.broke},
                       {"faults", faults_json(c.faults)},
-                      {"timing", timing_json(c.timing)},
+                      {"timing", timing_json(c.timing, c.wall_timing)},
                       {"pipeline", pipeline_json(c.pipeline)},
                       {"timeline", timeline_json(c.timeline, c.spec.mesh.world_size())}});
   }
@@ -230,12 +233,14 @@ nlohmann::json report_json(const RunResult& r, const std::string& backend) {
       {"scenario", s.name},
       {"description", s.description},
       {"backend", backend},
+      {"compute", r.compute},
       {"world_size", s.parallel.mesh.world_size()},
       {"manifest", manifest_json(s)},
       {"parity", parity},
       // The first configuration's ranks (each parity row carries its own).
       {"memory", r.configs.empty() ? nlohmann::json::array() : memory_json(r.configs[0].memory)},
-      {"timing", r.configs.empty() ? nlohmann::json(nullptr) : timing_json(r.configs[0].timing)},
+      {"timing", r.configs.empty() ? nlohmann::json(nullptr)
+                                   : timing_json(r.configs[0].timing, r.configs[0].wall_timing)},
       {"faults",
        [&] {
          nlohmann::json all = nlohmann::json::array();
@@ -287,7 +292,10 @@ void write_junit(const std::vector<RunResult>& runs, const std::string& file) {
 
 void print_summary(std::ostream& os, const RunResult& r) {
   os << "# scenario " << r.scenario.name << ": " << r.configs.size() << " configuration(s), "
-     << ref::to_string(r.scenario.train.precision) << ", " << r.scenario.train.steps << " steps\n";
+     << ref::to_string(r.scenario.train.precision) << ", " << r.scenario.train.steps << " steps"
+     << (r.compute == "cpu" ? ""
+                            : ", ranks compute on " + r.compute + " (the reference on the CPU)")
+     << "\n";
   char line[256];
   std::snprintf(line, sizeof line, "  %-34s %-7s %6s %12s %10s  %s\n", "config", "strategy",
                 "ranks", "max_rel_err", "tolerance", "result");
@@ -302,6 +310,16 @@ void print_summary(std::ostream& os, const RunResult& r) {
                                 : "UNSUPPORTED");
     os << line;
     if (!c.pass || !c.faults.empty()) os << "      " << c.detail << "\n";
+    if (c.compute != r.compute && c.supported && c.compute != "cpu")
+      os << "      computed on " << c.compute << "\n";
+    if (c.wall_timing && c.timing.valid) {
+      std::snprintf(line, sizeof line,
+                    "      wall %.2f s; step %.4f s (rank p50 %.4f, p95 %.4f, max %.4f), "
+                    "%.0f tokens/s, MFU %.2f%%\n",
+                    c.wall_seconds, c.timing.step_time_s, c.timing.p50, c.timing.p95, c.timing.max,
+                    c.timing.tokens_per_s, 100 * c.timing.mfu);
+      os << line;
+    }
     if (c.pipeline) {
       std::snprintf(line, sizeof line,
                     "      pipeline %s pp%d%s m%d: bubble %.3f measured, %.3f by (p-1)/(v*m+p-1)\n",

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -13,6 +14,7 @@
 #include "harness/outcome.hpp"
 #include "harness/scenario.hpp"
 #include "parallel/data_parallel.hpp"
+#include "reference/compute.hpp"
 
 namespace shardcheck::harness {
 
@@ -44,6 +46,11 @@ struct ConfigResult {
   bool broke = false;        // an unexpected fault stopped or corrupted the run (exit 3)
   std::string detail;        // why unsupported, or where the largest error was
   double wall_seconds = 0;
+  // What rank 0 computed on: "cpu", or the name() of the ref::Compute RunOptions::compute gave it.
+  std::string compute = "cpu";
+  // timing measured in wall seconds per rank and step (the nccl backend), not the simulator's
+  // virtual clock.
+  bool wall_timing = false;
   std::vector<RankMemory> memory;  // one per rank (empty when unsupported)
   std::vector<FaultResult> faults;
   TimingResult timing;
@@ -56,11 +63,16 @@ struct ConfigResult {
 struct RunResult {
   Scenario scenario;
   std::vector<ConfigResult> configs;
+  std::string compute = "cpu";  // RunOptions::compute_name
   bool pass() const;
   bool broke() const;
 };
 
 double tolerance_for(ref::Precision p);
+
+// Makes the ref::Compute that strategy rank `rank` (its world rank) computes on while it trains;
+// called on that rank's own thread (or process). nullptr: the CPU loops.
+using ComputeFactory = std::function<std::unique_ptr<ref::Compute>(int rank)>;
 
 struct RunOptions {
   // "sim" (the simulator) or "nccl" (GPUs through harness/backend.hpp: no faults, no virtual
@@ -73,6 +85,13 @@ struct RunOptions {
   // resume from the newest committed checkpoint in resume_dir (validated first; fail closed).
   std::string checkpoint_dir;
   std::string resume_dir;
+  // Where every rank of every configuration computes the reference ops while it trains (installed
+  // on its thread with ref::ComputeScope for the time it trains: the simulator, a resume, the nccl
+  // ranks); empty: the CPU. The single-device reference run always stays on the CPU: it is the
+  // oracle, and a broken device op computed on both sides would be invisible. compute_name is
+  // what report.json records ("cpu", "cuda", or a test's fake).
+  ComputeFactory compute;
+  std::string compute_name = "cpu";
   // Called before each configuration starts ("reference", then each config label).
   using Progress = std::function<void(const std::string& what, int index, int total)>;
   Progress progress;

@@ -28,6 +28,8 @@ struct RankTrace {
   std::vector<std::vector<parallel::StatePiece>> pieces;  // after each step
   ref::ParamMap<double> final_params;                     // full_params() after the last step
   std::vector<parallel::StepHealth> health;
+  std::vector<double> step_seconds;  // wall time of each step on this rank
+  std::string compute = "cpu";       // the name() of the Compute the rank trained on
 };
 
 // Saving every `every` steps into save_dir, and resuming from resume_step_dir (validated before).
@@ -39,15 +41,20 @@ struct CheckpointPlan {
 };
 
 // The per-rank function of a configuration's run, on any backend: builds the engine, trains the
-// scenario's steps, records them into `mine` and the rank's memory books into `memory`.
+// scenario's steps, records them into `mine` and the rank's memory books into `memory`. With a
+// `compute` factory, the rank's Compute (made on the calling thread for its world rank) is
+// installed on that thread from before the engine is built until the rank is done.
 void train_rank(comm::Communicator& c, const Scenario& s, const ref::Dataset& ds,
                 const parallel::DataParallelOptions& opt, const ParallelSpec& p,
-                const CheckpointPlan& ck, RankTrace& mine, RankMemory& memory);
+                const CheckpointPlan& ck, RankTrace& mine, RankMemory& memory,
+                const ComputeFactory& compute = {});
 
 void measure_parity(const Scenario& s, const Trace& want, const std::vector<RankTrace>& got,
                     ConfigResult& r);
 std::optional<FaultResult> nan_result(const RankTrace& rank0);
 void decide(const Scenario& s, ConfigResult& r);
+// Tokens, FLOPs and MFU of t's step time (parallel/flops.hpp), against the scenario's device peak.
+void fill_rates(const Scenario& s, const ParallelSpec& p, const Trace& want, TimingResult& t);
 // The single-device reference over the scenario's steps (the sampler's global batches); with a
 // dump_dir, its tensors as .npy files there.
 Trace reference_run(const Scenario& s, const ref::Dataset& ds, const std::string& dump_dir);
@@ -62,10 +69,10 @@ using Ranks = std::function<void(const std::function<void(comm::Communicator&)>&
 // `gather` (one rank per process, under mpirun) every rank's record and memory books are
 // all-gathered over the world communicator after training, so every process holds all of them
 // and reaches the same verdict. Configurations that need more ranks than `capacity` are reported
-// as not run (unsupported) with the reason.
+// as not run (unsupported) with the reason. Timing is the ranks' wall time per step (wall_timing).
 ConfigResult run_config_ranks(const Scenario& s, const ref::Dataset& ds, const Trace& want,
                               const ParallelSpec& p, const Ranks& ranks, bool gather, int capacity,
-                              const std::string& capacity_what);
+                              const std::string& capacity_what, const ComputeFactory& compute = {});
 
 // Byte form of a rank's record and books (for the gather); unpack(pack(x)) == x.
 std::vector<std::byte> pack(const RankTrace& t, const RankMemory& m);

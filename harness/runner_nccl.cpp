@@ -1,7 +1,8 @@
 // The scenario runner's NCCL path: the same per-rank training function as on the simulator
 // (detail::train_rank), run by a backend's rank runner. Under mpirun each process holds one rank,
 // so the ranks' records are all-gathered (as bytes, over the world communicator) before the parity
-// check; every process then reaches the same verdict and only rank 0 prints (cmd_run.cpp).
+// check; every process then reaches the same verdict and only rank 0 prints (cmd_run.cpp). Timing
+// is wall time: each rank measures its own steps.
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -130,6 +131,20 @@ FaultResult fault_of(const Failure& f) {
   return out;
 }
 
+// The simulator's timing fields from measured wall time: per (rank, step) the seconds the rank's
+// step took on it (forward, backward, collectives and optimizer, as the engine's step() runs them).
+TimingResult wall_timing(const Scenario& s, const ParallelSpec& p, const Trace& want,
+                         const std::vector<RankTrace>& got) {
+  std::vector<sim::StepTime> times;
+  for (std::size_t rank = 0; rank < got.size(); ++rank)
+    for (std::size_t k = 0; k < got[rank].step_seconds.size(); ++k)
+      times.push_back({static_cast<int>(rank), got[rank].first_step + static_cast<int>(k), 0.0,
+                       got[rank].step_seconds[k]});
+  TimingResult t = timing_of(times, s.train.steps);
+  fill_rates(s, p, want, t);
+  return t;
+}
+
 }  // namespace
 
 std::vector<std::byte> pack(const RankTrace& t, const RankMemory& m) {
@@ -159,6 +174,8 @@ std::vector<std::byte> pack(const RankTrace& t, const RankMemory& m) {
     w.pod(h.skipped);
     w.pods(h.nonfinite_ranks);
   }
+  w.pods(t.step_seconds);
+  w.str(t.compute);
   w.pod(m.rank);
   w.pod(m.resident.bytes);
   w.pod(m.at_peak.bytes);
@@ -194,6 +211,8 @@ void unpack(const std::vector<std::byte>& bytes, RankTrace& t, RankMemory& m) {
     h.skipped = r.pod<bool>();
     h.nonfinite_ranks = r.pods<int>();
   }
+  t.step_seconds = r.pods<double>();
+  t.compute = r.str();
   m.rank = r.pod<int>();
   m.resident.bytes = r.pod<decltype(m.resident.bytes)>();
   m.at_peak.bytes = r.pod<decltype(m.at_peak.bytes)>();
@@ -203,7 +222,7 @@ void unpack(const std::vector<std::byte>& bytes, RankTrace& t, RankMemory& m) {
 
 ConfigResult run_config_ranks(const Scenario& s, const ref::Dataset& ds, const Trace& want,
                               const ParallelSpec& p, const Ranks& ranks, bool gather, int capacity,
-                              const std::string& capacity_what) {
+                              const std::string& capacity_what, const ComputeFactory& compute) {
   ConfigResult r = config_row(s, p);
   if (!r.supported) return r;
   const int world = p.mesh.world_size();
@@ -232,7 +251,7 @@ ConfigResult run_config_ranks(const Scenario& s, const ref::Dataset& ds, const T
     ranks([&](comm::Communicator& c) {
       const auto me = static_cast<std::size_t>(c.rank());
       try {
-        train_rank(c, s, ds, opt, p, {}, got[me], memory[me]);
+        train_rank(c, s, ds, opt, p, {}, got[me], memory[me], compute);
         if (gather) gather_all(c, got[me], memory[me], got_copies[me], memory_copies[me]);
       } catch (const std::exception& e) {
         const std::scoped_lock lock(failures_mutex);
@@ -262,8 +281,11 @@ ConfigResult run_config_ranks(const Scenario& s, const ref::Dataset& ds, const T
       memory = std::move(memory_copies[at]);
     }
     r.memory = memory;
+    r.compute = got[0].compute;
     measure_parity(s, want, got, r);
     if (auto f = nan_result(got[0])) r.faults.push_back(*f);
+    r.timing = wall_timing(s, p, want, got);
+    r.wall_timing = true;
   }
   decide(s, r);
   return r;
