@@ -368,5 +368,31 @@ TEST(ComputeOption, CudaOnTheSimulatorKeepsParity) {
   for (const auto& row : report.at("parity")) EXPECT_NE(row.at("compute"), "cpu") << row.dump();
 }
 
+// With a GPU and the NCCL backend: the ranks compute on their GPUs by default, --compute cpu keeps
+// them on the CPU, and each row has wall-clock timing.
+TEST(ComputeOption, TheNcclBackendComputesOnGpusByDefault) {
+  if (!nccl_built()) GTEST_SKIP() << "built without the NCCL backend (cuda preset)";
+  if (const std::string why = nccl_unavailable(); !why.empty()) GTEST_SKIP() << why;
+  if (const std::string why = cuda_compute_unavailable(); !why.empty()) GTEST_SKIP() << why;
+  const TempDir dir("shardcheck_compute_nccl");
+  nlohmann::json j = small_scenario("compute-nccl", {{{"dp", 1}}});
+  j["train"]["precision"] = "f32";
+  const auto file = dir.write("s.json", j);
+  for (const std::string compute : {"", "cpu"}) {
+    const auto report = dir.path() / ("r" + compute);
+    const auto [code, out] = shardcheck("run " + file.string() + " --backend nccl" +
+                                        (compute.empty() ? "" : " --compute " + compute) +
+                                        " --report " + report.string());
+    ASSERT_EQ(code, 0) << out;
+    const auto r = shardcheck::testing::read_json(report / "report.json");
+    EXPECT_EQ(r.at("compute"), compute.empty() ? "cuda" : "cpu");
+    const auto& row = r.at("parity")[0];
+    EXPECT_EQ(row.at("compute") == "cpu", compute == "cpu") << row.dump();
+    EXPECT_GT(row.at("wall_s").get<double>(), 0.0);
+    EXPECT_TRUE(has(row.at("timing").at("time").get<std::string>(), "wall")) << row.dump();
+    EXPECT_GT(row.at("timing").at("step_time_s").get<double>(), 0.0);
+  }
+}
+
 }  // namespace
 }  // namespace shardcheck::harness
