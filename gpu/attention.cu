@@ -4,6 +4,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cmath>
+#include <cstdint>
 #include <stdexcept>
 #include <string>
 
@@ -30,28 +31,21 @@ struct Drop {
 };
 
 Drop drop_of(const Dropout& d, int heads) {
-  const std::string name = "dropout/layers." + std::to_string(d.layer);
-  uint32_t h = 2166136261U;  // FNV-1a, as ref::stream_hash
-  for (const char ch : name) {
-    h ^= static_cast<uint8_t>(ch);
-    h *= 16777619U;
-  }
   return {d.rate,
           d.seed,
-          h,
+          detail::stream_hash("dropout/layers." + std::to_string(d.layer)),
           d.step,
           d.sequence,
           d.head_offset,
           d.total_heads > 0 ? d.total_heads : heads};
 }
 
-// ref::AttentionDropoutMask::scale for local head h.
+// ref::AttentionDropoutMask::scale for local head h (global head head_offset + h).
 __device__ double drop_scale(const Drop& dr, int h, int64_t s, int64_t i, int64_t j) {
   if (dr.rate <= 0.0) return 1.0;
-  const auto idx =
-      static_cast<uint64_t>(((dr.sequence * dr.total_heads + dr.head_offset + h) * s + i) * s + j);
-  return detail::philox_uniform(dr.seed, dr.stream, dr.step, idx) >= dr.rate ? 1.0 / (1.0 - dr.rate)
-                                                                             : 0.0;
+  return detail::dropout_scale(
+      dr.rate, dr.seed, dr.stream, dr.step,
+      detail::dropout_index(dr.sequence, dr.total_heads, dr.head_offset + h, s, i, j));
 }
 
 template <class T>
@@ -85,7 +79,7 @@ __device__ bool visible(const int32_t* doc, int64_t i, int64_t j) {
 template <class T>
 __global__ void attn_fwd(const T* q, const T* k, const T* v, const int32_t* doc, int64_t s,
                          int heads, int kv, int64_t d, Drop dr, T* o, T* probs) {
-  extern __shared__ unsigned char smem[];
+  extern __shared__ __align__(16) unsigned char smem[];  // s elements of T
   T* p = reinterpret_cast<T*>(smem);
   __shared__ T sh[32];
   const int h = static_cast<int>(blockIdx.x / s);
@@ -125,7 +119,7 @@ __global__ void attn_fwd(const T* q, const T* k, const T* v, const int32_t* doc,
 template <class T>
 __global__ void attn_bwd(const T* dout, const T* q, const T* k, const T* v, const T* probs,
                          int64_t s, int heads, int kv, int64_t d, Drop dr, T* dq, T* dk, T* dv) {
-  extern __shared__ unsigned char smem[];
+  extern __shared__ __align__(16) unsigned char smem[];  // s elements of T
   T* dp = reinterpret_cast<T*>(smem);
   __shared__ T sh[32];
   const int h = static_cast<int>(blockIdx.x / s);
@@ -166,8 +160,11 @@ __global__ void attn_bwd(const T* dout, const T* q, const T* k, const T* v, cons
 // row_bytes of dynamic shared memory plus the kernels' static 32 elements must fit 48 KiB.
 void check_shape(int64_t s, int heads, int kv, std::size_t row_bytes, std::size_t elem,
                  const char* op) {
-  if (kv <= 0 || heads % kv != 0)
+  if (kv <= 0 || heads < 0 || heads % kv != 0)
     throw std::invalid_argument(std::string("gpu::ops::") + op + ": heads % kv_heads != 0");
+  if (s < 0 || s * heads > INT32_MAX)  // one block per (head, query): gridDim.x
+    throw std::invalid_argument(std::string("gpu::ops::") + op + ": " + std::to_string(s) +
+                                " queries x " + std::to_string(heads) + " heads is too many");
   if (row_bytes > 48 * 1024 - 32 * elem)
     throw std::invalid_argument(std::string("gpu::ops::") + op + ": sequence of " +
                                 std::to_string(s) +
@@ -182,7 +179,7 @@ void attention_forward(Context& c, const T* q, const T* k, const T* v, const int
                        T* probs) {
   const std::size_t row = static_cast<std::size_t>(s) * sizeof(T);
   check_shape(s, heads, kv_heads, row, sizeof(T), "attention_forward");
-  if (s == 0) return;
+  if (s == 0 || heads == 0) return;  // no block to launch (a grid of 0 is a launch error)
   attn_fwd<<<static_cast<unsigned>(s * heads), kThreads, row,
              static_cast<cudaStream_t>(c.stream())>>>(q, k, v, doc_ids, s, heads, kv_heads, d,
                                                       drop_of(dropout, heads), o, probs);
@@ -200,6 +197,7 @@ void attention_backward(Context& c, const T* dout, const T* q, const T* k, const
   const std::size_t kv_bytes = static_cast<std::size_t>(s * kv_heads * d) * sizeof(T);
   cuda_ok(cudaMemsetAsync(dk, 0, kv_bytes, st), "attention_backward");
   cuda_ok(cudaMemsetAsync(dv, 0, kv_bytes, st), "attention_backward");
+  if (heads == 0) return;
   attn_bwd<<<static_cast<unsigned>(s * heads), kThreads, row, st>>>(
       dout, q, k, v, probs, s, heads, kv_heads, d, drop_of(dropout, heads), dq, dk, dv);
   cuda_ok(cudaGetLastError(), "attention_backward");
