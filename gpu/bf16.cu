@@ -8,6 +8,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "gpu/gemm_plan.hpp"
 #include "gpu/kernel_util.cuh"
 #include "gpu/ops.hpp"
 
@@ -90,19 +91,20 @@ class MathMode {
   cublasMath_t saved_ = CUBLAS_PEDANTIC_MATH;
 };
 
-// Column-major C[m,n] (f32) = op(A) op(B) (bf16) + beta C, f32 accumulation.
-void gemm_bf16(const Context& c, cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n,
-               int64_t k, const uint16_t* a, int64_t lda, const uint16_t* b, int64_t ldb,
-               float beta, float* cc, int64_t ldc, const char* op) {
-  const int mi = dim(m, op), ni = dim(n, op), ki = dim(k, op);
+// One column-major GEMM of gemm_plan.hpp: C (f32) = op(A) op(B) (bf16) (+ C), f32 accumulation.
+void gemm_bf16(const Context& c, const detail::GemmPlan& g,
+               const detail::GemmOperands<uint16_t, float>& p, const char* op) {
+  const int mi = dim(g.m, op), ni = dim(g.n, op), ki = dim(g.k, op);
   if (mi == 0 || ni == 0) return;
   // cuBLAS wants every leading dimension >= 1 even where a matrix is empty (k == 0).
-  const int la = dim(lda < 1 ? 1 : lda, op), lb = dim(ldb < 1 ? 1 : ldb, op),
-            lc = dim(ldc < 1 ? 1 : ldc, op);
-  const float one = 1.0F;
+  const int la = dim(g.lda < 1 ? 1 : g.lda, op), lb = dim(g.ldb < 1 ? 1 : g.ldb, op),
+            lc = dim(g.ldc < 1 ? 1 : g.ldc, op);
+  const float one = 1.0F, beta = g.accumulate ? 1.0F : 0.0F;
+  const auto t = [](bool trans) { return trans ? CUBLAS_OP_T : CUBLAS_OP_N; };
   const MathMode mode(bh(c), op);
-  blas_ok(cublasGemmEx(bh(c), ta, tb, mi, ni, ki, &one, a, CUDA_R_16BF, la, b, CUDA_R_16BF, lb,
-                       &beta, cc, CUDA_R_32F, lc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+  blas_ok(cublasGemmEx(bh(c), t(g.trans_a), t(g.trans_b), mi, ni, ki, &one, p.in(g.a), CUDA_R_16BF,
+                       la, p.in(g.b), CUDA_R_16BF, lb, &beta, p.out(g.c), CUDA_R_32F, lc,
+                       CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
           op);
 }
 
@@ -126,39 +128,47 @@ void from_bf16(Context& c, const uint16_t* x, float* y, int64_t n) {
   cuda_ok(cudaGetLastError(), "from_bf16");
 }
 
-// Row-major X[r,c] is column-major X^T with leading dimension c; each GEMM is the column-major
-// form of the row-major formula in its comment (as the f32 linear ops in ops.cu).
+// The GEMMs of gemm_plan.hpp, as the f32 linear ops in ops.cu.
 void linear_forward_bf16(Context& c, const uint16_t* x, const uint16_t* w, float* y, int64_t rows,
-                         int64_t in, int64_t out) {  // y^T[out,rows] = w^T . x^T
-  gemm_bf16(c, CUBLAS_OP_N, CUBLAS_OP_N, out, rows, in, w, out, x, in, 0.0F, y, out,
-            "linear_forward_bf16");
+                         int64_t in, int64_t out) {
+  detail::GemmOperands<uint16_t, float> p;
+  p.x = x;
+  p.w = w;
+  p.y = y;
+  gemm_bf16(c, detail::linear_forward_plan(rows, in, out), p, "linear_forward_bf16");
 }
 
 void linear_backward_bf16(Context& c, const uint16_t* dy, const uint16_t* x, const uint16_t* w,
                           float* dx, float* dw, int64_t rows, int64_t in, int64_t out) {
-  // dx^T[in,rows] = w[in,out] . dy^T
-  gemm_bf16(c, CUBLAS_OP_T, CUBLAS_OP_N, in, rows, out, w, out, dy, out, 0.0F, dx, in,
-            "linear_backward_bf16");
-  // dw^T[out,in] += dy^T[out,rows] . x[rows,in]
-  gemm_bf16(c, CUBLAS_OP_N, CUBLAS_OP_T, out, in, rows, dy, out, x, in, 1.0F, dw, out,
-            "linear_backward_bf16");
+  detail::GemmOperands<uint16_t, float> p;
+  p.dy = dy;
+  p.x = x;
+  p.w = w;
+  p.dx = dx;
+  p.dw = dw;
+  for (const auto& g : detail::linear_backward_plans(rows, in, out))
+    gemm_bf16(c, g, p, "linear_backward_bf16");
 }
 
 void linear_t_forward_bf16(Context& c, const uint16_t* x, const uint16_t* w, float* y, int64_t rows,
-                           int64_t in,
-                           int64_t out) {  // y^T[out,rows] = w[out,in] . x^T
-  gemm_bf16(c, CUBLAS_OP_T, CUBLAS_OP_N, out, rows, in, w, in, x, in, 0.0F, y, out,
-            "linear_t_forward_bf16");
+                           int64_t in, int64_t out) {
+  detail::GemmOperands<uint16_t, float> p;
+  p.x = x;
+  p.w = w;
+  p.y = y;
+  gemm_bf16(c, detail::linear_t_forward_plan(rows, in, out), p, "linear_t_forward_bf16");
 }
 
 void linear_t_backward_bf16(Context& c, const uint16_t* dy, const uint16_t* x, const uint16_t* w,
                             float* dx, float* dw, int64_t rows, int64_t in, int64_t out) {
-  // dx^T[in,rows] = w^T[in,out] . dy^T
-  gemm_bf16(c, CUBLAS_OP_N, CUBLAS_OP_N, in, rows, out, w, in, dy, out, 0.0F, dx, in,
-            "linear_t_backward_bf16");
-  // dw^T[in,out] += x^T[in,rows] . dy[rows,out]
-  gemm_bf16(c, CUBLAS_OP_N, CUBLAS_OP_T, in, out, rows, x, in, dy, out, 1.0F, dw, in,
-            "linear_t_backward_bf16");
+  detail::GemmOperands<uint16_t, float> p;
+  p.dy = dy;
+  p.x = x;
+  p.w = w;
+  p.dx = dx;
+  p.dw = dw;
+  for (const auto& g : detail::linear_t_backward_plans(rows, in, out))
+    gemm_bf16(c, g, p, "linear_t_backward_bf16");
 }
 
 }  // namespace shardcheck::gpu::ops

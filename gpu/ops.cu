@@ -2,9 +2,11 @@
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
+#include <climits>
 #include <stdexcept>
 #include <string>
 
+#include "gpu/gemm_plan.hpp"
 #include "gpu/kernel_util.cuh"
 #include "gpu/ops.hpp"
 
@@ -27,25 +29,40 @@ cublasHandle_t bh(const Context& c) {
   return static_cast<cublasHandle_t>(c.cublas());
 }
 using kernel::grid;
-int ci(int64_t v) {
+// A GEMM dimension as cuBLAS's int (no silent truncation of a dimension past INT_MAX).
+int ci(int64_t v, const char* op) {
+  if (v < 0 || v > INT_MAX)
+    throw std::invalid_argument(std::string("gpu::ops::") + op + ": GEMM dimension " +
+                                std::to_string(v) + " outside [0, INT_MAX]");
   return static_cast<int>(v);
 }
-
-// Column-major GEMM C[m,n] = alpha op(A) op(B) + beta C.
-void gemm(const Context& c, cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n,
-          int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb, float beta,
-          float* cc, int64_t ldc, const char* op) {
-  const float one = 1.0F;
-  blas_ok(cublasSgemm(bh(c), ta, tb, ci(m), ci(n), ci(k), &one, a, ci(lda), b, ci(ldb), &beta, cc,
-                      ci(ldc)),
-          op);
+// A leading dimension: cuBLAS wants >= 1 even for an empty operand.
+int cld(int64_t v, const char* op) {
+  return ci(v < 1 ? 1 : v, op);
 }
-void gemm(const Context& c, cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n,
-          int64_t k, const double* a, int64_t lda, const double* b, int64_t ldb, double beta,
-          double* cc, int64_t ldc, const char* op) {
+
+cublasStatus_t xgemm(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n,
+                     int k, const float* a, int lda, const float* b, int ldb, float beta, float* c,
+                     int ldc) {
+  const float one = 1.0F;
+  return cublasSgemm(h, ta, tb, m, n, k, &one, a, lda, b, ldb, &beta, c, ldc);
+}
+cublasStatus_t xgemm(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n,
+                     int k, const double* a, int lda, const double* b, int ldb, double beta,
+                     double* c, int ldc) {
   const double one = 1.0;
-  blas_ok(cublasDgemm(bh(c), ta, tb, ci(m), ci(n), ci(k), &one, a, ci(lda), b, ci(ldb), &beta, cc,
-                      ci(ldc)),
+  return cublasDgemm(h, ta, tb, m, n, k, &one, a, lda, b, ldb, &beta, c, ldc);
+}
+
+// One column-major GEMM of gemm_plan.hpp. Nothing to do for an empty C.
+template <class T>
+void gemm(const Context& c, const detail::GemmPlan& g, const detail::GemmOperands<T, T>& p,
+          const char* op) {
+  if (ci(g.m, op) == 0 || ci(g.n, op) == 0) return;
+  const auto t = [](bool trans) { return trans ? CUBLAS_OP_T : CUBLAS_OP_N; };
+  blas_ok(xgemm(bh(c), t(g.trans_a), t(g.trans_b), ci(g.m, op), ci(g.n, op), ci(g.k, op), p.in(g.a),
+                cld(g.lda, op), p.in(g.b), cld(g.ldb, op), g.accumulate ? T{1} : T{0}, p.out(g.c),
+                cld(g.ldc, op)),
           op);
 }
 
@@ -241,40 +258,51 @@ void Context::synchronize() const {
   cuda_ok(cudaGetLastError(), "synchronize");
 }
 
-// Row-major X[r,c] is column-major X^T with leading dimension c; each GEMM below is the
-// column-major form of the row-major formula in its comment.
+// The GEMMs of gemm_plan.hpp: row-major formulas as column-major cuBLAS calls.
 template <class T>
 void linear_forward(Context& c, const T* x, const T* w, T* y, int64_t rows, int64_t in,
-                    int64_t out) {  // y^T[out,rows] = w^T . x^T
-  gemm(c, CUBLAS_OP_N, CUBLAS_OP_N, out, rows, in, w, out, x, in, T{0}, y, out, "linear_forward");
+                    int64_t out) {
+  detail::GemmOperands<T, T> p;
+  p.x = x;
+  p.w = w;
+  p.y = y;
+  gemm(c, detail::linear_forward_plan(rows, in, out), p, "linear_forward");
 }
 
 template <class T>
 void linear_backward(Context& c, const T* dy, const T* x, const T* w, T* dx, T* dw, int64_t rows,
                      int64_t in, int64_t out) {
-  // dx^T[in,rows] = w[in,out] . dy^T
-  gemm(c, CUBLAS_OP_T, CUBLAS_OP_N, in, rows, out, w, out, dy, out, T{0}, dx, in,
-       "linear_backward");
-  // dw^T[out,in] += dy^T[out,rows] . x[rows,in]
-  gemm(c, CUBLAS_OP_N, CUBLAS_OP_T, out, in, rows, dy, out, x, in, T{1}, dw, out,
-       "linear_backward");
+  detail::GemmOperands<T, T> p;
+  p.dy = dy;
+  p.x = x;
+  p.w = w;
+  p.dx = dx;
+  p.dw = dw;
+  for (const auto& g : detail::linear_backward_plans(rows, in, out))
+    gemm(c, g, p, "linear_backward");
 }
 
 template <class T>
 void linear_t_forward(Context& c, const T* x, const T* w, T* y, int64_t rows, int64_t in,
-                      int64_t out) {  // y^T[out,rows] = w[out,in] . x^T
-  gemm(c, CUBLAS_OP_T, CUBLAS_OP_N, out, rows, in, w, in, x, in, T{0}, y, out, "linear_t_forward");
+                      int64_t out) {
+  detail::GemmOperands<T, T> p;
+  p.x = x;
+  p.w = w;
+  p.y = y;
+  gemm(c, detail::linear_t_forward_plan(rows, in, out), p, "linear_t_forward");
 }
 
 template <class T>
 void linear_t_backward(Context& c, const T* dy, const T* x, const T* w, T* dx, T* dw, int64_t rows,
                        int64_t in, int64_t out) {
-  // dx^T[in,rows] = w^T[in,out] . dy^T
-  gemm(c, CUBLAS_OP_N, CUBLAS_OP_N, in, rows, out, w, in, dy, out, T{0}, dx, in,
-       "linear_t_backward");
-  // dw^T[in,out] += x^T[in,rows] . dy[rows,out]
-  gemm(c, CUBLAS_OP_N, CUBLAS_OP_T, in, out, rows, x, in, dy, out, T{1}, dw, in,
-       "linear_t_backward");
+  detail::GemmOperands<T, T> p;
+  p.dy = dy;
+  p.x = x;
+  p.w = w;
+  p.dx = dx;
+  p.dw = dw;
+  for (const auto& g : detail::linear_t_backward_plans(rows, in, out))
+    gemm(c, g, p, "linear_t_backward");
 }
 
 template <class T>
