@@ -57,21 +57,30 @@ GpuModel<T>::GpuModel(const ref::ModelConfig& cfg, const ref::ParamMap<T>& param
     if (cfg.is_moe_layer(l))
       throw std::invalid_argument("GpuModel: MoE layers are not implemented on the GPU yet");
   ctx_ = std::make_unique<ops::Context>(device);
-  for (const auto& e : params) {
-    const std::size_t n = static_cast<std::size_t>(e.value.numel());
-    T* p = alloc(n);
-    T* g = alloc(n);
-    ok(cudaMemcpy(p, e.value.data(), n * sizeof(T), cudaMemcpyHostToDevice), "upload");
-    ok(cudaMemset(g, 0, n * sizeof(T)), "cudaMemset");
-    params_[e.name] = p;
-    grads_[e.name] = g;
+  try {
+    for (const auto& e : params) {
+      const std::size_t n = static_cast<std::size_t>(e.value.numel());
+      T* p = alloc(n);
+      T* g = alloc(n);
+      ok(cudaMemcpy(p, e.value.data(), n * sizeof(T), cudaMemcpyHostToDevice), "upload");
+      ok(cudaMemset(g, 0, n * sizeof(T)), "cudaMemset");
+      params_[e.name] = p;
+      grads_[e.name] = g;
+    }
+    // The copies above ran on the default stream; the ops' stream does not wait for it.
+    ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  } catch (...) {  // no destructor runs for a throwing constructor: free what was allocated
+    cudaDeviceSynchronize();
+    for (void* p : allocations_) cudaFree(p);
+    throw;
   }
-  // The copies above ran on the default stream; the ops' stream does not wait for it.
-  ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
 }
 
 template <class T>
 GpuModel<T>::~GpuModel() {
+  // Work still queued on the model's stream (round_grads_to_bf16 does not wait) may read these.
+  cudaSetDevice(ctx_->device());
+  cudaStreamSynchronize(static_cast<cudaStream_t>(ctx_->stream()));
   for (void* p : allocations_) cudaFree(p);
 }
 
@@ -98,6 +107,7 @@ T* GpuModel<T>::grad(const std::string& name) const {
 template <class T>
 void GpuModel<T>::zero_grads() {
   // On the model's (non-blocking) stream, after the steps still queued there that add into them.
+  ok(cudaSetDevice(ctx_->device()), "cudaSetDevice");
   auto* stream = static_cast<cudaStream_t>(ctx_->stream());
   for (const auto& e : shapes_)
     ok(cudaMemsetAsync(grads_.at(e.name), 0, static_cast<std::size_t>(e.value.numel()) * sizeof(T),
@@ -109,6 +119,7 @@ void GpuModel<T>::zero_grads() {
 template <class T>
 void GpuModel<T>::round_grads_to_bf16() {
   if constexpr (std::is_same_v<T, float>) {
+    ok(cudaSetDevice(ctx_->device()), "cudaSetDevice");
     for (const auto& e : shapes_) ops::round_to_bf16(*ctx_, grads_.at(e.name), e.value.numel());
   } else {
     throw std::invalid_argument(
@@ -118,6 +129,7 @@ void GpuModel<T>::round_grads_to_bf16() {
 
 template <class T>
 ref::ParamMap<T> GpuModel<T>::grads() const {
+  ok(cudaSetDevice(ctx_->device()), "cudaSetDevice");
   ctx_->synchronize();
   ref::ParamMap<T> out = shapes_.zeros_like();
   for (auto& e : out)
@@ -131,6 +143,15 @@ template <class T>
 ref::SequenceLoss GpuModel<T>::step(const ref::Sequence& seq, const ref::StepContext& sctx,
                                     bool backward) {
   ref::check_sequence(seq);
+  // The reference throws on these; on the device a token >= vocab would make embedding_backward
+  // add past the gradient table, and a bad target would give a NaN loss.
+  for (std::size_t t = 0; t < seq.tokens.size(); ++t) {
+    if (seq.tokens[t] < 0 || seq.tokens[t] >= cfg_.vocab)
+      throw std::invalid_argument("GpuModel: token out of vocabulary");
+    if (seq.loss_mask[t] != 0 && (seq.targets[t] < 0 || seq.targets[t] >= cfg_.vocab))
+      throw std::invalid_argument("GpuModel: target out of vocabulary");
+  }
+  ok(cudaSetDevice(ctx_->device()), "cudaSetDevice");  // the thread may not be the constructor's
   ops::Context& c = *ctx_;
   const auto st = static_cast<cudaStream_t>(c.stream());
   const int64_t s = static_cast<int64_t>(seq.tokens.size());
@@ -199,8 +220,9 @@ ref::SequenceLoss GpuModel<T>::step(const ref::Sequence& seq, const ref::StepCon
                      st),
      "download");
 
+  std::vector<double> weight;  // outlives its upload (freed after the synchronize below)
   if (backward) {
-    std::vector<double> weight(n(s), 0.0);
+    weight.assign(n(s), 0.0);
     for (std::size_t t = 0; t < weight.size(); ++t)
       weight[t] = seq.loss_mask[t] != 0 ? sctx.token_weight : 0.0;
     const double* dweight = m.upload(weight);

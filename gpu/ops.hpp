@@ -66,8 +66,9 @@ template <class T>
 void gelu_backward(Context& c, const T* dy, const T* x, T* dx, int64_t n);
 
 // y[t] = table[tokens[t]], table [vocab, h]; dtable[tokens[t]] += dy[t] (atomic adds: the order
-// of equal tokens' contributions is not fixed). A token outside [0, vocab) gives a zero row and
-// contributes nothing (the reference throws; callers check tokens on the host).
+// of equal tokens' contributions is not fixed). Forward: a token outside [0, vocab) gives a zero
+// row. Backward skips negative tokens but does not know vocab, so a token >= vocab writes past
+// dtable: the reference throws on both, and callers must check tokens on the host first.
 template <class T>
 void embedding_forward(Context& c, const T* table, const int32_t* tokens, T* y, int64_t ntok,
                        int64_t vocab, int64_t h);
