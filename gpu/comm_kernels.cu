@@ -72,25 +72,31 @@ __global__ void divide(T* x, std::size_t n, int d) {
 
 }  // namespace
 
-void widen_to_f32(const void* src, comm::DType t, float* dst, std::size_t n, cudaStream_t stream) {
-  if (n == 0) return;
+cudaError_t widen_to_f32(const void* src, comm::DType t, float* dst, std::size_t n,
+                         cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  (void)cudaGetLastError();  // report this launch, not a stale error of an earlier call
   if (t == comm::DType::bf16)
     widen<<<blocks_for(n), kThreads, 0, stream>>>(static_cast<const __nv_bfloat16*>(src), dst, n);
   else
     widen<<<blocks_for(n), kThreads, 0, stream>>>(static_cast<const __half*>(src), dst, n);
+  return cudaGetLastError();
 }
 
-void narrow_from_f32(const float* src, void* dst, comm::DType t, std::size_t n,
-                     cudaStream_t stream) {
-  if (n == 0) return;
+cudaError_t narrow_from_f32(const float* src, void* dst, comm::DType t, std::size_t n,
+                            cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  (void)cudaGetLastError();
   if (t == comm::DType::bf16)
     narrow<<<blocks_for(n), kThreads, 0, stream>>>(src, static_cast<__nv_bfloat16*>(dst), n);
   else
     narrow<<<blocks_for(n), kThreads, 0, stream>>>(src, static_cast<__half*>(dst), n);
+  return cudaGetLastError();
 }
 
-void divide_inplace(void* x, comm::DType t, std::size_t n, int d, cudaStream_t stream) {
-  if (n == 0) return;
+cudaError_t divide_inplace(void* x, comm::DType t, std::size_t n, int d, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  (void)cudaGetLastError();
   const unsigned b = blocks_for(n);
   switch (t) {
     case comm::DType::f64:
@@ -115,6 +121,7 @@ void divide_inplace(void* x, comm::DType t, std::size_t n, int d, cudaStream_t s
       divide<<<b, kThreads, 0, stream>>>(static_cast<std::uint8_t*>(x), n, d);
       break;
   }
+  return cudaGetLastError();
 }
 
 }  // namespace shardcheck::gpu::detail

@@ -36,8 +36,6 @@ void same_dtype(const ConstBuffer& a, const Buffer& b, const OpContext& ctx) {
 bool is_half(DType t) {
   return t == DType::bf16 || t == DType::f16;
 }
-
-// Polls a communicator that NCCL is still creating (non-blocking init or split).
 }  // namespace
 
 NcclCommunicator::NcclCommunicator(void* nccl_comm, int device, std::string name,
@@ -120,7 +118,7 @@ WorkPtr NcclCommunicator::reduce_common(const char* op, ConstBuffer send, Buffer
   const std::size_t want = scatter ? recv.count * static_cast<std::size_t>(c.size) : recv.count;
   require(send.count == want, ctx,
           "send has " + std::to_string(send.count) + " elements, expected " + std::to_string(want));
-  c.check_signature(ctx, recv.count, recv.dtype, -1, static_cast<int>(o.op));
+  c.arrive(ctx, recv.count, recv.dtype, -1, static_cast<int>(o.op));
   Staging s;
   const void* sp = c.in(send, s, ctx);
   void* rp = c.out(recv, s, ctx);
@@ -135,15 +133,20 @@ WorkPtr NcclCommunicator::reduce_common(const char* op, ConstBuffer send, Buffer
   if (is_half(send.dtype) && c.options.exact_half) {
     auto* ws = static_cast<float*>(c.scratch(send.count * sizeof(float), s, ctx));
     auto* wr = static_cast<float*>(c.scratch(n * sizeof(float), s, ctx));
-    detail::widen_to_f32(sp, send.dtype, ws, send.count, c.stream);
+    cuda_check(detail::widen_to_f32(sp, send.dtype, ws, send.count, c.stream), ctx,
+               "widen_to_f32 kernel launch");
     call(ws, wr, ncclFloat32);
-    if (o.op == comm::ReduceOp::avg) detail::divide_inplace(wr, DType::f32, n, c.size, c.stream);
-    detail::narrow_from_f32(wr, rp, recv.dtype, n, c.stream);
+    if (o.op == comm::ReduceOp::avg)
+      cuda_check(detail::divide_inplace(wr, DType::f32, n, c.size, c.stream), ctx,
+                 "divide kernel launch");
+    cuda_check(detail::narrow_from_f32(wr, rp, recv.dtype, n, c.stream), ctx,
+               "narrow_from_f32 kernel launch");
   } else {
     call(sp, rp, detail::nccl_type(send.dtype));
-    if (o.op == comm::ReduceOp::avg) detail::divide_inplace(rp, recv.dtype, n, c.size, c.stream);
+    if (o.op == comm::ReduceOp::avg)
+      cuda_check(detail::divide_inplace(rp, recv.dtype, n, c.size, c.stream), ctx,
+                 "divide kernel launch");
   }
-  cuda_check(cudaGetLastError(), ctx, "kernel launch");
   return std::make_shared<NcclWork>(core_, c.record(ctx), ctx, std::move(s));
 }
 
@@ -163,7 +166,7 @@ WorkPtr NcclCommunicator::do_all_gather(ConstBuffer send, Buffer recv) {
   require(recv.count == send.count * static_cast<std::size_t>(c.size), ctx,
           "recv has " + std::to_string(recv.count) + " elements, expected send.count * size = " +
               std::to_string(send.count * static_cast<std::size_t>(c.size)));
-  c.check_signature(ctx, send.count, send.dtype, -1, -1);
+  c.arrive(ctx, send.count, send.dtype, -1, -1);
   Staging s;
   const void* sp = c.in(send, s, ctx);
   void* rp = c.out(recv, s, ctx);
@@ -186,7 +189,7 @@ WorkPtr NcclCommunicator::do_broadcast(ConstBuffer send, Buffer recv, comm::Broa
         send.count == recv.count, ctx,
         "send has " + std::to_string(send.count) + " elements, recv " + std::to_string(recv.count));
   }
-  c.check_signature(ctx, recv.count, recv.dtype, o.root, -1);
+  c.arrive(ctx, recv.count, recv.dtype, o.root, -1);
   Staging s;
   void* rp = c.out(recv, s, ctx);
   const void* sp = is_root ? c.in(send, s, ctx) : rp;
@@ -204,7 +207,7 @@ WorkPtr NcclCommunicator::do_all_to_all(ConstBuffer send, Buffer recv) {
   require(send.count == recv.count && send.count % static_cast<std::size_t>(c.size) == 0, ctx,
           "all_to_all needs equal send and recv counts divisible by the group size; got " +
               std::to_string(send.count) + " and " + std::to_string(recv.count));
-  c.check_signature(ctx, send.count, send.dtype, -1, -1);
+  c.arrive(ctx, send.count, send.dtype, -1, -1);
   Staging s;
   const void* sp = c.in(send, s, ctx);
   void* rp = c.out(recv, s, ctx);
@@ -236,7 +239,7 @@ WorkPtr NcclCommunicator::do_all_to_all_v(ConstBuffer send,
           "counts sum to " + std::to_string(ssum) + " sent / " + std::to_string(rsum) +
               " received, buffers hold " + std::to_string(send.count) + " / " +
               std::to_string(recv.count));
-  c.check_signature(ctx, 0, send.dtype, -1, -1);  // counts are checked below
+  c.arrive(ctx, 0, send.dtype, -1, -1);  // counts are checked below
   Staging s;
   if (c.options.check_all_to_all_v) {
     // Every rank gathers every rank's send and recv counts and checks all pairs, so all members
@@ -246,20 +249,8 @@ WorkPtr NcclCommunicator::do_all_to_all_v(ConstBuffer send,
       mine[j] = static_cast<std::int64_t>(send_counts[j]);
       mine[p + j] = static_cast<std::int64_t>(recv_counts[j]);
     }
-    std::vector<std::int64_t> all(2 * p * p);
-    Staging cs;
-    auto* d = static_cast<std::int64_t*>(c.scratch(all.size() * 8, cs, ctx));
-    cuda_check(cudaMemcpyAsync(d + 2 * p * static_cast<std::size_t>(c.rank), mine.data(), 16 * p,
-                               cudaMemcpyHostToDevice, c.stream),
-               ctx, "cudaMemcpyAsync");
-    c.nccl_check(ncclAllGather(d + 2 * p * static_cast<std::size_t>(c.rank), d, 2 * p, ncclInt64,
-                               c.comm, c.stream),
-                 ctx, "ncclAllGather (all_to_all_v counts)");
-    auto launch = c.record(ctx);
-    c.wait_event(launch->event, ctx, -1);
-    cuda_check(cudaMemcpy(all.data(), d, all.size() * 8, cudaMemcpyDeviceToHost), ctx,
-               "cudaMemcpy");
-    c.release(cs);
+    const std::vector<std::int64_t> all =
+        c.exchange(mine.data(), 2 * p, ctx, "ncclAllGather (all_to_all_v counts)");
     for (std::size_t i = 0; i < p; ++i)
       for (std::size_t j = 0; j < p; ++j) {
         const std::int64_t recv_ij = all[2 * p * i + p + j];  // rank i expects from j
@@ -289,14 +280,15 @@ WorkPtr NcclCommunicator::do_all_to_all_v(ConstBuffer send,
   std::size_t ro = 0;
   for (std::size_t j = 0; j < p; ++j) {
     const int peer = static_cast<int>(j);
+    ncclResult_t r = ncclSuccess;
     if (send_counts[j] > 0)
-      c.nccl_check(ncclSend(static_cast<const std::byte*>(sp) + so * es, send_counts[j], t, peer,
-                            c.comm, c.stream),
-                   ctx, "ncclSend", c.members[j]);
+      r = ncclSend(static_cast<const std::byte*>(sp) + so * es, send_counts[j], t, peer, c.comm,
+                   c.stream);
+    if (r != ncclSuccess && r != ncclInProgress) c.fail_in_group(r, ctx, "ncclSend", c.members[j]);
     if (recv_counts[j] > 0)
-      c.nccl_check(ncclRecv(static_cast<std::byte*>(rp) + ro * es, recv_counts[j], t, peer, c.comm,
-                            c.stream),
-                   ctx, "ncclRecv", c.members[j]);
+      r = ncclRecv(static_cast<std::byte*>(rp) + ro * es, recv_counts[j], t, peer, c.comm,
+                   c.stream);
+    if (r != ncclSuccess && r != ncclInProgress) c.fail_in_group(r, ctx, "ncclRecv", c.members[j]);
     so += send_counts[j];
     ro += recv_counts[j];
   }
@@ -306,7 +298,7 @@ WorkPtr NcclCommunicator::do_all_to_all_v(ConstBuffer send,
 
 WorkPtr NcclCommunicator::do_send(ConstBuffer buf, int peer, comm::P2POptions /*o*/) {
   Core& c = *core_;
-  const OpContext ctx = c.begin("send");
+  const OpContext ctx = c.begin_p2p(true, peer);
   require(peer >= 0 && peer < c.size, ctx, "peer " + std::to_string(peer) + " is out of range");
   Staging s;
   const void* sp = c.in(buf, s, ctx);
@@ -321,7 +313,7 @@ WorkPtr NcclCommunicator::do_send(ConstBuffer buf, int peer, comm::P2POptions /*
 
 WorkPtr NcclCommunicator::do_recv(Buffer buf, int peer, comm::P2POptions /*o*/) {
   Core& c = *core_;
-  const OpContext ctx = c.begin("recv");
+  const OpContext ctx = c.begin_p2p(false, peer);
   require(peer >= 0 && peer < c.size, ctx, "peer " + std::to_string(peer) + " is out of range");
   Staging s;
   void* rp = c.out(buf, s, ctx);
@@ -338,7 +330,7 @@ WorkPtr NcclCommunicator::do_barrier() {
   Core& c = *core_;
   const OpContext ctx = c.begin("barrier");
   c.flush(ctx);
-  c.check_signature(ctx, 0, comm::DType::f32, -1, -1);
+  c.arrive(ctx, 0, comm::DType::f32, -1, -1);
   c.nccl_check(ncclAllReduce(c.one, c.one, 1, ncclFloat32, ncclMax, c.comm, c.stream), ctx,
                "ncclAllReduce (barrier)");
   return std::make_shared<NcclWork>(core_, c.record(ctx), ctx, Staging{});
@@ -349,21 +341,11 @@ std::unique_ptr<comm::Communicator> NcclCommunicator::do_split(int color, int ke
   Core& c = *core_;
   const OpContext ctx = c.begin("split");
   c.flush(ctx);
+  c.arrive(ctx, 0, comm::DType::i32, -1, -1);
   // Learn every member's (color, key) so the new group's world ranks are known here.
   const auto p = static_cast<std::size_t>(c.size);
-  std::vector<std::int32_t> all(2 * p);
-  const std::int32_t mine[2] = {color, key};
-  Staging cs;
-  auto* d = static_cast<std::int32_t*>(c.scratch(all.size() * 4, cs, ctx));
-  std::int32_t* slot = d + 2 * static_cast<std::size_t>(c.rank);
-  cuda_check(cudaMemcpyAsync(slot, mine, sizeof mine, cudaMemcpyHostToDevice, c.stream), ctx,
-             "cudaMemcpyAsync");
-  c.nccl_check(ncclAllGather(slot, d, 2, ncclInt32, c.comm, c.stream), ctx,
-               "ncclAllGather (split colors)");
-  auto launch = c.record(ctx);
-  c.wait_event(launch->event, ctx, -1);
-  cuda_check(cudaMemcpy(all.data(), d, all.size() * 4, cudaMemcpyDeviceToHost), ctx, "cudaMemcpy");
-  c.release(cs);
+  const std::int64_t mine[2] = {color < 0 ? -1 : color, key};
+  const std::vector<std::int64_t> all = c.exchange(mine, 2, ctx, "ncclAllGather (split colors)");
 
   ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
   cfg.blocking = 0;
@@ -374,12 +356,13 @@ std::unique_ptr<comm::Communicator> NcclCommunicator::do_split(int color, int ke
   c.settle(ctx, "ncclCommSplit");
   if (color < 0) return nullptr;
   if (nc == nullptr) throw comm::CommError(ctx, "ncclCommSplit returned no communicator");
-  detail::settle_comm(nc, ctx, "ncclCommSplit (new communicator)", c.options.timeout);
+  detail::settle_comm(nc, ctx, "ncclCommSplit (new communicator)", c.options.timeout,
+                      c.cancel.get());
 
   std::vector<std::tuple<int, int, int>> order;  // (key, group rank, world rank)
   for (std::size_t r2 = 0; r2 < p; ++r2)
     if (all[2 * r2] == color)
-      order.emplace_back(all[2 * r2 + 1], static_cast<int>(r2), c.members[r2]);
+      order.emplace_back(static_cast<int>(all[2 * r2 + 1]), static_cast<int>(r2), c.members[r2]);
   std::sort(order.begin(), order.end());
   std::vector<int> members;
   for (const auto& e : order) members.push_back(std::get<2>(e));

@@ -8,12 +8,17 @@
 //   calls ncclCommAbort, so a hung or dead peer becomes a typed comm::CommError, not a frozen job.
 // - Communicators are non-blocking (ncclConfig_t::blocking = 0): an ncclInProgress return is
 //   polled to completion under the same timeout.
-// - Every CUDA and NCCL return code is checked; errors name rank, group, op and sequence number.
+// - Every CUDA and NCCL return code is checked; errors name rank, group, op and sequence number,
+//   numbered as the simulator does: collectives and split by one counter per group, taken once the
+//   arguments are accepted; send/recv ("send to rank w", "recv from rank w") per (peer, direction).
 //   After any failure the communicator is aborted and every later call throws AbortedError.
 // - send/recv are rendezvous as the interface says. Posted p2p ops are held and launched together
 //   in one ncclGroupStart/End when a p2p Work is waited on (or polled) or another op is issued, so
 //   "post both sides, then wait" works as in the simulator. NCCL has no tags: messages match in
-//   posting order per (sender, receiver); the tag is ignored.
+//   posting order per (sender, receiver); the tag is ignored. One stream carries everything, so a
+//   held p2p op runs before any collective issued after it: a rank that posts a recv, then joins a
+//   collective whose peer sends only after that collective, waits until the timeout (PeerError)
+//   where the simulator would complete.
 // - Reductions: NCCL chooses the order (ring/tree), so results are not bitwise equal to the
 //   simulator's rank order; avg is sum then one division by the group size (integers truncate);
 //   bf16/f16 are widened to f32, reduced in f32 and rounded once (NcclOptions::exact_half).

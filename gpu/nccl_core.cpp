@@ -2,6 +2,7 @@
 // held point-to-point groups, and the Work.
 #include "gpu/nccl_core.hpp"
 
+#include <algorithm>
 #include <thread>
 
 namespace shardcheck::gpu::detail {
@@ -50,8 +51,23 @@ void cuda_check(cudaError_t e, const OpContext& ctx, const char* call) {
                                  " (" + cudaGetErrorString(e) + ")");
 }
 
+namespace {
+// How long a raised cancel flag waits for the op in flight to complete on its own.
+constexpr std::chrono::milliseconds kCancelGrace{1000};
+}  // namespace
+
+DeviceGuard::DeviceGuard(int device) {
+  if (cudaGetDevice(&saved_) != cudaSuccess) saved_ = -1;
+  if (saved_ != device) cudaSetDevice(device);
+}
+
+DeviceGuard::~DeviceGuard() {
+  int now = -1;
+  if (saved_ >= 0 && cudaGetDevice(&now) == cudaSuccess && now != saved_) cudaSetDevice(saved_);
+}
+
 void settle_comm(ncclComm_t c, const OpContext& ctx, const char* call,
-                 std::chrono::milliseconds timeout) {
+                 std::chrono::milliseconds timeout, const std::atomic<bool>* cancel) {
   const auto start = std::chrono::steady_clock::now();
   for (;;) {
     ncclResult_t a = ncclSuccess;
@@ -66,6 +82,10 @@ void settle_comm(ncclComm_t c, const OpContext& ctx, const char* call,
       ncclCommAbort(c);
       throw comm::PeerError(ctx, std::string(call) + " timed out (a member never joined)", -1);
     }
+    if (cancel != nullptr && cancel->load()) {
+      ncclCommAbort(c);
+      throw comm::AbortedError(ctx, std::string(call) + " cancelled: another rank failed");
+    }
     std::this_thread::sleep_for(std::chrono::microseconds(100));
   }
 }
@@ -75,8 +95,9 @@ Launch::~Launch() {
 }
 
 Core::~Core() {
-  cudaSetDevice(device);  // a Work may release the last reference on another thread
+  const DeviceGuard guard(device);  // a Work may release the last reference on another thread
   if (one != nullptr) cudaFreeAsync(one, stream);
+  for (const Scratch& sc : held_scratch) cudaFreeAsync(sc.ptr, stream);  // never launched
   if (comm != nullptr && !is_aborted) {
     // Finalize flushes outstanding work; a peer that never comes would hang it, so poll with the
     // timeout and abort past it. Destructors do not throw.
@@ -104,14 +125,29 @@ Core::~Core() {
 }
 
 OpContext Core::begin(const char* op) {
-  OpContext ctx{world_rank(), name, op, seq++};
+  OpContext ctx{world_rank(), name, op, seq};
   if (is_aborted) throw comm::AbortedError(ctx, "communicator was aborted: " + abort_reason);
   if (cancel && cancel->load()) {
     abort("another rank failed");
     throw comm::AbortedError(ctx, "communicator was aborted: " + abort_reason);
   }
   use_device(ctx);
+  (void)cudaGetLastError();  // a stale error of an unrelated call is not this op's
   return ctx;
+}
+
+OpContext Core::begin_p2p(bool is_send, int peer) {
+  const bool known = peer >= 0 && peer < size;
+  std::string op = std::string(is_send ? "send to rank " : "recv from rank ") +
+                   std::to_string(known ? members[static_cast<std::size_t>(peer)] : peer);
+  OpContext ctx = begin(op.c_str());
+  ctx.seq = known ? p2p_seq[{peer, is_send}]++ : 0;
+  return ctx;
+}
+
+void Core::arrive(const OpContext& ctx, std::size_t count, DType t, int root, int redop) {
+  ++seq;
+  check_signature(ctx, count, t, root, redop);
 }
 
 void Core::use_device(const OpContext& ctx) const {
@@ -151,12 +187,17 @@ void Core::nccl_check(ncclResult_t r, const OpContext& ctx, const char* call, in
 
 void Core::settle(const OpContext& ctx, const char* call) {
   const auto start = std::chrono::steady_clock::now();
+  std::chrono::steady_clock::time_point cancel_since{};
   for (int spins = 0;; ++spins) {
     ncclResult_t a = ncclSuccess;
     const ncclResult_t q = ncclCommGetAsyncError(comm, &a);
     if (q != ncclSuccess) fail(q, ctx, "ncclCommGetAsyncError", -1);
     if (a == ncclSuccess) return;
     if (a != ncclInProgress) fail(a, ctx, call, -1);
+    if (cancelled(cancel_since)) {
+      abort("another rank failed");
+      throw comm::AbortedError(ctx, std::string(call) + " cancelled: another rank failed");
+    }
     if (std::chrono::steady_clock::now() - start > options.timeout) {
       abort(std::string(call) + " timed out");
       throw comm::PeerError(ctx,
@@ -178,10 +219,18 @@ bool Core::poll_event(cudaEvent_t ev) {
   return a != ncclSuccess && a != ncclInProgress;
 }
 
+bool Core::cancelled(std::chrono::steady_clock::time_point& cancel_since) const {
+  if (!cancel || !cancel->load()) return false;
+  const auto now = std::chrono::steady_clock::now();
+  if (cancel_since == std::chrono::steady_clock::time_point{}) cancel_since = now;
+  return now - cancel_since > std::min(kCancelGrace, options.timeout);
+}
+
 void Core::wait_event(cudaEvent_t ev, const OpContext& ctx, int peer) {
   if (is_aborted) throw comm::AbortedError(ctx, "communicator was aborted: " + abort_reason);
   use_device(ctx);
   const auto start = std::chrono::steady_clock::now();
+  std::chrono::steady_clock::time_point cancel_since{};
   for (int spins = 0;; ++spins) {
     const cudaError_t e = cudaEventQuery(ev);
     if (e == cudaSuccess) return;
@@ -193,7 +242,7 @@ void Core::wait_event(cudaEvent_t ev, const OpContext& ctx, int peer) {
     const ncclResult_t q = ncclCommGetAsyncError(comm, &a);
     if (q != ncclSuccess) fail(q, ctx, "ncclCommGetAsyncError", peer);
     if (a != ncclSuccess && a != ncclInProgress) fail(a, ctx, "the op (asynchronous error)", peer);
-    if (cancel && cancel->load()) {
+    if (cancelled(cancel_since)) {
       abort("another rank failed");
       throw comm::AbortedError(ctx, "communicator was aborted: another rank failed");
     }
@@ -227,41 +276,39 @@ void Core::flush(const OpContext& ctx) {
   use_device(ctx);
   nccl_check(ncclGroupStart(), held_ctx, "ncclGroupStart");
   for (const HeldP2P& p : ops) {
-    if (p.is_send)
-      nccl_check(ncclSend(p.send, p.count, p.type, p.peer, comm, stream), held_ctx, "ncclSend",
-                 members[static_cast<std::size_t>(p.peer)]);
-    else
-      nccl_check(ncclRecv(p.recv, p.count, p.type, p.peer, comm, stream), held_ctx, "ncclRecv",
-                 members[static_cast<std::size_t>(p.peer)]);
+    const int w = members[static_cast<std::size_t>(p.peer)];
+    const ncclResult_t r = p.is_send ? ncclSend(p.send, p.count, p.type, p.peer, comm, stream)
+                                     : ncclRecv(p.recv, p.count, p.type, p.peer, comm, stream);
+    if (r != ncclSuccess && r != ncclInProgress)
+      fail_in_group(r, held_ctx, p.is_send ? "ncclSend" : "ncclRecv", w);
   }
   nccl_check(ncclGroupEnd(), held_ctx, "ncclGroupEnd (point to point)");
   cuda_check(cudaEventCreateWithFlags(&launch->event, cudaEventDisableTiming), held_ctx,
              "cudaEventCreate");
   cuda_check(cudaEventRecord(launch->event, stream), held_ctx, "cudaEventRecord");
   launch->launched = true;
+  Staging dropped;  // scratch of dropped p2p Works: freed after the ops now on the stream
+  dropped.free_after_wait.swap(held_scratch);
+  release(dropped);
+}
+
+void Core::fail_in_group(ncclResult_t r, const OpContext& ctx, const char* call, int peer) {
+  (void)ncclGroupEnd();  // closes this thread's group; its result repeats r
+  fail(r, ctx, call, peer);
 }
 
 void Core::check_signature(const OpContext& ctx, std::size_t count, DType t, int root, int redop) {
   if (!options.check_signatures) return;
-  std::int64_t op_hash = 1469598103934665603LL;  // FNV-1a of the op name
+  std::uint64_t op_hash = 1469598103934665603ULL;  // FNV-1a of the op name (unsigned: wraps)
   for (const char ch : ctx.op)
-    op_hash = (op_hash ^ static_cast<unsigned char>(ch)) * 1099511628211LL;
+    op_hash = (op_hash ^ static_cast<unsigned char>(ch)) * 1099511628211ULL;
   constexpr std::size_t kFields = 5;
-  const std::int64_t mine[kFields] = {op_hash, static_cast<std::int64_t>(count),
+  const std::int64_t mine[kFields] = {static_cast<std::int64_t>(op_hash >> 1),
+                                      static_cast<std::int64_t>(count),
                                       static_cast<std::int64_t>(t), root, redop};
   const auto p = static_cast<std::size_t>(size);
-  std::vector<std::int64_t> all(kFields * p);
-  Staging s;
-  auto* d = static_cast<std::int64_t*>(scratch(all.size() * 8, s, ctx));
-  std::int64_t* slot = d + kFields * static_cast<std::size_t>(rank);
-  cuda_check(cudaMemcpyAsync(slot, mine, sizeof mine, cudaMemcpyHostToDevice, stream), ctx,
-             "cudaMemcpyAsync");
-  nccl_check(ncclAllGather(slot, d, kFields, ncclInt64, comm, stream), ctx,
-             "ncclAllGather (signature check)");
-  auto launch = record(ctx);
-  wait_event(launch->event, ctx, -1);
-  cuda_check(cudaMemcpy(all.data(), d, all.size() * 8, cudaMemcpyDeviceToHost), ctx, "cudaMemcpy");
-  release(s);
+  const std::vector<std::int64_t> all =
+      exchange(mine, kFields, ctx, "ncclAllGather (signature check)");
   static constexpr const char* kNames[kFields] = {"op", "count", "dtype", "root", "reduce op"};
   for (std::size_t r = 1; r < p; ++r)
     for (std::size_t f = 0; f < kFields; ++f)
@@ -274,6 +321,27 @@ void Core::check_signature(const OpContext& ctx, std::size_t count, DType t, int
         abort(what);
         throw comm::MismatchError(ctx, what, {members[0], members[r]});
       }
+}
+
+std::vector<std::int64_t> Core::exchange(const std::int64_t* mine, std::size_t n,
+                                         const OpContext& ctx, const char* call) {
+  std::vector<std::int64_t> all(n * static_cast<std::size_t>(size));
+  Staging s;
+  struct Release {
+    Core& core;
+    Staging& staging;
+    ~Release() { core.release(staging); }
+  } const guard{*this, s};
+  auto* d = static_cast<std::int64_t*>(scratch(all.size() * sizeof(std::int64_t), s, ctx));
+  std::int64_t* slot = d + n * static_cast<std::size_t>(rank);
+  cuda_check(cudaMemcpyAsync(slot, mine, n * sizeof(std::int64_t), cudaMemcpyHostToDevice, stream),
+             ctx, "cudaMemcpyAsync");
+  nccl_check(ncclAllGather(slot, d, n, ncclInt64, comm, stream), ctx, call);
+  const auto launch = record(ctx);
+  wait_event(launch->event, ctx, -1);
+  cuda_check(cudaMemcpy(all.data(), d, all.size() * sizeof(std::int64_t), cudaMemcpyDeviceToHost),
+             ctx, "cudaMemcpy device to host");
+  return all;
 }
 
 void* Core::scratch(std::size_t bytes, Staging& s, const OpContext& ctx) {
@@ -310,13 +378,20 @@ void* Core::out(const comm::Buffer& b, Staging& s, const OpContext& ctx) {
 
 void Core::release(Staging& s) noexcept {
   if (s.free_after_wait.empty()) return;
-  cudaSetDevice(device);
+  const DeviceGuard guard(device);
   for (const Scratch& sc : s.free_after_wait) cudaFreeAsync(sc.ptr, stream);
   s.free_after_wait.clear();
   s.copy_out.clear();
 }
 
 NcclWork::~NcclWork() {
+  if (!launch_->launched && !core_->is_aborted && !staging_.free_after_wait.empty()) {
+    // A p2p op still held: its scratch is freed after the flush enqueues the op, not now.
+    auto& h = core_->held_scratch;
+    h.insert(h.end(), staging_.free_after_wait.begin(), staging_.free_after_wait.end());
+    staging_.free_after_wait.clear();
+    return;
+  }
   core_->release(staging_);
 }
 
