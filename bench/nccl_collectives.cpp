@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -97,26 +98,34 @@ Options parse(int argc, char** argv) {
   return o;
 }
 
+void cuda_ok(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
+}
+
+// A device array of floats on the calling thread's current device (the rank's: run_case sets it).
 class Dev {
  public:
   explicit Dev(std::size_t n) : n_(n) {
-    if (cudaMalloc(&p_, (n == 0 ? 1 : n) * sizeof(float)) != cudaSuccess) {
-      std::fprintf(stderr, "cudaMalloc of %zu floats failed\n", n);
-      std::exit(1);
-    }
+    cuda_ok(cudaMalloc(&p_, (n == 0 ? 1 : n) * sizeof(float)), "cudaMalloc");
   }
   ~Dev() { cudaFree(p_); }
   Dev(const Dev&) = delete;
   Dev& operator=(const Dev&) = delete;
   float* f() { return static_cast<float*>(p_); }
   void put(const std::vector<float>& h) {
-    cudaMemcpy(p_, h.data(), h.size() * sizeof(float), cudaMemcpyHostToDevice);
-    cudaDeviceSynchronize();  // the comm stream does not wait for the default stream
+    if (h.size() > n_) throw std::runtime_error("Dev::put: more data than the buffer holds");
+    cuda_ok(cudaMemcpy(p_, h.data(), h.size() * sizeof(float), cudaMemcpyHostToDevice),
+            "cudaMemcpy host to device");
+    // The comm stream does not wait for the legacy default stream. Nothing of this rank is
+    // queued on the comm stream here (every op was waited on), so this cannot block on peers.
+    cuda_ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
   }
   std::vector<float> get(std::size_t off, std::size_t n) const {
+    if (off + n > n_) throw std::runtime_error("Dev::get: past the end of the buffer");
     std::vector<float> h(n);
-    cudaMemcpy(h.data(), static_cast<const float*>(p_) + off, n * sizeof(float),
-               cudaMemcpyDeviceToHost);
+    cuda_ok(cudaMemcpy(h.data(), static_cast<const float*>(p_) + off, n * sizeof(float),
+                       cudaMemcpyDeviceToHost),
+            "cudaMemcpy device to host");
     return h;
   }
 
@@ -134,6 +143,7 @@ Result run_case(NcclCommunicator& c, const std::string& op, std::size_t count, b
   const std::size_t chunk = count / un;
   const bool gathers = op == "all_gather";
   const bool scatters = op == "reduce_scatter";
+  cuda_ok(cudaSetDevice(c.device()), "cudaSetDevice");  // Dev allocates on the current device
   const std::size_t send_n = gathers ? chunk : count;
   const std::size_t recv_n = scatters ? chunk : count;
   Dev big(count), small(op == "all_gather" || op == "reduce_scatter" ? chunk : count);
@@ -281,8 +291,16 @@ int main(int argc, char** argv) {
     if (under_mpi) {
 #ifdef SHARDCHECK_HAVE_MPI
       shardcheck::gpu::MpiSession mpi(&argc, &argv);
-      auto comm = shardcheck::gpu::init_from_mpi();
-      bench(*comm, o);
+      try {
+        auto comm = shardcheck::gpu::init_from_mpi();
+        bench(*comm, o);
+      } catch (const std::exception& e) {
+        // Alone, this rank's exit would leave its peers in MPI_Bcast or NCCL until the timeout.
+        if (mpi.place().size > 1)
+          shardcheck::gpu::abort_job(1, "bench_nccl_collectives rank " +
+                                            std::to_string(mpi.place().rank) + ": " + e.what());
+        throw;
+      }
       return 0;
 #else
       std::fprintf(stderr, "bench_nccl_collectives: built without MPI; use --gpus N\n");
