@@ -6,6 +6,8 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdint>
+#include <functional>
 #include <numeric>
 #include <thread>
 
@@ -20,6 +22,18 @@ using testing::DeviceVec;
 using testing::world_sizes;
 
 constexpr std::size_t kCount = 1000;  // not a multiple of anything convenient
+
+// A rank whose ASSERT fails returns early and leaves its peers waiting in their next collective:
+// a one-minute timeout (not the default five) turns that into a prompt PeerError.
+NcclOptions test_options() {
+  NcclOptions o;
+  o.timeout = std::chrono::seconds(60);
+  return o;
+}
+
+void run(int p, const std::function<void(NcclCommunicator&)>& fn, NcclOptions o = test_options()) {
+  run_all_gpus(p, fn, o);
+}
 
 // Rank r's value at i: small integers, so f32 sums and products are exact.
 double value(int r, std::size_t i) {
@@ -63,7 +77,7 @@ constexpr comm::ReduceOp kOps[] = {comm::ReduceOp::sum, comm::ReduceOp::avg, com
 template <class T>
 void check_all_reduce(bool in_place) {
   for (int p : world_sizes()) {
-    run_all_gpus(p, [&](NcclCommunicator& c) {
+    run(p, [&](NcclCommunicator& c) {
       for (comm::ReduceOp op : kOps) {
         const std::size_t n = op == comm::ReduceOp::prod ? 16 : kCount;
         DeviceVec<T> send(contribution<T>(c.rank(), n));
@@ -76,7 +90,10 @@ void check_all_reduce(bool in_place) {
           c.all_reduce(send.cbuf(c.device()), recv.buf(c.device()), {op})->wait();
         const std::vector<T> got = out.download();
         for (std::size_t i = 0; i < n; ++i) {
-          const double want = expected(op, p, i, std::is_integral_v<T>);
+          double want = expected(op, p, i, std::is_integral_v<T>);
+          // Integer prod wraps modulo 2^bits (8 ranks: 5^8 * 8! > 2^31 for i32).
+          if constexpr (std::is_integral_v<T>)
+            want = static_cast<double>(static_cast<T>(static_cast<std::int64_t>(want)));
           ASSERT_NEAR(static_cast<double>(got[i]), want, 1e-6 * std::abs(want))
               << "op " << comm::name_of(op) << " p " << p << " i " << i;
         }
@@ -101,7 +118,7 @@ TEST(Nccl, AllReduceF64AndI32) {
 TEST(Nccl, AllReduceBf16RoundsOnceFromF32) {
   SC_REQUIRE_GPU();
   for (int p : world_sizes()) {
-    run_all_gpus(p, [&](NcclCommunicator& c) {
+    run(p, [&](NcclCommunicator& c) {
       // Each rank adds 1 + 2^-7 (exact in bf16); the f32 sum is exact and rounds once to bf16.
       std::vector<comm::bf16> h(64, comm::bf16(1.0F + 1.0F / 128));
       DeviceVec<comm::bf16> buf(h);
@@ -116,7 +133,7 @@ TEST(Nccl, AllReduceBf16RoundsOnceFromF32) {
 TEST(Nccl, ReduceScatterAndAllGather) {
   SC_REQUIRE_GPU();
   for (int p : world_sizes()) {
-    run_all_gpus(p, [&](NcclCommunicator& c) {
+    run(p, [&](NcclCommunicator& c) {
       const auto pp = static_cast<std::size_t>(p);
       const auto me = static_cast<std::size_t>(c.rank());
       DeviceVec<float> send(contribution<float>(c.rank(), kCount * pp));
@@ -149,7 +166,7 @@ TEST(Nccl, ReduceScatterAndAllGather) {
 TEST(Nccl, BroadcastFromEveryRoot) {
   SC_REQUIRE_GPU();
   for (int p : world_sizes()) {
-    run_all_gpus(p, [&](NcclCommunicator& c) {
+    run(p, [&](NcclCommunicator& c) {
       for (int root = 0; root < p; ++root) {
         DeviceVec<double> send(contribution<double>(c.rank(), kCount));
         DeviceVec<double> recv(kCount);
@@ -166,7 +183,7 @@ TEST(Nccl, BroadcastFromEveryRoot) {
 TEST(Nccl, AllToAllEqualAndVariable) {
   SC_REQUIRE_GPU();
   for (int p : world_sizes()) {
-    run_all_gpus(p, [&](NcclCommunicator& c) {
+    run(p, [&](NcclCommunicator& c) {
       const auto pp = static_cast<std::size_t>(p);
       const int me = c.rank();
       // Equal splits: element i of chunk j from rank r is 1000*r + 10*j + i.
@@ -211,7 +228,7 @@ TEST(Nccl, AllToAllEqualAndVariable) {
 TEST(Nccl, SendRecvRingPostedBeforeWaiting) {
   SC_REQUIRE_GPU();
   for (int p : world_sizes()) {
-    run_all_gpus(p, [&](NcclCommunicator& c) {
+    run(p, [&](NcclCommunicator& c) {
       const int next = (c.rank() + 1) % p;
       const int prev = (c.rank() + p - 1) % p;
       // Large enough that an unbatched send would block without its receive.
@@ -225,6 +242,13 @@ TEST(Nccl, SendRecvRingPostedBeforeWaiting) {
       r->wait();
       EXPECT_TRUE(r->is_completed());
       ASSERT_EQ(in.download(), contribution<float>(prev, n));
+      // Host buffers, the send's Work dropped before anything launched it: its staging must live
+      // until the held group is enqueued (by the recv's wait), and the data still arrives.
+      const std::vector<float> hs = contribution<float>(c.rank() + 10, 4096);
+      std::vector<float> hr(hs.size(), std::nanf(""));
+      (void)c.send(comm::cview(std::span<const float>(hs)), next);
+      c.recv(comm::view(std::span<float>(hr)), prev)->wait();
+      ASSERT_EQ(hr, contribution<float>(prev + 10, hs.size()));
     });
   }
 }
@@ -232,7 +256,7 @@ TEST(Nccl, SendRecvRingPostedBeforeWaiting) {
 TEST(Nccl, HostBuffersAreStaged) {
   SC_REQUIRE_GPU();
   for (int p : world_sizes()) {
-    run_all_gpus(p, [&](NcclCommunicator& c) {
+    run(p, [&](NcclCommunicator& c) {
       std::vector<float> h = contribution<float>(c.rank(), kCount);
       std::vector<float> out(kCount, std::nanf(""));
       c.all_reduce(std::span<const float>(h), std::span<float>(out))->wait();
@@ -249,7 +273,7 @@ TEST(Nccl, HostBuffersAreStaged) {
 TEST(Nccl, SplitFormsGroupsByColorOrderedByKey) {
   SC_REQUIRE_GPU();
   for (int p : world_sizes()) {
-    run_all_gpus(p, [&](NcclCommunicator& c) {
+    run(p, [&](NcclCommunicator& c) {
       const int color = c.rank() % 2;
       auto sub = c.split(color, -c.rank(), {"parity"});  // reversed order by key
       ASSERT_NE(sub, nullptr);
@@ -270,7 +294,7 @@ TEST(Nccl, SplitFormsGroupsByColorOrderedByKey) {
 
 TEST(Nccl, BadArgumentsAreInvalidArgumentWithRankOpSeq) {
   SC_REQUIRE_GPU();
-  run_all_gpus(1, [&](NcclCommunicator& c) {
+  run(1, [&](NcclCommunicator& c) {
     DeviceVec<float> a(8), b(9);
     try {
       (void)c.all_reduce(a.cbuf(c.device()), b.buf(c.device()));
@@ -289,28 +313,28 @@ TEST(Nccl, AllToAllVCountMismatchIsAMismatchErrorOnEveryRank) {
   SC_REQUIRE_GPU();
   if (visible_devices() < 2) GTEST_SKIP() << "needs 2 GPUs";
   std::atomic<int> mismatches{0};
-  EXPECT_THROW(run_all_gpus(2,
-                            [&](NcclCommunicator& c) {
-                              DeviceVec<float> s(8), r(8);
-                              std::vector<std::size_t> sc{2, 2};
-                              std::vector<std::size_t> rc{2, c.rank() == 0 ? 3U : 2U};
-                              try {
-                                (void)c.all_to_all_v(s.cbuf(c.device()), sc, r.buf(c.device()), rc);
-                              } catch (const comm::MismatchError&) {
-                                ++mismatches;
-                                throw;
-                              }
-                            }),
+  EXPECT_THROW(run(2,
+                   [&](NcclCommunicator& c) {
+                     DeviceVec<float> s(8), r(8);
+                     std::vector<std::size_t> sc{2, 2};
+                     std::vector<std::size_t> rc{2, c.rank() == 0 ? 3U : 2U};
+                     try {
+                       (void)c.all_to_all_v(s.cbuf(c.device()), sc, r.buf(c.device()), rc);
+                     } catch (const comm::MismatchError&) {
+                       ++mismatches;
+                       throw;
+                     }
+                   }),
                RankFailure);
   EXPECT_EQ(mismatches.load(), 2);
 }
 
 TEST(Nccl, SignatureCheckPassesMatchingCallsAndNamesAMismatch) {
   SC_REQUIRE_GPU();
-  NcclOptions o;
+  NcclOptions o = test_options();
   o.check_signatures = true;
   for (int p : world_sizes()) {  // matching calls: the check is invisible
-    run_all_gpus(
+    run(
         p,
         [&](NcclCommunicator& c) {
           DeviceVec<float> x(contribution<float>(c.rank(), 64));
@@ -328,7 +352,7 @@ TEST(Nccl, SignatureCheckPassesMatchingCallsAndNamesAMismatch) {
   }
   if (visible_devices() < 2) GTEST_SKIP() << "the mismatch half needs 2 GPUs";
   std::atomic<int> mismatches{0};
-  EXPECT_THROW(run_all_gpus(
+  EXPECT_THROW(run(
                    2,
                    [&](NcclCommunicator& c) {
                      DeviceVec<float> x(c.rank() == 0 ? 64 : 65);
@@ -349,7 +373,7 @@ TEST(Nccl, SignatureCheckPassesMatchingCallsAndNamesAMismatch) {
 TEST(Nccl, HungPeerTimesOutAsPeerErrorNotAHang) {
   SC_REQUIRE_GPU();
   if (visible_devices() < 2) GTEST_SKIP() << "needs 2 GPUs";
-  NcclOptions o;
+  NcclOptions o = test_options();
   o.timeout = std::chrono::milliseconds(3000);
   std::atomic<bool> rank0_done{false};
   const auto start = std::chrono::steady_clock::now();
