@@ -125,6 +125,34 @@ int visible_devices() {
   return n;
 }
 
+int device_for_local_rank(int local_rank, int visible) {
+  if (visible <= 0 || local_rank < 0)
+    throw std::runtime_error("node-local rank " + std::to_string(local_rank) + " sees " +
+                             std::to_string(visible) +
+                             " CUDA devices: it needs at least one (one GPU per process)");
+  return local_rank % visible;
+}
+
+std::pair<int, int> shared_device(const std::vector<std::string>& device_ids) {
+  for (std::size_t j = 1; j < device_ids.size(); ++j) {
+    if (device_ids[j].empty()) continue;
+    for (std::size_t i = 0; i < j; ++i)
+      if (device_ids[i] == device_ids[j]) return {static_cast<int>(i), static_cast<int>(j)};
+  }
+  return {-1, -1};
+}
+
+std::string device_bus_id(int device) {
+  char id[64] = {};
+  const cudaError_t e = cudaDeviceGetPCIBusId(id, static_cast<int>(sizeof id), device);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    throw std::runtime_error("cudaDeviceGetPCIBusId (device " + std::to_string(device) +
+                             "): " + cudaGetErrorString(e));
+  }
+  return id;
+}
+
 std::vector<char> new_unique_id() {
   ncclUniqueId id;
   const ncclResult_t r = ncclGetUniqueId(&id);

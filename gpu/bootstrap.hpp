@@ -1,7 +1,7 @@
 // Creating NCCL communicators. Two launches:
 //   - one process per GPU under mpirun/srun: init_from_mpi() (gpu/mpi_bootstrap.hpp, built where
 //     MPI is found): rank 0 creates the ncclUniqueId and broadcasts it with MPI_Bcast; each
-//     process takes the device of its local rank on the node.
+//     process takes device local_rank % visible devices (device_for_local_rank).
 //   - one process over all visible GPUs: run_all_gpus() creates one communicator per device in one
 //     NCCL group and runs a function on one thread per GPU (world rank r = device r).
 // Both make non-blocking communicators (see nccl_communicator.hpp for the timeout and abort).
@@ -12,6 +12,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gpu/nccl_communicator.hpp"
@@ -36,6 +37,23 @@ class RankFailure : public std::runtime_error {
 
 // Visible CUDA devices (0 without a driver or device).
 int visible_devices();
+
+// The CUDA device of a process that is `local_rank` among the processes of its node and sees
+// `visible` devices: local_rank % visible. Every process seeing all of the node's GPUs (plain
+// mpirun) gives device = local rank; a launcher giving each process its own GPU (srun
+// --gpus-per-task=1, a wrapper setting CUDA_VISIBLE_DEVICES per process) gives device 0, its own.
+// Two processes may land on one GPU (more processes than GPUs): shared_device() finds them.
+// Throws std::runtime_error naming both numbers when visible <= 0 or local_rank < 0.
+int device_for_local_rank(int local_rank, int visible);
+
+// The first two entries (i < j) of `device_ids` (one per process of a node, e.g. PCI bus ids;
+// empty = unknown, never equal) that name the same device, or {-1, -1}. NCCL refuses a
+// communicator with one GPU twice.
+std::pair<int, int> shared_device(const std::vector<std::string>& device_ids);
+
+// The PCI bus id of CUDA device `device` ("0000:3b:00.0"), which identifies a GPU across
+// processes whatever CUDA_VISIBLE_DEVICES each has. Throws std::runtime_error on a CUDA error.
+std::string device_bus_id(int device);
 
 // Creates a non-blocking communicator of `nranks` ranks from an ncclUniqueId (ncclUniqueId bytes,
 // NCCL_UNIQUE_ID_BYTES long), on `device`, with this process's world rank `rank`. Collective
