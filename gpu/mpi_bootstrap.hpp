@@ -12,14 +12,20 @@ namespace shardcheck::gpu {
 
 // Where this process sits in the MPI job.
 struct MpiPlace {
-  int rank = 0;        // MPI_COMM_WORLD rank = NCCL world rank
-  int size = 1;        // MPI_COMM_WORLD size
-  int local_rank = 0;  // rank among the processes of this node (MPI_COMM_TYPE_SHARED)
-  int local_size = 1;  // processes on this node
-  int device = 0;      // CUDA device this process uses: local_rank
+  int rank = 0;             // MPI_COMM_WORLD rank = NCCL world rank
+  int size = 1;             // MPI_COMM_WORLD size
+  int local_rank = 0;       // rank among the processes of this node (MPI_COMM_TYPE_SHARED)
+  int local_size = 1;       // processes on this node
+  int visible_devices = 0;  // CUDA devices this process sees
+  // CUDA device this process uses: device_for_local_rank(local_rank, visible_devices), that is
+  // local_rank % visible_devices (the local rank where each process sees all of the node's GPUs,
+  // 0 where the launcher gives each process its own, e.g. srun --gpus-per-task=1); -1 when no
+  // device is visible.
+  int device = -1;
 };
 
-// MPI_Init on construction (unless already initialised), MPI_Finalize on destruction.
+// MPI_Init on construction (unless already initialised), MPI_Finalize on destruction (unless
+// finalised already). Destroy every NcclCommunicator made under it first.
 class MpiSession {
  public:
   MpiSession(int* argc, char*** argv);
@@ -34,8 +40,15 @@ class MpiSession {
 };
 
 // Collective over MPI_COMM_WORLD: rank 0 calls ncclGetUniqueId and MPI_Bcasts it; every rank
-// selects device local_rank (throws when the node has fewer visible devices than processes) and
-// creates its NCCL rank. MPI must be initialised (MpiSession).
+// selects device local_rank % visible devices (MpiPlace::device) and creates its NCCL rank. MPI
+// must be initialised (MpiSession).
+// Failures: the checks before NCCL (a process that sees no device, two processes of a node on one
+// GPU, rank 0 failing to make the id) are agreed over MPI, so every rank throws the same
+// std::runtime_error ("rank r: ...") and none is left waiting. A failure in NCCL's init on one rank
+// (it throws comm::CommError) leaves its peers in theirs until NcclOptions::timeout (then they
+// throw comm::PeerError); likewise a failure later, in the caller's code. So with more than one
+// process a caller should end the job on any exception (abort_job), as run_nccl_ranks and
+// bench_nccl_collectives do; this function never aborts the job itself.
 std::unique_ptr<NcclCommunicator> init_from_mpi(NcclOptions options = {});
 
 // The place of this process (MPI must be initialised).
