@@ -8,6 +8,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "gpu/blas_util.cuh"
 #include "gpu/gemm_plan.hpp"
 #include "gpu/kernel_util.cuh"
 #include "gpu/ops.hpp"
@@ -19,17 +20,8 @@ using kernel::cuda_ok;
 using kernel::grid;
 using kernel::kThreads;
 
-void blas_ok(cublasStatus_t s, const char* op) {
-  if (s != CUBLAS_STATUS_SUCCESS)
-    throw std::runtime_error(std::string("gpu::ops::") + op + ": cuBLAS " +
-                             cublasGetStatusString(s));
-}
-cudaStream_t st(const Context& c) {
-  return static_cast<cudaStream_t>(c.stream());
-}
-cublasHandle_t bh(const Context& c) {
-  return static_cast<cublasHandle_t>(c.cublas());
-}
+using blas::handle;
+using blas::stream;
 
 // ref::round_to_bf16 on the bits of a value that is not NaN: add 0x7FFF plus the lowest kept bit
 // (ties to even), drop the low half. A carry out of the mantissa moves the exponent up, so the
@@ -64,23 +56,16 @@ __global__ void from_bf16_kernel(const uint16_t* x, float* y, int64_t n) {
     y[i] = __uint_as_float(static_cast<uint32_t>(x[i]) << 16);
 }
 
-int dim(int64_t v, const char* op) {
-  if (v < 0 || v > INT_MAX)
-    throw std::invalid_argument(std::string("gpu::ops::") + op + ": dimension " +
-                                std::to_string(v) + " outside [0, INT_MAX]");
-  return static_cast<int>(v);
-}
-
 // The Context's handle is in pedantic math (f32 GEMMs stay f32); lift it for one bf16 call so
 // cuBLAS may use tensor cores, keeping reductions in f32, and put it back (also on a throw).
 class MathMode {
  public:
   MathMode(cublasHandle_t h, const char* op) : h_(h) {
-    blas_ok(cublasGetMathMode(h_, &saved_), op);
-    blas_ok(cublasSetMathMode(
-                h_, static_cast<cublasMath_t>(CUBLAS_DEFAULT_MATH |
-                                              CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)),
-            op);
+    blas::ok(cublasGetMathMode(h_, &saved_), op);
+    blas::ok(cublasSetMathMode(
+                 h_, static_cast<cublasMath_t>(CUBLAS_DEFAULT_MATH |
+                                               CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)),
+             op);
   }
   ~MathMode() { cublasSetMathMode(h_, saved_); }
   MathMode(const MathMode&) = delete;
@@ -94,37 +79,36 @@ class MathMode {
 // One column-major GEMM of gemm_plan.hpp: C (f32) = op(A) op(B) (bf16) (+ C), f32 accumulation.
 void gemm_bf16(const Context& c, const detail::GemmPlan& g,
                const detail::GemmOperands<uint16_t, float>& p, const char* op) {
+  using blas::dim;
+  using blas::leading;
   const int mi = dim(g.m, op), ni = dim(g.n, op), ki = dim(g.k, op);
   if (mi == 0 || ni == 0) return;
-  // cuBLAS wants every leading dimension >= 1 even where a matrix is empty (k == 0).
-  const int la = dim(g.lda < 1 ? 1 : g.lda, op), lb = dim(g.ldb < 1 ? 1 : g.ldb, op),
-            lc = dim(g.ldc < 1 ? 1 : g.ldc, op);
   const float one = 1.0F, beta = g.accumulate ? 1.0F : 0.0F;
-  const auto t = [](bool trans) { return trans ? CUBLAS_OP_T : CUBLAS_OP_N; };
-  const MathMode mode(bh(c), op);
-  blas_ok(cublasGemmEx(bh(c), t(g.trans_a), t(g.trans_b), mi, ni, ki, &one, p.in(g.a), CUDA_R_16BF,
-                       la, p.in(g.b), CUDA_R_16BF, lb, &beta, p.out(g.c), CUDA_R_32F, lc,
-                       CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-          op);
+  const MathMode mode(handle(c), op);
+  blas::ok(cublasGemmEx(handle(c), blas::trans(g.trans_a), blas::trans(g.trans_b), mi, ni, ki, &one,
+                        p.in(g.a), CUDA_R_16BF, leading(g.lda, op), p.in(g.b), CUDA_R_16BF,
+                        leading(g.ldb, op), &beta, p.out(g.c), CUDA_R_32F, leading(g.ldc, op),
+                        CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+           op);
 }
 
 }  // namespace
 
 void round_to_bf16(Context& c, float* x, int64_t n) {
   if (n <= 0) return;
-  round_kernel<<<grid(n), kThreads, 0, st(c)>>>(x, n);
+  round_kernel<<<grid(n), kThreads, 0, stream(c)>>>(x, n);
   cuda_ok(cudaGetLastError(), "round_to_bf16");
 }
 
 void to_bf16(Context& c, const float* x, uint16_t* y, int64_t n) {
   if (n <= 0) return;
-  to_bf16_kernel<<<grid(n), kThreads, 0, st(c)>>>(x, y, n);
+  to_bf16_kernel<<<grid(n), kThreads, 0, stream(c)>>>(x, y, n);
   cuda_ok(cudaGetLastError(), "to_bf16");
 }
 
 void from_bf16(Context& c, const uint16_t* x, float* y, int64_t n) {
   if (n <= 0) return;
-  from_bf16_kernel<<<grid(n), kThreads, 0, st(c)>>>(x, y, n);
+  from_bf16_kernel<<<grid(n), kThreads, 0, stream(c)>>>(x, y, n);
   cuda_ok(cudaGetLastError(), "from_bf16");
 }
 

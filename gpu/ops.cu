@@ -6,6 +6,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "gpu/blas_util.cuh"
 #include "gpu/gemm_plan.hpp"
 #include "gpu/kernel_util.cuh"
 #include "gpu/ops.hpp"
@@ -16,30 +17,10 @@ namespace {
 using kernel::kThreads;
 constexpr double kEps = 1e-5;  // reference::kRmsNormEps
 
+using blas::handle;
+using blas::stream;
 using kernel::cuda_ok;
-void blas_ok(cublasStatus_t s, const char* op) {
-  if (s != CUBLAS_STATUS_SUCCESS)
-    throw std::runtime_error(std::string("gpu::ops::") + op + ": cuBLAS " +
-                             cublasGetStatusString(s));
-}
-cudaStream_t st(const Context& c) {
-  return static_cast<cudaStream_t>(c.stream());
-}
-cublasHandle_t bh(const Context& c) {
-  return static_cast<cublasHandle_t>(c.cublas());
-}
 using kernel::grid;
-// A GEMM dimension as cuBLAS's int (no silent truncation of a dimension past INT_MAX).
-int ci(int64_t v, const char* op) {
-  if (v < 0 || v > INT_MAX)
-    throw std::invalid_argument(std::string("gpu::ops::") + op + ": GEMM dimension " +
-                                std::to_string(v) + " outside [0, INT_MAX]");
-  return static_cast<int>(v);
-}
-// A leading dimension: cuBLAS wants >= 1 even for an empty operand.
-int cld(int64_t v, const char* op) {
-  return ci(v < 1 ? 1 : v, op);
-}
 
 cublasStatus_t xgemm(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n,
                      int k, const float* a, int lda, const float* b, int ldb, float beta, float* c,
@@ -58,12 +39,13 @@ cublasStatus_t xgemm(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t t
 template <class T>
 void gemm(const Context& c, const detail::GemmPlan& g, const detail::GemmOperands<T, T>& p,
           const char* op) {
-  if (ci(g.m, op) == 0 || ci(g.n, op) == 0) return;
-  const auto t = [](bool trans) { return trans ? CUBLAS_OP_T : CUBLAS_OP_N; };
-  blas_ok(xgemm(bh(c), t(g.trans_a), t(g.trans_b), ci(g.m, op), ci(g.n, op), ci(g.k, op), p.in(g.a),
-                cld(g.lda, op), p.in(g.b), cld(g.ldb, op), g.accumulate ? T{1} : T{0}, p.out(g.c),
-                cld(g.ldc, op)),
-          op);
+  using blas::dim;
+  using blas::leading;
+  if (dim(g.m, op) == 0 || dim(g.n, op) == 0) return;
+  blas::ok(xgemm(handle(c), blas::trans(g.trans_a), blas::trans(g.trans_b), dim(g.m, op),
+                 dim(g.n, op), dim(g.k, op), p.in(g.a), leading(g.lda, op), p.in(g.b),
+                 leading(g.ldb, op), g.accumulate ? T{1} : T{0}, p.out(g.c), leading(g.ldc, op)),
+           op);
 }
 
 // Sum over the block (blockDim.x == kThreads); every thread gets the total.
@@ -242,10 +224,10 @@ Context::Context(int device, void* stream) : device_(device), stream_(stream) {
     owns_stream_ = true;
   }
   cublasHandle_t h = nullptr;
-  blas_ok(cublasCreate(&h), "Context");
+  blas::ok(cublasCreate(&h), "Context");
   handle_ = h;
-  blas_ok(cublasSetStream(h, static_cast<cudaStream_t>(stream_)), "Context");
-  blas_ok(cublasSetMathMode(h, CUBLAS_PEDANTIC_MATH), "Context");  // no TF32: f32 stays f32
+  blas::ok(cublasSetStream(h, static_cast<cudaStream_t>(stream_)), "Context");
+  blas::ok(cublasSetMathMode(h, CUBLAS_PEDANTIC_MATH), "Context");  // no TF32: f32 stays f32
 }
 
 Context::~Context() {
@@ -308,7 +290,7 @@ void linear_t_backward(Context& c, const T* dy, const T* x, const T* w, T* dx, T
 template <class T>
 void rmsnorm_forward(Context& c, const T* x, const T* w, T* y, T* rstd, int64_t rows, int64_t h) {
   if (rows == 0) return;
-  rmsnorm_fwd<<<static_cast<unsigned>(rows), kThreads, 0, st(c)>>>(x, w, y, rstd, h);
+  rmsnorm_fwd<<<static_cast<unsigned>(rows), kThreads, 0, stream(c)>>>(x, w, y, rstd, h);
   cuda_ok(cudaGetLastError(), "rmsnorm_forward");
 }
 
@@ -316,29 +298,29 @@ template <class T>
 void rmsnorm_backward(Context& c, const T* dy, const T* x, const T* w, const T* rstd, T* dx, T* dw,
                       int64_t rows, int64_t h) {
   if (rows == 0) return;
-  rmsnorm_bwd_dx<<<static_cast<unsigned>(rows), kThreads, 0, st(c)>>>(dy, x, w, rstd, dx, h);
-  rmsnorm_bwd_dw<<<grid(h), kThreads, 0, st(c)>>>(dy, x, rstd, dw, rows, h);
+  rmsnorm_bwd_dx<<<static_cast<unsigned>(rows), kThreads, 0, stream(c)>>>(dy, x, w, rstd, dx, h);
+  rmsnorm_bwd_dw<<<grid(h), kThreads, 0, stream(c)>>>(dy, x, rstd, dw, rows, h);
   cuda_ok(cudaGetLastError(), "rmsnorm_backward");
 }
 
 template <class T>
 void gelu_forward(Context& c, const T* x, T* y, int64_t n) {
   if (n == 0) return;
-  gelu_fwd<<<grid(n), kThreads, 0, st(c)>>>(x, y, n);
+  gelu_fwd<<<grid(n), kThreads, 0, stream(c)>>>(x, y, n);
   cuda_ok(cudaGetLastError(), "gelu_forward");
 }
 
 template <class T>
 void gelu_backward(Context& c, const T* dy, const T* x, T* dx, int64_t n) {
   if (n == 0) return;
-  gelu_bwd<<<grid(n), kThreads, 0, st(c)>>>(dy, x, dx, n);
+  gelu_bwd<<<grid(n), kThreads, 0, stream(c)>>>(dy, x, dx, n);
   cuda_ok(cudaGetLastError(), "gelu_backward");
 }
 
 template <class T>
 void add_inplace(Context& c, T* a, const T* b, int64_t n) {
   if (n == 0) return;
-  add_kernel<<<grid(n), kThreads, 0, st(c)>>>(a, b, n);
+  add_kernel<<<grid(n), kThreads, 0, stream(c)>>>(a, b, n);
   cuda_ok(cudaGetLastError(), "add_inplace");
 }
 
@@ -346,7 +328,7 @@ template <class T>
 void embedding_forward(Context& c, const T* table, const int32_t* tokens, T* y, int64_t ntok,
                        int64_t vocab, int64_t h) {
   if (ntok == 0) return;
-  embed_fwd<<<static_cast<unsigned>(ntok), kThreads, 0, st(c)>>>(table, tokens, y, vocab, h);
+  embed_fwd<<<static_cast<unsigned>(ntok), kThreads, 0, stream(c)>>>(table, tokens, y, vocab, h);
   cuda_ok(cudaGetLastError(), "embedding_forward");
 }
 
@@ -354,7 +336,8 @@ template <class T>
 void embedding_backward(Context& c, const T* dy, const int32_t* tokens, T* dtable, int64_t ntok,
                         int64_t h) {
   if (ntok == 0) return;
-  embed_bwd<<<static_cast<unsigned>(ntok), kThreads, 0, st(c)>>>(dy, tokens, dtable, h, INT64_MAX);
+  embed_bwd<<<static_cast<unsigned>(ntok), kThreads, 0, stream(c)>>>(dy, tokens, dtable, h,
+                                                                     INT64_MAX);
   cuda_ok(cudaGetLastError(), "embedding_backward");
 }
 
@@ -362,7 +345,8 @@ template <class T>
 void cross_entropy_forward(Context& c, const T* logits, const int32_t* targets, const int32_t* mask,
                            double* loss, int64_t rows, int64_t vocab) {
   if (rows == 0) return;
-  xent_fwd<<<static_cast<unsigned>(rows), kThreads, 0, st(c)>>>(logits, targets, mask, loss, vocab);
+  xent_fwd<<<static_cast<unsigned>(rows), kThreads, 0, stream(c)>>>(logits, targets, mask, loss,
+                                                                    vocab);
   cuda_ok(cudaGetLastError(), "cross_entropy_forward");
 }
 
@@ -370,8 +354,8 @@ template <class T>
 void cross_entropy_backward(Context& c, const T* logits, const int32_t* targets,
                             const double* weight, T* dlogits, int64_t rows, int64_t vocab) {
   if (rows == 0) return;
-  xent_bwd<<<static_cast<unsigned>(rows), kThreads, 0, st(c)>>>(logits, targets, weight, dlogits,
-                                                                vocab);
+  xent_bwd<<<static_cast<unsigned>(rows), kThreads, 0, stream(c)>>>(logits, targets, weight,
+                                                                    dlogits, vocab);
   cuda_ok(cudaGetLastError(), "cross_entropy_backward");
 }
 
