@@ -115,42 +115,26 @@ void from_bf16(Context& c, const uint16_t* x, float* y, int64_t n) {
 // The GEMMs of gemm_plan.hpp, as the f32 linear ops in ops.cu.
 void linear_forward_bf16(Context& c, const uint16_t* x, const uint16_t* w, float* y, int64_t rows,
                          int64_t in, int64_t out) {
-  detail::GemmOperands<uint16_t, float> p;
-  p.x = x;
-  p.w = w;
-  p.y = y;
-  gemm_bf16(c, detail::linear_forward_plan(rows, in, out), p, "linear_forward_bf16");
+  gemm_bf16(c, detail::linear_forward_plan(rows, in, out), {.x = x, .w = w, .y = y},
+            "linear_forward_bf16");
 }
 
 void linear_backward_bf16(Context& c, const uint16_t* dy, const uint16_t* x, const uint16_t* w,
                           float* dx, float* dw, int64_t rows, int64_t in, int64_t out) {
-  detail::GemmOperands<uint16_t, float> p;
-  p.dy = dy;
-  p.x = x;
-  p.w = w;
-  p.dx = dx;
-  p.dw = dw;
+  const detail::GemmOperands<uint16_t, float> p{.x = x, .w = w, .dy = dy, .dx = dx, .dw = dw};
   for (const auto& g : detail::linear_backward_plans(rows, in, out))
     gemm_bf16(c, g, p, "linear_backward_bf16");
 }
 
 void linear_t_forward_bf16(Context& c, const uint16_t* x, const uint16_t* w, float* y, int64_t rows,
                            int64_t in, int64_t out) {
-  detail::GemmOperands<uint16_t, float> p;
-  p.x = x;
-  p.w = w;
-  p.y = y;
-  gemm_bf16(c, detail::linear_t_forward_plan(rows, in, out), p, "linear_t_forward_bf16");
+  gemm_bf16(c, detail::linear_t_forward_plan(rows, in, out), {.x = x, .w = w, .y = y},
+            "linear_t_forward_bf16");
 }
 
 void linear_t_backward_bf16(Context& c, const uint16_t* dy, const uint16_t* x, const uint16_t* w,
                             float* dx, float* dw, int64_t rows, int64_t in, int64_t out) {
-  detail::GemmOperands<uint16_t, float> p;
-  p.dy = dy;
-  p.x = x;
-  p.w = w;
-  p.dx = dx;
-  p.dw = dw;
+  const detail::GemmOperands<uint16_t, float> p{.x = x, .w = w, .dy = dy, .dx = dx, .dw = dw};
   for (const auto& g : detail::linear_t_backward_plans(rows, in, out))
     gemm_bf16(c, g, p, "linear_t_backward_bf16");
 }

@@ -244,22 +244,14 @@ void Context::synchronize() const {
 template <class T>
 void linear_forward(Context& c, const T* x, const T* w, T* y, int64_t rows, int64_t in,
                     int64_t out) {
-  detail::GemmOperands<T, T> p;
-  p.x = x;
-  p.w = w;
-  p.y = y;
-  gemm(c, detail::linear_forward_plan(rows, in, out), p, "linear_forward");
+  gemm<T>(c, detail::linear_forward_plan(rows, in, out), {.x = x, .w = w, .y = y},
+          "linear_forward");
 }
 
 template <class T>
 void linear_backward(Context& c, const T* dy, const T* x, const T* w, T* dx, T* dw, int64_t rows,
                      int64_t in, int64_t out) {
-  detail::GemmOperands<T, T> p;
-  p.dy = dy;
-  p.x = x;
-  p.w = w;
-  p.dx = dx;
-  p.dw = dw;
+  const detail::GemmOperands<T, T> p{.x = x, .w = w, .dy = dy, .dx = dx, .dw = dw};
   for (const auto& g : detail::linear_backward_plans(rows, in, out))
     gemm(c, g, p, "linear_backward");
 }
@@ -267,22 +259,14 @@ void linear_backward(Context& c, const T* dy, const T* x, const T* w, T* dx, T* 
 template <class T>
 void linear_t_forward(Context& c, const T* x, const T* w, T* y, int64_t rows, int64_t in,
                       int64_t out) {
-  detail::GemmOperands<T, T> p;
-  p.x = x;
-  p.w = w;
-  p.y = y;
-  gemm(c, detail::linear_t_forward_plan(rows, in, out), p, "linear_t_forward");
+  gemm<T>(c, detail::linear_t_forward_plan(rows, in, out), {.x = x, .w = w, .y = y},
+          "linear_t_forward");
 }
 
 template <class T>
 void linear_t_backward(Context& c, const T* dy, const T* x, const T* w, T* dx, T* dw, int64_t rows,
                        int64_t in, int64_t out) {
-  detail::GemmOperands<T, T> p;
-  p.dy = dy;
-  p.x = x;
-  p.w = w;
-  p.dx = dx;
-  p.dw = dw;
+  const detail::GemmOperands<T, T> p{.x = x, .w = w, .dy = dy, .dx = dx, .dw = dw};
   for (const auto& g : detail::linear_t_backward_plans(rows, in, out))
     gemm(c, g, p, "linear_t_backward");
 }
