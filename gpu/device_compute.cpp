@@ -370,73 +370,68 @@ bool attn_bwd(Impl& m, const ref::Tensor<T>& dout, const ref::Tensor<T>& q, cons
 
 }  // namespace
 
-// The overrides: count, then the op.
-#define SC_COUNTED(expr)          \
-  const bool done = (expr);       \
-  (done ? calls_ : fallbacks_)++; \
-  return done
+// The overrides (ref::on_device counts what they computed and what they declined).
 
 #define SC_DEVICE_COMPUTE_DEFINE(T)                                                              \
   bool DeviceCompute::linear_forward(const ref::Tensor<T>& x, const ref::Tensor<T>& w,           \
                                      ref::Tensor<T>& y) {                                        \
-    SC_COUNTED(linear_fwd(*impl_, x, w, y, false));                                              \
+    return (linear_fwd(*impl_, x, w, y, false));                                                 \
   }                                                                                              \
   bool DeviceCompute::linear_backward(const ref::Tensor<T>& dy, const ref::Tensor<T>& x,         \
                                       const ref::Tensor<T>& w, ref::Tensor<T>& dx,               \
                                       ref::Tensor<T>& dw) {                                      \
-    SC_COUNTED(linear_bwd(*impl_, dy, x, w, dx, dw, false));                                     \
+    return (linear_bwd(*impl_, dy, x, w, dx, dw, false));                                        \
   }                                                                                              \
   bool DeviceCompute::linear_t_forward(const ref::Tensor<T>& x, const ref::Tensor<T>& w,         \
                                        ref::Tensor<T>& y) {                                      \
-    SC_COUNTED(linear_fwd(*impl_, x, w, y, true));                                               \
+    return (linear_fwd(*impl_, x, w, y, true));                                                  \
   }                                                                                              \
   bool DeviceCompute::linear_t_backward(const ref::Tensor<T>& dy, const ref::Tensor<T>& x,       \
                                         const ref::Tensor<T>& w, ref::Tensor<T>& dx,             \
                                         ref::Tensor<T>& dw) {                                    \
-    SC_COUNTED(linear_bwd(*impl_, dy, x, w, dx, dw, true));                                      \
+    return (linear_bwd(*impl_, dy, x, w, dx, dw, true));                                         \
   }                                                                                              \
   bool DeviceCompute::rmsnorm_forward(const ref::Tensor<T>& x, const ref::Tensor<T>& w,          \
                                       ref::Tensor<T>& y, std::vector<T>* rstd) {                 \
-    SC_COUNTED(rmsnorm_fwd(*impl_, x, w, y, rstd));                                              \
+    return (rmsnorm_fwd(*impl_, x, w, y, rstd));                                                 \
   }                                                                                              \
   bool DeviceCompute::rmsnorm_backward(const ref::Tensor<T>& dy, const ref::Tensor<T>& x,        \
                                        const ref::Tensor<T>& w, const std::vector<T>& rstd,      \
                                        ref::Tensor<T>& dx, ref::Tensor<T>& dw) {                 \
-    SC_COUNTED(rmsnorm_bwd(*impl_, dy, x, w, rstd, dx, dw));                                     \
+    return (rmsnorm_bwd(*impl_, dy, x, w, rstd, dx, dw));                                        \
   }                                                                                              \
   bool DeviceCompute::gelu_forward(const ref::Tensor<T>& x, ref::Tensor<T>& y) {                 \
-    SC_COUNTED(gelu_fwd(*impl_, x, y));                                                          \
+    return (gelu_fwd(*impl_, x, y));                                                             \
   }                                                                                              \
   bool DeviceCompute::gelu_backward(const ref::Tensor<T>& dy, const ref::Tensor<T>& x,           \
                                     ref::Tensor<T>& dx) {                                        \
-    SC_COUNTED(gelu_bwd(*impl_, dy, x, dx));                                                     \
+    return (gelu_bwd(*impl_, dy, x, dx));                                                        \
   }                                                                                              \
   bool DeviceCompute::cross_entropy_forward(                                                     \
       const ref::Tensor<T>& logits, std::span<const int32_t> targets,                            \
       std::span<const int32_t> mask, std::vector<double>& loss) {                                \
-    SC_COUNTED(xent_fwd(*impl_, logits, targets, mask, loss));                                   \
+    return (xent_fwd(*impl_, logits, targets, mask, loss));                                      \
   }                                                                                              \
   bool DeviceCompute::cross_entropy_backward(                                                    \
       const ref::Tensor<T>& logits, std::span<const int32_t> targets,                            \
       std::span<const double> weight, ref::Tensor<T>& dlogits) {                                 \
-    SC_COUNTED(xent_bwd(*impl_, logits, targets, weight, dlogits));                              \
+    return (xent_bwd(*impl_, logits, targets, weight, dlogits));                                 \
   }                                                                                              \
   bool DeviceCompute::attention_forward(                                                         \
       const ref::Tensor<T>& q, const ref::Tensor<T>& k, const ref::Tensor<T>& v,                 \
       std::span<const int32_t> doc_ids, ref::AttentionShape shape,                               \
       const ref::AttentionDropout& dropout, ref::Tensor<T>& o, ref::Tensor<T>* probs) {          \
-    SC_COUNTED(attn_fwd(*impl_, q, k, v, doc_ids, shape, dropout, o, probs));                    \
+    return (attn_fwd(*impl_, q, k, v, doc_ids, shape, dropout, o, probs));                       \
   }                                                                                              \
   bool DeviceCompute::attention_backward(                                                        \
       const ref::Tensor<T>& dout, const ref::Tensor<T>& q, const ref::Tensor<T>& k,              \
       const ref::Tensor<T>& v, ref::AttentionShape shape, const ref::AttentionDropout& dropout,  \
       const ref::Tensor<T>& probs, ref::Tensor<T>& dq, ref::Tensor<T>& dk, ref::Tensor<T>& dv) { \
-    SC_COUNTED(attn_bwd(*impl_, dout, q, k, v, shape, dropout, probs, dq, dk, dv));              \
+    return (attn_bwd(*impl_, dout, q, k, v, shape, dropout, probs, dq, dk, dv));                 \
   }
 
 SC_DEVICE_COMPUTE_DEFINE(double)
 SC_DEVICE_COMPUTE_DEFINE(float)
 #undef SC_DEVICE_COMPUTE_DEFINE
-#undef SC_COUNTED
 
 }  // namespace shardcheck::gpu

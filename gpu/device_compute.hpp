@@ -20,7 +20,6 @@
 // threads: every op first binds its device (cudaSetDevice) on the calling thread.
 #pragma once
 
-#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -79,8 +78,6 @@ class DeviceCompute final : public ref::Compute {
 
   std::string name() const override;  // "cuda:<device> (<device name>)"
   int device() const { return device_; }
-  int64_t calls() const { return calls_.load(); }          // ops computed on the device
-  int64_t fallbacks() const { return fallbacks_.load(); }  // ops handed back to the CPU (false)
 
   SC_DEVICE_COMPUTE_OPS(double)
   SC_DEVICE_COMPUTE_OPS(float)
@@ -91,8 +88,6 @@ class DeviceCompute final : public ref::Compute {
   int device_;
   std::string name_;
   std::unique_ptr<Impl> impl_;
-  std::atomic<int64_t> calls_{0};
-  std::atomic<int64_t> fallbacks_{0};
 };
 
 #undef SC_DEVICE_COMPUTE_OPS

@@ -85,8 +85,9 @@ Tensor<T> attention_forward(const Tensor<T>& q, const Tensor<T>& k, const Tensor
   REF_CHECK(k.dim(1) == kv * d && v.dim(1) == kv * d, "k/v width != kv_heads * head_dim");
   Tensor<T> o({s, a * d});
   if (probs) *probs = Tensor<T>({a, s, s});
-  if (auto* dev = compute_ops<T>();
-      dev && dev->attention_forward(q, k, v, doc_ids, shape, dropout, o, probs))
+  if (on_device<T>([&](ComputeOps<T>& dev) {
+        return dev.attention_forward(q, k, v, doc_ids, shape, dropout, o, probs);
+      }))
     return o;
   const T scale = T{1} / std::sqrt(static_cast<T>(d));
   const DropMask mask(dropout, a, s);
@@ -131,8 +132,9 @@ void attention_backward(const Tensor<T>& dout, const Tensor<T>& q, const Tensor<
   dq = Tensor<T>(q.shape());
   dk = Tensor<T>(k.shape());
   dv = Tensor<T>(v.shape());
-  if (auto* dev = compute_ops<T>();
-      dev && dev->attention_backward(dout, q, k, v, shape, dropout, probs, dq, dk, dv))
+  if (on_device<T>([&](ComputeOps<T>& dev) {
+        return dev.attention_backward(dout, q, k, v, shape, dropout, probs, dq, dk, dv);
+      }))
     return;
   const T scale = T{1} / std::sqrt(static_cast<T>(d));
   const DropMask mask(dropout, a, s);

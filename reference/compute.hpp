@@ -1,10 +1,11 @@
 // Where the reference ops run. By default on the CPU: the plain loops of ops.cpp and attention.cpp.
 // A thread may install another implementation of the heavy ops (gpu/'s DeviceCompute: cuBLAS GEMMs
 // and CUDA kernels; a test's fake); every ref:: op that thread calls then runs there, whoever calls
-// it: the reference model, or one rank of a parallel/ strategy (each simulator rank is a thread,
-// each NCCL rank a process). So the same strategy code computes on a GPU without knowing it, and
-// parity against the CPU reference still holds within the precision's tolerance (a device sums in
-// another order: equal within rounding, not bitwise).
+// it: the reference model, or one rank of a parallel/ strategy (each simulator rank is a thread;
+// an NCCL rank is a process under mpirun, a thread in the one-process mode). So the same strategy
+// code computes on a GPU without knowing it, and parity against the CPU reference still holds
+// within the precision's tolerance (a device sums in another order: equal within rounding, not
+// bitwise).
 //
 // Each op returns true when it computed the result, false to let the CPU loops run (a type, size
 // or op the implementation does not cover). Outputs arrive allocated with their final shape and
@@ -97,6 +98,16 @@ class Compute : public ComputeOps<double>, public ComputeOps<float> {
   ComputeOps<T>& ops() {
     return *this;
   }
+  // Ops this implementation computed, and ops it handed back to the CPU loops (counted by the
+  // ops' hooks, so a run can show it really computed here).
+  int64_t ops_run() const { return run_; }
+  int64_t ops_declined() const { return declined_; }
+
+ private:
+  template <class T, class F>
+  friend bool on_device(F&& op);
+  int64_t run_ = 0;
+  int64_t declined_ = 0;
 };
 
 // The calling thread's implementation; nullptr: the CPU loops.
@@ -115,11 +126,15 @@ class ComputeScope {
   Compute* previous_;
 };
 
-// For the ops: the thread's implementation of T's ops, or nullptr.
-template <class T>
-ComputeOps<T>* compute_ops() {
+// For the ops: calls op(ComputeOps<T>&) on the thread's implementation, if any; true when it
+// computed the result (the op then returns it), false when the CPU loops must run.
+template <class T, class F>
+bool on_device(F&& op) {
   Compute* c = thread_compute();
-  return c ? &c->template ops<T>() : nullptr;
+  if (c == nullptr) return false;
+  const bool done = op(c->template ops<T>());
+  ++(done ? c->run_ : c->declined_);
+  return done;
 }
 
 }  // namespace shardcheck::ref

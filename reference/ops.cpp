@@ -34,7 +34,8 @@ Tensor<T> rmsnorm_forward(const Tensor<T>& x, const Tensor<T>& w,
   REF_CHECK(w.numel() == h);
   Tensor<T> y(x.shape());
   if (rstd) rstd->assign(static_cast<size_t>(n), T{0});
-  if (auto* dev = compute_ops<T>(); dev && dev->rmsnorm_forward(x, w, y, rstd)) return y;
+  if (on_device<T>([&](ComputeOps<T>& dev) { return dev.rmsnorm_forward(x, w, y, rstd); }))
+    return y;
   for (int64_t r = 0; r < n; ++r) {
     T ss = 0;
     for (int64_t c = 0; c < h; ++c) ss += x.at(r, c) * x.at(r, c);
@@ -50,7 +51,9 @@ Tensor<T> rmsnorm_backward(const Tensor<T>& dy, const Tensor<T>& x, const Tensor
                            const std::vector<T>& rstd, Tensor<T>& dw) {
   const int64_t n = x.dim(0), h = x.dim(1);
   Tensor<T> dx(x.shape());
-  if (auto* dev = compute_ops<T>(); dev && dev->rmsnorm_backward(dy, x, w, rstd, dx, dw)) return dx;
+  if (on_device<T>(
+          [&](ComputeOps<T>& dev) { return dev.rmsnorm_backward(dy, x, w, rstd, dx, dw); }))
+    return dx;
   for (int64_t r = 0; r < n; ++r) {
     const T inv = rstd[static_cast<size_t>(r)];
     T dot = 0;  // sum_c dy_c w_c x_c
@@ -69,7 +72,7 @@ Tensor<T> linear_forward(const Tensor<T>& x, const Tensor<T>& w) {
   const int64_t n = x.dim(0), in = x.dim(1), out = w.dim(1);
   REF_CHECK(w.dim(0) == in, "linear: x columns != W rows");
   Tensor<T> y({n, out});
-  if (auto* dev = compute_ops<T>(); dev && dev->linear_forward(x, w, y)) return y;
+  if (on_device<T>([&](ComputeOps<T>& dev) { return dev.linear_forward(x, w, y); })) return y;
   for (int64_t r = 0; r < n; ++r)
     for (int64_t i = 0; i < in; ++i) {
       const T xv = x.at(r, i);
@@ -83,7 +86,8 @@ Tensor<T> linear_backward(const Tensor<T>& dy, const Tensor<T>& x, const Tensor<
                           Tensor<T>& dw) {
   const int64_t n = x.dim(0), in = x.dim(1), out = w.dim(1);
   Tensor<T> dx({n, in});
-  if (auto* dev = compute_ops<T>(); dev && dev->linear_backward(dy, x, w, dx, dw)) return dx;
+  if (on_device<T>([&](ComputeOps<T>& dev) { return dev.linear_backward(dy, x, w, dx, dw); }))
+    return dx;
   for (int64_t r = 0; r < n; ++r)
     for (int64_t i = 0; i < in; ++i) {
       T acc = 0;
@@ -101,7 +105,7 @@ Tensor<T> linear_t_forward(const Tensor<T>& x, const Tensor<T>& w) {
   const int64_t n = x.dim(0), in = x.dim(1), out = w.dim(0);
   REF_CHECK(w.dim(1) == in, "linear_t: x columns != W columns");
   Tensor<T> y({n, out});
-  if (auto* dev = compute_ops<T>(); dev && dev->linear_t_forward(x, w, y)) return y;
+  if (on_device<T>([&](ComputeOps<T>& dev) { return dev.linear_t_forward(x, w, y); })) return y;
   for (int64_t r = 0; r < n; ++r)
     for (int64_t o = 0; o < out; ++o) {
       T acc = 0;
@@ -116,7 +120,8 @@ Tensor<T> linear_t_backward(const Tensor<T>& dy, const Tensor<T>& x, const Tenso
                             Tensor<T>& dw) {
   const int64_t n = x.dim(0), in = x.dim(1), out = w.dim(0);
   Tensor<T> dx({n, in});
-  if (auto* dev = compute_ops<T>(); dev && dev->linear_t_backward(dy, x, w, dx, dw)) return dx;
+  if (on_device<T>([&](ComputeOps<T>& dev) { return dev.linear_t_backward(dy, x, w, dx, dw); }))
+    return dx;
   for (int64_t r = 0; r < n; ++r)
     for (int64_t o = 0; o < out; ++o) {
       const T g = dy.at(r, o);
@@ -136,7 +141,7 @@ constexpr T kGeluC = static_cast<T>(0.7978845608028654);  // sqrt(2/pi)
 template <class T>
 Tensor<T> gelu_forward(const Tensor<T>& x) {
   Tensor<T> y(x.shape());
-  if (auto* dev = compute_ops<T>(); dev && dev->gelu_forward(x, y)) return y;
+  if (on_device<T>([&](ComputeOps<T>& dev) { return dev.gelu_forward(x, y); })) return y;
   for (int64_t i = 0; i < x.numel(); ++i) {
     const T v = x[i];
     y[i] = T{0.5} * v * (T{1} + std::tanh(kGeluC<T> * (v + T{0.044715} * v * v * v)));
@@ -147,7 +152,7 @@ Tensor<T> gelu_forward(const Tensor<T>& x) {
 template <class T>
 Tensor<T> gelu_backward(const Tensor<T>& dy, const Tensor<T>& x) {
   Tensor<T> dx(x.shape());
-  if (auto* dev = compute_ops<T>(); dev && dev->gelu_backward(dy, x, dx)) return dx;
+  if (on_device<T>([&](ComputeOps<T>& dev) { return dev.gelu_backward(dy, x, dx); })) return dx;
   for (int64_t i = 0; i < x.numel(); ++i) {
     const T v = x[i];
     const T th = std::tanh(kGeluC<T> * (v + T{0.044715} * v * v * v));
@@ -184,18 +189,18 @@ std::vector<double> cross_entropy_forward(const Tensor<T>& logits, std::span<con
                                           std::span<const int32_t> mask) {
   const int64_t n = logits.dim(0), v = logits.dim(1);
   std::vector<double> loss(static_cast<size_t>(n), 0.0);
-  if (auto* dev = compute_ops<T>(); dev) {
-    for (int64_t r = 0; r < n; ++r)
-      if (mask[static_cast<size_t>(r)]) {
-        const int32_t tgt = targets[static_cast<size_t>(r)];
-        REF_CHECK(tgt >= 0 && tgt < v, "target out of vocabulary");
-      }
-    if (dev->cross_entropy_forward(logits, targets, mask, loss)) return loss;
-  }
+  for (int64_t r = 0; r < n; ++r)
+    if (mask[static_cast<size_t>(r)]) {
+      const int32_t tgt = targets[static_cast<size_t>(r)];
+      REF_CHECK(tgt >= 0 && tgt < v, "target out of vocabulary");
+    }
+  if (on_device<T>([&](ComputeOps<T>& dev) {
+        return dev.cross_entropy_forward(logits, targets, mask, loss);
+      }))
+    return loss;
   for (int64_t r = 0; r < n; ++r) {
     if (!mask[static_cast<size_t>(r)]) continue;
     const int32_t tgt = targets[static_cast<size_t>(r)];
-    REF_CHECK(tgt >= 0 && tgt < v, "target out of vocabulary");
     T mx = logits.at(r, 0);
     for (int64_t c = 1; c < v; ++c) mx = std::max(mx, logits.at(r, c));
     T sum = 0;
@@ -210,7 +215,9 @@ Tensor<T> cross_entropy_backward(const Tensor<T>& logits, std::span<const int32_
                                  std::span<const double> weight) {
   const int64_t n = logits.dim(0), v = logits.dim(1);
   Tensor<T> d(logits.shape());
-  if (auto* dev = compute_ops<T>(); dev && dev->cross_entropy_backward(logits, targets, weight, d))
+  if (on_device<T>([&](ComputeOps<T>& dev) {
+        return dev.cross_entropy_backward(logits, targets, weight, d);
+      }))
     return d;
   for (int64_t r = 0; r < n; ++r) {
     const auto wt = static_cast<T>(weight[static_cast<size_t>(r)]);

@@ -55,7 +55,7 @@ DpRun mesh_on_device(const Scenario& s, const parallel::MeshOptions& o, DeviceCa
       mine.steps.push_back(engine.step(local));
       mine.params.push_back(engine.full_params());
     }
-    counted.calls += dc.calls();
+    counted.calls += dc.ops_run();
   });
   return out;
 }
@@ -78,7 +78,7 @@ DpRun dp_on_device(const Scenario& s, int world, parallel::DataParallelOptions o
       mine.steps.push_back(engine.step(local));
       mine.params.push_back(engine.full_params());
     }
-    counted.calls += dc.calls();
+    counted.calls += dc.ops_run();
   });
   return out;
 }

@@ -1,6 +1,6 @@
 // gpu::DeviceCompute as the thread's ref::Compute: every ref:: op called inside a ComputeScope
 // against the same op outside it (the CPU loops), f32 <= 1e-5 and f64 <= 1e-12 normwise relative
-// error, fresh random inputs (seed printed on failure), and calls() advanced so the op really
+// error, fresh random inputs (seed printed on failure), and ops_run() advanced so the op really
 // ran on the device; the fallbacks (empty operands, over-long attention rows); a whole reference
 // model step (a dense and an MoE layer, GQA, dropout) inside the scope against the CPU. Skips
 // without a device. tests/gpu/compute_parallel_test.cpp runs strategies with it.
@@ -64,14 +64,14 @@ ref::Tensor<T> rnd(ref::Shape shape, std::mt19937_64& g, double scale = 1.0) {
 template <class T, class Op>
 void expect_same(DeviceCompute& dc, const char* what, uint64_t seed, Op&& op) {
   const Outputs want = op();
-  const int64_t calls = dc.calls(), fallbacks = dc.fallbacks();
+  const int64_t calls = dc.ops_run(), fallbacks = dc.ops_declined();
   Outputs got;
   {
     ref::ComputeScope scope(&dc);
     got = op();
   }
-  EXPECT_EQ(dc.calls(), calls + 1) << what << ": not dispatched to the device";
-  EXPECT_EQ(dc.fallbacks(), fallbacks) << what;
+  EXPECT_EQ(dc.ops_run(), calls + 1) << what << ": not dispatched to the device";
+  EXPECT_EQ(dc.ops_declined(), fallbacks) << what;
   ASSERT_EQ(got.size(), want.size()) << what;
   for (std::size_t i = 0; i < want.size(); ++i)
     EXPECT_LE(rel(got[i], want[i]), kOpTol<T>) << what << " output " << i << " seed " << seed;
@@ -194,7 +194,7 @@ TEST(DeviceCompute, NameAndBadDevice) {
   SC_REQUIRE_GPU();
   DeviceCompute dc(0);
   EXPECT_EQ(dc.name().rfind("cuda:0 (", 0), 0U) << dc.name();
-  EXPECT_EQ(dc.calls(), 0);
+  EXPECT_EQ(dc.ops_run(), 0);
   EXPECT_THROW(DeviceCompute(1 << 20), std::runtime_error);
 }
 
@@ -235,8 +235,8 @@ TEST(DeviceCompute, FallsBackOnEmptyOperandsAndLongRows) {
   EXPECT_EQ(dx.shape(), (ref::Shape{0, 8}));
   for (int64_t i = 0; i < dw.numel(); ++i) EXPECT_EQ(dw[i], 2.0F);
   EXPECT_EQ(ref::gelu_forward(x).numel(), 0);
-  EXPECT_EQ(dc.calls(), 0);
-  EXPECT_EQ(dc.fallbacks(), 3);
+  EXPECT_EQ(dc.ops_run(), 0);
+  EXPECT_EQ(dc.ops_declined(), 3);
 
   // One row of f32 probabilities past the shared-memory limit: refused before any copy.
   const auto s = static_cast<int64_t>(kMaxAttentionRowBytes / sizeof(float)) + 1;
@@ -245,7 +245,7 @@ TEST(DeviceCompute, FallsBackOnEmptyOperandsAndLongRows) {
   const std::vector<int32_t> docs(static_cast<std::size_t>(s), 0);
   ref::ComputeOps<float>& ops = dc;
   EXPECT_FALSE(ops.attention_forward(q, k, v, docs, {.heads = 1, .kv_heads = 1}, {}, o, nullptr));
-  EXPECT_EQ(dc.calls(), 0);
+  EXPECT_EQ(dc.ops_run(), 0);
 }
 
 // ---- a whole reference model step on the device ------------------------------------------
@@ -307,7 +307,7 @@ void check_model_step(bool checkpointing) {
   }
   const std::string where =
       "seed " + std::to_string(seed) + " checkpointing " + std::to_string(checkpointing);
-  EXPECT_GT(dc.calls(), 0) << where;
+  EXPECT_GT(dc.ops_run(), 0) << where;
   EXPECT_EQ(got.tokens, want.tokens);
   EXPECT_LE(rel({got.loss_sum}, {want.loss_sum}), kModelTol<T>) << where;
   EXPECT_LE(rel({got.aux_sum}, {want.aux_sum}), kModelTol<T>) << where;

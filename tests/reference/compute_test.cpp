@@ -165,6 +165,11 @@ TEST(Compute, EveryHeavyOpOfTheModelIsDispatchedToTheThreadsCompute) {
       EXPECT_GT(dev.calls[op], 0) << op;
     // The tied head reads the embedding transposed.
     EXPECT_EQ(dev.calls["linear_t_forward"] > 0, tied);
+    EXPECT_EQ(dev.calls["linear_t_backward"] > 0, tied);
+    int64_t total = 0;
+    for (const auto& [op, n] : dev.calls) total += n;
+    EXPECT_EQ(dev.ops_run(), total);  // every one counted as computed there
+    EXPECT_EQ(dev.ops_declined(), 0);
     expect_bitwise(cpu, routed);  // the same loops ran, only elsewhere
   }
 }
@@ -176,6 +181,8 @@ TEST(Compute, DecliningFallsBackToTheCpuLoops) {
   const ComputeScope scope(&dev);
   const Step declined = model_step(dropout_moe());
   EXPECT_GT(dev.calls["linear_forward"], 0);
+  EXPECT_EQ(dev.ops_run(), 0);
+  EXPECT_GT(dev.ops_declined(), 0);
   expect_bitwise(cpu, declined);
 }
 
