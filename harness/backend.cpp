@@ -19,15 +19,22 @@ namespace shardcheck::harness {
 
 #ifdef SHARDCHECK_HAVE_NCCL
 
+namespace {
+// "" with a visible device; otherwise why there is none and `what` needs at least one.
+std::string no_device(const std::string& what, const std::string& then = "") {
+  const gpu::DeviceInfo d = gpu::probe();
+  if (d.count > 0) return "";
+  return "no CUDA device is visible" + (d.why_none.empty() ? "" : " (" + d.why_none + ")") + "; " +
+         what + " needs at least one GPU" + then;
+}
+}  // namespace
+
 bool nccl_built() {
   return true;
 }
 
 std::string nccl_unavailable() {
-  const gpu::DeviceInfo d = gpu::probe();
-  if (d.count > 0) return "";
-  return "no CUDA device is visible" + (d.why_none.empty() ? "" : " (" + d.why_none + ")") +
-         "; the NCCL backend needs at least one GPU";
+  return no_device("the NCCL backend");
 }
 
 NcclPlace nccl_place() {
@@ -60,15 +67,10 @@ void run_nccl(int ranks, const std::function<void(comm::Communicator&)>& fn) {
 #ifdef SHARDCHECK_HAVE_GPU_COMPUTE
 
 std::string cuda_compute_unavailable() {
-  const gpu::DeviceInfo d = gpu::probe();
-  if (d.count > 0) return "";
-  return "no CUDA device is visible" + (d.why_none.empty() ? "" : " (" + d.why_none + ")") +
-         "; computing on GPUs needs at least one (--compute cpu trains on the CPU)";
+  return no_device("computing on GPUs", " (--compute cpu trains on the CPU)");
 }
 
 std::function<std::unique_ptr<ref::Compute>(int)> cuda_compute(bool nccl) {
-  if (const std::string why = cuda_compute_unavailable(); !why.empty())
-    throw std::runtime_error("--compute cuda: " + why);
   if (nccl) {
     const NcclPlace place = nccl_place();
     if (place.mpi)
@@ -80,24 +82,13 @@ std::function<std::unique_ptr<ref::Compute>(int)> cuda_compute(bool nccl) {
     };
   }
   const int devices = gpu::visible_devices();
+  if (devices <= 0) throw std::runtime_error("--compute cuda: " + cuda_compute_unavailable());
   return [devices](int rank) -> std::unique_ptr<ref::Compute> {
     return std::make_unique<gpu::DeviceCompute>(rank % devices);
   };
 }
 
-#else
-
-std::string cuda_compute_unavailable() {
-  return "built without the GPU compute (gpu/device_compute): configure with the cuda preset "
-         "(cmake --preset cuda) on a machine with CUDA and NCCL, or train on the CPU with "
-         "--compute cpu";
-}
-
-std::function<std::unique_ptr<ref::Compute>(int)> cuda_compute(bool /*nccl*/) {
-  throw std::runtime_error("--compute cuda: " + cuda_compute_unavailable());
-}
-
-#endif
+#endif  // SHARDCHECK_HAVE_GPU_COMPUTE
 
 #else
 
@@ -119,14 +110,18 @@ NcclPlace nccl_place() {
 void run_nccl(int /*ranks*/, const std::function<void(comm::Communicator&)>& /*fn*/) {
   throw std::runtime_error(kNotBuilt);
 }
+
+#endif  // SHARDCHECK_HAVE_NCCL
+
+#ifndef SHARDCHECK_HAVE_GPU_COMPUTE
 std::string cuda_compute_unavailable() {
-  return "built without the GPU compute (gpu/): configure with the cuda preset (cmake --preset "
-         "cuda) on a machine with CUDA and NCCL, or train on the CPU with --compute cpu";
+  return "this build has no GPU compute (gpu/ with its CUDA ops and DeviceCompute): configure with "
+         "the cuda preset (cmake --preset cuda) on a machine with CUDA and NCCL, or train on the "
+         "CPU with --compute cpu";
 }
 std::function<std::unique_ptr<ref::Compute>(int)> cuda_compute(bool /*nccl*/) {
   throw std::runtime_error("--compute cuda: " + cuda_compute_unavailable());
 }
-
 #endif
 
 }  // namespace shardcheck::harness

@@ -26,7 +26,7 @@ struct NcclPlace {
   bool mpi = false;  // one rank per process
   int rank = 0;      // this process's world rank (0 without MPI)
   int capacity = 0;  // ranks a run can have: the MPI world size, or the visible GPUs
-  int device = 0;    // under MPI: this process's GPU (its rank on the node)
+  int device = 0;    // under MPI: this process's GPU (node-local rank modulo its visible GPUs)
 };
 NcclPlace nccl_place();
 

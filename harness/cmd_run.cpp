@@ -115,11 +115,6 @@ void check_nccl_run(const RunArgs& a, const std::vector<Scenario>& scenarios) {
 
 // Where the strategies' ranks compute (the reference run is always on the CPU): --compute, or
 // by default the CPU on the simulator and the GPUs on the nccl backend.
-struct ComputeChoice {
-  ComputeFactory factory;  // empty: the CPU
-  std::string name = "cpu";
-};
-
 ComputeChoice choose_compute(const RunArgs& a) {
   const std::string compute = !a.compute.empty() ? a.compute : a.backend == "nccl" ? "cuda" : "cpu";
   if (compute == "cpu") return {};
@@ -160,8 +155,7 @@ int run_scenarios(const RunArgs& a) {
   for (const auto& sc : scenarios) {
     RunOptions o;
     o.backend = a.backend;
-    o.compute = compute.factory;
-    o.compute_name = compute.name;
+    o.compute = compute;
     if (lead) o.dump_tensors = a.dump_tensors;
     o.checkpoint_dir = a.checkpoint_dir;
     o.resume_dir = a.resume;

@@ -219,6 +219,7 @@ nlohmann::json report_json(const RunResult& r, const std::string& backend) {
                       {"detail", c.detail},
                       {"wall_s", c.wall_seconds},
                       {"compute", c.compute},
+                      {"device_ops", c.device_ops},
                       {"memory", memory_json(c.memory)},
                       {"parity_pass", c.parity_pass},
                       {"resumed_from", c.resumed_from},
@@ -310,8 +311,11 @@ void print_summary(std::ostream& os, const RunResult& r) {
                                 : "UNSUPPORTED");
     os << line;
     if (!c.pass || !c.faults.empty()) os << "      " << c.detail << "\n";
-    if (c.compute != r.compute && c.supported && c.compute != "cpu")
-      os << "      computed on " << c.compute << "\n";
+    if (!c.compute.empty() && c.compute != "cpu")
+      os << "      computed on " << c.compute << ": "
+         << (c.device_ops > 0 ? std::to_string(c.device_ops) + " ops there"
+                              : std::string("no op ran there (every op fell back to the CPU)"))
+         << "\n";
     if (c.wall_timing && c.timing.valid) {
       std::snprintf(line, sizeof line,
                     "      wall %.2f s; step %.4f s (rank p50 %.4f, p95 %.4f, max %.4f), "

@@ -1,19 +1,16 @@
-// The scenario runner. The reference Trainer and the parallel engines consume the same sampler
-// batches; per step, the error is max(|loss - ref| / |ref|, max over tensors of
-// max|p - p_ref| / max|p_ref|): every rank's loss, the parameters assembled from the owners' state
-// pieces after each step, and every rank's own gathered view after the last step. Faults come from
-// the simulator's diagnosis, the health check and the parity check (outcome.hpp).
+// The scenario runner: the reference run, then each configuration on the simulator (or the NCCL
+// backend, runner_nccl.cpp) through the same per-rank train_rank; parity, the verdict and the
+// reference run itself are in runner_parity.cpp. Faults come from the simulator's diagnosis, the
+// health check and the parity check (outcome.hpp).
 #include "harness/runner.hpp"
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <cstring>
 #include <filesystem>
 #include <mutex>
 #include <numeric>
 #include <optional>
-#include <type_traits>
 
 #include "harness/backend.hpp"
 #include "harness/checkpointing.hpp"
@@ -21,11 +18,8 @@
 #include "harness/sim_options.hpp"
 #include "harness/trainee.hpp"
 #include "parallel/data_parallel.hpp"
-#include "parallel/flops.hpp"
-#include "parallel/parity.hpp"
 #include "reference/data.hpp"
 #include "reference/model.hpp"
-#include "reference/npy.hpp"
 #include "reference/trainer.hpp"
 #include "sim/world.hpp"
 
@@ -114,6 +108,7 @@ void train_rank(comm::Communicator& c, const Scenario& s, const ref::Dataset& ds
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     mine.pieces.push_back(engine.export_state());
     mine.health.push_back(engine.last_step_health());
+    if (device) mine.device_ops = device->ops_run();  // so far, also if a later step fails
     cursor.step = k;
     cursor.consumed_samples += s.train.global_batch;
     cursor.consumed_tokens += mine.steps.back().non_padding_tokens;
@@ -124,6 +119,7 @@ void train_rank(comm::Communicator& c, const Scenario& s, const ref::Dataset& ds
   // Outside the measured steps: the final gather of every rank's view.
   c.begin_step(s.train.steps + 1);
   mine.final_params = engine.full_params();
+  if (device) mine.device_ops = device->ops_run();
   const comm::MemoryTracker& m = c.memory();
   memory = RankMemory{c.world_rank(), m.current(), m.at_peak(), m.peak(), m.peak_phase()};
 }
@@ -168,7 +164,8 @@ ConfigResult run_config(const Scenario& s, const ref::Dataset& ds, const Trace& 
     const NcclPlace place = nccl_place();
     return detail::run_config_ranks(
         s, ds, want, p, [&p](const auto& fn) { run_nccl(p.mesh.world_size(), fn); }, place.mpi,
-        place.capacity, place.mpi ? "processes started by mpirun" : "visible GPUs", o.compute);
+        place.capacity, place.mpi ? "processes started by mpirun" : "visible GPUs",
+        o.compute.factory);
   }
   ConfigResult r = detail::config_row(s, p);
   if (!r.supported) return r;
@@ -206,8 +203,9 @@ ConfigResult run_config(const Scenario& s, const ref::Dataset& ds, const Trace& 
   }
   const auto t0 = std::chrono::steady_clock::now();
   sim::SimWorld sw(world, sim_options(s, world));
-  SimRun run = simulate(s, ds, sw, opt, p, ck, o.compute);
+  SimRun run = simulate(s, ds, sw, opt, p, ck, o.compute.factory);
   r.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  detail::note_compute(s, run.got, r);
   r.memory = run.memory;
   r.timeline = sw.timeline();
   r.timing = timing_of(sw.step_times(), s.train.steps);
@@ -230,7 +228,6 @@ ConfigResult run_config(const Scenario& s, const ref::Dataset& ds, const Trace& 
     if (!nan_stop && sw.diagnosis()) r.faults.push_back(from_diagnosis(*sw.diagnosis()));
     r.detail = r.faults.empty() ? "the run failed" : r.faults.back().message;
   } else {
-    r.compute = run.got[0].compute;
     measure_parity(s, want, run.got, r);
     if (auto f = nan_result(run.got[0])) r.faults.push_back(*f);
     for (const sim::FiredFault& ff : sw.fired_faults())
@@ -257,7 +254,7 @@ ConfigResult run_config(const Scenario& s, const ref::Dataset& ds, const Trace& 
       Scenario calm = s;
       calm.faults.clear();
       sim::SimWorld base(world, sim_options(calm, world));
-      simulate(calm, ds, base, opt, p, {}, o.compute);
+      simulate(calm, ds, base, opt, p, {}, o.compute.factory);
       const double without = timing_of(base.step_times(), s.train.steps).step_time_s;
       r.faults.push_back(straggler_result(sw.timeline(), world, f, r.timing.step_time_s, without));
       break;
@@ -269,12 +266,12 @@ ConfigResult run_config(const Scenario& s, const ref::Dataset& ds, const Trace& 
 
 }  // namespace
 
-double tolerance_for(ref::Precision p) {
+double tolerance_for(ref::Precision p, bool device) {
   switch (p) {
     case ref::Precision::kF64:
       return 1e-10;
     case ref::Precision::kF32:
-      return 1e-5;
+      return device ? 1e-4 : 1e-5;
     case ref::Precision::kBf16:
       return 2e-2;
   }
@@ -291,7 +288,7 @@ bool RunResult::pass() const {
 }
 
 RunResult run_scenario(const Scenario& s, const RunOptions& o) {
-  RunResult out{s, {}, o.compute_name};
+  RunResult out{s, {}, o.compute.name};
   const ref::Dataset ds = ref::build_dataset(s.data, s.model, s.seed);
   if (static_cast<int64_t>(ds.samples.size()) < s.train.global_batch)
     throw ScenarioError("$.data.documents",
@@ -300,8 +297,6 @@ RunResult run_scenario(const Scenario& s, const RunOptions& o) {
                             std::to_string(s.train.global_batch) + "); add documents");
   const int total = static_cast<int>(s.configs.size());
   if (o.progress) o.progress("reference", 0, total);
-  // The oracle computes on the CPU whatever the caller's thread has installed.
-  const ref::ComputeScope on_cpu(nullptr);
   const Trace want = detail::reference_run(s, ds, o.dump_tensors);
   for (const ParallelSpec& p : s.configs) {
     if (o.progress) o.progress(p.label(), static_cast<int>(out.configs.size()) + 1, total);

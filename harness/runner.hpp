@@ -46,8 +46,11 @@ struct ConfigResult {
   bool broke = false;        // an unexpected fault stopped or corrupted the run (exit 3)
   std::string detail;        // why unsupported, or where the largest error was
   double wall_seconds = 0;
-  // What rank 0 computed on: "cpu", or the name() of the ref::Compute RunOptions::compute gave it.
-  std::string compute = "cpu";
+  // What rank 0 computed on: "cpu", or the name() of the ref::Compute RunOptions::compute gave
+  // it ("" when the configuration did not run), and how many ops the ranks computed there (0 on
+  // the CPU; a device that declined everything shows as 0 too).
+  std::string compute;
+  int64_t device_ops = 0;
   // timing measured in wall seconds per rank and step (the nccl backend), not the simulator's
   // virtual clock.
   bool wall_timing = false;
@@ -63,16 +66,25 @@ struct ConfigResult {
 struct RunResult {
   Scenario scenario;
   std::vector<ConfigResult> configs;
-  std::string compute = "cpu";  // RunOptions::compute_name
+  std::string compute = "cpu";  // RunOptions::compute.name
   bool pass() const;
   bool broke() const;
 };
 
-double tolerance_for(ref::Precision p);
+// The parity tolerance of a precision (DESIGN.md): f64 1e-10, f32 1e-5, bf16 2e-2. With
+// `device` (the ranks computed on a ref::Compute, e.g. a GPU: every op sums in another order and
+// AdamW's first steps amplify that) f32 gets 1e-4; f64 and bf16 keep theirs.
+double tolerance_for(ref::Precision p, bool device = false);
 
 // Makes the ref::Compute that strategy rank `rank` (its world rank) computes on while it trains;
 // called on that rank's own thread (or process). nullptr: the CPU loops.
 using ComputeFactory = std::function<std::unique_ptr<ref::Compute>(int rank)>;
+
+// A factory and what report.json calls it ("cpu", "cuda", or a test's fake). Empty: the CPU.
+struct ComputeChoice {
+  ComputeFactory factory;
+  std::string name = "cpu";
+};
 
 struct RunOptions {
   // "sim" (the simulator) or "nccl" (GPUs through harness/backend.hpp: no faults, no virtual
@@ -86,12 +98,10 @@ struct RunOptions {
   std::string checkpoint_dir;
   std::string resume_dir;
   // Where every rank of every configuration computes the reference ops while it trains (installed
-  // on its thread with ref::ComputeScope for the time it trains: the simulator, a resume, the nccl
-  // ranks); empty: the CPU. The single-device reference run always stays on the CPU: it is the
-  // oracle, and a broken device op computed on both sides would be invisible. compute_name is
-  // what report.json records ("cpu", "cuda", or a test's fake).
-  ComputeFactory compute;
-  std::string compute_name = "cpu";
+  // on its thread with ref::ComputeScope for the time it trains: the simulator, a resume, the
+  // straggler baseline, the nccl ranks). The single-device reference run always stays on the
+  // CPU: it is the oracle, and a broken device op computed on both sides would be invisible.
+  ComputeChoice compute;
   // Called before each configuration starts ("reference", then each config label).
   using Progress = std::function<void(const std::string& what, int index, int total)>;
   Progress progress;

@@ -30,6 +30,7 @@ struct RankTrace {
   std::vector<parallel::StepHealth> health;
   std::vector<double> step_seconds;  // wall time of each step on this rank
   std::string compute = "cpu";       // the name() of the Compute the rank trained on
+  int64_t device_ops = 0;            // ops it computed there (ref::Compute::ops_run)
 };
 
 // Saving every `every` steps into save_dir, and resuming from resume_step_dir (validated before).
@@ -49,6 +50,9 @@ void train_rank(comm::Communicator& c, const Scenario& s, const ref::Dataset& ds
                 const CheckpointPlan& ck, RankTrace& mine, RankMemory& memory,
                 const ComputeFactory& compute = {});
 
+// Where the ranks computed (compute, device_ops; from any rank that started, also for a failed
+// run) and the tolerance that goes with it.
+void note_compute(const Scenario& s, const std::vector<RankTrace>& got, ConfigResult& r);
 void measure_parity(const Scenario& s, const Trace& want, const std::vector<RankTrace>& got,
                     ConfigResult& r);
 std::optional<FaultResult> nan_result(const RankTrace& rank0);
@@ -56,7 +60,8 @@ void decide(const Scenario& s, ConfigResult& r);
 // Tokens, FLOPs and MFU of t's step time (parallel/flops.hpp), against the scenario's device peak.
 void fill_rates(const Scenario& s, const ParallelSpec& p, const Trace& want, TimingResult& t);
 // The single-device reference over the scenario's steps (the sampler's global batches); with a
-// dump_dir, its tensors as .npy files there.
+// dump_dir, its tensors as .npy files there. Always on the CPU, whatever Compute the calling
+// thread has installed.
 Trace reference_run(const Scenario& s, const ref::Dataset& ds, const std::string& dump_dir);
 // A configuration's row before it runs: label, spec, tolerance, and, when it cannot run,
 // supported = false with the reason in detail.

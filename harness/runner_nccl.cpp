@@ -176,6 +176,7 @@ std::vector<std::byte> pack(const RankTrace& t, const RankMemory& m) {
   }
   w.pods(t.step_seconds);
   w.str(t.compute);
+  w.pod(t.device_ops);
   w.pod(m.rank);
   w.pod(m.resident.bytes);
   w.pod(m.at_peak.bytes);
@@ -213,6 +214,7 @@ void unpack(const std::vector<std::byte>& bytes, RankTrace& t, RankMemory& m) {
   }
   t.step_seconds = r.pods<double>();
   t.compute = r.str();
+  t.device_ops = r.pod<int64_t>();
   m.rank = r.pod<int>();
   m.resident.bytes = r.pod<decltype(m.resident.bytes)>();
   m.at_peak.bytes = r.pod<decltype(m.at_peak.bytes)>();
@@ -272,6 +274,7 @@ ConfigResult run_config_ranks(const Scenario& s, const ref::Dataset& ds, const T
     });
     r.faults.push_back(fault_of(failures.front()));
     r.detail = r.faults.back().message;
+    note_compute(s, got, r);  // this process's ranks
   } else {
     if (gather) {
       const auto it = std::find_if(got_copies.begin(), got_copies.end(),
@@ -281,7 +284,7 @@ ConfigResult run_config_ranks(const Scenario& s, const ref::Dataset& ds, const T
       memory = std::move(memory_copies[at]);
     }
     r.memory = memory;
-    r.compute = got[0].compute;
+    note_compute(s, got, r);
     measure_parity(s, want, got, r);
     if (auto f = nan_result(got[0])) r.faults.push_back(*f);
     r.timing = wall_timing(s, p, want, got);

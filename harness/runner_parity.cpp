@@ -11,6 +11,7 @@
 #include "harness/trainee.hpp"
 #include "parallel/flops.hpp"
 #include "parallel/parity.hpp"
+#include "reference/compute.hpp"
 #include "reference/model.hpp"
 #include "reference/npy.hpp"
 
@@ -63,6 +64,7 @@ void fill_rates(const Scenario& s, const ParallelSpec& p, const Trace& want, Tim
 }
 
 Trace reference_run(const Scenario& s, const ref::Dataset& ds, const std::string& dump_dir) {
+  const ref::ComputeScope on_cpu(nullptr);  // the oracle, whatever the caller's thread installed
   ref::DistributedSampler sampler(static_cast<int64_t>(ds.samples.size()), s.train.global_batch,
                                   s.seed, s.data.drop_last);
   ref::Trainer trainer(s.model, s.train, s.seed);
@@ -114,6 +116,16 @@ void decide(const Scenario& s, ConfigResult& r) {
   for (const FaultResult& f : r.faults)
     if (f.detected && f.breaks_run) r.broke = true;
   r.pass = !r.broke && (r.parity_pass || !s.expect_parity);
+}
+
+void note_compute(const Scenario& s, const std::vector<RankTrace>& got, ConfigResult& r) {
+  r.compute = got.empty() ? "" : "cpu";
+  r.device_ops = 0;
+  for (const RankTrace& t : got) {
+    if (t.compute != "cpu" && r.compute == "cpu") r.compute = t.compute;
+    r.device_ops += t.device_ops;
+  }
+  r.tolerance = tolerance_for(s.train.precision, !r.compute.empty() && r.compute != "cpu");
 }
 
 void measure_parity(const Scenario& s, const Trace& want, const std::vector<RankTrace>& got,

@@ -11,6 +11,7 @@
 #include <memory>
 #include <mutex>
 #include <set>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -208,20 +209,22 @@ TEST(ComputeOption, EveryRankComputesThereAndTheReferenceStaysOnTheCpu) {
     const ref::ComputeScope scope(&on_caller);
     Ledger ledger;
     RunOptions o;
-    o.compute = fake_factory(&ledger);
-    o.compute_name = "fake";
+    o.compute = {fake_factory(&ledger), "fake"};
     const RunResult r = run_scenario(s, o);
     ASSERT_EQ(r.configs.size(), s.configs.size());
     for (const ConfigResult& c : r.configs) {
       EXPECT_TRUE(c.pass) << c.config << ": " << c.detail;
-      EXPECT_GT(c.max_rel_err, 0.0) << c.config << ": the fake's rounding should show";
       EXPECT_EQ(c.compute, "fake") << c.config;
+      EXPECT_GT(c.device_ops, 0) << c.config << ": no op counted as computed there";
     }
     expect_every_rank_dispatched(ledger, s);
     EXPECT_EQ(caller.instances[0].calls, 0) << "the reference run computed on the caller's Compute";
     const nlohmann::json j = report_json(r, "sim");
     EXPECT_EQ(j.at("compute"), "fake");
-    for (const auto& row : j.at("parity")) EXPECT_EQ(row.at("compute"), "fake");
+    for (const auto& row : j.at("parity")) {
+      EXPECT_EQ(row.at("compute"), "fake");
+      EXPECT_GT(row.at("device_ops").get<int64_t>(), 0);
+    }
   }
 }
 
@@ -232,11 +235,13 @@ TEST(ComputeOption, OnlyTheReferenceRunningComputesNothingThere) {
       "reference-only", {{{"dp", 2}, {"tp", 2}, {"fsdp", {{"wrap", "whole_model"}}}}}));
   Ledger ledger;
   RunOptions o;
-  o.compute = fake_factory(&ledger);
+  o.compute = {fake_factory(&ledger), "fake"};
   const RunResult r = run_scenario(s, o);
   ASSERT_EQ(r.configs.size(), 1u);
   EXPECT_FALSE(r.configs[0].supported);
   EXPECT_TRUE(ledger.instances.empty());
+  EXPECT_EQ(r.configs[0].compute, "");  // it did not run anywhere
+  EXPECT_EQ(r.configs[0].device_ops, 0);
 }
 
 TEST(ComputeOption, WithoutAComputeRanksStayOnTheCpu) {
@@ -246,8 +251,29 @@ TEST(ComputeOption, WithoutAComputeRanksStayOnTheCpu) {
   for (const ConfigResult& c : r.configs) {
     EXPECT_TRUE(c.pass) << c.detail;
     EXPECT_EQ(c.compute, "cpu");
+    EXPECT_EQ(c.device_ops, 0);
   }
   EXPECT_EQ(report_json(r, "sim").at("compute"), "cpu");
+}
+
+// f32 on a Compute (every op sums in another order) is judged at the device tolerance, 1e-4; on
+// the CPU at DESIGN.md's 1e-5. The summary says where the ranks computed and how much.
+TEST(ComputeOption, F32OnAComputeIsJudgedAtTheDeviceTolerance) {
+  nlohmann::json j = small_scenario("compute-f32", {{{"dp", 2}}});
+  j["train"]["precision"] = "f32";
+  const Scenario s = parse_scenario(j);
+  RunOptions o;
+  o.compute = {fake_factory(nullptr), "fake"};
+  const RunResult on_fake = run_scenario(s, o);
+  const RunResult on_cpu = run_scenario(s);
+  ASSERT_EQ(on_fake.configs.size(), 1u);
+  EXPECT_TRUE(on_fake.configs[0].pass) << on_fake.configs[0].detail;
+  EXPECT_EQ(on_fake.configs[0].tolerance, 1e-4);
+  EXPECT_EQ(on_cpu.configs[0].tolerance, 1e-5);
+  std::ostringstream summary;
+  print_summary(summary, on_fake);
+  EXPECT_TRUE(has(summary.str(), "computed on fake: ")) << summary.str();
+  EXPECT_TRUE(has(summary.str(), " ops there")) << summary.str();
 }
 
 // A device op that gets one element wrong by 0.1% must fail the parity check of every
@@ -256,7 +282,7 @@ TEST(ComputeOption, APerturbedDeviceOpFailsEveryConfiguration) {
   for (const Scenario& s : matrices()) {
     SCOPED_TRACE(s.name);
     RunOptions o;
-    o.compute = fake_factory(nullptr, 1e-3);
+    o.compute = {fake_factory(nullptr, 1e-3), "fake"};
     const RunResult r = run_scenario(s, o);
     ASSERT_EQ(r.configs.size(), s.configs.size());
     EXPECT_FALSE(r.pass());
@@ -287,7 +313,7 @@ TEST(ComputeOption, TheNcclPathComputesThereAndMeasuresWallTime) {
     EXPECT_TRUE(r.wall_timing);
     ASSERT_TRUE(r.timing.valid);
     EXPECT_GT(r.timing.step_time_s, 0.0);
-    EXPECT_GE(r.timing.max, r.timing.p50);
+    EXPECT_GT(r.device_ops, 0);
     EXPECT_GT(r.timing.tokens_per_s, 0.0);
     EXPECT_GT(r.wall_seconds, 0.0);
   }
@@ -314,7 +340,7 @@ TEST(ComputeOption, AResumedRunComputesThere) {
   Ledger ledger;
   RunOptions resume;
   resume.resume_dir = save.checkpoint_dir;
-  resume.compute = fake_factory(&ledger);
+  resume.compute = {fake_factory(&ledger), "fake"};
   const RunResult r = run_scenario(s, resume);
   ASSERT_EQ(r.configs.size(), 1u);
   EXPECT_TRUE(r.configs[0].pass) << r.configs[0].detail;
@@ -365,7 +391,11 @@ TEST(ComputeOption, CudaOnTheSimulatorKeepsParity) {
   const auto report = shardcheck::testing::read_json(dir.path() / "r" / "report.json");
   EXPECT_EQ(report.at("compute"), "cuda");
   EXPECT_EQ(report.at("backend"), "sim");
-  for (const auto& row : report.at("parity")) EXPECT_NE(row.at("compute"), "cpu") << row.dump();
+  for (const auto& row : report.at("parity")) {
+    EXPECT_NE(row.at("compute"), "cpu") << row.dump();
+    EXPECT_GT(row.at("device_ops").get<int64_t>(), 0) << "every op fell back: " << row.dump();
+    EXPECT_EQ(row.at("tolerance").get<double>(), tolerance_for(ref::Precision::kF32, true));
+  }
 }
 
 // With a GPU and the NCCL backend: the ranks compute on their GPUs by default, --compute cpu keeps
@@ -388,6 +418,7 @@ TEST(ComputeOption, TheNcclBackendComputesOnGpusByDefault) {
     EXPECT_EQ(r.at("compute"), compute.empty() ? "cuda" : "cpu");
     const auto& row = r.at("parity")[0];
     EXPECT_EQ(row.at("compute") == "cpu", compute == "cpu") << row.dump();
+    EXPECT_EQ(row.at("device_ops").get<int64_t>() > 0, compute.empty()) << row.dump();
     EXPECT_GT(row.at("wall_s").get<double>(), 0.0);
     EXPECT_TRUE(has(row.at("timing").at("time").get<std::string>(), "wall")) << row.dump();
     EXPECT_GT(row.at("timing").at("step_time_s").get<double>(), 0.0);
