@@ -93,7 +93,8 @@ std::vector<double> vocab_head_forward(comm::Communicator& tp, const ref::Tensor
                       std::to_string(targets.size()) + " targets and " +
                       std::to_string(mask.size()) + " mask entries");
   }
-  // Local logits: the same loops as the reference, so each column equals the full logits' column.
+  // Local logits: the reference's op (its CPU loops, or the thread's ref::Compute), so each
+  // column is the full logits' column computed the same way.
   cache.logits =
       tied ? ref::linear_t_forward(y, weight_local) : ref::linear_forward(y, weight_local);
   tp.compute({.name = "vocab head forward",
