@@ -29,6 +29,32 @@ inline nlohmann::json read_json(const std::filesystem::path& p) {
   return nlohmann::json::parse(f);
 }
 
+// A tiny dense scenario (f64, tied embedding, 2 layers, GQA) with the given matrix: what the
+// backend and compute tests run; callers adjust fields (precision, steps, ...) on the result.
+inline nlohmann::json small_scenario(const std::string& name, const nlohmann::json& matrix,
+                                     unsigned seed = 11, int steps = 3) {
+  return {{"name", name},
+          {"seed", seed},
+          {"model",
+           {{"vocab", 24},
+            {"hidden", 16},
+            {"layers", 2},
+            {"heads", 4},
+            {"kv_heads", 2},
+            {"ffn", 20},
+            {"seq_len", 8},
+            {"tie_embeddings", true}}},
+          {"train",
+           {{"steps", steps},
+            {"global_batch", 8},
+            {"micro_batch", 2},
+            {"precision", "f64"},
+            {"optimizer", {{"lr", 5e-3}}}}},
+          {"data", {{"documents", 80}, {"min_len", 3}, {"max_len", 12}}},
+          {"parallel", {{"dp", 1}}},
+          {"matrix", matrix}};
+}
+
 // A scratch directory under the system temp dir, emptied on creation and removed at the end.
 class TempDir {
  public:

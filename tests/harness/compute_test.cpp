@@ -30,6 +30,7 @@ namespace {
 
 using ref::Tensor;
 using shardcheck::testing::shardcheck;
+using shardcheck::testing::small_scenario;
 using shardcheck::testing::TempDir;
 
 bool has(const std::string& s, const std::string& part) {
@@ -147,29 +148,6 @@ ComputeFactory fake_factory(Ledger* ledger, double perturb = 0) {
   return [ledger, perturb](int rank) -> std::unique_ptr<ref::Compute> {
     return std::make_unique<FakeCompute>(ledger, rank, perturb, "fake");
   };
-}
-
-nlohmann::json small_scenario(const std::string& name, const nlohmann::json& matrix) {
-  return {{"name", name},
-          {"seed", 11u},
-          {"model",
-           {{"vocab", 24},
-            {"hidden", 16},
-            {"layers", 2},
-            {"heads", 4},
-            {"kv_heads", 2},
-            {"ffn", 20},
-            {"seq_len", 8},
-            {"tie_embeddings", true}}},
-          {"train",
-           {{"steps", 3},
-            {"global_batch", 8},
-            {"micro_batch", 2},
-            {"precision", "f64"},
-            {"optimizer", {{"lr", 5e-3}}}}},
-          {"data", {{"documents", 80}, {"min_len", 3}, {"max_len", 12}}},
-          {"parallel", {{"dp", 1}}},
-          {"matrix", matrix}};
 }
 
 // A data-parallel matrix and a model-parallel one (tensor, pipeline, and the two with DP).

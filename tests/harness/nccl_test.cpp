@@ -28,26 +28,7 @@ bool has(const std::string& s, const std::string& part) {
 }
 
 nlohmann::json small_scenario(const nlohmann::json& matrix) {
-  return {{"name", "nccl-small"},
-          {"seed", 5u},
-          {"model",
-           {{"vocab", 24},
-            {"hidden", 16},
-            {"layers", 2},
-            {"heads", 4},
-            {"kv_heads", 2},
-            {"ffn", 20},
-            {"seq_len", 8},
-            {"tie_embeddings", true}}},
-          {"train",
-           {{"steps", 2},
-            {"global_batch", 8},
-            {"micro_batch", 2},
-            {"precision", "f64"},
-            {"optimizer", {{"lr", 5e-3}}}}},
-          {"data", {{"documents", 80}, {"min_len", 3}, {"max_len", 12}}},
-          {"parallel", {{"dp", 1}}},
-          {"matrix", matrix}};
+  return shardcheck::testing::small_scenario("nccl-small", matrix, 5, 2);
 }
 
 TEST(NcclBackend, UnavailableIsExitTwoNamingTheFix) {
