@@ -376,7 +376,6 @@ TEST(Nccl, HungPeerTimesOutAsPeerErrorNotAHang) {
   NcclOptions o = test_options();
   o.timeout = std::chrono::milliseconds(3000);
   std::atomic<bool> rank0_done{false};
-  const auto start = std::chrono::steady_clock::now();
   try {
     run_all_gpus(
         2,
@@ -401,7 +400,7 @@ TEST(Nccl, HungPeerTimesOutAsPeerErrorNotAHang) {
     EXPECT_THROW(std::rethrow_exception(f.cause()), comm::PeerError);
     EXPECT_NE(std::string(f.what()).find("all_reduce"), std::string::npos) << f.what();
   }
-  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(60));
+  // Reaching here is the point: a hang would be caught by ctest's timeout, not by a clock here.
 }
 
 }  // namespace
