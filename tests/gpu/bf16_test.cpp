@@ -23,6 +23,7 @@
 #include "gpu/ops.hpp"
 #include "reference/bf16.hpp"
 #include "reference/ops.hpp"
+#include "tests/gpu/ops_support.hpp"
 #include "tests/gpu/support.hpp"
 
 namespace shardcheck::gpu {
@@ -30,9 +31,7 @@ namespace {
 
 using testing::DeviceVec;
 
-std::uint64_t fresh_seed() {
-  return (static_cast<std::uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}();
-}
+using testing::fresh_seed;
 
 float from_bits(std::uint32_t u) {
   return std::bit_cast<float>(u);
@@ -69,18 +68,7 @@ std::vector<float> rounding_cases(std::mt19937_64& g, std::size_t random_count) 
   return f;
 }
 
-class GpuBf16 : public ::testing::Test {
- protected:
-  void SetUp() override {
-    SC_REQUIRE_GPU();
-    seed_ = fresh_seed();
-    gen_.seed(seed_);
-    ctx_ = std::make_unique<ops::Context>(0);
-  }
-  std::uint64_t seed_ = 0;
-  std::mt19937_64 gen_;
-  std::unique_ptr<ops::Context> ctx_;
-};
+class GpuBf16 : public testing::SeededGpuTest {};
 
 TEST_F(GpuBf16, RoundToBf16IsTheReferenceBitForBit) {
   const std::vector<float> x = rounding_cases(gen_, 100'003);  // not a multiple of the block

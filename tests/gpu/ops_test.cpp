@@ -13,6 +13,7 @@
 #include "reference/ops.hpp"
 #include "reference/optim.hpp"
 #include "reference/rng.hpp"
+#include "tests/gpu/ops_support.hpp"
 #include "tests/gpu/support.hpp"
 
 namespace shardcheck::gpu {
@@ -23,9 +24,7 @@ using testing::DeviceVec;
 template <class T>
 constexpr double kTol = std::is_same_v<T, float> ? 1e-5 : 1e-12;
 
-std::uint64_t fresh_seed() {
-  return (static_cast<std::uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}();
-}
+using testing::fresh_seed;
 
 template <class T>
 ref::Tensor<T> random(ref::Shape shape, std::mt19937_64& g, double scale = 1.0) {
@@ -55,18 +54,7 @@ double rel_err(const std::vector<T>& got, const std::vector<T>& want) {
 }
 
 template <class T>
-class GpuOps : public ::testing::Test {
- protected:
-  void SetUp() override {
-    SC_REQUIRE_GPU();
-    seed_ = fresh_seed();
-    gen_.seed(seed_);
-    ctx_ = std::make_unique<ops::Context>(0);
-  }
-  std::uint64_t seed_ = 0;
-  std::mt19937_64 gen_;
-  std::unique_ptr<ops::Context> ctx_;
-};
+class GpuOps : public testing::SeededGpuTest {};
 
 using Types = ::testing::Types<float, double>;
 TYPED_TEST_SUITE(GpuOps, Types);
