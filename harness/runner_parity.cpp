@@ -192,7 +192,7 @@ std::optional<FaultResult> nan_result(const RankTrace& rank0) {
     f.kind = "nan";
     f.ranks = h.nonfinite_ranks;
     f.step = static_cast<int>(k) + 1;
-    f.message = "non-finite gradient at step " + std::to_string(k + 1) + " on DP rank(s) " +
+    f.message = "non-finite gradient at step " + std::to_string(k + 1) + " on rank(s) " +
                 comm::rank_list(h.nonfinite_ranks) +
                 (h.skipped ? "; every rank skipped the update of that step" : "");
     return f;

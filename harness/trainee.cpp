@@ -38,15 +38,23 @@ parallel::MeshOptions mesh_options(const ParallelSpec& p) {
   return o;
 }
 
+// The step driver's health check and gradient hook, the same on either engine.
+parallel::MeshOptions with_health(parallel::MeshOptions m, const parallel::DataParallelOptions& o) {
+  m.health = o.health;
+  m.grad_hook = o.grad_hook;
+  return m;
+}
+
 class MeshTrainee final : public Trainee {
  public:
-  MeshTrainee(comm::Communicator& world, const Scenario& s, const ParallelSpec& p)
-      : e_(world, s.model, s.train, s.seed, mesh_options(p)) {}
+  MeshTrainee(comm::Communicator& world, const Scenario& s, const ParallelSpec& p,
+              const parallel::DataParallelOptions& o)
+      : e_(world, s.model, s.train, s.seed, with_health(mesh_options(p), o)) {}
   ref::StepRecord step(const ref::Batch& local) override { return e_.step(local); }
   ref::ParamMap<double> full_params() override { return e_.full_params(); }
   std::vector<parallel::StatePiece> export_state() const override { return e_.export_state(); }
   void import_state(const parallel::StateReader& read) override { e_.import_state(read); }
-  parallel::StepHealth last_step_health() const override { return {}; }
+  parallel::StepHealth last_step_health() const override { return e_.last_step_health(); }
   int data_rank() const override { return e_.data_rank(); }
   int data_world() const override { return e_.data_world(); }
   std::string strategy() const override { return "mesh"; }
@@ -67,10 +75,6 @@ std::string unsupported(const Scenario& s, const ParallelSpec& p) {
     return "on a model-parallel mesh FSDP gathers each pipeline chunk's parameters before its "
            "forward and again before its backward, without prefetch: fsdp wrap, "
            "reshard_after_forward and prefetch settings are not built there";
-  for (const FaultSpec& f : s.faults)
-    if (f.kind == "nan_gradient")
-      return "nan_gradient faults need the gradient hook of the data-parallel engine; the mesh "
-             "engine has none yet";
   try {
     parallel::validate_mesh(s.model, s.train, mesh_options(p));
   } catch (const parallel::MeshConfigError& e) {
@@ -82,7 +86,7 @@ std::string unsupported(const Scenario& s, const ParallelSpec& p) {
 std::unique_ptr<Trainee> make_trainee(comm::Communicator& world, const Scenario& s,
                                       const ParallelSpec& p,
                                       const parallel::DataParallelOptions& dp_options) {
-  if (model_parallel(p)) return std::make_unique<MeshTrainee>(world, s, p);
+  if (model_parallel(p)) return std::make_unique<MeshTrainee>(world, s, p, dp_options);
   return std::make_unique<DpTrainee>(world, s, dp_options);
 }
 

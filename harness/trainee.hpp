@@ -42,7 +42,7 @@ bool model_parallel(const ParallelSpec& p);
 std::string unsupported(const Scenario& s, const ParallelSpec& p);
 
 // Collective over world: builds the engine for configuration p. dp_options apply to the
-// data-parallel engine (ignored on a model-parallel mesh).
+// data-parallel engine; on a model-parallel mesh only its health check and gradient hook apply.
 std::unique_ptr<Trainee> make_trainee(comm::Communicator& world, const Scenario& s,
                                       const ParallelSpec& p,
                                       const parallel::DataParallelOptions& dp_options);

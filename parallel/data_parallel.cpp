@@ -11,25 +11,19 @@ namespace shardcheck::parallel {
 
 std::string_view name_of(Strategy s) {
   switch (s) {
-    case Strategy::ddp: return "ddp";
-    case Strategy::zero1: return "zero1";
-    case Strategy::zero2: return "zero2";
-    case Strategy::zero3: return "zero3";
-    case Strategy::fsdp: return "fsdp";
+    case Strategy::ddp:
+      return "ddp";
+    case Strategy::zero1:
+      return "zero1";
+    case Strategy::zero2:
+      return "zero2";
+    case Strategy::zero3:
+      return "zero3";
+    case Strategy::fsdp:
+      return "fsdp";
   }
   return "?";
 }
-
-namespace {
-std::string nonfinite_message(int step, const std::vector<int>& ranks) {
-  std::string m = "non-finite gradient at step " + std::to_string(step) + " on DP rank(s)";
-  for (int r : ranks) m += " " + std::to_string(r);
-  return m;
-}
-}  // namespace
-
-NonFiniteGradientError::NonFiniteGradientError(int step, std::vector<int> ranks)
-    : std::runtime_error(nonfinite_message(step, ranks)), step_(step), ranks_(std::move(ranks)) {}
 
 ref::Batch rank_batch(const ref::Dataset& data, const std::vector<int64_t>& global_ids, int rank,
                       int world) {
@@ -51,7 +45,8 @@ DataParallelEngine::DataParallelEngine(comm::Communicator& dp, const ref::ModelC
         "train.micro_batch must divide the per-rank batch (global_batch / DP size)");
   const FsdpOptions& f = options.fsdp;
   if (options.strategy == Strategy::fsdp) {
-    if (f.prefetch < 0 || f.prefetch > 2) throw std::invalid_argument("fsdp.prefetch must be 0, 1 or 2");
+    if (f.prefetch < 0 || f.prefetch > 2)
+      throw std::invalid_argument("fsdp.prefetch must be 0, 1 or 2");
     if (f.wrap == WrapPolicy::layer_group && f.blocks_per_unit < 1)
       throw std::invalid_argument("fsdp.blocks_per_unit must be >= 1");
   }

@@ -18,6 +18,7 @@
 #include "parallel/flat.hpp"
 #include "parallel/fsdp.hpp"
 #include "parallel/state.hpp"
+#include "parallel/step.hpp"
 #include "reference/batch.hpp"
 #include "reference/config.hpp"
 #include "reference/data.hpp"
@@ -34,21 +35,6 @@ std::string_view name_of(Strategy s);
 // once per microbatch, kept through its backward).
 enum class Zero3Gather : std::uint8_t { per_layer, whole_model };
 
-// What to do when some rank's local gradient holds a NaN or infinity.
-enum class NonFinitePolicy : std::uint8_t { skip_step, stop };
-
-struct GradHealthOptions {
-  bool check = false;  // all_gather one flag per rank after backward (one i32 per rank)
-  NonFinitePolicy policy = NonFinitePolicy::skip_step;
-};
-
-// Called on each rank for every parameter of every microbatch, as soon as that microbatch's local
-// gradient of the parameter is complete and before it is accumulated or reduced (with overlap,
-// other buckets may already be in flight). grad: the writable local gradient (the engine's dtype:
-// f64, f32; bf16 recipe: f32 before rounding). step is 1-based, microbatch 0-based.
-using GradHook = std::function<void(int step, int microbatch, const std::string& param,
-                                    comm::Buffer grad)>;
-
 struct DataParallelOptions {
   Strategy strategy = Strategy::ddp;
   Zero3Gather zero3_gather = Zero3Gather::per_layer;
@@ -61,24 +47,6 @@ struct DataParallelOptions {
   bool overlap = true;
   GradHealthOptions health{};
   GradHook grad_hook{};
-};
-
-// Thrown on every rank (same step, same verdict) by NonFinitePolicy::stop.
-class NonFiniteGradientError : public std::runtime_error {
- public:
-  NonFiniteGradientError(int step, std::vector<int> ranks);
-  int step() const { return step_; }
-  const std::vector<int>& ranks() const { return ranks_; }  // DP ranks with non-finite gradients
-
- private:
-  int step_;
-  std::vector<int> ranks_;
-};
-
-// The health verdict of the last step, the same on every rank.
-struct StepHealth {
-  bool skipped = false;          // no optimizer update was applied
-  std::vector<int> nonfinite_ranks;  // DP ranks whose local gradient had a NaN or infinity
 };
 
 // One collective the engine issued in the last step (for the README's per-step list and tests).

@@ -198,24 +198,16 @@ ref::StepRecord EngineImpl<T>::step(const ref::Batch& local) {
   const auto d = static_cast<double>(size_);
 
   // 1. Global loss denominators, before any backward (reference/README.md checklist item 1).
-  std::array<int64_t, 3> counts{0, static_cast<int64_t>(local.size()), 0};
-  for (const ref::Sequence& s : local) {
-    counts[0] += s.mask_count();
-    for (int32_t id : s.doc_ids) counts[2] += id >= 0;
-  }
-  const std::array<int64_t, 3> local_counts = counts;
+  const LossCounts local_n = local_counts(local);
+  LossCounts counts = local_n;
   issue("all_reduce", "mask tokens, sequences, non-padding tokens", dp_, std::span<int64_t>(counts))
       ->wait();
-  ref::StepContext ctx;
-  ctx.seed = seed_;
-  ctx.step = static_cast<uint32_t>(n);
-  ctx.activation_checkpointing = train_.activation_checkpointing;
   const bool rank_means = mutated(Mutation::kMeanOfRankMeans);
-  const int64_t w_tokens = rank_means ? local_counts[0] : counts[0];
-  const int64_t w_seqs = rank_means ? local_counts[1] : counts[1];
-  const double scale = rank_means ? d : 1.0;
-  ctx.token_weight = w_tokens > 0 ? 1.0 / (static_cast<double>(w_tokens) * scale) : 0.0;
-  ctx.sequence_weight = w_seqs > 0 ? 1.0 / (static_cast<double>(w_seqs) * scale) : 0.0;
+  ref::StepContext ctx = step_context(seed_, n, rank_means ? local_n : counts, train_);
+  if (rank_means) {  // the planted bug: each rank's mean, then the mean of rank means
+    ctx.token_weight /= d;
+    ctx.sequence_weight /= d;
+  }
 
   // 2. Microbatches, unit by unit; gradients accumulated (DDP/ZeRO-1) or reduced per microbatch.
   for (Group<T>& g : groups_) {
@@ -277,45 +269,31 @@ ref::StepRecord EngineImpl<T>::step(const ref::Batch& local) {
   // 3. Global loss numerators (kept apart from the denominators).
   std::array<double, 2> sums{parts.loss_sum, parts.aux_sum};
   if (rank_means)
-    sums = {local_counts[0] > 0 ? parts.loss_sum / static_cast<double>(local_counts[0]) / d : 0.0,
-            parts.aux_sum / static_cast<double>(local_counts[1]) / d};
+    sums = {local_n[0] > 0 ? parts.loss_sum / static_cast<double>(local_n[0]) / d : 0.0,
+            parts.aux_sum / static_cast<double>(local_n[1]) / d};
   issue("all_reduce", "loss sum, aux sum", dp_, std::span<double>(sums))->wait();
-  ref::StepRecord rec;
-  rec.step = n;
-  rec.tokens = counts[0];
-  rec.sequences = counts[1];
-  rec.non_padding_tokens = counts[2];
-  rec.loss_sum = sums[0];
-  rec.aux = rank_means ? sums[1] : sums[1] / static_cast<double>(counts[1]);
-  rec.loss = rank_means
-                 ? sums[0] + sums[1]
-                 : (counts[0] > 0 ? sums[0] / static_cast<double>(counts[0]) : 0.0) + rec.aux;
-  rec.lr = ref::lr_at(train_.optimizer, n, train_.steps);
-  rec.grad_norm = std::sqrt(sq);
-  const double clip = train_.clip_grad_norm;
-  rec.clip_factor = clip > 0.0 && rec.grad_norm > clip ? clip / (rec.grad_norm + 1e-6) : 1.0;
+  ref::StepRecord rec = step_record(n, counts, sums[0], sums[1], sq, train_);
+  if (rank_means) {
+    rec.aux = sums[1];
+    rec.loss = sums[0] + sums[1];
+  }
 
   // 4. Health: every rank learns which ranks had non-finite local gradients, in the same step.
   if (options_.health.check) {
-    std::vector<int32_t> flags(static_cast<std::size_t>(size_), 0);
-    flags[static_cast<std::size_t>(rank_)] = nonfinite_ ? 1 : 0;
-    issue("all_gather", "non-finite gradient flags", dp_, std::span<int32_t>(flags))->wait();
-    for (int r = 0; r < size_; ++r)
-      if (flags[static_cast<std::size_t>(r)] != 0) health.nonfinite_ranks.push_back(r);
+    calls.push_back({"all_gather", "non-finite gradient flags", static_cast<std::size_t>(size_),
+                     comm::DType::i32});
+    health = agree_health(dp_, nonfinite_);
   }
-  if (!health.nonfinite_ranks.empty()) {
-    health.skipped = true;
+  if (health.skipped)
     ++skipped;
-  } else {
+  else
     optimizer_step(rec.clip_factor, rec.lr);
-  }
   for (Group<T>& g : groups_) {
     untrack(MemCategory::grads, g.acc.size() * recipe_.grad);
     g.acc = std::vector<T>{};
   }
   mem_.set_phase(prefix + " end");
-  if (health.skipped && options_.health.policy == NonFinitePolicy::stop)
-    throw NonFiniteGradientError(n, health.nonfinite_ranks);
+  enforce_health(health, options_.health, n);
   return rec;
 }
 
@@ -415,8 +393,8 @@ void EngineImpl<T>::grads_ready(int unit) {
   for (auto& e : mg) {
     if (options_.grad_hook)
       options_.grad_hook(steps_, microbatch_, e.name, comm::view(e.value.span()));
-    if (options_.health.check)
-      for (const T x : e.value.vec()) nonfinite_ = nonfinite_ || !std::isfinite(x);
+    if (options_.health.check && !nonfinite_)
+      nonfinite_ = any_nonfinite(std::span<const T>(e.value.vec()));
   }
   if constexpr (std::is_same_v<T, float>)
     if (bf16_) ref::round_to_bf16(mg);  // the recipe: each microbatch's gradient rounded to bf16

@@ -25,12 +25,17 @@ double global_grad_norm(const ParamMap<T>& grads) {
   return std::sqrt(sq);
 }
 
-template <class T>
-double clip_grad_norm(ParamMap<T>& grads, double norm, double max_norm) {
+double clip_factor(double norm, double max_norm) {
   // Deliberately skips at norm <= max_norm (PyTorch would still scale by max / (norm + 1e-6) when
   // norm > max - 1e-6): the pinned rule, documented in optim.hpp and README.md.
-  if (max_norm <= 0.0 || norm <= max_norm) return 1.0;
-  const double factor = max_norm / (norm + 1e-6);
+  if (max_norm <= 0.0 || !(norm > max_norm)) return 1.0;
+  return max_norm / (norm + 1e-6);
+}
+
+template <class T>
+double clip_grad_norm(ParamMap<T>& grads, double norm, double max_norm) {
+  const double factor = clip_factor(norm, max_norm);
+  if (factor == 1.0) return 1.0;
   for (auto& e : grads)
     for (T& g : e.value.vec()) g = static_cast<T>(g * factor);
   return factor;

@@ -18,6 +18,9 @@ double lr_at(const OptimizerConfig& opt, int step, int total_steps);
 template <class T>
 double global_grad_norm(const ParamMap<T>& grads);
 
+// The clipping rule: max_norm / (norm + 1e-6) when max_norm > 0 and norm > max_norm, else 1.
+double clip_factor(double norm, double max_norm);
+
 // If max_norm > 0 and norm > max_norm, scales every gradient by max_norm / (norm + 1e-6), the
 // factor computed in f64 and each g replaced by T(double(g) * factor). Returns the factor applied
 // (1 when not clipped). Not exactly PyTorch's clip_grad_norm_, which always multiplies by

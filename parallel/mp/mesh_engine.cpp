@@ -29,6 +29,8 @@ struct MeshEngine::Impl {
   virtual void import_state(const StateReader& read) = 0;
   comm::DeviceMesh mesh;
   comm::MemoryBreakdown model_state;
+  StepHealth health;
+  int skipped = 0;
   int data_rank = 0, data_world = 1;
 };
 
@@ -142,20 +144,14 @@ class MeshImpl final : public MeshEngine::Impl {
     for (auto& e : grads_) e.value.fill(T{0});
 
     // 1. Global denominators, before any backward.
-    std::vector<int64_t> den = {0, static_cast<int64_t>(local.size()), 0};
-    for (const ref::Sequence& s : local) {
-      den[0] += s.mask_count();
-      for (const int32_t d : s.doc_ids) den[2] += d >= 0;
-    }
+    LossCounts den = local_counts(local);
     const int64_t local_sequences = den[1];
     data_->all_reduce(std::span<int64_t>(den))->wait();
-    ctx_ = ref::StepContext{};
-    ctx_.seed = seed_;
-    ctx_.step = static_cast<uint32_t>(steps_);
-    ctx_.token_weight = den[0] > 0 ? 1.0 / static_cast<double>(den[0]) : 0.0;
-    const int64_t seq_den =
-        testing::mutated(testing::Mutation::kAuxPerRankMean) ? local_sequences : den[1];
-    ctx_.sequence_weight = seq_den > 0 ? 1.0 / static_cast<double>(seq_den) : 0.0;
+    ctx_ = step_context(seed_, steps_, den, train_);
+    if (testing::mutated(testing::Mutation::kAuxPerRankMean))
+      ctx_.sequence_weight = local_sequences > 0 ? 1.0 / static_cast<double>(local_sequences) : 0.0;
+    health = {};
+    nonfinite_ = false;
 
     // 2. The pipeline over the microbatches.
     batch_ = &local;
@@ -195,25 +191,19 @@ class MeshImpl final : public MeshEngine::Impl {
     } else {
       world_.all_reduce(std::span<double>(sums))->wait();
     }
-    ref::StepRecord rec;
-    rec.step = steps_;
-    rec.tokens = den[0];
-    rec.sequences = den[1];
-    rec.non_padding_tokens = den[2];
-    rec.loss_sum = sums[1];
-    rec.aux = den[1] > 0 ? sums[2] / static_cast<double>(den[1]) : 0.0;
-    rec.loss = (den[0] > 0 ? sums[1] / static_cast<double>(den[0]) : 0.0) + rec.aux;
-    rec.grad_norm = std::sqrt(sums[0]);
-    rec.lr = ref::lr_at(train_.optimizer, steps_, train_.steps);
+    ref::StepRecord rec = step_record(steps_, den, sums[1], sums[2], sums[0], train_);
+    if (opt_.health.check) health = agree_health(world_, nonfinite_);
 
-    // 5. Clip and update (each rank its owned range; zero >= 1 then all_gather).
+    // 5. Clip and update (each rank its owned range; zero >= 1 then all_gather), unless skipped.
     mem_.set_phase(prefix_ + " optimizer");
     model_state = mem_.current();
-    const double clip = train_.clip_grad_norm;
-    rec.clip_factor = clip > 0.0 && rec.grad_norm > clip ? clip / (rec.grad_norm + 1e-6) : 1.0;
-    zopt_->update(grads_, rec.clip_factor, rec.lr, params_);
+    if (health.skipped)
+      ++skipped;
+    else
+      zopt_->update(grads_, rec.clip_factor, rec.lr, params_);
     grads_held.reset();
     mem_.set_phase(prefix_ + " end");
+    enforce_health(health, opt_.health, steps_);
     return rec;
   }
 
@@ -388,6 +378,7 @@ class MeshImpl final : public MeshEngine::Impl {
       result = concat_rows(dxs);
     }
     caches_.erase({mb, chunk});
+    check_gradients(mb, chunk, grads);
     if (train_.precision == ref::Precision::kBf16) {
       round_microbatch_gradient();
       for (auto& e : mb_grads_) {
@@ -396,6 +387,32 @@ class MeshImpl final : public MeshEngine::Impl {
       }
     }
     return result;
+  }
+
+  // The gradients chunk's backward writes: its layers, the embedding on virtual stage 0, the head
+  // (and the tied embedding) on the last.
+  bool chunk_writes(int chunk, const LocalParam& p) const {
+    const auto [first, last] = plan_.chunk_layers[static_cast<std::size_t>(chunk)];
+    if (p.name.rfind("layers.", 0) == 0) {
+      const int layer = std::stoi(p.name.substr(7));
+      return layer >= first && layer < last;
+    }
+    const bool head = virtual_stage(chunk) == last_virtual_stage();
+    if (p.name == "embed.weight")
+      return virtual_stage(chunk) == 0 || (head && model_.tie_embeddings);
+    return head && (p.name == "final_norm.weight" || p.name == "lm_head.weight");
+  }
+
+  // The grad hook and the health flag on this rank's local gradients of what the chunk wrote,
+  // before any reduction over another rank (the bf16 recipe: before the rounding).
+  void check_gradients(int mb, int chunk, ref::ParamMap<T>& grads) {
+    if (!opt_.grad_hook && !opt_.health.check) return;
+    for (const LocalParam& p : specs_) {
+      if (!chunk_writes(chunk, p)) continue;
+      Tensor<T>& g = grads[p.name];
+      if (opt_.grad_hook) opt_.grad_hook(steps_, mb, p.name, comm::view(g.span()));
+      if (opt_.health.check && !nonfinite_) nonfinite_ = any_nonfinite(std::span<const T>(g.vec()));
+    }
   }
 
   const ref::Sequence& seq(int mb, int i) const {
@@ -508,6 +525,7 @@ class MeshImpl final : public MeshEngine::Impl {
   ref::StepContext ctx_;
   const ref::Batch* batch_ = nullptr;
   std::vector<double> counted_;  // loss_sum, aux_sum, dropped this rank counts
+  bool nonfinite_ = false;       // this step's local gradients held a NaN or infinity
   std::map<std::pair<int, int>, ChunkCache<T>> caches_;
 };
 
@@ -539,6 +557,12 @@ ref::StepRecord MeshEngine::step(const ref::Batch& local) {
 }
 const comm::MemoryBreakdown& MeshEngine::last_model_state() const {
   return impl_->model_state;
+}
+const StepHealth& MeshEngine::last_step_health() const {
+  return impl_->health;
+}
+int MeshEngine::skipped_steps() const {
+  return impl_->skipped;
 }
 ref::ParamMap<double> MeshEngine::full_params() {
   return impl_->full_params();

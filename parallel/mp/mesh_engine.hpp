@@ -11,7 +11,8 @@
 //   3. gradient sums: the tied embedding between the first and last stage; under SP the
 //      TP-replicated parameters (norms, router, experts) over TP; non-expert parameters over
 //      dp x ep x cp, experts over dp x cp (the expert-DP group);
-//   4. the global L2 norm (every element counted once in the world), numerators over the world;
+//   4. the global L2 norm (every element counted once in the world), numerators over the world,
+//      the health check (an i32 per world rank; a skipped step applies no update);
 //   5. clip and AdamW on the local slices (the reference's arithmetic), bf16 recipe as the trainer;
 //      with MeshOptions::zero >= 1 on the owned shard only, then all_gather of the parameters
 //      (zero 1/2). Zero 3 (= fsdp "full_shard") keeps only the shards between uses and gathers,
@@ -32,6 +33,7 @@
 #include "parallel/mp/mesh_params.hpp"
 #include "parallel/mp/pipeline.hpp"
 #include "parallel/state.hpp"
+#include "parallel/step.hpp"
 #include "reference/batch.hpp"
 #include "reference/config.hpp"
 #include "reference/tensor.hpp"
@@ -56,6 +58,10 @@ struct MeshOptions {
   // sharding over the same groups); any other value is refused by validate_mesh, as is a zero
   // stage that contradicts it.
   std::string fsdp;
+  // The non-finite-gradient check over the world (step.hpp; ranks named by world rank) and the
+  // hook, called after each chunk's backward of a microbatch for the parameters it wrote.
+  GradHealthOptions health{};
+  GradHook grad_hook{};
 };
 
 // Throws MeshConfigError naming the field when the model, batch or mesh do not fit together.
@@ -83,6 +89,9 @@ class MeshEngine {
   // world.memory()'s holdings when the last step's optimizer began (gradients reduced,
   // activations freed): the model state per rank.
   const comm::MemoryBreakdown& last_model_state() const;
+  // The health verdict of the last step (the same on every rank) and the steps skipped so far.
+  const StepHealth& last_step_health() const;
+  int skipped_steps() const;
 
   // Every parameter at full shape in f64 (master weights). Collective over the world.
   ref::ParamMap<double> full_params();

@@ -80,8 +80,9 @@ TEST_P(FaultScenario, ExpectingAnotherFaultFails) {
 
 INSTANTIATE_TEST_SUITE_P(Faults, FaultScenario,
                          ::testing::Values("hang", "crash", "skip_collective", "mismatch",
-                                           "nan_gradient", "nan_stop", "corrupt_checksum",
-                                           "corrupt_silent", "memory_budget", "straggler"));
+                                           "nan_gradient", "nan_stop", "nan_gradient_mesh",
+                                           "nan_stop_mesh", "corrupt_checksum", "corrupt_silent",
+                                           "memory_budget", "straggler"));
 
 // A check that can fail: a straggler of slowdown 1 slows nothing and must not be reported found.
 TEST(FaultChecks, AStragglerThatIsNotSlowIsNotDetected) {

@@ -78,7 +78,7 @@ TEST(GradHealth, StopThrowsTheSameTypedErrorOnEveryRank) {
     }
   });
   ASSERT_EQ(messages.size(), 3u);
-  EXPECT_EQ(messages[0], "non-finite gradient at step 2 on DP rank(s) 1");
+  EXPECT_EQ(messages[0], "non-finite gradient at step 2 on rank(s) 1");
 }
 
 // Logical tensors assembled from every rank's pieces; each element written exactly once.
