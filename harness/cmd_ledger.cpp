@@ -9,6 +9,7 @@
 
 #include "harness/cli.hpp"
 #include "harness/cli_commands.hpp"
+#include "harness/driver.hpp"
 #include "harness/runner.hpp"
 #include "harness/scenario.hpp"
 #include "parallel/ledger.hpp"

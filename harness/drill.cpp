@@ -2,7 +2,9 @@
 // fresh engines, as a restarted job would. Damaged checkpoints are copies in per-drill directories,
 // so no drill can spoil the good checkpoint the others restore from.
 #include "harness/drill.hpp"
+
 #include "harness/drill_train.hpp"
+#include "harness/driver.hpp"
 
 #include <stdlib.h>
 
@@ -193,12 +195,11 @@ DrillResult resume_exact(Ctx& x) {
 // Restores into fresh engines of the base mesh; `resolve` picks the step directory on each rank.
 std::vector<Attempt> attempt_restore(const Ctx& x, const std::function<fs::path()>& resolve) {
   const int n = x.base.mesh.world_size();
-  const parallel::DataParallelOptions opt = engine_options(x.s, x.base);
   sim::SimWorld world(n, world_options(x.s, n));
   std::vector<Attempt> out(static_cast<std::size_t>(n));
   world.run([&](comm::Communicator& c) {
     Attempt& a = out[static_cast<std::size_t>(c.rank())];
-    const std::unique_ptr<Trainee> trainee = make_trainee(c, x.s, x.base, opt);
+    const std::unique_ptr<Trainee> trainee = build_engine(c, x.s, x.base, {.inject_faults = false});
     Trainee& engine = *trainee;
     const std::vector<parallel::StatePiece> before = engine.export_state();
     try {

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "harness/driver.hpp"
 #include "harness/runner.hpp"
 #include "harness/sim_options.hpp"
 #include "parallel/data_parallel.hpp"
@@ -31,8 +32,7 @@ std::string not_built(const Scenario& s, const ParallelSpec& p) {
 }
 
 std::string config_text(const Scenario& s, const ParallelSpec& p) {
-  if (model_parallel(p)) return p.label() + " (mesh)";
-  return p.label() + " (" + std::string(parallel::name_of(engine_options(s, p).strategy)) + ")";
+  return p.label() + " (" + strategy_name(s, p) + ")";
 }
 
 // PlantedBug::skip_checksums: each rank opens the checkpoint alone without hashing payloads and
@@ -107,48 +107,45 @@ sim::SimOptions world_options(const Scenario& s, int n) {
   return sim_options(calm, n);
 }
 
-// Trains plan.spec on a fresh SimWorld. Throws sim::RankFailure when a rank fails.
+// Trains plan.spec on a fresh SimWorld with the step driver. Throws sim::RankFailure when a rank
+// fails.
 Trajectory train(const Ctx& x, const TrainPlan& plan) {
   const ParallelSpec& p = plan.spec;
   const int n = p.mesh.world_size();
-  const parallel::DataParallelOptions opt = engine_options(x.s, p);
   sim::SimWorld world(n, world_options(x.s, n));
   Trajectory t;
   t.final_params.resize(static_cast<std::size_t>(n));
   t.final_state.resize(static_cast<std::size_t>(n));
   world.run([&](comm::Communicator& c) {
     const bool lead = c.rank() == 0;
-    const std::unique_ptr<Trainee> trainee = make_trainee(c, x.s, p, opt);
+    const std::unique_ptr<Trainee> trainee = build_engine(c, x.s, p, {.inject_faults = false});
     Trainee& engine = *trainee;
-    ref::DistributedSampler sampler(static_cast<int64_t>(x.ds.samples.size()),
-                                    x.s.train.global_batch, x.s.seed, x.s.data.drop_last);
-    TrainCursor cur;
-    if (!plan.resume_from.empty()) {
-      cur = restore(c, engine, x, plan.resume_from);
-      if (x.bug != PlantedBug::replay_data) sampler.restore(cur.sampler);
-      if (lead) t.restored = cur;
-    }
-    if (lead) t.first_step = cur.step + 1;
-    for (int k = cur.step + 1; k <= plan.last_step; ++k) {
-      const std::vector<std::int64_t> ids = sampler.next_global_batch();
-      const ref::StepRecord rec = engine.step(engine.local_batch(x.ds, ids));
-      cur.step = k;
-      cur.consumed_samples += x.s.train.global_batch;
-      cur.consumed_tokens += rec.non_padding_tokens;
-      cur.sampler = sampler.state();
+    DriveOptions o;
+    if (!plan.resume_from.empty())
+      o.restore = [&](Trainee& e) { return restore(c, e, x, plan.resume_from); };
+    o.restore_sampler = x.bug != PlantedBug::replay_data;
+    o.last_step = plan.last_step;
+    o.started = [&](const TrainCursor& from) {
+      if (!lead) return;
+      if (!plan.resume_from.empty()) t.restored = from;
+      t.first_step = from.step + 1;
+    };
+    o.after_step = [&](const StepDone& d) {
+      const int k = d.cursor.step;
       if (lead) {
-        t.steps.push_back(rec);
-        t.ids.push_back(ids);
-        t.cursors.push_back(cur);
+        t.steps.push_back(d.record);
+        t.ids.push_back(d.ids);
+        t.cursors.push_back(d.cursor);
       }
       if (std::find(plan.save_at.begin(), plan.save_at.end(), k) != plan.save_at.end()) {
         // Throwaway drill data: no fsync (the commit order, which the drills check, is the same).
         // keep = 0 (all): retention must not delete step-k, which every restore drill starts from.
         ck::SaveOptions so{.keep = 0, .durable = false};
         if (k == plan.crash_step) so = ck::drill::crash_before_commit(so, plan.crash_rank);
-        save_training(c, engine, x.s, p, cur, plan.save_dir, so);
+        save_training(c, engine, x.s, p, d.cursor, plan.save_dir, so);
       }
-    }
+    };
+    drive(x.s, x.ds, engine, o);
     const auto r = static_cast<std::size_t>(c.rank());
     t.final_params[r] = engine.full_params();
     t.final_state[r] = engine.export_state();

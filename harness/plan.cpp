@@ -12,6 +12,7 @@
 
 #include "harness/plan_clock.hpp"
 #include "harness/plan_skeleton.hpp"
+#include "harness/driver.hpp"
 #include "harness/runner.hpp"
 #include "harness/sim_options.hpp"
 #include "sim/world.hpp"

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <memory>
 
+#include "harness/driver.hpp"
 #include "harness/runner.hpp"
 #include "parallel/flat.hpp"
 #include "parallel/flops.hpp"

@@ -14,6 +14,7 @@
 
 #include "harness/backend.hpp"
 #include "harness/checkpointing.hpp"
+#include "harness/driver.hpp"
 #include "harness/runner_detail.hpp"
 #include "harness/sim_options.hpp"
 #include "harness/trainee.hpp"
@@ -29,93 +30,32 @@ using detail::CheckpointPlan;
 using detail::RankTrace;
 using detail::Trace;
 
-parallel::DataParallelOptions engine_options(const Scenario& s, const ParallelSpec& p) {
-  parallel::DataParallelOptions opt;
-  opt.strategy = p.fsdp        ? parallel::Strategy::fsdp
-                 : p.zero == 0 ? parallel::Strategy::ddp
-                 : p.zero == 1 ? parallel::Strategy::zero1
-                 : p.zero == 2 ? parallel::Strategy::zero2
-                               : parallel::Strategy::zero3;
-  opt.bucket_elems = static_cast<std::size_t>(p.bucket_elems);
-  if (p.fsdp) {
-    using parallel::ShardingStrategy;
-    using parallel::WrapPolicy;
-    parallel::FsdpOptions& f = opt.fsdp;
-    f.sharding = *p.fsdp == "shard_grad_op"  ? ShardingStrategy::shard_grad_op
-                 : *p.fsdp == "no_shard"     ? ShardingStrategy::no_shard
-                 : *p.fsdp == "hybrid_shard" ? ShardingStrategy::hybrid_shard
-                                             : ShardingStrategy::full_shard;
-    f.wrap = p.fsdp_wrap == "layer_group"   ? WrapPolicy::layer_group
-             : p.fsdp_wrap == "whole_model" ? WrapPolicy::whole_model
-                                            : WrapPolicy::block;
-    f.blocks_per_unit = p.fsdp_blocks_per_unit;
-    f.reshard_after_forward = p.fsdp_reshard_after_forward;
-    f.prefetch = p.fsdp_prefetch;
-    // PyTorch's HYBRID_SHARD default: shard inside a node, replicate across nodes.
-    f.shard_group_size = p.fsdp_shard_group > 0 ? p.fsdp_shard_group
-                                                : std::gcd(p.mesh.dp, s.topology.ranks_per_node);
-  }
-  return opt;
-}
-
-namespace {
-
-// On world rank `rank`: writes a NaN into the first element of every local gradient of the first
-// microbatch at each nan_gradient fault's step (before any reduction).
-parallel::GradHook nan_injector(const Scenario& s, int rank) {
-  std::vector<int> steps;
-  for (const FaultSpec& f : s.faults)
-    if (f.kind == "nan_gradient" && f.rank == rank) steps.push_back(f.step);
-  if (steps.empty()) return {};
-  return [steps](int step, int microbatch, const std::string& /*param*/, comm::Buffer grad) {
-    if (microbatch != 0 || grad.count == 0 ||
-        std::find(steps.begin(), steps.end(), step) == steps.end())
-      return;
-    if (grad.dtype == comm::DType::f64) static_cast<double*>(grad.data)[0] = std::nan("");
-    if (grad.dtype == comm::DType::f32) static_cast<float*>(grad.data)[0] = std::nanf("");
-  };
-}
-
-}  // namespace
-
 namespace detail {
 
 void train_rank(comm::Communicator& c, const Scenario& s, const ref::Dataset& ds,
-                const parallel::DataParallelOptions& opt, const ParallelSpec& p,
-                const CheckpointPlan& ck, RankTrace& mine, RankMemory& memory,
-                const ComputeFactory& compute) {
+                const ParallelSpec& p, const CheckpointPlan& ck, RankTrace& mine,
+                RankMemory& memory, const ComputeFactory& compute) {
   // Installed before the engine exists (its construction may compute) until the rank returns.
   const std::unique_ptr<ref::Compute> device = compute ? compute(c.world_rank()) : nullptr;
   const ref::ComputeScope on_device(device.get());
   mine.compute = device ? device->name() : "cpu";
-  parallel::DataParallelOptions mine_opt = opt;
-  mine_opt.grad_hook = nan_injector(s, c.world_rank());
-  const std::unique_ptr<Trainee> trainee = make_trainee(c, s, p, mine_opt);
+  const std::unique_ptr<Trainee> trainee = build_engine(c, s, p);
   Trainee& engine = *trainee;
-  ref::DistributedSampler sampler(static_cast<int64_t>(ds.samples.size()), s.train.global_batch,
-                                  s.seed, s.data.drop_last);
-  TrainCursor cursor;
-  if (!ck.resume_step_dir.empty()) {
-    cursor = restore_training(c, engine, s, ck.resume_step_dir);
-    sampler.restore(cursor.sampler);
-  }
-  mine.first_step = cursor.step + 1;
-  for (int k = cursor.step + 1; k <= s.train.steps; ++k) {
-    const ref::Batch local = engine.local_batch(ds, sampler.next_global_batch());
-    const auto t0 = std::chrono::steady_clock::now();
-    mine.steps.push_back(engine.step(local));
-    mine.step_seconds.push_back(
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  DriveOptions o;
+  if (!ck.resume_step_dir.empty())
+    o.restore = [&](Trainee& e) { return restore_training(c, e, s, ck.resume_step_dir); };
+  o.started = [&](const TrainCursor& from) { mine.first_step = from.step + 1; };
+  o.after_step = [&](const StepDone& d) {
+    mine.steps.push_back(d.record);
+    mine.step_seconds.push_back(d.seconds);
     mine.pieces.push_back(engine.export_state());
     mine.health.push_back(engine.last_step_health());
     if (device) mine.device_ops = device->ops_run();  // so far, also if a later step fails
-    cursor.step = k;
-    cursor.consumed_samples += s.train.global_batch;
-    cursor.consumed_tokens += mine.steps.back().non_padding_tokens;
-    cursor.sampler = sampler.state();
+    const int k = d.cursor.step;
     if (!ck.save_dir.empty() && ck.every > 0 && k % ck.every == 0)
-      save_training(c, engine, s, p, cursor, ck.save_dir, {.keep = ck.keep});
-  }
+      save_training(c, engine, s, p, d.cursor, ck.save_dir, {.keep = ck.keep});
+  };
+  drive(s, ds, engine, o);
   // Outside the measured steps: the final gather of every rank's view.
   c.begin_step(s.train.steps + 1);
   mine.final_params = engine.full_params();
@@ -140,8 +80,7 @@ struct SimRun {
 };
 
 SimRun simulate(const Scenario& s, const ref::Dataset& ds, sim::SimWorld& world,
-                const parallel::DataParallelOptions& opt, const ParallelSpec& p,
-                const CheckpointPlan& ck, const ComputeFactory& compute) {
+                const ParallelSpec& p, const CheckpointPlan& ck, const ComputeFactory& compute) {
   const int n = world.size();
   SimRun out;
   out.got.resize(static_cast<std::size_t>(n));
@@ -149,7 +88,7 @@ SimRun simulate(const Scenario& s, const ref::Dataset& ds, sim::SimWorld& world,
   try {
     world.run([&](comm::Communicator& c) {
       const auto r = static_cast<std::size_t>(c.rank());
-      detail::train_rank(c, s, ds, opt, p, ck, out.got[r], out.memory[r], compute);
+      detail::train_rank(c, s, ds, p, ck, out.got[r], out.memory[r], compute);
     });
   } catch (const sim::RankFailure& e) {
     out.failed = true;
@@ -169,11 +108,7 @@ ConfigResult run_config(const Scenario& s, const ref::Dataset& ds, const Trace& 
   }
   ConfigResult r = detail::config_row(s, p);
   if (!r.supported) return r;
-  parallel::DataParallelOptions opt = engine_options(s, p);
-  opt.health.check = true;
-  opt.health.policy = s.health.nan_policy == "stop" ? parallel::NonFinitePolicy::stop
-                                                    : parallel::NonFinitePolicy::skip_step;
-  r.strategy = model_parallel(p) ? "mesh" : std::string(parallel::name_of(opt.strategy));
+  r.strategy = strategy_name(s, p);
   const int world = p.mesh.world_size();
   CheckpointPlan ck;
   if (!o.checkpoint_dir.empty()) {
@@ -203,7 +138,7 @@ ConfigResult run_config(const Scenario& s, const ref::Dataset& ds, const Trace& 
   }
   const auto t0 = std::chrono::steady_clock::now();
   sim::SimWorld sw(world, sim_options(s, world));
-  SimRun run = simulate(s, ds, sw, opt, p, ck, o.compute.factory);
+  SimRun run = simulate(s, ds, sw, p, ck, o.compute.factory);
   r.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   detail::note_compute(s, run.got, r);
   r.memory = run.memory;
@@ -254,7 +189,7 @@ ConfigResult run_config(const Scenario& s, const ref::Dataset& ds, const Trace& 
       Scenario calm = s;
       calm.faults.clear();
       sim::SimWorld base(world, sim_options(calm, world));
-      simulate(calm, ds, base, opt, p, {}, o.compute.factory);
+      simulate(calm, ds, base, p, {}, o.compute.factory);
       const double without = timing_of(base.step_times(), s.train.steps).step_time_s;
       r.faults.push_back(straggler_result(sw.timeline(), world, f, r.timing.step_time_s, without));
       break;

@@ -107,9 +107,6 @@ struct RunOptions {
   Progress progress;
 };
 
-// The data-parallel engine's options for a configuration (strategy, buckets, FSDP details).
-parallel::DataParallelOptions engine_options(const Scenario& s, const ParallelSpec& p);
-
 // Throws ScenarioError for configurations that cannot be run at all.
 RunResult run_scenario(const Scenario& s, const RunOptions& o = {});
 

@@ -41,14 +41,14 @@ struct CheckpointPlan {
   std::filesystem::path resume_step_dir;
 };
 
-// The per-rank function of a configuration's run, on any backend: builds the engine, trains the
-// scenario's steps, records them into `mine` and the rank's memory books into `memory`. With a
-// `compute` factory, the rank's Compute (made on the calling thread for its world rank) is
-// installed on that thread from before the engine is built until the rank is done.
+// The per-rank function of a configuration's run, on any backend: builds the engine and trains the
+// scenario's steps with the step driver (driver.hpp), records them into `mine` and the rank's
+// memory books into `memory`. With a `compute` factory, the rank's Compute (made on the calling
+// thread for its world rank) is installed on that thread from before the engine is built until the
+// rank is done.
 void train_rank(comm::Communicator& c, const Scenario& s, const ref::Dataset& ds,
-                const parallel::DataParallelOptions& opt, const ParallelSpec& p,
-                const CheckpointPlan& ck, RankTrace& mine, RankMemory& memory,
-                const ComputeFactory& compute = {});
+                const ParallelSpec& p, const CheckpointPlan& ck, RankTrace& mine,
+                RankMemory& memory, const ComputeFactory& compute = {});
 
 // Where the ranks computed (compute, device_ops; from any rank that started, also for a failed
 // run) and the tolerance that goes with it.

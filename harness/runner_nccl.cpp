@@ -14,6 +14,7 @@
 #include <type_traits>
 
 #include "comm/errors.hpp"
+#include "harness/driver.hpp"
 #include "harness/runner_detail.hpp"
 #include "harness/trainee.hpp"
 
@@ -234,11 +235,7 @@ ConfigResult run_config_ranks(const Scenario& s, const ref::Dataset& ds, const T
                " " + capacity_what;
     return r;
   }
-  parallel::DataParallelOptions opt = engine_options(s, p);
-  opt.health.check = true;
-  opt.health.policy = s.health.nan_policy == "stop" ? parallel::NonFinitePolicy::stop
-                                                    : parallel::NonFinitePolicy::skip_step;
-  r.strategy = model_parallel(p) ? "mesh" : std::string(parallel::name_of(opt.strategy));
+  r.strategy = strategy_name(s, p);
 
   const auto n = static_cast<std::size_t>(world);
   std::vector<RankTrace> got(n);
@@ -253,7 +250,7 @@ ConfigResult run_config_ranks(const Scenario& s, const ref::Dataset& ds, const T
     ranks([&](comm::Communicator& c) {
       const auto me = static_cast<std::size_t>(c.rank());
       try {
-        train_rank(c, s, ds, opt, p, {}, got[me], memory[me], compute);
+        train_rank(c, s, ds, p, {}, got[me], memory[me], compute);
         if (gather) gather_all(c, got[me], memory[me], got_copies[me], memory_copies[me]);
       } catch (const std::exception& e) {
         const std::scoped_lock lock(failures_mutex);

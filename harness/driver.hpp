@@ -1,0 +1,65 @@
+// The one step driver: how every entry point (run, matrix, --resume, the drills, the NCCL path)
+// builds a configuration's engine and trains it step by step. The engine itself (parallel/) owns
+// what happens inside a step (denominators, health check, norm, clipping, AdamW:
+// parallel/step.hpp); this loop owns what happens between steps (the sampler, the cursor, restore,
+// and the caller's per-step work such as recording and saving).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.hpp"
+#include "harness/checkpointing.hpp"
+#include "harness/scenario.hpp"
+#include "harness/trainee.hpp"
+#include "parallel/data_parallel.hpp"
+#include "reference/data.hpp"
+#include "reference/trainer.hpp"
+
+namespace shardcheck::harness {
+
+// The data-parallel engine's options for a configuration (strategy, buckets, FSDP details), with
+// the health check on under the scenario's health.nan_policy.
+parallel::DataParallelOptions engine_options(const Scenario& s, const ParallelSpec& p);
+
+// "mesh" on a model-parallel mesh, else the data-parallel strategy ("ddp", "zero3", "fsdp", ...).
+std::string strategy_name(const Scenario& s, const ParallelSpec& p);
+
+struct BuildOptions {
+  // Inject this world rank's nan_gradient faults through the gradient hook (the drills, which
+  // damage checkpoints and not runs, turn it off).
+  bool inject_faults = true;
+};
+
+// Collective over c: the configuration's engine, as every entry point builds it.
+std::unique_ptr<Trainee> build_engine(comm::Communicator& c, const Scenario& s,
+                                      const ParallelSpec& p, const BuildOptions& o = {});
+
+// One finished step, as the driver hands it to the caller.
+struct StepDone {
+  const std::vector<std::int64_t>& ids;  // the global batch's sample ids
+  const ref::StepRecord& record;
+  const TrainCursor& cursor;  // after the step (sampler advanced)
+  double seconds = 0;         // wall time of the engine's step on this rank
+};
+
+struct DriveOptions {
+  // Resume: restores the engine and returns the cursor to continue from. Empty: from step 0.
+  std::function<TrainCursor(Trainee&)> restore{};
+  bool restore_sampler = true;     // false only for the drills' planted replay_data bug
+  std::optional<int> last_step{};  // empty: the scenario's train.steps
+  std::function<void(const TrainCursor&)> started{};  // after any restore, before the first step
+  std::function<void(const StepDone&)> after_step{};
+};
+
+// Trains `engine` (on every rank of its world) from the restored cursor, or step 0, to last_step:
+// each step's global batch from the distributed sampler, this rank's slice of it, the engine's
+// step, the cursor advanced, then after_step. Returns the final cursor.
+TrainCursor drive(const Scenario& s, const ref::Dataset& ds, Trainee& engine,
+                  const DriveOptions& o = {});
+
+}  // namespace shardcheck::harness
