@@ -70,6 +70,7 @@ std::unique_ptr<Trainee> build_engine(comm::Communicator& c, const Scenario& s,
                                       const ParallelSpec& p, const BuildOptions& o) {
   parallel::DataParallelOptions opt = engine_options(s, p);
   if (o.inject_faults) opt.grad_hook = nan_injector(s, c.world_rank());
+  opt.planted = o.planted;
   return make_trainee(c, s, p, opt);
 }
 

@@ -33,6 +33,8 @@ struct BuildOptions {
   // Inject this world rank's nan_gradient faults through the gradient hook (the drills, which
   // damage checkpoints and not runs, turn it off).
   bool inject_faults = true;
+  // Internal use (tests): a known bug planted in the engine (parallel/testing.hpp).
+  parallel::testing::Mutation planted = parallel::testing::Mutation::kNone;
 };
 
 // Collective over c: the configuration's engine, as every entry point builds it.

@@ -34,12 +34,12 @@ namespace detail {
 
 void train_rank(comm::Communicator& c, const Scenario& s, const ref::Dataset& ds,
                 const ParallelSpec& p, const CheckpointPlan& ck, RankTrace& mine,
-                RankMemory& memory, const ComputeFactory& compute) {
+                RankMemory& memory, const ComputeFactory& compute, const BuildOptions& build) {
   // Installed before the engine exists (its construction may compute) until the rank returns.
   const std::unique_ptr<ref::Compute> device = compute ? compute(c.world_rank()) : nullptr;
   const ref::ComputeScope on_device(device.get());
   mine.compute = device ? device->name() : "cpu";
-  const std::unique_ptr<Trainee> trainee = build_engine(c, s, p);
+  const std::unique_ptr<Trainee> trainee = build_engine(c, s, p, build);
   Trainee& engine = *trainee;
   DriveOptions o;
   if (!ck.resume_step_dir.empty())
@@ -80,7 +80,8 @@ struct SimRun {
 };
 
 SimRun simulate(const Scenario& s, const ref::Dataset& ds, sim::SimWorld& world,
-                const ParallelSpec& p, const CheckpointPlan& ck, const ComputeFactory& compute) {
+                const ParallelSpec& p, const CheckpointPlan& ck, const ComputeFactory& compute,
+                const BuildOptions& build) {
   const int n = world.size();
   SimRun out;
   out.got.resize(static_cast<std::size_t>(n));
@@ -88,7 +89,7 @@ SimRun simulate(const Scenario& s, const ref::Dataset& ds, sim::SimWorld& world,
   try {
     world.run([&](comm::Communicator& c) {
       const auto r = static_cast<std::size_t>(c.rank());
-      detail::train_rank(c, s, ds, p, ck, out.got[r], out.memory[r], compute);
+      detail::train_rank(c, s, ds, p, ck, out.got[r], out.memory[r], compute, build);
     });
   } catch (const sim::RankFailure& e) {
     out.failed = true;
@@ -138,7 +139,8 @@ ConfigResult run_config(const Scenario& s, const ref::Dataset& ds, const Trace& 
   }
   const auto t0 = std::chrono::steady_clock::now();
   sim::SimWorld sw(world, sim_options(s, world));
-  SimRun run = simulate(s, ds, sw, p, ck, o.compute.factory);
+  const BuildOptions build{.planted = o.planted};
+  SimRun run = simulate(s, ds, sw, p, ck, o.compute.factory, build);
   r.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   detail::note_compute(s, run.got, r);
   r.memory = run.memory;
@@ -189,7 +191,7 @@ ConfigResult run_config(const Scenario& s, const ref::Dataset& ds, const Trace& 
       Scenario calm = s;
       calm.faults.clear();
       sim::SimWorld base(world, sim_options(calm, world));
-      simulate(calm, ds, base, p, {}, o.compute.factory);
+      simulate(calm, ds, base, p, {}, o.compute.factory, build);
       const double without = timing_of(base.step_times(), s.train.steps).step_time_s;
       r.faults.push_back(straggler_result(sw.timeline(), world, f, r.timing.step_time_s, without));
       break;

@@ -102,6 +102,8 @@ struct RunOptions {
   // straggler baseline, the nccl ranks). The single-device reference run always stays on the
   // CPU: it is the oracle, and a broken device op computed on both sides would be invisible.
   ComputeChoice compute;
+  // Internal use (tests): a known bug planted in every configuration's engine (the gate must fail).
+  parallel::testing::Mutation planted = parallel::testing::Mutation::kNone;
   // Called before each configuration starts ("reference", then each config label).
   using Progress = std::function<void(const std::string& what, int index, int total)>;
   Progress progress;

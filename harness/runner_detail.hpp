@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "comm/communicator.hpp"
+#include "harness/driver.hpp"
 #include "harness/runner.hpp"
 #include "parallel/state.hpp"
 #include "reference/data.hpp"
@@ -48,7 +49,8 @@ struct CheckpointPlan {
 // rank is done.
 void train_rank(comm::Communicator& c, const Scenario& s, const ref::Dataset& ds,
                 const ParallelSpec& p, const CheckpointPlan& ck, RankTrace& mine,
-                RankMemory& memory, const ComputeFactory& compute = {});
+                RankMemory& memory, const ComputeFactory& compute = {},
+                const BuildOptions& build = {});
 
 // Where the ranks computed (compute, device_ops; from any rank that started, also for a failed
 // run) and the tolerance that goes with it.

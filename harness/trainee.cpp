@@ -8,7 +8,9 @@ namespace {
 class DpTrainee final : public Trainee {
  public:
   DpTrainee(comm::Communicator& world, const Scenario& s, const parallel::DataParallelOptions& o)
-      : e_(world, s.model, s.train, s.seed, o), rank_(world.rank()), size_(world.size()) {}
+      : e_(world, s.model, s.train, s.seed, o), rank_(world.rank()), size_(world.size()) {
+    planted_ = o.planted;
+  }
   ref::StepRecord step(const ref::Batch& local) override { return e_.step(local); }
   ref::ParamMap<double> full_params() override { return e_.full_params(); }
   std::vector<parallel::StatePiece> export_state() const override { return e_.export_state(); }
@@ -38,10 +40,12 @@ parallel::MeshOptions mesh_options(const ParallelSpec& p) {
   return o;
 }
 
-// The step driver's health check and gradient hook, the same on either engine.
-parallel::MeshOptions with_health(parallel::MeshOptions m, const parallel::DataParallelOptions& o) {
+// The step driver's health check, gradient hook and planted bug, the same on either engine.
+parallel::MeshOptions with_step_options(parallel::MeshOptions m,
+                                        const parallel::DataParallelOptions& o) {
   m.health = o.health;
   m.grad_hook = o.grad_hook;
+  m.planted = o.planted;
   return m;
 }
 
@@ -49,7 +53,9 @@ class MeshTrainee final : public Trainee {
  public:
   MeshTrainee(comm::Communicator& world, const Scenario& s, const ParallelSpec& p,
               const parallel::DataParallelOptions& o)
-      : e_(world, s.model, s.train, s.seed, with_health(mesh_options(p), o)) {}
+      : e_(world, s.model, s.train, s.seed, with_step_options(mesh_options(p), o)) {
+    planted_ = o.planted;
+  }
   ref::StepRecord step(const ref::Batch& local) override { return e_.step(local); }
   ref::ParamMap<double> full_params() override { return e_.full_params(); }
   std::vector<parallel::StatePiece> export_state() const override { return e_.export_state(); }

@@ -32,8 +32,12 @@ class Trainee {
   virtual std::string strategy() const = 0;
 
   ref::Batch local_batch(const ref::Dataset& ds, const std::vector<int64_t>& global_ids) const {
-    return parallel::rank_batch(ds, global_ids, data_rank(), data_world());
+    return parallel::rank_batch(ds, global_ids, data_rank(), data_world(), planted_);
   }
+
+ protected:
+  // A planted bug (tests) the engine's options carry; kSameSamples breaks local_batch.
+  parallel::testing::Mutation planted_ = parallel::testing::Mutation::kNone;
 };
 
 // True when the configuration needs the mesh engine (any model-parallel axis above 1).
@@ -42,7 +46,8 @@ bool model_parallel(const ParallelSpec& p);
 std::string unsupported(const Scenario& s, const ParallelSpec& p);
 
 // Collective over world: builds the engine for configuration p. dp_options apply to the
-// data-parallel engine; on a model-parallel mesh only its health check and gradient hook apply.
+// data-parallel engine; on a model-parallel mesh only its health check, gradient hook and planted
+// bug apply.
 std::unique_ptr<Trainee> make_trainee(comm::Communicator& world, const Scenario& s,
                                       const ParallelSpec& p,
                                       const parallel::DataParallelOptions& dp_options);

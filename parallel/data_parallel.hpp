@@ -19,6 +19,7 @@
 #include "parallel/fsdp.hpp"
 #include "parallel/state.hpp"
 #include "parallel/step.hpp"
+#include "parallel/testing.hpp"
 #include "reference/batch.hpp"
 #include "reference/config.hpp"
 #include "reference/data.hpp"
@@ -47,6 +48,8 @@ struct DataParallelOptions {
   bool overlap = true;
   GradHealthOptions health{};
   GradHook grad_hook{};
+  // Internal use (tests): a known bug planted in this engine's step (parallel/testing.hpp).
+  testing::Mutation planted = testing::Mutation::kNone;
 };
 
 // One collective the engine issued in the last step (for the README's per-step list and tests).
@@ -59,10 +62,10 @@ struct CollectiveCall {
 };
 
 // DP rank `rank` of `world`'s part of a global batch: the sampler's contiguous rank_slice, with
-// Sequence::index kept global (it keys dropout). testing::Mutation::kSameSamples plants a sampler
-// bug here (every rank reads rank 0's samples).
+// Sequence::index kept global (it keys dropout). planted = kSameSamples plants a sampler bug here
+// (every rank reads rank 0's samples).
 ref::Batch rank_batch(const ref::Dataset& data, const std::vector<int64_t>& global_ids, int rank,
-                      int world);
+                      int world, testing::Mutation planted = testing::Mutation::kNone);
 
 class DataParallelEngine {
  public:

@@ -19,7 +19,6 @@
 namespace shardcheck::parallel {
 
 using comm::MemCategory;
-using testing::mutated;
 using testing::Mutation;
 
 namespace {
@@ -202,7 +201,7 @@ ref::StepRecord EngineImpl<T>::step(const ref::Batch& local) {
   LossCounts counts = local_n;
   issue("all_reduce", "mask tokens, sequences, non-padding tokens", dp_, std::span<int64_t>(counts))
       ->wait();
-  const bool rank_means = mutated(Mutation::kMeanOfRankMeans);
+  const bool rank_means = planted(Mutation::kMeanOfRankMeans);
   ref::StepContext ctx = step_context(seed_, n, rank_means ? local_n : counts, train_);
   if (rank_means) {  // the planted bug: each rank's mean, then the mean of rank means
     ctx.token_weight /= d;
@@ -220,7 +219,7 @@ ref::StepRecord EngineImpl<T>::step(const ref::Batch& local) {
   next_bucket_ = 0;
   bucket_work_.clear();
   unit_done_.assign(work_.size(), false);
-  const bool local_norm = mutated(Mutation::kLocalNormClip);
+  const bool local_norm = planted(Mutation::kLocalNormClip);
   const bool overlap = options_.overlap && !(local_norm && mode_ == GradMode::full_buckets);
   UnitHooks<T> hooks;
   hooks.acquire = [this](int u) -> const ref::ParamMap<T>& { return acquire(u); };
@@ -431,7 +430,7 @@ void EngineImpl<T>::grads_ready(int unit) {
     drop(static_cast<std::size_t>(v));
   }
   const bool skip =
-      mutated(Mutation::kSkipBucket) && pr.group == static_cast<int>(groups_.size() / 2);
+      planted(Mutation::kSkipBucket) && pr.group == static_cast<int>(groups_.size() / 2);
   if (!skip)
     pr.work = no_shard_ ? issue("all_reduce", "gradients (one unit)", dp_, std::span<T>(pr.buffer))
                         : issue("reduce_scatter", "gradients to owners", *shard_,
@@ -449,7 +448,7 @@ void EngineImpl<T>::complete_reductions() {
       continue;
     }
     std::size_t begin = g.owned.begin;
-    if (mutated(Mutation::kWrongShardOffset))
+    if (planted(Mutation::kWrongShardOffset))
       begin = static_cast<std::size_t>(shard_->rank()) *
               (g.layout.numel() / static_cast<std::size_t>(g.layout.shards()));
     const std::span<T> chunk = std::span<T>(pr.buffer).subspan(begin, g.owned.size());
@@ -470,7 +469,7 @@ void EngineImpl<T>::issue_ready_buckets(bool all) {
       for (int u : bucket_units_[b])
         if (!unit_done_[static_cast<std::size_t>(u)]) return;
     ++next_bucket_;
-    if (mutated(Mutation::kSkipBucket) && b == skip) continue;
+    if (planted(Mutation::kSkipBucket) && b == skip) continue;
     bucket_work_.push_back(issue("all_reduce", "gradient bucket", dp_,
                                  std::span<T>(acc).subspan(buckets_[b].begin, buckets_[b].size())));
   }
@@ -493,7 +492,7 @@ void EngineImpl<T>::optimizer_step(double clip_factor, double lr) {
     std::span<T> grad;
     if (mode_ == GradMode::full_buckets) {
       std::size_t begin = g.owned.begin;
-      if (strategy != Strategy::ddp && mutated(Mutation::kWrongShardOffset))
+      if (strategy != Strategy::ddp && planted(Mutation::kWrongShardOffset))
         begin =
             static_cast<std::size_t>(rank_) * (g.layout.numel() / static_cast<std::size_t>(size_));
       grad = std::span<T>(g.acc).subspan(begin, g.owned.size());

@@ -45,8 +45,8 @@ struct Group {
   std::vector<T> master;   // bf16 recipe: f32 master weights of the owned range
   std::vector<T> m, v;     // AdamW moments of the owned range
   std::vector<std::uint8_t> decay;  // per owned element
-  std::vector<T> acc;      // step: gradient accumulator (padded full, or the owned shard)
-  int ready = 0;           // units whose microbatch gradient is complete
+  std::vector<T> acc;               // step: gradient accumulator (padded full, or the owned shard)
+  int ready = 0;                    // units whose microbatch gradient is complete
   // Sharded groups, while unsharded for compute:
   bool held = false;
   comm::WorkPtr pending;            // in-flight all_gather (prefetch)
@@ -107,6 +107,7 @@ class EngineImpl final : public DataParallelEngine::Impl {
   // the DP group; sharded state is written by its owner (replica 0 under hybrid_shard).
   Range write_range(const Group<T>& g, bool replicated) const;
 
+  bool planted(testing::Mutation m) const { return options_.planted == m; }
   template <class U>
   comm::WorkPtr issue(const char* op, const char* what, comm::Communicator& c, std::span<U> s);
   void track(comm::MemCategory c, std::size_t bytes) { mem_.allocate(c, bytes); }

@@ -1,6 +1,8 @@
-// Test-only switches that plant known data-parallel bugs, so parity tests can prove they catch
-// them (DESIGN.md "Parity rule"). Never set outside tests; the default is no mutation. Not
-// synchronised: set it before SimWorld::run starts the rank threads, never while they run.
+// Known bugs a test can plant in the strategies, so parity tests can prove they catch them
+// (DESIGN.md "Parity rule"). A planted bug travels in the options of the engine or piece it breaks
+// (DataParallelOptions::planted, MeshOptions::planted, BlockEnv::planted, ...; for internal use by
+// tests, as gloo's max segment size), never in process-wide state: production code paths see
+// kNone unless a caller asks otherwise, and concurrent runs cannot plant bugs in each other.
 #pragma once
 
 namespace shardcheck::parallel::testing {
@@ -21,26 +23,6 @@ enum class Mutation {
   kRouteDroppedTokens,     // EP: assignments over capacity are computed instead of dropped
   kAuxPerRankMean,         // EP: aux loss normalised by this rank's sequences, not the global batch
   kVocabTargetNotReduced,  // vocab-parallel CE: the target logit is not summed over TP ranks
-};
-
-inline Mutation& mutation() {
-  static Mutation m = Mutation::kNone;
-  return m;
-}
-inline bool mutated(Mutation m) {
-  return mutation() == m;
-}
-
-// Sets a mutation for one scope; restores the previous one on exit (also on a failing ASSERT).
-class ScopedMutation {
- public:
-  explicit ScopedMutation(Mutation m) : previous_(mutation()) { mutation() = m; }
-  ~ScopedMutation() { mutation() = previous_; }
-  ScopedMutation(const ScopedMutation&) = delete;
-  ScopedMutation& operator=(const ScopedMutation&) = delete;
-
- private:
-  Mutation previous_;
 };
 
 }  // namespace shardcheck::parallel::testing

@@ -126,10 +126,11 @@ ref::Tensor<T> cp_attention_forward(comm::Communicator& cp, CpAlgo algo, const T
                                     const ref::Tensor<T>& q, const ref::Tensor<T>& k,
                                     const ref::Tensor<T>& v, std::span<const int32_t> doc_ids,
                                     ref::AttentionShape shape, const ref::AttentionDropout& dropout,
-                                    CpAttentionCache<T>& cache) {
+                                    CpAttentionCache<T>& cache, testing::Mutation planted) {
   check_shapes(cp, algo, layout, q, k, v, doc_ids, shape);
   cache = CpAttentionCache<T>{};
   cache.algo = algo;
+  cache.planted = planted;
   cache.shape = shape;
   cache.dropout = dropout;
   cache.seq_len = layout.seq_len();
@@ -189,7 +190,7 @@ void cp_attention_backward(comm::Communicator& cp, const ref::Tensor<T>& dout,
   template ref::Tensor<T> cp_attention_forward(                                                    \
       comm::Communicator&, CpAlgo, const TokenLayout&, const ref::Tensor<T>&,                      \
       const ref::Tensor<T>&, const ref::Tensor<T>&, std::span<const int32_t>, ref::AttentionShape, \
-      const ref::AttentionDropout&, CpAttentionCache<T>&);                                         \
+      const ref::AttentionDropout&, CpAttentionCache<T>&, testing::Mutation);                      \
   template void cp_attention_backward(comm::Communicator&, const ref::Tensor<T>&,                  \
                                       const CpAttentionCache<T>&, ref::Tensor<T>&,                 \
                                       ref::Tensor<T>&, ref::Tensor<T>&);

@@ -24,6 +24,7 @@
 
 #include "comm/communicator.hpp"
 #include "parallel/mp/tokens.hpp"
+#include "parallel/testing.hpp"
 #include "reference/attention.hpp"
 #include "reference/tensor.hpp"
 
@@ -36,6 +37,7 @@ std::string_view name_of(CpAlgo a);
 template <class T>
 struct CpAttentionCache {
   CpAlgo algo = CpAlgo::ring;
+  testing::Mutation planted = testing::Mutation::kNone;  // tests: kRingDiagonalUnmasked
   ref::AttentionShape shape;      // local (TP) head counts, as passed to forward
   ref::AttentionDropout dropout;  // as passed to forward
   int64_t seq_len = 0;
@@ -64,7 +66,8 @@ ref::Tensor<T> cp_attention_forward(comm::Communicator& cp, CpAlgo algo, const T
                                     const ref::Tensor<T>& q, const ref::Tensor<T>& k,
                                     const ref::Tensor<T>& v, std::span<const int32_t> doc_ids,
                                     ref::AttentionShape shape, const ref::AttentionDropout& dropout,
-                                    CpAttentionCache<T>& cache);
+                                    CpAttentionCache<T>& cache,
+                                    testing::Mutation planted = testing::Mutation::kNone);
 
 // dout [n, heads*d] for the local rows; writes dq [n, heads*d], dk, dv [n, kv_heads*d]: the local
 // rows of the reference's full-sequence gradients (dK/dV contributions of other ranks' queries are

@@ -76,8 +76,9 @@ struct Ctx {
 };
 
 // The planted bug: a rank's own block (step 0) without the causal/document mask.
-bool diagonal_unmasked(int step) {
-  return step == 0 && testing::mutated(testing::Mutation::kRingDiagonalUnmasked);
+template <class T>
+bool diagonal_unmasked(const CpAttentionCache<T>& cache, int step) {
+  return step == 0 && cache.planted == testing::Mutation::kRingDiagonalUnmasked;
 }
 
 // Online-softmax update of (m, l, acc) with one K/V block; returns the flops done.
@@ -230,7 +231,7 @@ ref::Tensor<T> ring_attention_forward(comm::Communicator& cp, const ref::Tensor<
       wr = cp.recv(comm::view(std::span<T>(nxt)), prev_of(cp), {.tag = kKvForward});
     }
     const auto keys = segments_of(cache.rows[static_cast<std::size_t>(owner_at(cp, s))]);
-    const double flops = forward_block(x, q, cur, keys, diagonal_unmasked(s), m, l, acc);
+    const double flops = forward_block(x, q, cur, keys, diagonal_unmasked(cache, s), m, l, acc);
     cp.compute({.name = "cp ring attention forward", .flops = flops, .bytes = bytes});
     if (s < p - 1) {
       ws->wait();
@@ -278,7 +279,8 @@ void ring_attention_backward(comm::Communicator& cp, const ref::Tensor<T>& dout,
       wr = cp.recv(comm::view(std::span<T>(nxt)), prev_of(cp), {.tag = kKvBackward});
     }
     const auto keys = segments_of(cache.rows[static_cast<std::size_t>(owner_at(cp, s))]);
-    const double flops = backward_block(x, dout, dsum, cur, keys, diagonal_unmasked(s), dq, dcur);
+    const double flops =
+        backward_block(x, dout, dsum, cur, keys, diagonal_unmasked(cache, s), dq, dcur);
     cp.compute({.name = "cp ring attention backward", .flops = flops, .bytes = bytes});
     if (s < p - 1) {
       ws->wait();

@@ -44,7 +44,7 @@ struct Routing {
 
 template <class T>
 Routing<T> route(const ref::Tensor<T>& probs, std::span<const int32_t> doc_ids,
-                 const ref::MoeSpec& spec) {
+                 const ref::MoeSpec& spec, testing::Mutation planted) {
   const int64_t s = probs.dim(0);
   const int e_n = spec.experts, k = spec.top_k;
   const auto sk = static_cast<std::size_t>(s * k);
@@ -78,7 +78,7 @@ Routing<T> route(const ref::Tensor<T>& probs, std::span<const int32_t> doc_ids,
   }
   // Capacity: first choices in token order, then second choices, ...
   const int64_t cap = ref::moe_capacity(spec, s);
-  const bool no_capacity = testing::mutated(testing::Mutation::kRouteDroppedTokens);
+  const bool no_capacity = planted == testing::Mutation::kRouteDroppedTokens;
   std::vector<int64_t> used(static_cast<std::size_t>(e_n), 0);
   for (int ci = 0; ci < k; ++ci)
     for (int64_t t = 0; t < s; ++t) {
@@ -199,7 +199,7 @@ ref::Tensor<T> ep_moe_forward(const EpGroups& g, const TokenLayout& layout, cons
                               const std::vector<const ref::Tensor<T>*>& local_w_up,
                               const std::vector<const ref::Tensor<T>*>& local_w_down,
                               const ref::MoeSpec& spec, EpMoeCache<T>& c, double* aux,
-                              int64_t* dropped) {
+                              int64_t* dropped, testing::Mutation planted) {
   if (g.ep == nullptr) throw std::invalid_argument("ep_moe_forward: the ep group is required");
   const int ep = g.ep->size(), e_n = spec.experts, k = spec.top_k;
   if (e_n < 1 || k < 1 || k > e_n)
@@ -241,7 +241,7 @@ ref::Tensor<T> ep_moe_forward(const EpGroups& g, const TokenLayout& layout, cons
     full = gather_sequence(layout, *g.cp, g.tp, c.probs);
   else
     full = sp ? sp_gather(*g.tp, c.probs) : c.probs;
-  const Routing<T> r = route(full, doc_ids, spec);
+  const Routing<T> r = route(full, doc_ids, spec, planted);
   if (aux) *aux = r.aux;
   if (dropped) *dropped = r.dropped;
   c.f = r.f;
@@ -400,7 +400,7 @@ ref::Tensor<T> ep_moe_backward(const EpGroups& g, const ref::Tensor<T>& dy, cons
       const EpGroups&, const TokenLayout&, const ref::Tensor<T>&, std::span<const int32_t>,    \
       const ref::Tensor<T>&, const std::vector<const ref::Tensor<T>*>&,                        \
       const std::vector<const ref::Tensor<T>*>&, const ref::MoeSpec&, EpMoeCache<T>&, double*, \
-      int64_t*);                                                                               \
+      int64_t*, testing::Mutation);                                                            \
   template ref::Tensor<T> ep_moe_backward(                                                     \
       const EpGroups&, const ref::Tensor<T>&, const EpMoeCache<T>&, double, ref::Tensor<T>&,   \
       const std::vector<ref::Tensor<T>*>&, const std::vector<ref::Tensor<T>*>&);

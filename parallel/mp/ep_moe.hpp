@@ -22,6 +22,7 @@
 
 #include "comm/communicator.hpp"
 #include "parallel/mp/tokens.hpp"
+#include "parallel/testing.hpp"
 #include "reference/moe.hpp"
 #include "reference/ops.hpp"
 #include "reference/tensor.hpp"
@@ -69,13 +70,15 @@ struct EpMoeCache {
 // value on every rank holding part of the sequence); *dropped = the sequence's dropped
 // assignments. Either pointer may be null. Collective over g.tp (SP), g.cp and g.ep, every member
 // calling it the same number of times in the same order. Throws LayoutError when E % ep != 0.
+// planted (tests): kRouteDroppedTokens keeps assignments over capacity.
 template <class T>
 ref::Tensor<T> ep_moe_forward(const EpGroups& g, const TokenLayout& layout, const ref::Tensor<T>& x,
                               std::span<const int32_t> doc_ids, const ref::Tensor<T>& router,
                               const std::vector<const ref::Tensor<T>*>& local_w_up,
                               const std::vector<const ref::Tensor<T>*>& local_w_down,
                               const ref::MoeSpec& spec, EpMoeCache<T>& cache, double* aux,
-                              int64_t* dropped);
+                              int64_t* dropped,
+                              testing::Mutation planted = testing::Mutation::kNone);
 
 // dy [n, h] for the local rows. Returns dx [n, h] for the local rows (router path + expert path).
 // ADDS into drouter this rank's rows' contribution only (gate gradient + aux gradient of its rows,

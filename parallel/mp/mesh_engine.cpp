@@ -102,10 +102,11 @@ class MeshImpl final : public MeshEngine::Impl {
     }
     data_rank = data_->rank();
     data_world = data_->size();
-    env_ = BlockEnv{&model_, g_.tp.get(), g_.cp.get(), g_.ep.get(), &layout_, opt_.cp_algo};
+    env_ = BlockEnv{&model_,  g_.tp.get(),  g_.cp.get(), g_.ep.get(),
+                    &layout_, opt_.cp_algo, opt_.planted};
     stage_ = g_.pp->rank();
     plan_ = stage_plan(model_, opt_.shape.pp, opt_.virtual_stages, stage_);
-    specs_ = local_params(model_, mesh, world.rank(), opt_.virtual_stages);
+    specs_ = local_params(model_, mesh, world.rank(), opt_.virtual_stages, opt_.planted);
     for (const LocalParam& p : specs_) {
       Tensor<T>& t = params_.add(p.name, p.local_shape);
       for (int64_t i = 0; i < t.numel(); ++i) {
@@ -120,7 +121,8 @@ class MeshImpl final : public MeshEngine::Impl {
                                        .bf16 = train_.precision == ref::Precision::kBf16,
                                        .tp_rank = g_.tp->rank(),
                                        .optimizer = train_.optimizer,
-                                       .recipe = recipe_};
+                                       .recipe = recipe_,
+                                       .planted = opt_.planted};
     zopt_ = std::make_unique<MeshOptimizer<T>>(std::move(env), specs_, params_);
     params_held_ =
         comm::TrackedBytes(mem_, comm::MemCategory::params,
@@ -148,7 +150,7 @@ class MeshImpl final : public MeshEngine::Impl {
     const int64_t local_sequences = den[1];
     data_->all_reduce(std::span<int64_t>(den))->wait();
     ctx_ = step_context(seed_, steps_, den, train_);
-    if (testing::mutated(testing::Mutation::kAuxPerRankMean))
+    if (opt_.planted == testing::Mutation::kAuxPerRankMean)
       ctx_.sequence_weight = local_sequences > 0 ? 1.0 / static_cast<double>(local_sequences) : 0.0;
     health = {};
     nonfinite_ = false;
@@ -184,7 +186,7 @@ class MeshImpl final : public MeshEngine::Impl {
     // 4. Norm and numerators.
     const double sq = zopt_->sum_squares(grads_);
     std::vector<double> sums = {sq, counted_[0], counted_[1], counted_[2]};
-    if (testing::mutated(testing::Mutation::kLocalNormClip)) {
+    if (opt_.planted == testing::Mutation::kLocalNormClip) {
       std::vector<double> rest = {counted_[0], counted_[1], counted_[2]};
       world_.all_reduce(std::span<double>(rest))->wait();
       sums = {sq, rest[0], rest[1], rest[2]};
@@ -480,7 +482,7 @@ class MeshImpl final : public MeshEngine::Impl {
     const int pp = opt_.shape.pp;
     if (pp == 1 || !model_.tie_embeddings) return;
     if (!(plan_.has_embed || plan_.has_head)) return;
-    if (testing::mutated(testing::Mutation::kSkipTiedEmbeddingSync)) return;
+    if (opt_.planted == testing::Mutation::kSkipTiedEmbeddingSync) return;
     Tensor<T>& mine = grads_["embed.weight"];
     Tensor<T> peer(mine.shape());
     const int other = plan_.has_embed ? pp - 1 : 0;

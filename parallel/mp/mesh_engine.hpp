@@ -34,6 +34,7 @@
 #include "parallel/mp/pipeline.hpp"
 #include "parallel/state.hpp"
 #include "parallel/step.hpp"
+#include "parallel/testing.hpp"
 #include "reference/batch.hpp"
 #include "reference/config.hpp"
 #include "reference/tensor.hpp"
@@ -62,6 +63,8 @@ struct MeshOptions {
   // hook, called after each chunk's backward of a microbatch for the parameters it wrote.
   GradHealthOptions health{};
   GradHook grad_hook{};
+  // Internal use (tests): a known bug planted in this engine or its pieces (parallel/testing.hpp).
+  testing::Mutation planted = testing::Mutation::kNone;
 };
 
 // Throws MeshConfigError naming the field when the model, batch or mesh do not fit together.

@@ -66,7 +66,8 @@ int expert_of(const std::string& name) {
 }  // namespace
 
 std::vector<LocalParam> local_params(const ref::ModelConfig& model, const comm::DeviceMesh& mesh,
-                                     int world_rank, int virtual_stages) {
+                                     int world_rank, int virtual_stages,
+                                     testing::Mutation planted) {
   const int tp = mesh.size(comm::Axis::tp), ep = mesh.size(comm::Axis::ep);
   const int pp = mesh.size(comm::Axis::pp);
   const int t = mesh.coord(world_rank, comm::Axis::tp);
@@ -113,7 +114,7 @@ std::vector<LocalParam> local_params(const ref::ModelConfig& model, const comm::
         p.kv_replicas = replicated ? tp / model.kv_heads : 1;
         const int64_t kv_cols = int64_t{replicated ? 1 : model.kv_heads / tp} * d;
         const int64_t first = replicated ? t / p.kv_replicas : t;
-        p.offset = testing::mutated(testing::Mutation::kGqaWrongHeadMapping) ? 0 : first * kv_cols;
+        p.offset = planted == testing::Mutation::kGqaWrongHeadMapping ? 0 : first * kv_cols;
         p.local_shape[1] = kv_cols;
       } else if (ends_with(name, "attn.wo") || ends_with(name, "mlp.w_down")) {
         p.split = TpSplit::rows;

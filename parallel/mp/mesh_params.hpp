@@ -23,6 +23,7 @@
 
 #include "comm/mesh.hpp"
 #include "parallel/mp/vocab_parallel.hpp"
+#include "parallel/testing.hpp"
 #include "reference/config.hpp"
 #include "reference/tensor.hpp"
 
@@ -67,7 +68,9 @@ std::vector<std::pair<int, int>> virtual_stage_layers(const ref::ModelConfig& mo
 StagePlan stage_plan(const ref::ModelConfig& model, int pp, int virtual_stages, int stage);
 
 // This rank's parameters, in the reference's canonical order.
+// planted = kGqaWrongHeadMapping (tests) maps a rank's query heads to the wrong kv head.
 std::vector<LocalParam> local_params(const ref::ModelConfig& model, const comm::DeviceMesh& mesh,
-                                     int world_rank, int virtual_stages);
+                                     int world_rank, int virtual_stages,
+                                     testing::Mutation planted = testing::Mutation::kNone);
 
 }  // namespace shardcheck::parallel

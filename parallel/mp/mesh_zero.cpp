@@ -133,7 +133,7 @@ void MeshOptimizer<T>::reduce(ref::ParamMap<T>& grads) {
       const comm::TrackedBytes tmp(*mem_, MemCategory::temporary, flat.size() * sizeof(T));
       if (g.size() > 1) g.reduce_scatter(comm::view(std::span<T>(flat)))->wait();
       auto at = static_cast<std::ptrdiff_t>(c.shard * g.rank());
-      if (testing::mutated(testing::Mutation::kWrongShardOffset))
+      if (env_.planted == testing::Mutation::kWrongShardOffset)
         at = static_cast<std::ptrdiff_t>(g.rank() * (c.numel / g.size()));
       c.grad.assign(flat.begin() + at, flat.begin() + at + c.shard);
       continue;
@@ -197,7 +197,7 @@ void MeshOptimizer<T>::update(const ref::ParamMap<T>& grads, double clip_factor,
       g.assign(c.grad.begin(), c.grad.begin() + len);
     } else {
       int64_t from = c.own_begin;
-      if (env_.zero == 1 && testing::mutated(testing::Mutation::kWrongShardOffset))
+      if (env_.zero == 1 && env_.planted == testing::Mutation::kWrongShardOffset)
         from = c.group->rank() * (c.numel / c.group->size());
       g = pack(c, grads, from, from + len);
     }

@@ -36,6 +36,7 @@
 #include "parallel/ledger.hpp"
 #include "parallel/mp/mesh_params.hpp"
 #include "parallel/state.hpp"
+#include "parallel/testing.hpp"
 #include "reference/config.hpp"
 #include "reference/tensor.hpp"
 
@@ -53,6 +54,7 @@ class MeshOptimizer {
     int tp_rank = 0;
     ref::OptimizerConfig optimizer;
     Recipe recipe;
+    testing::Mutation planted = testing::Mutation::kNone;  // tests: kWrongShardOffset
   };
   // params: this rank's local slices at their initial (master) values; bf16: rounded in place.
   MeshOptimizer(Env env, const std::vector<LocalParam>& specs, ref::ParamMap<T>& params);

@@ -44,7 +44,7 @@ Tensor<T> gather_in_backward(const BlockEnv& env, Tensor<T> d_full) {
 // Row-parallel partial sums [cp rows, h] -> this rank's rows of the sum.
 template <class T>
 Tensor<T> reduce_out(const BlockEnv& env, Tensor<T> partial, bool may_mutate) {
-  if (may_mutate && testing::mutated(testing::Mutation::kRowParallelNotReduced)) {
+  if (may_mutate && env.planted == testing::Mutation::kRowParallelNotReduced) {
     if (!env.sp()) return partial;
     const int64_t n = partial.dim(0) / env.tp_size();
     std::vector<int64_t> mine(static_cast<std::size_t>(n));
@@ -114,7 +114,7 @@ int64_t vocab_offset(const BlockEnv& env) {
 std::vector<int32_t> cp_positions(const BlockEnv& env, const ref::Sequence& seq) {
   const std::vector<int64_t> rows = env.cp_rows();
   std::vector<int32_t> pos = pick(seq.positions, rows);
-  if (testing::mutated(testing::Mutation::kCpRopeChunkOffset) && env.layout->cp() > 1) {
+  if (env.planted == testing::Mutation::kCpRopeChunkOffset && env.layout->cp() > 1) {
     const int64_t chunk = env.layout->seq_len() / (2 * int64_t{env.layout->cp()});
     for (std::size_t i = 0; i < rows.size(); ++i) pos[i] = static_cast<int32_t>(rows[i] % chunk);
   }
@@ -160,7 +160,7 @@ Tensor<T> mp_block_forward(const BlockEnv& env, const ref::ParamMap<T>& params, 
   ref::rope_apply(c.k, std::span<const int32_t>(pos), kvl, false);
   c.o = cp_attention_forward(*env.cp, env.cp_algo, *env.layout, c.q, c.k, c.v,
                              std::span<const int32_t>(seq.doc_ids), ref::AttentionShape{hl, kvl},
-                             dropout_of(env, ctx, layer, seq), c.attn);
+                             dropout_of(env, ctx, layer, seq), c.attn, env.planted);
   Tensor<T> part = ref::linear_forward(c.o, wo);
   cost(env, "wo", matmul_flops(c.o, wo));
   c.x_mid = x;
@@ -176,7 +176,7 @@ Tensor<T> mp_block_forward(const BlockEnv& env, const ref::ParamMap<T>& params, 
     ref::add_inplace(
         x_out, ep_moe_forward(g, *env.layout, c.b, std::span<const int32_t>(seq.doc_ids),
                               params[p + "moe.router"], up, down, moe_spec(*env.model), c.moe, &aux,
-                              &dropped));
+                              &dropped, env.planted));
     if (loss) {
       loss->aux += aux;
       loss->dropped += dropped;
@@ -257,7 +257,7 @@ void mp_head_forward(const BlockEnv& env, const ref::ParamMap<T>& params, const 
   const std::vector<int32_t> mask = pick(seq.loss_mask, rows);
   const std::vector<double> losses = vocab_head_forward(
       *env.tp, c.y_full, w, tied, vocab_offset(env), std::span<const int32_t>(targets),
-      std::span<const int32_t>(mask), c.vocab);
+      std::span<const int32_t>(mask), c.vocab, env.planted);
   if (loss) {
     for (const double l : losses) loss->loss_sum += l;
   }

@@ -20,6 +20,7 @@
 #include "parallel/mp/ep_moe.hpp"
 #include "parallel/mp/tokens.hpp"
 #include "parallel/mp/vocab_parallel.hpp"
+#include "parallel/testing.hpp"
 #include "reference/batch.hpp"
 #include "reference/blocks.hpp"
 #include "reference/config.hpp"
@@ -37,6 +38,8 @@ struct BlockEnv {
   comm::Communicator* ep = nullptr;
   const TokenLayout* layout = nullptr;
   CpAlgo cp_algo = CpAlgo::ring;
+  // Internal use (tests): a known bug planted in the block (parallel/testing.hpp).
+  testing::Mutation planted = testing::Mutation::kNone;
 
   int tp_rank() const { return tp->rank(); }
   int tp_size() const { return tp->size(); }

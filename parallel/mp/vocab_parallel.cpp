@@ -84,7 +84,8 @@ template <class T>
 std::vector<double> vocab_head_forward(comm::Communicator& tp, const ref::Tensor<T>& y,
                                        const ref::Tensor<T>& weight_local, bool tied,
                                        int64_t vocab_offset, std::span<const int32_t> targets,
-                                       std::span<const int32_t> mask, VocabHeadCache<T>& cache) {
+                                       std::span<const int32_t> mask, VocabHeadCache<T>& cache,
+                                       testing::Mutation planted) {
   const int64_t vl = local_vocab(y, weight_local, tied);
   const int64_t n = y.dim(0), h = y.dim(1);
   const auto un = static_cast<std::size_t>(n);
@@ -126,7 +127,7 @@ std::vector<double> vocab_head_forward(comm::Communicator& tp, const ref::Tensor
   }
   const std::vector<T> local_sums = sums;
   if (reduce) tp.all_reduce(std::span<T>(sums))->wait();
-  if (testing::mutated(testing::Mutation::kVocabTargetNotReduced)) {
+  if (planted == testing::Mutation::kVocabTargetNotReduced) {
     std::copy(local_sums.begin() + static_cast<std::ptrdiff_t>(un), local_sums.end(),
               sums.begin() + static_cast<std::ptrdiff_t>(un));
   }
@@ -236,18 +237,18 @@ void tp_unslice(const ref::Tensor<T>& local, TpSplit split, int tp, int rank,
   }
 }
 
-#define SHARDCHECK_VOCAB(T)                                                                    \
-  template ref::Tensor<T> vocab_embed_forward(const ref::Tensor<T>&, int64_t,                  \
-                                              std::span<const int32_t>);                       \
-  template void vocab_embed_backward(const ref::Tensor<T>&, int64_t, std::span<const int32_t>, \
-                                     ref::Tensor<T>&);                                         \
-  template std::vector<double> vocab_head_forward(                                             \
-      comm::Communicator&, const ref::Tensor<T>&, const ref::Tensor<T>&, bool, int64_t,        \
-      std::span<const int32_t>, std::span<const int32_t>, VocabHeadCache<T>&);                 \
-  template ref::Tensor<T> vocab_head_backward(                                                 \
-      comm::Communicator&, const ref::Tensor<T>&, const ref::Tensor<T>&, bool,                 \
-      const VocabHeadCache<T>&, std::span<const double>, ref::Tensor<T>&);                     \
-  template ref::Tensor<T> tp_slice(const ref::Tensor<T>&, TpSplit, int, int);                  \
+#define SHARDCHECK_VOCAB(T)                                                                       \
+  template ref::Tensor<T> vocab_embed_forward(const ref::Tensor<T>&, int64_t,                     \
+                                              std::span<const int32_t>);                          \
+  template void vocab_embed_backward(const ref::Tensor<T>&, int64_t, std::span<const int32_t>,    \
+                                     ref::Tensor<T>&);                                            \
+  template std::vector<double> vocab_head_forward(                                                \
+      comm::Communicator&, const ref::Tensor<T>&, const ref::Tensor<T>&, bool, int64_t,           \
+      std::span<const int32_t>, std::span<const int32_t>, VocabHeadCache<T>&, testing::Mutation); \
+  template ref::Tensor<T> vocab_head_backward(                                                    \
+      comm::Communicator&, const ref::Tensor<T>&, const ref::Tensor<T>&, bool,                    \
+      const VocabHeadCache<T>&, std::span<const double>, ref::Tensor<T>&);                        \
+  template ref::Tensor<T> tp_slice(const ref::Tensor<T>&, TpSplit, int, int);                     \
   template void tp_unslice(const ref::Tensor<T>&, TpSplit, int, int, ref::Tensor<T>&);
 SHARDCHECK_VOCAB(double)
 SHARDCHECK_VOCAB(float)

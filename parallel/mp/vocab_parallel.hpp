@@ -14,6 +14,7 @@
 
 #include "comm/communicator.hpp"
 #include "parallel/mp/tokens.hpp"
+#include "parallel/testing.hpp"
 #include "reference/tensor.hpp"
 
 namespace shardcheck::parallel {
@@ -59,12 +60,14 @@ struct VocabHeadCache {
 // of [sum exp | target logit] (only the owner of a row's target contributes its logit). Returns
 // the per-row loss logsumexp - logit[target] where mask == 1, 0 elsewhere, identical on every TP
 // rank, equal to ref::cross_entropy_forward on the full logits. Targets of masked-out rows are not
-// read (they may be out of range).
+// read (they may be out of range). planted (tests): kVocabTargetNotReduced leaves the target logit
+// unsummed over TP.
 template <class T>
 std::vector<double> vocab_head_forward(comm::Communicator& tp, const ref::Tensor<T>& y,
                                        const ref::Tensor<T>& weight_local, bool tied,
                                        int64_t vocab_offset, std::span<const int32_t> targets,
-                                       std::span<const int32_t> mask, VocabHeadCache<T>& cache);
+                                       std::span<const int32_t> mask, VocabHeadCache<T>& cache,
+                                       testing::Mutation planted = testing::Mutation::kNone);
 
 // row_weight[t]: the loss weight of row t (token_weight for mask == 1 rows, 0 otherwise), as
 // ref::cross_entropy_backward's weight. ADDS into dweight_local (same shape as weight_local) this

@@ -65,8 +65,9 @@ TEST(RunCommand, PlantedBugsFailTheGate) {
   using parallel::testing::Mutation;
   for (Mutation m : {Mutation::kMeanOfRankMeans, Mutation::kLocalNormClip, Mutation::kSkipBucket,
                      Mutation::kWrongShardOffset, Mutation::kSameSamples}) {
-    parallel::testing::ScopedMutation planted(m);
-    const RunResult r = run_scenario(s);
+    RunOptions o;
+    o.planted = m;
+    const RunResult r = run_scenario(s, o);
     EXPECT_FALSE(r.pass()) << "mutation " << static_cast<int>(m) << " was not caught";
   }
 }

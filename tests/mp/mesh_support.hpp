@@ -59,8 +59,8 @@ inline test::DpRun mesh_run(const Scenario& s, const MeshOptions& o) {
                                     s.seed, true);
     test::Trace& mine = out.ranks[static_cast<std::size_t>(c.rank())];
     for (int n = 1; n <= s.train.steps; ++n) {
-      const ref::Batch local =
-          rank_batch(ds, sampler.next_global_batch(), engine.data_rank(), engine.data_world());
+      const ref::Batch local = rank_batch(ds, sampler.next_global_batch(), engine.data_rank(),
+                                          engine.data_world(), o.planted);
       mine.steps.push_back(engine.step(local));
       mine.params.push_back(engine.full_params());
     }

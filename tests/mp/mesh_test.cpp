@@ -86,8 +86,9 @@ TEST(MeshEngine, ReplicatedKvHeadsWhenTpExceedsThem) {
     const Parity p = parity(s, o);
     EXPECT_LE(p.max(), test::kF64Tolerance) << o.shape.world_size() << ": " << p.worst;
   }
-  testing::ScopedMutation m(testing::Mutation::kGqaWrongHeadMapping);
-  EXPECT_GT(parity(mesh_dense(), mesh({.tp = 4})).max(), 1e-6);
+  MeshOptions wrong = mesh({.tp = 4});
+  wrong.planted = testing::Mutation::kGqaWrongHeadMapping;
+  EXPECT_GT(parity(mesh_dense(), wrong).max(), 1e-6);
 }
 
 }  // namespace
@@ -133,8 +134,9 @@ TEST(MeshEngineMutations, EveryPlantedBugIsCaught) {
     const Scenario s = c.moe ? mesh_moe() : mesh_dense();
     const Parity clean = parity(s, c.options);
     EXPECT_LE(clean.max(), test::kF64Tolerance) << c.name << " (clean): " << clean.worst;
-    testing::ScopedMutation m(c.mutation);
-    const Parity bad = parity(s, c.options);
+    MeshOptions planted = c.options;
+    planted.planted = c.mutation;
+    const Parity bad = parity(s, planted);
     EXPECT_GT(bad.max(), 1e-6) << c.name << " was not caught";
     std::printf("%-40s clean %.2e  planted %.2e (%s)\n", c.name, clean.max(), bad.max(),
                 bad.worst.c_str());

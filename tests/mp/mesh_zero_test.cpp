@@ -57,8 +57,9 @@ TEST(MeshEngineZero, WrongShardOffsetIsCaught) {
     const MeshOptions o = zero(mesh({.dp = 3, .tp = 2}), z);
     const Parity clean = parity(s, o);
     EXPECT_LE(clean.max(), test::kF64Tolerance) << "zero" << z << ": " << clean.worst;
-    testing::ScopedMutation m(testing::Mutation::kWrongShardOffset);
-    const Parity bad = parity(s, o);
+    MeshOptions planted = o;
+    planted.planted = testing::Mutation::kWrongShardOffset;
+    const Parity bad = parity(s, planted);
     EXPECT_GT(bad.max(), 1e-6) << "zero" << z << ": wrong shard offset was not caught";
     std::printf("wrong shard offset zero%d: clean %.2e planted %.2e (%s)\n", z, clean.max(),
                 bad.max(), bad.worst.c_str());

@@ -65,7 +65,7 @@ ref::Tensor<T> full_weight(bool tied) {
 }
 
 template <class T>
-HeadRun<T> run_head(int tp, bool tied) {
+HeadRun<T> run_head(int tp, bool tied, testing::Mutation planted = testing::Mutation::kNone) {
   const ref::Tensor<T> y = random_tensor<T>({kN, kH}, 7);
   const ref::Tensor<T> w = full_weight<T>(tied);
   const std::vector<double> weights = row_weights();
@@ -79,7 +79,8 @@ HeadRun<T> run_head(int tp, bool tied) {
     const VocabShard shard = vocab_shard(kV, tp, g.rank());
     const ref::Tensor<T> w_local = tp_slice(w, split, tp, g.rank());
     VocabHeadCache<T> cache;
-    out.loss[r] = vocab_head_forward(g, y, w_local, tied, shard.offset, kTargets, kMask, cache);
+    out.loss[r] =
+        vocab_head_forward(g, y, w_local, tied, shard.offset, kTargets, kMask, cache, planted);
     dw_local[r] = ref::Tensor<T>(w_local.shape());
     out.dy[r] = vocab_head_backward(g, y, w_local, tied, cache, weights, dw_local[r]);
   });
@@ -149,12 +150,12 @@ TEST(VocabHead, TargetLogitNotReducedIsCaught) {
   const std::vector<double> want =
       ref::cross_entropy_forward(ref::linear_t_forward(y, w), kTargets, kMask);
   {
-    const testing::ScopedMutation m(testing::Mutation::kVocabTargetNotReduced);
-    const HeadRun<double> bad = run_head<double>(2, true);
+    const testing::Mutation planted = testing::Mutation::kVocabTargetNotReduced;
+    const HeadRun<double> bad = run_head<double>(2, true, planted);
     EXPECT_GT(max_rel_err(bad.loss[0], want), 1e-3);  // rank 0 lacks targets 17, 31
     EXPECT_GT(max_rel_err(bad.loss[1], want), 1e-3);  // rank 1 lacks targets 3, 8
     EXPECT_NE(bad.loss[0], bad.loss[1]);
-    EXPECT_EQ(run_head<double>(1, true).loss[0], want);  // tp 1: nothing to reduce, unaffected
+    EXPECT_EQ(run_head<double>(1, true, planted).loss[0], want);  // tp 1: nothing to reduce
   }
   EXPECT_LE(max_rel_err(run_head<double>(2, true).loss[0], want), 1e-12);
 }

@@ -37,11 +37,8 @@ TEST_P(PlantedBug, ParityCatchesIt) {
   DataParallelOptions o{.strategy = c.strategy, .bucket_elems = 500};
   o.fsdp = c.fsdp;
   const Parity clean = compare(want, dp_run(s, c.world, o));
-  Parity bad;
-  {
-    testing::ScopedMutation m(c.mutation);
-    bad = compare(want, dp_run(s, c.world, o));
-  }
+  o.planted = c.mutation;
+  const Parity bad = compare(want, dp_run(s, c.world, o));
   std::printf("mutation %s (%s dp%d): clean %.2e, planted %.2e at %s\n", c.name,
               std::string(name_of(c.strategy)).c_str(), c.world, clean.max(), bad.max(),
               bad.worst.c_str());
@@ -71,12 +68,24 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"same_samples_ddp", Mutation::kSameSamples, Strategy::ddp, 4},
         Case{"same_samples_zero2_moe", Mutation::kSameSamples, Strategy::zero2, 2, true},
         Case{"mean_of_rank_means_fsdp", Mutation::kMeanOfRankMeans, Strategy::fsdp, 4},
-        Case{"local_norm_clip_fsdp_hybrid", Mutation::kLocalNormClip, Strategy::fsdp, 4, true,
+        Case{"local_norm_clip_fsdp_hybrid",
+             Mutation::kLocalNormClip,
+             Strategy::fsdp,
+             4,
+             true,
              {.sharding = ShardingStrategy::hybrid_shard, .shard_group_size = 2}},
         Case{"skip_unit_fsdp", Mutation::kSkipBucket, Strategy::fsdp, 3, false, {.prefetch = 2}},
-        Case{"wrong_shard_offset_fsdp", Mutation::kWrongShardOffset, Strategy::fsdp, 8, false,
+        Case{"wrong_shard_offset_fsdp",
+             Mutation::kWrongShardOffset,
+             Strategy::fsdp,
+             8,
+             false,
              {.wrap = WrapPolicy::layer_group, .blocks_per_unit = 2}},
-        Case{"same_samples_fsdp_moe", Mutation::kSameSamples, Strategy::fsdp, 2, true,
+        Case{"same_samples_fsdp_moe",
+             Mutation::kSameSamples,
+             Strategy::fsdp,
+             2,
+             true,
              {.sharding = ShardingStrategy::shard_grad_op}}),
     case_name);
 

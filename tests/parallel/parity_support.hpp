@@ -113,7 +113,8 @@ inline DpRun dp_run(const Scenario& s, int world, DataParallelOptions options) {
                                     s.seed, true);
     Trace& mine = out.ranks[static_cast<std::size_t>(c.rank())];
     for (int n = 1; n <= s.train.steps; ++n) {
-      const ref::Batch local = rank_batch(ds, sampler.next_global_batch(), c.rank(), c.size());
+      const ref::Batch local =
+          rank_batch(ds, sampler.next_global_batch(), c.rank(), c.size(), options.planted);
       mine.steps.push_back(engine.step(local));
       mine.params.push_back(engine.full_params());
     }
