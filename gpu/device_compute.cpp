@@ -10,7 +10,6 @@
 #include <string>
 
 #include "gpu/ops.hpp"
-#include "reference/testing.hpp"
 
 namespace shardcheck::gpu {
 
@@ -316,8 +315,6 @@ bool attn_fwd(Impl& m, const ref::Tensor<T>& q, const ref::Tensor<T>& k, const r
               std::span<const int32_t> doc_ids, ref::AttentionShape shape,
               const ref::AttentionDropout& dropout, ref::Tensor<T>& o, ref::Tensor<T>* probs) {
   int64_t s = 0, d = 0;
-  // The test-only mutation that drops the document mask lives in the CPU loops: let them run it.
-  if (ref::testing::mutated(ref::testing::Mutation::kNoDocumentMask)) return false;
   if (!attention_dims(q, k, v, shape, s, d)) return false;
   const auto su = static_cast<std::size_t>(s);
   if (doc_ids.size() < su || o.shape() != q.shape()) return false;

@@ -11,9 +11,7 @@
 //
 // An op returns false (the CPU loops run) where the device op has a limit: any dimension 0 (an
 // empty shard, an expert with no tokens), a GEMM dimension over INT_MAX, an attention row over
-// the kernels' shared memory (see kMaxAttentionRowBytes), shapes the CPU op would reject, and
-// attention forward while the reference's test-only kNoDocumentMask mutation is set (the CPU loops
-// plant it).
+// the kernels' shared memory (see kMaxAttentionRowBytes) and shapes the CPU op would reject.
 // CUDA and cuBLAS errors throw std::runtime_error naming the op and the error.
 //
 // One object per thread at a time (it owns one stream and one cuBLAS handle); it may move between

@@ -1,6 +1,8 @@
-// Test-only switches that plant known bugs in the reference, so tests can prove that the checks
-// built on it fail when they should. Never set outside tests; the default is no mutation. Not
-// synchronised: set it only while no other thread runs reference code.
+// Known bugs planted in the reference, so tests can prove that the checks built on it fail when
+// they should. They exist only in the test build of the reference (the shardcheck_reference_planted
+// library, compiled with SHARDCHECK_PLANTED_BUGS): in every other build mutated() is a constant
+// false and no switch exists. In the test build the switch is process-wide and not synchronised:
+// set it only while no other thread runs reference code.
 #pragma once
 
 namespace shardcheck::ref::testing {
@@ -12,6 +14,7 @@ enum class Mutation {
   kNoDocumentMask,       // attention ignores document ids (causal only)
 };
 
+#ifdef SHARDCHECK_PLANTED_BUGS
 inline Mutation& mutation() {
   static Mutation m = Mutation::kNone;
   return m;
@@ -31,5 +34,10 @@ class ScopedMutation {
  private:
   Mutation previous_;
 };
+#else
+constexpr bool mutated(Mutation) {
+  return false;
+}
+#endif
 
 }  // namespace shardcheck::ref::testing

@@ -55,7 +55,7 @@ comm::WorkPtr SimCommunicator::do_all_reduce(comm::ConstBuffer send, comm::Buffe
           srcs.push_back(at(s.send[static_cast<std::size_t>(r)], c.begin));
           dsts.push_back(at(s.recv[static_cast<std::size_t>(r)], c.begin));
         }
-        reduce_into(desc.dtype, o.op, srcs, dsts, c.size(), rank_);
+        reduce_into(desc.dtype, o.op, srcs, dsts, c.size(), rank_, world_->options().planted);
       });
   return work(slot);
 }
@@ -82,7 +82,8 @@ comm::WorkPtr SimCommunicator::do_reduce_scatter(comm::ConstBuffer send, comm::B
         for (int r = 0; r < s.size; ++r)
           srcs.push_back(at(s.send[static_cast<std::size_t>(r)], off));
         void* dst = recv.data;
-        reduce_into(desc.dtype, o.op, srcs, std::span<void* const>(&dst, 1), desc.count, rank_);
+        reduce_into(desc.dtype, o.op, srcs, std::span<void* const>(&dst, 1), desc.count, rank_,
+                    world_->options().planted);
       });
   return work(slot);
 }

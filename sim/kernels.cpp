@@ -3,7 +3,6 @@
 #include "sim/kernels.hpp"
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -17,18 +16,6 @@
 #endif
 
 namespace shardcheck::sim {
-
-namespace testing {
-namespace {
-std::atomic<Mutation> g_mutation{Mutation::none};
-}
-void set_mutation(Mutation m) {
-  g_mutation.store(m, std::memory_order_relaxed);
-}
-Mutation mutation() {
-  return g_mutation.load(std::memory_order_relaxed);
-}
-}  // namespace testing
 
 void copy_bytes(void* dst, const void* src, std::size_t bytes, bool stream) {
   if (bytes == 0 || dst == src) return;
@@ -145,12 +132,12 @@ constexpr std::size_t kTile = 2048;
 
 template <class T>
 void reduce_typed(ReduceOp op, std::span<const void* const> srcs, std::span<void* const> dsts,
-                  std::size_t count, int chunk_index) {
+                  std::size_t count, int chunk_index, testing::Mutation planted) {
   using A = typename Acc<T>::type;
   const int n = static_cast<int>(srcs.size());
-  const bool reversed = testing::mutation() == testing::Mutation::reverse_order_on_odd_chunks &&
-                        (chunk_index % 2) == 1;
-  if (testing::mutation() == testing::Mutation::skip_last_element_of_chunk && count > 0) --count;
+  const bool reversed =
+      planted == testing::Mutation::reverse_order_on_odd_chunks && (chunk_index % 2) == 1;
+  if (planted == testing::Mutation::skip_last_element_of_chunk && count > 0) --count;
   A acc[kTile];
   T out[kTile];
   const bool stream = count * sizeof(T) >= kStreamBytes;
@@ -188,10 +175,12 @@ void reduce_typed(ReduceOp op, std::span<const void* const> srcs, std::span<void
 }  // namespace
 
 void reduce_into(comm::DType dtype, comm::ReduceOp op, std::span<const void* const> srcs,
-                 std::span<void* const> dsts, std::size_t count, int chunk_index) {
+                 std::span<void* const> dsts, std::size_t count, int chunk_index,
+                 testing::Mutation planted) {
   if (count == 0 || srcs.empty() || dsts.empty()) return;
-  comm::visit_dtype(
-      dtype, [&](auto tag) { reduce_typed<decltype(tag)>(op, srcs, dsts, count, chunk_index); });
+  comm::visit_dtype(dtype, [&](auto tag) {
+    reduce_typed<decltype(tag)>(op, srcs, dsts, count, chunk_index, planted);
+  });
 }
 
 }  // namespace shardcheck::sim

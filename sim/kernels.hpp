@@ -6,6 +6,7 @@
 #include <span>
 
 #include "comm/communicator.hpp"
+#include "sim/testing.hpp"
 
 namespace shardcheck::sim {
 
@@ -29,8 +30,9 @@ void copy_fence();
 // For k in [0, count): value = op over srcs[0][k], srcs[1][k], ... in that order (avg divides the
 // sum by srcs.size()); the same value is written to dsts[d][k] for every d. Floating types
 // accumulate in their own precision (f64, f32) or f32 (bf16, f16) and round once. A dst may alias
-// a src at the same index. `chunk_index` only matters under a test mutation.
+// a src at the same index. `chunk_index` only matters for a planted bug (tests).
 void reduce_into(comm::DType dtype, comm::ReduceOp op, std::span<const void* const> srcs,
-                 std::span<void* const> dsts, std::size_t count, int chunk_index = 0);
+                 std::span<void* const> dsts, std::size_t count, int chunk_index = 0,
+                 testing::Mutation planted = testing::Mutation::none);
 
 }  // namespace shardcheck::sim

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "sim/faults.hpp"
+#include "sim/testing.hpp"
 #include "sim/topology.hpp"
 
 namespace shardcheck::sim {
@@ -19,6 +20,8 @@ struct SimOptions {
   bool checksum_payloads = false;
   // Keep timeline events (one per op per rank). Off saves memory in very large timing runs.
   bool record_timeline = true;
+  // Internal use (tests): a known bug planted in this world's reduction kernels (sim/testing.hpp).
+  testing::Mutation planted = testing::Mutation::none;
 };
 
 }  // namespace shardcheck::sim

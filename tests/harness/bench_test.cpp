@@ -9,8 +9,11 @@
 namespace shardcheck::harness {
 namespace {
 
-BenchResult small_bench(int ranks, BenchOp op, comm::DType dt, comm::ReduceOp redop) {
-  sim::SimWorld w(ranks);
+BenchResult small_bench(int ranks, BenchOp op, comm::DType dt, comm::ReduceOp redop,
+                        sim::testing::Mutation planted = sim::testing::Mutation::none) {
+  sim::SimOptions so;
+  so.planted = planted;
+  sim::SimWorld w(ranks, so);
   BenchOptions o;
   o.op = op;
   o.dtype = dt;
@@ -49,15 +52,13 @@ TEST(BenchCollectives, BusBandwidthFactorsAreNcclTests) {
 }
 
 TEST(BenchCollectives, PlantedBugsShowUpAsWrongElements) {
-  {
-    sim::testing::ScopedMutation m(sim::testing::Mutation::skip_last_element_of_chunk);
-    EXPECT_GT(
-        small_bench(4, BenchOp::all_reduce, comm::DType::f32, comm::ReduceOp::sum).total_wrong(),
-        0u);
-    EXPECT_GT(small_bench(4, BenchOp::reduce_scatter, comm::DType::i32, comm::ReduceOp::max)
-                  .total_wrong(),
-              0u);
-  }
+  const auto planted = sim::testing::Mutation::skip_last_element_of_chunk;
+  EXPECT_GT(small_bench(4, BenchOp::all_reduce, comm::DType::f32, comm::ReduceOp::sum, planted)
+                .total_wrong(),
+            0u);
+  EXPECT_GT(small_bench(4, BenchOp::reduce_scatter, comm::DType::i32, comm::ReduceOp::max, planted)
+                .total_wrong(),
+            0u);
   EXPECT_EQ(
       small_bench(4, BenchOp::all_reduce, comm::DType::f32, comm::ReduceOp::sum).total_wrong(), 0u);
 }

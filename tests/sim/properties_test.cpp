@@ -40,13 +40,16 @@ std::vector<T> random_values(std::uint64_t seed, std::size_t count) {
 // bitwise from the serial definition.
 template <class T>
 std::size_t all_reduce_wrong(int n, std::size_t count, ReduceOp op, bool in_place,
-                             std::uint64_t seed) {
+                             std::uint64_t seed,
+                             sim::testing::Mutation planted = sim::testing::Mutation::none) {
   std::vector<std::vector<T>> in;
   for (int r = 0; r < n; ++r)
     in.push_back(random_values<T>(seed + static_cast<std::uint64_t>(r), count));
   const std::vector<T> want = serial_reduce(in, op);
   std::vector<std::size_t> wrong(static_cast<std::size_t>(n));
-  sim::SimWorld w(n);
+  sim::SimOptions so;
+  so.planted = planted;
+  sim::SimWorld w(n, so);
   w.run([&](Communicator& c) {
     std::vector<T> mine = in[static_cast<std::size_t>(c.rank())], out(count);
     if (in_place) {
@@ -200,14 +203,16 @@ TEST(Determinism, BitwiseIdenticalAcrossRunsWithRandomDelays) {
 // The checks above must be able to fail: plant each bug and require that it is caught.
 TEST(Mutations, ReversedReductionOrderIsCaught) {
   ASSERT_EQ(all_reduce_wrong<float>(4, 1000, ReduceOp::sum, false, 7), 0u);
-  sim::testing::ScopedMutation m(sim::testing::Mutation::reverse_order_on_odd_chunks);
-  EXPECT_GT(all_reduce_wrong<float>(4, 1000, ReduceOp::sum, false, 7), 0u);
+  EXPECT_GT(all_reduce_wrong<float>(4, 1000, ReduceOp::sum, false, 7,
+                                    sim::testing::Mutation::reverse_order_on_odd_chunks),
+            0u);
 }
 
 TEST(Mutations, ChunkBoundaryBugIsCaught) {
   ASSERT_EQ(all_reduce_wrong<double>(3, 13, ReduceOp::sum, true, 11), 0u);
-  sim::testing::ScopedMutation m(sim::testing::Mutation::skip_last_element_of_chunk);
-  EXPECT_GT(all_reduce_wrong<double>(3, 13, ReduceOp::sum, true, 11), 0u);
+  EXPECT_GT(all_reduce_wrong<double>(3, 13, ReduceOp::sum, true, 11,
+                                     sim::testing::Mutation::skip_last_element_of_chunk),
+            0u);
 }
 
 }  // namespace
