@@ -20,6 +20,8 @@ std::string_view name_of(Axis a) {
       return "cp";
     case Axis::ep:
       return "ep";
+    case Axis::edp:
+      return "edp";
   }
   return "?";
 }
@@ -36,6 +38,8 @@ int MeshShape::size(Axis a) const {
       return cp;
     case Axis::ep:
       return ep;
+    case Axis::edp:
+      return ep > 0 ? dp / ep : 0;
   }
   return 1;
 }
@@ -51,16 +55,24 @@ DeviceMesh::DeviceMesh(MeshShape shape, std::string_view order) : shape_(shape) 
     if (shape_.size(a) < 1)
       throw MeshError("mesh axis " + std::string(name_of(a)) + " has size " +
                       std::to_string(shape_.size(a)) + "; expected an integer >= 1");
-  std::array<bool, 5> seen{};
+  if (shape_.dp % shape_.ep != 0)
+    throw MeshError("ep (" + std::to_string(shape_.ep) + ") must divide dp (" +
+                    std::to_string(shape_.dp) +
+                    "): the expert-parallel ranks are carved out of the data-parallel ranks "
+                    "(world = dp x tp x pp x cp); expert ranks carved from context-parallel ranks "
+                    "are not built yet");
+  // The order names the five physical factors: "dp" places edp (dp = ep x edp), "ep" places ep.
+  const std::array<Axis, 5> factors = {Axis::edp, Axis::tp, Axis::pp, Axis::cp, Axis::ep};
+  const auto token = [](Axis a) { return a == Axis::edp ? std::string_view("dp") : name_of(a); };
+  std::array<bool, 6> seen{};
   std::size_t n = 0;
   std::size_t pos = 0;
   while (!order.empty() && pos <= order.size()) {
     const std::size_t dash = order.find('-', pos);
     const std::string_view tok =
         order.substr(pos, dash == std::string_view::npos ? std::string_view::npos : dash - pos);
-    auto it =
-        std::find_if(kAllAxes.begin(), kAllAxes.end(), [&](Axis a) { return name_of(a) == tok; });
-    if (it == kAllAxes.end())
+    auto it = std::find_if(factors.begin(), factors.end(), [&](Axis a) { return token(a) == tok; });
+    if (it == factors.end())
       throw MeshError("order \"" + std::string(order) + "\": unknown axis \"" + std::string(tok) +
                       "\"; expected axes dp, tp, pp, cp, ep joined by '-'");
     if (seen[idx(*it)])
@@ -71,11 +83,12 @@ DeviceMesh::DeviceMesh(MeshShape shape, std::string_view order) : shape_(shape) 
     if (dash == std::string_view::npos) break;
     pos = dash + 1;
   }
-  for (Axis a : kAllAxes) {
+  for (Axis a : factors) {
     if (seen[idx(a)]) continue;
     if (shape_.size(a) != 1)
       throw MeshError("order \"" + std::string(order) + "\" leaves out axis " +
-                      std::string(name_of(a)) + " of size " + std::to_string(shape_.size(a)));
+                      std::string(token(a)) + " of size " +
+                      std::to_string(a == Axis::edp ? shape_.dp : shape_.size(a)));
     order_[n++] = a;
   }
   int stride = 1;
@@ -89,22 +102,49 @@ std::string DeviceMesh::order_string() const {
   std::string s;
   for (Axis a : order_) {
     if (!s.empty()) s += '-';
-    s += name_of(a);
+    s += a == Axis::edp ? std::string_view("dp") : name_of(a);
   }
   return s;
+}
+
+std::vector<Axis> DeviceMesh::physical(std::span<const Axis> axes) const {
+  std::vector<Axis> out;
+  const auto add = [&](Axis a) {
+    if (std::find(out.begin(), out.end(), a) == out.end()) out.push_back(a);
+  };
+  for (Axis a : axes) {
+    if (a == Axis::dp) {
+      add(Axis::ep);
+      add(Axis::edp);
+    } else {
+      add(a);
+    }
+  }
+  return out;
+}
+
+int DeviceMesh::digit(int rank, Axis a) const {
+  return (rank / stride_[idx(a)]) % shape_.size(a);
 }
 
 int DeviceMesh::coord(int rank, Axis a) const {
   SC_CHECK(rank >= 0 && rank < world_size(),
            "rank " << rank << " outside mesh of " << world_size());
-  return (rank / stride_[idx(a)]) % shape_.size(a);
+  if (a != Axis::dp) return digit(rank, a);
+  // The position in the ascending dense group: the faster of the two factors is the low digit.
+  const bool ep_fast = stride_[idx(Axis::ep)] < stride_[idx(Axis::edp)];
+  const Axis fast = ep_fast ? Axis::ep : Axis::edp, slow = ep_fast ? Axis::edp : Axis::ep;
+  return digit(rank, fast) + shape_.size(fast) * digit(rank, slow);
 }
 
 std::vector<int> DeviceMesh::group(int rank, std::span<const Axis> axes) const {
+  SC_CHECK(rank >= 0 && rank < world_size(),
+           "rank " << rank << " outside mesh of " << world_size());
+  const std::vector<Axis> phys = physical(axes);
   int base = rank;
-  for (Axis a : axes) base -= coord(rank, a) * stride_[idx(a)];
+  for (Axis a : phys) base -= digit(rank, a) * stride_[idx(a)];
   std::vector<int> members{base};
-  for (Axis a : axes) {
+  for (Axis a : phys) {
     std::vector<int> next;
     for (int m : members)
       for (int c = 0; c < shape_.size(a); ++c) next.push_back(m + c * stride_[idx(a)]);
@@ -115,11 +155,12 @@ std::vector<int> DeviceMesh::group(int rank, std::span<const Axis> axes) const {
 }
 
 int DeviceMesh::group_index(int rank, std::span<const Axis> axes) const {
+  const std::vector<Axis> phys = physical(axes);
   int index = 0;
   int radix = 1;
   for (Axis a : order_) {
-    if (std::find(axes.begin(), axes.end(), a) != axes.end()) continue;
-    index += coord(rank, a) * radix;
+    if (std::find(phys.begin(), phys.end(), a) != phys.end()) continue;
+    index += digit(rank, a) * radix;
     radix *= shape_.size(a);
   }
   return index;
@@ -128,22 +169,34 @@ int DeviceMesh::group_index(int rank, std::span<const Axis> axes) const {
 std::string DeviceMesh::table() const {
   std::ostringstream os;
   os << "mesh dp=" << shape_.dp << " tp=" << shape_.tp << " pp=" << shape_.pp << " cp=" << shape_.cp
-     << " ep=" << shape_.ep << " order=" << order_string() << " world=" << world_size() << "\n";
-  std::array<std::size_t, 5> width{};
-  for (Axis a : kAllAxes) {
-    width[idx(a)] = 8;  // "dp-group"
+     << " ep=" << shape_.ep << " (expert dp = dp x cp / ep = " << shape_.size(Axis::edp) * shape_.cp
+     << ") order=" << order_string() << " world=" << world_size() << "\n";
+  // Columns: the five axes' groups, then the expert-data-parallel group (edp x cp).
+  const std::array<Axis, 2> expert_dp = {Axis::edp, Axis::cp};
+  const auto members = [&](int r, std::size_t col) {
+    return col < kAllAxes.size() ? group(r, kAllAxes[col]) : group(r, expert_dp);
+  };
+  const std::size_t cols = kAllAxes.size() + 1;
+  std::vector<std::size_t> width(cols, 8);  // "dp-group"
+  width.back() = 9;                         // "edp-group"
+  for (std::size_t col = 0; col < cols; ++col)
     for (int r = 0; r < world_size(); ++r)
-      width[idx(a)] = std::max(width[idx(a)], rank_list(group(r, a)).size());
-  }
+      width[col] = std::max(width[col], rank_list(members(r, col)).size());
   auto pad = [](std::string s, std::size_t w) { return s + std::string(w - s.size(), ' '); };
   os << "rank  dp tp pp cp ep";
-  for (Axis a : kAllAxes) os << "  " << pad(std::string(name_of(a)) + "-group", width[idx(a)]);
+  for (std::size_t col = 0; col < cols; ++col)
+    os << "  "
+       << pad(std::string(col < kAllAxes.size() ? name_of(kAllAxes[col]) : "edp") + "-group",
+              width[col]);
   os << "\n";
   for (int r = 0; r < world_size(); ++r) {
     const std::string rs = std::to_string(r);
     os << std::string(rs.size() < 4 ? 4 - rs.size() : 0, ' ') << rs << " ";
     for (Axis a : kAllAxes) os << (coord(r, a) < 10 ? "  " : " ") << coord(r, a);
-    for (Axis a : kAllAxes) os << "  " << pad(rank_list(group(r, a)), width[idx(a)]);
+    for (std::size_t col = 0; col < cols; ++col) {
+      const std::string m = rank_list(members(r, col));
+      os << "  " << (col + 1 < cols ? pad(m, width[col]) : m);  // no trailing blanks
+    }
     os << "\n";
   }
   return os.str();
@@ -151,7 +204,8 @@ std::string DeviceMesh::table() const {
 
 Communicator& MeshGroups::get(Axis a) {
   std::unique_ptr<Communicator>* slots[] = {&dp, &tp, &pp, &cp, &ep};
-  SC_CHECK(*slots[idx(a)], "mesh group " << name_of(a) << " was not built");
+  SC_CHECK(idx(a) < kAllAxes.size() && *slots[idx(a)],
+           "mesh group " << name_of(a) << " was not built");
   return **slots[idx(a)];
 }
 

@@ -1,7 +1,10 @@
-// DeviceMesh: the five parallel axes (dp, tp, pp, cp, ep) laid over world ranks by an order string,
+// DeviceMesh: the parallel axes (dp, tp, pp, cp, ep) laid over world ranks by an order string,
 // Megatron-style: "tp-cp-ep-dp-pp" lists axes from fastest-varying (adjacent ranks) to slowest.
-// The world size is the product of the five sizes. Builds each rank's process groups; no backend
-// code.
+// Expert parallelism is carved out of data parallelism, as in Megatron-Core, torchtitan and
+// DeepSpeed: world = dp * tp * pp * cp, and ep divides dp. The dp ranks of a dense layer's group
+// are laid as ep x edp (edp = dp / ep, the expert-data-parallel factor): "ep" in the order string
+// places the ep factor, "dp" the edp factor, so {"dp": 8, "ep": 4} is 8 ranks. Builds each rank's
+// process groups; no backend code.
 #pragma once
 
 #include <array>
@@ -15,14 +18,16 @@
 
 namespace shardcheck::comm {
 
-enum class Axis : std::uint8_t { dp, tp, pp, cp, ep };
+// The mesh's five axes, and edp: the expert-data-parallel factor of dp (dp / ep), whose group with
+// cp is the expert parameters' gradient-sum group (Megatron's expert data parallel, dp * cp / ep).
+enum class Axis : std::uint8_t { dp, tp, pp, cp, ep, edp };
 inline constexpr std::array<Axis, 5> kAllAxes = {Axis::dp, Axis::tp, Axis::pp, Axis::cp, Axis::ep};
 std::string_view name_of(Axis a);
 
 struct MeshShape {
-  int dp = 1, tp = 1, pp = 1, cp = 1, ep = 1;
-  int size(Axis a) const;
-  int world_size() const { return dp * tp * pp * cp * ep; }
+  int dp = 1, tp = 1, pp = 1, cp = 1, ep = 1;  // ep divides dp (DeviceMesh checks)
+  int size(Axis a) const;                      // edp: dp / ep
+  int world_size() const { return dp * tp * pp * cp; }
 };
 
 // A mesh the caller asked for that cannot exist (bad order string, size < 1).
@@ -42,6 +47,8 @@ class DeviceMesh {
   int size(Axis a) const { return shape_.size(a); }
   std::string order_string() const;  // the full order, all five axes
 
+  // The rank's index along a (dp: its position in its dense data-parallel group, which spans the
+  // ep and edp factors).
   int coord(int rank, Axis a) const;
   // World ranks of the group of `rank` that varies along `axes` (others fixed), ascending.
   std::vector<int> group(int rank, std::span<const Axis> axes) const;
@@ -51,13 +58,17 @@ class DeviceMesh {
   // Which group of that kind `rank` is in: 0 .. world/prod(sizes of axes) - 1. Used as split color.
   int group_index(int rank, std::span<const Axis> axes) const;
 
-  // The rank -> group table: one line per rank with its coordinates and each axis group.
+  // The rank -> group table: one line per rank with its coordinates, each axis group and the
+  // expert-data-parallel group (edp x cp).
   std::string table() const;
 
  private:
+  // The physical factors the ranks are laid over: tp, pp, cp, ep and edp (dp = ep x edp).
+  std::vector<Axis> physical(std::span<const Axis> axes) const;
+  int digit(int rank, Axis physical_axis) const;
   MeshShape shape_;
-  std::array<Axis, 5> order_{};  // fastest first
-  std::array<int, 5> stride_{};  // indexed by Axis
+  std::array<Axis, 5> order_{};  // physical factors, fastest first
+  std::array<int, 6> stride_{};  // indexed by Axis (dp unused)
 };
 
 // One communicator per axis for the calling rank, built by splitting `world` (a collective: every

@@ -17,7 +17,7 @@ std::optional<PipelineResult> pipeline_bubble(const Scenario& s, const ParallelS
   r.schedule = p.pp_schedule;
   r.stages = p.mesh.pp;
   r.virtual_stages = p.virtual_stages;
-  r.microbatches = s.train.global_batch / (p.mesh.dp * p.mesh.ep * s.train.micro_batch);
+  r.microbatches = s.train.global_batch / (p.mesh.dp * s.train.micro_batch);
   r.formula = parallel::bubble_formula(r.stages, r.microbatches, r.virtual_stages);
   // Per step: each rank's start, and the end of the pipeline phase (the last forward/backward
   // compute of that step on any rank).

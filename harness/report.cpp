@@ -1,6 +1,8 @@
 // report.json, JUnit XML and the summary table for scenario runs.
 #include "harness/report.hpp"
 
+#include <array>
+
 #include <cstdio>
 #include <fstream>
 #include <stdexcept>
@@ -29,6 +31,9 @@ nlohmann::json groups_json(const ParallelSpec& p) {
   for (int r = 0; r < mesh.world_size(); ++r) {
     nlohmann::json g{{"rank", r}};
     for (comm::Axis a : comm::kAllAxes) g[std::string(comm::name_of(a))] = mesh.group(r, a);
+    // The expert parameters' gradient-sum group: dp x cp / ep ranks (Megatron's expert DP).
+    const std::array<comm::Axis, 2> edp = {comm::Axis::edp, comm::Axis::cp};
+    g["edp"] = mesh.group(r, edp);
     groups.push_back(g);
   }
   return groups;

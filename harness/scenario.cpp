@@ -134,9 +134,15 @@ ParallelSpec parse_parallel(ObjectReader o, const ParallelSpec& base) {
   p.cp_algo = o.choice("cp_algo", base.cp_algo, {"ring", "ulysses"});
   const int world = o.integer("world_size", p.mesh.world_size(), 1, 1 << 20);
   o.finish();
+  if (p.mesh.dp % p.mesh.ep != 0)
+    throw ScenarioError(o.at("ep"), num(p.mesh.ep) + " does not divide dp (" + num(p.mesh.dp) +
+                                        "): the expert-parallel ranks are carved out of the "
+                                        "data-parallel ranks (world = dp*tp*pp*cp), so {\"dp\": 8, "
+                                        "\"ep\": 4} is 8 ranks; expert ranks carved from "
+                                        "context-parallel ranks are not built yet");
   if (world != p.mesh.world_size())
     throw ScenarioError(o.at("world_size"),
-                        num(world) + " is not dp*tp*pp*cp*ep = " + num(p.mesh.world_size()));
+                        num(world) + " is not dp*tp*pp*cp = " + num(p.mesh.world_size()));
   try {
     comm::DeviceMesh mesh(p.mesh, p.order);
   } catch (const comm::MeshError& e) {
@@ -178,10 +184,10 @@ void check_config(const ParallelSpec& p, const ref::ModelConfig& m, const ref::T
   if (p.cp_algo == "ulysses" && s.cp > 1 && ((m.heads / s.tp) % s.cp != 0 || kv_local % s.cp != 0))
     fail("cp_algo", "ulysses needs the heads per TP rank (" + num(m.heads / s.tp) + " query, " +
                         num(kv_local) + " kv) divisible by cp (" + num(s.cp) + ")");
-  const int data_ranks = s.dp * s.ep;  // ep ranks hold different data for the dense layers
+  const int data_ranks = s.dp;  // the ep ranks are among them (carved out of dp)
   if (t.global_batch % (data_ranks * t.micro_batch) != 0)
     fail("dp", "train.global_batch (" + num(t.global_batch) +
-                   ") is not divisible by dp*ep*micro_batch (" + num(data_ranks * t.micro_batch) +
+                   ") is not divisible by dp*micro_batch (" + num(data_ranks * t.micro_batch) +
                    ")");
   if (p.zero > 0 && p.fsdp)
     fail("fsdp", "choose either zero (stage " + num(p.zero) + ") or fsdp, not both");
@@ -197,7 +203,7 @@ void check_config(const ParallelSpec& p, const ref::ModelConfig& m, const ref::T
   const int microbatches = t.global_batch / (data_ranks * t.micro_batch);
   if (s.pp > 1 && microbatches < s.pp)
     fail("pp", num(microbatches) +
-                   " microbatches per step (global_batch / (dp*ep*micro_batch)) "
+                   " microbatches per step (global_batch / (dp*micro_batch)) "
                    "are fewer than the " +
                    num(s.pp) + " pipeline stages");
   if (s.pp > 1 && p.pp_schedule == "interleaved" && microbatches % s.pp != 0)

@@ -93,9 +93,10 @@ class MeshImpl final : public MeshEngine::Impl {
         recipe_(recipe_of(train.precision)),
         layout_(model.seq_len, opt_.shape.cp, opt_.shape.tp, opt_.sequence_parallel) {
     g_ = comm::build_groups(mesh, world);
-    data_ = split_over(world, mesh, {comm::Axis::dp, comm::Axis::ep}, "data");
-    dense_ = split_over(world, mesh, {comm::Axis::dp, comm::Axis::ep, comm::Axis::cp}, "dp-ep-cp");
-    expert_ = split_over(world, mesh, {comm::Axis::dp, comm::Axis::cp}, "expert-dp");
+    // dp spans the ep factor (expert ranks are carved out of the data-parallel ranks).
+    data_ = split_over(world, mesh, {comm::Axis::dp}, "data");
+    dense_ = split_over(world, mesh, {comm::Axis::dp, comm::Axis::cp}, "dp-cp");
+    expert_ = split_over(world, mesh, {comm::Axis::edp, comm::Axis::cp}, "expert-dp");
     if (opt_.shape.tp > model_.kv_heads) {  // TP ranks sharing one replicated kv head
       const int replicas = opt_.shape.tp / model_.kv_heads;
       kv_ = g_.tp->split(g_.tp->rank() / replicas, g_.tp->rank(), {.name = "tp-kv"});

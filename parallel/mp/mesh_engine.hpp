@@ -5,12 +5,12 @@
 // sequences, as Megatron carves EP out of data parallelism).
 //
 // One step:
-//   1. all_reduce of the loss denominators over the data group (dp x ep), before any backward;
+//   1. all_reduce of the loss denominators over the data group (dp), before any backward;
 //   2. the pipeline schedule over this rank's local batch in microbatches (send/recv between
 //      stages; every sublayer's TP/CP/EP collectives inside);
 //   3. gradient sums: the tied embedding between the first and last stage; under SP the
 //      TP-replicated parameters (norms, router, experts) over TP; non-expert parameters over
-//      dp x ep x cp, experts over dp x cp (the expert-DP group);
+//      dp x cp, experts over edp x cp (the expert-DP group, dp x cp / ep ranks);
 //   4. the global L2 norm (every element counted once in the world), numerators over the world,
 //      the health check (an i32 per world rank; a skipped step applies no update);
 //   5. clip and AdamW on the local slices (the reference's arithmetic), bf16 recipe as the trainer;
@@ -50,7 +50,7 @@ struct MeshOptions {
   int virtual_stages = 1;
   CpAlgo cp_algo = CpAlgo::ring;
   // ZeRO stage on the data-parallel axes (mesh_zero.hpp): 0 replicated optimizer state; 1 moments
-  // and bf16 master sharded over each parameter class's gradient-sum group (dp x ep x cp for
+  // and bf16 master sharded over each parameter class's gradient-sum group (dp x cp for
   // non-expert, dp x cp for expert parameters), updated shards all_gathered; 2 also gradients
   // reduce_scattered; 3 also parameters sharded (each pipeline chunk's parameters all_gathered
   // before its forward and again before its backward, freed after each).
@@ -81,7 +81,8 @@ class MeshEngine {
   MeshEngine& operator=(const MeshEngine&) = delete;
 
   const comm::DeviceMesh& mesh() const;
-  // This rank's slice of the global batch: data_rank() of data_world() (= dp * ep).
+  // This rank's slice of the global batch: data_rank() of data_world() (= dp; ep ranks are among
+  // the data-parallel ranks and read different sequences, as in Megatron).
   int data_rank() const;
   int data_world() const;
 

@@ -32,6 +32,10 @@ void validate_mesh(const ref::ModelConfig& m, const ref::TrainConfig& t, const M
                                    " (vocab-parallel embedding and LM head)");
   if (s.ep > 1) {
     require(m.moe.has_value(), "ep " + n(s.ep) + " needs an MoE model (model.moe)");
+    require(s.dp % s.ep == 0, "ep " + n(s.ep) + " must divide dp " + n(s.dp) +
+                                  ": the expert-parallel ranks are carved out of the "
+                                  "data-parallel ranks (world = dp x tp x pp x cp); expert "
+                                  "ranks carved from context-parallel ranks are not built yet");
     require(m.moe->experts % s.ep == 0,
             "model.moe.experts " + n(m.moe->experts) + " is not divisible by ep " + n(s.ep));
   }
@@ -62,9 +66,9 @@ void validate_mesh(const ref::ModelConfig& m, const ref::TrainConfig& t, const M
                                                    n(hl) + " query, " + n(kvl) +
                                                    " kv) divisible by cp " + n(s.cp));
   }
-  const int64_t data = int64_t{s.dp} * s.ep;
+  const int64_t data = s.dp;
   require(t.global_batch % data == 0,
-          "train.global_batch " + n(t.global_batch) + " is not divisible by dp*ep " + n(data));
+          "train.global_batch " + n(t.global_batch) + " is not divisible by dp " + n(data));
   const int64_t local = t.global_batch / data;
   require(local % t.micro_batch == 0, "train.micro_batch " + n(t.micro_batch) +
                                           " does not divide the " + n(local) +

@@ -3,8 +3,8 @@
 // (Megatron's distributed optimizer / DeepSpeed ZeRO semantics).
 //
 // A rank's local parameter slices fall in two classes, each with its own gradient-sum group whose
-// members hold identical slices: non-expert (dp x ep x cp, "dense") and expert (dp x cp, "expert
-// DP"). Each class is one flat buffer (the local slices in canonical order, N elements); with ZeRO
+// members hold identical slices: non-expert (dp x cp, "dense") and expert (edp x cp = dp x cp / ep,
+// "expert DP"). Each class is one flat buffer (the local slices in canonical order, N elements); with ZeRO
 // (zero >= 1) the group of D ranks splits it into shards of S = ceil(N / D) (padded P = D * S, the
 // padding zeros at the end) and group rank r owns [r*S, (r+1)*S):
 //   zero 0: every member holds the moments (and the bf16 master) of all N; gradients all_reduced.
@@ -46,8 +46,8 @@ template <class T>
 class MeshOptimizer {
  public:
   struct Env {
-    comm::Communicator* dense = nullptr;   // non-expert gradient-sum group (dp x ep x cp)
-    comm::Communicator* expert = nullptr;  // expert gradient-sum group (dp x cp)
+    comm::Communicator* dense = nullptr;   // non-expert gradient-sum group (dp x cp)
+    comm::Communicator* expert = nullptr;  // expert gradient-sum group (edp x cp)
     comm::Communicator* world = nullptr;   // compute reports
     int zero = 0;
     bool bf16 = false;  // separate f32 master; params hold the bf16-rounded working weights

@@ -2,6 +2,9 @@
 // refused with a message naming what is wrong, and the printed table lists every rank's groups.
 #include <gtest/gtest.h>
 
+#include <array>
+#include <vector>
+
 #include "comm/mesh.hpp"
 
 namespace shardcheck::comm {
@@ -65,9 +68,41 @@ TEST(DeviceMesh, TableListsEveryRankAndItsGroups) {
   DeviceMesh m({.dp = 2, .tp = 2});
   const std::string t = m.table();
   EXPECT_NE(t.find("world=4"), std::string::npos);
-  EXPECT_NE(t.find("   3   1  1  0  0  0  [1,3]     [2,3]     [3]       [3]       [3]"),
-            std::string::npos)
+  EXPECT_NE(
+      t.find("   3   1  1  0  0  0  [1,3]     [2,3]     [3]       [3]       [3]       [1,3]\n"),
+      std::string::npos)
       << t;
+}
+
+// Expert parallelism is carved out of data parallelism (Megatron-Core): {dp 4, ep 2} is 4 ranks;
+// the dense dp group spans the ep and edp factors, edp = dp / ep.
+TEST(DeviceMesh, ExpertRanksAreCarvedOutOfTheDataParallelRanks) {
+  const DeviceMesh m({.dp = 4, .tp = 2, .ep = 2});
+  EXPECT_EQ(m.world_size(), 8);
+  EXPECT_EQ(m.order_string(), "tp-cp-ep-dp-pp");
+  const std::array<Axis, 2> edp_cp = {Axis::edp, Axis::cp};
+  for (int r = 0; r < 8; ++r) {
+    EXPECT_EQ(m.group(r, Axis::dp).size(), 4u) << r;
+    EXPECT_EQ(m.group(r, Axis::ep).size(), 2u) << r;
+    EXPECT_EQ(m.group(r, edp_cp).size(), 2u) << r;
+    EXPECT_EQ(m.coord(r, Axis::dp), r / 2) << r;  // tp fastest, then ep, then edp
+    EXPECT_EQ(m.coord(r, Axis::ep), (r / 2) % 2) << r;
+  }
+  EXPECT_EQ(m.group(5, Axis::dp), (std::vector<int>{1, 3, 5, 7}));
+  EXPECT_EQ(m.group(5, Axis::ep), (std::vector<int>{5, 7}));
+  EXPECT_EQ(m.group(5, edp_cp), (std::vector<int>{1, 5}));
+  // edp faster than ep: the dense dp coordinate still counts the group in rank order.
+  const DeviceMesh swapped({.dp = 4, .ep = 2}, "dp-ep");
+  EXPECT_EQ(swapped.group(1, Axis::ep), (std::vector<int>{1, 3}));
+  for (int r = 0; r < 4; ++r) EXPECT_EQ(swapped.coord(r, Axis::dp), r);
+  EXPECT_NE(m.table().find("edp-group"), std::string::npos);
+  try {
+    DeviceMesh({.dp = 2, .ep = 4});
+    FAIL() << "ep 4 over dp 2 was accepted";
+  } catch (const MeshError& e) {
+    EXPECT_NE(std::string(e.what()).find("ep (4) must divide dp (2)"), std::string::npos)
+        << e.what();
+  }
 }
 
 }  // namespace

@@ -107,8 +107,9 @@ TEST(DeviceComputeParallel, ExpertParallelMeshMatchesTheCpuReference) {
   SC_REQUIRE_GPU();
   const Scenario s = parallel::mesh_test::mesh_moe();
   DeviceCalls d;
-  const Parity p = parallel::test::compare(
-      parallel::test::reference_run(s), mesh_on_device(s, parallel::mesh_test::mesh({.ep = 2}), d));
+  const Parity p =
+      parallel::test::compare(parallel::test::reference_run(s),
+                              mesh_on_device(s, parallel::mesh_test::mesh({.dp = 2, .ep = 2}), d));
   report("ep2", p, d);
   EXPECT_GT(d.calls.load(), 0);
   EXPECT_LE(p.max(), parallel::test::kF64Tolerance) << p.worst;

@@ -32,8 +32,9 @@ class CheckpointRun : public ::testing::Test {
   }
   void TearDown() override { fs::remove_all(dir_); }
   // The dense parity model, 4 steps, saving every `every` steps, one configuration.
-  fs::path scenario(const std::string& name, const nlohmann::json& config, int every) {
-    auto j = read_json(fs::path(SHARDCHECK_SCENARIOS_DIR) / "parity" / "data_parallel_dense.json");
+  fs::path scenario(const std::string& name, const nlohmann::json& config, int every,
+                    const std::string& base = "data_parallel_dense.json") {
+    auto j = read_json(fs::path(SHARDCHECK_SCENARIOS_DIR) / "parity" / base);
     j["name"] = name;
     j["train"]["steps"] = 4;
     j["checkpoint"] = {{"every", every}, {"keep", 3}};
@@ -61,6 +62,30 @@ TEST_F(CheckpointRun, ZeroThreeOnFourResumesAsDdpOnTwoWithParity) {
   ASSERT_EQ(row.at("steps").size(), 1u);  // only step 4 runs after the resume
   EXPECT_EQ(row.at("steps")[0].at("step"), 4);
   EXPECT_LE(row.at("max_rel_err").get<double>(), 1e-10);
+}
+
+// Expert parallelism carved out of DP: saved on dp4 with ep2 (expert DP 2), resumed on dp4 with
+// ep4 (every data rank an expert rank) and on the data-parallel engine (dp2, no EP), with parity.
+TEST_F(CheckpointRun, MoeReshardsBetweenExpertParallelSizes) {
+  const auto save = scenario("save", {{"dp", 4}, {"ep", 2}}, 2, "mp_ep.json");
+  auto [code, out] =
+      shardcheck("run " + save.string() + " --checkpoint-dir " + (dir_ / "ck").string());
+  ASSERT_EQ(code, 0) << out;
+  ASSERT_TRUE(fs::exists(dir_ / "ck" / "step-2" / "SUCCESS")) << out;
+  fs::remove_all(dir_ / "ck" / "step-4");  // resume from step 2: steps 3 and 4 on the new mesh
+  for (const nlohmann::json& target :
+       {nlohmann::json{{"dp", 4}, {"ep", 4}}, nlohmann::json{{"dp", 2}, {"ep", 1}}}) {
+    const auto resume = scenario("resume", target, 2, "mp_ep.json");
+    std::tie(code, out) = shardcheck("run " + resume.string() + " --resume " +
+                                     (dir_ / "ck").string() + " --report " + (dir_ / "r").string());
+    ASSERT_EQ(code, 0) << target.dump() << ": " << out;
+    const auto row = read_json(dir_ / "r" / "report.json").at("parity")[0];
+    EXPECT_NE(row.at("resumed_from").get<std::string>().find("step-2"), std::string::npos)
+        << target.dump();
+    EXPECT_EQ(row.at("steps").size(), 2u) << target.dump();
+    EXPECT_EQ(row.at("world_size"), target.at("dp"));
+    EXPECT_LE(row.at("max_rel_err").get<double>(), 1e-10) << target.dump();
+  }
 }
 
 TEST_F(CheckpointRun, SameTopologyResumeIsBitwise) {

@@ -227,19 +227,19 @@ void expect_parity(const Case& cs, double tol) {
 const std::vector<Case>& cases() {
   static const std::vector<Case> all = {
       {.shape = {.ep = 1}},
-      {.shape = {.ep = 2}},
-      {.shape = {.ep = 4}},
-      {.shape = {.ep = 2}, .capacity_factor = 0.5},
-      {.shape = {.ep = 4}, .capacity_factor = 0.5},
-      {.shape = {.cp = 2, .ep = 2}},
-      {.shape = {.cp = 2, .ep = 2}, .capacity_factor = 0.5},
-      {.shape = {.tp = 2, .ep = 2}, .sp = true},
-      {.shape = {.tp = 2, .ep = 2}, .sp = true, .capacity_factor = 0.5},
-      {.shape = {.tp = 2, .cp = 2, .ep = 2}, .sp = true, .capacity_factor = 0.5},
-      {.shape = {.tp = 2, .ep = 2}, .sp = false, .capacity_factor = 0.5},
+      {.shape = {.dp = 2, .ep = 2}},
+      {.shape = {.dp = 4, .ep = 4}},
+      {.shape = {.dp = 2, .ep = 2}, .capacity_factor = 0.5},
+      {.shape = {.dp = 4, .ep = 4}, .capacity_factor = 0.5},
+      {.shape = {.dp = 2, .cp = 2, .ep = 2}},
+      {.shape = {.dp = 2, .cp = 2, .ep = 2}, .capacity_factor = 0.5},
+      {.shape = {.dp = 2, .tp = 2, .ep = 2}, .sp = true},
+      {.shape = {.dp = 2, .tp = 2, .ep = 2}, .sp = true, .capacity_factor = 0.5},
+      {.shape = {.dp = 2, .tp = 2, .cp = 2, .ep = 2}, .sp = true, .capacity_factor = 0.5},
+      {.shape = {.dp = 2, .tp = 2, .ep = 2}, .sp = false, .capacity_factor = 0.5},
       // Capacity never binds.
-      {.shape = {.ep = 4}, .capacity_factor = 2.0},
-      {.shape = {.tp = 2, .cp = 2, .ep = 2}, .sp = true, .capacity_factor = 2.0},
+      {.shape = {.dp = 4, .ep = 4}, .capacity_factor = 2.0},
+      {.shape = {.dp = 2, .tp = 2, .cp = 2, .ep = 2}, .sp = true, .capacity_factor = 2.0},
   };
   return all;
 }

@@ -64,7 +64,7 @@ TEST(MeshEngine, ContextParallelRingAndUlysses) {
 }
 
 TEST(MeshEngine, ExpertParallel) {
-  const Parity p = parity(mesh_moe(), mesh({.ep = 2}));
+  const Parity p = parity(mesh_moe(), mesh({.dp = 2, .ep = 2}));
   EXPECT_LE(p.max(), test::kF64Tolerance) << p.worst;
 }
 
@@ -125,8 +125,10 @@ TEST(MeshEngineMutations, EveryPlantedBugIsCaught) {
        with(mesh({.cp = 2}), CpAlgo::ring)},
       {testing::Mutation::kSkipTiedEmbeddingSync, "tied embedding not synced", false,
        mesh({.pp = 2})},
-      {testing::Mutation::kRouteDroppedTokens, "dropped tokens routed", true, mesh({.ep = 2})},
-      {testing::Mutation::kAuxPerRankMean, "aux loss per-rank mean", true, mesh({.ep = 2})},
+      {testing::Mutation::kRouteDroppedTokens, "dropped tokens routed", true,
+       mesh({.dp = 2, .ep = 2})},
+      {testing::Mutation::kAuxPerRankMean, "aux loss per-rank mean", true,
+       mesh({.dp = 2, .ep = 2})},
       {testing::Mutation::kLocalNormClip, "clipping by the local norm", false,
        mesh({.dp = 2, .tp = 2})},
   };

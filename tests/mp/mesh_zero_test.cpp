@@ -28,11 +28,11 @@ TEST(MeshEngineZero, ParityWithTheReference) {
     std::printf("%-28s f64 %.2e\n", c.name, p.max());
   }
   for (const int z : {1, 2}) {
-    const Parity p = parity(mesh_moe(), zero(mesh({.dp = 2, .ep = 2}), z));
+    const Parity p = parity(mesh_moe(), zero(mesh({.dp = 4, .ep = 2}), z));
     EXPECT_LE(p.max(), test::kF64Tolerance) << "moe dp2-ep2 zero" << z << ": " << p.worst;
     std::printf("moe dp2-ep2 zero%d           f64 %.2e\n", z, p.max());
   }
-  const Parity cpep = parity(mesh_moe(), zero(mesh({.dp = 2, .tp = 2, .cp = 2, .ep = 2}), 2));
+  const Parity cpep = parity(mesh_moe(), zero(mesh({.dp = 4, .tp = 2, .cp = 2, .ep = 2}), 2));
   EXPECT_LE(cpep.max(), test::kF64Tolerance) << "moe dp2-tp2-cp2-ep2 zero2: " << cpep.worst;
   std::printf("moe dp2-tp2-cp2-ep2 zero2   f64 %.2e\n", cpep.max());
 }
@@ -135,7 +135,7 @@ TEST(MeshEngineZero, Zero3ParityWithTheReference) {
     EXPECT_LE(p.max(), test::kF64Tolerance) << c.name << ": " << p.worst;
     std::printf("%-28s f64 %.2e\n", c.name, p.max());
   }
-  const Parity moe = parity(mesh_moe(), zero(mesh({.dp = 2, .ep = 2}), 3));
+  const Parity moe = parity(mesh_moe(), zero(mesh({.dp = 4, .ep = 2}), 3));
   EXPECT_LE(moe.max(), test::kF64Tolerance) << "moe dp2-ep2 zero3: " << moe.worst;
   std::printf("moe dp2-ep2 zero3           f64 %.2e\n", moe.max());
   Scenario bf = mesh_dense();
