@@ -75,7 +75,7 @@ int ledger_cmd(const LedgerArgs& a) {
     in.options = engine_options(s, p);
     in.dp = p.mesh.dp;
     in.micro_batch = s.train.micro_batch;
-    in.activation_checkpointing = s.train.activation_checkpointing;
+    in.recompute = s.train.recompute;
     Row r{p.label(), std::string(parallel::name_of(in.options.strategy)), p.mesh.dp,
           parallel::ledger(in), 0};
     r.total = r.l.model_state() + r.l.gather_peak + r.l.activation_peak;

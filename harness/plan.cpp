@@ -47,7 +47,7 @@ parallel::LedgerRow ledger_at(const Scenario& s, const ParallelSpec& p, int dp) 
   in.options = engine_options(s, q);
   in.dp = dp;
   in.micro_batch = s.train.micro_batch;
-  in.activation_checkpointing = s.train.activation_checkpointing;
+  in.recompute = s.train.recompute;
   return parallel::ledger(in);
 }
 

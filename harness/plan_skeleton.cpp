@@ -45,7 +45,7 @@ SkeletonSpec skeleton_spec(const Scenario& s, const ParallelSpec& p, int dp, int
   k.grad_dtype = reduce_dtype ? *reduce_dtype : master_dtype(s.train.precision);
   k.dp = dp;
   k.micro_batch = s.train.micro_batch;
-  k.activation_checkpointing = s.train.activation_checkpointing;
+  k.recompute = s.train.recompute;
   if (global_batch % dp != 0 || (global_batch / dp) % s.train.micro_batch != 0 ||
       global_batch / dp == 0)
     throw ScenarioError("$.train.global_batch", "global batch " + std::to_string(global_batch) +
@@ -153,9 +153,12 @@ double Skeleton::model_flops_per_step() const {
 
 double Skeleton::hardware_flops_per_step() const {
   double recompute = 0;
-  if (spec_.activation_checkpointing)
-    for (int i = 0; i < spec_.model.layers; ++i)
+  for (int i = 0; i < spec_.model.layers; ++i) {
+    if (spec_.recompute == ref::Recompute::kFull)
       recompute += parallel::block_forward_flops(spec_.model, i, spec_.model.seq_len);
+    if (spec_.recompute == ref::Recompute::kSelective)
+      recompute += parallel::attention_core_flops(spec_.model, spec_.model.seq_len);
+  }
   return model_flops_per_step() + recompute * static_cast<double>(spec_.local_batch) * spec_.dp;
 }
 
@@ -234,8 +237,11 @@ class SkeletonRun {
     for (int i = layers - 1; i >= 0; --i) {
       const auto ui = static_cast<std::size_t>(i);
       acquire(i + 1);
-      if (sp.activation_checkpointing)
+      if (sp.recompute == ref::Recompute::kFull)
         compute(static_cast<std::size_t>(layers) + ui, k_.block_flops_[ui]);
+      if (sp.recompute == ref::Recompute::kSelective)
+        compute(static_cast<std::size_t>(layers) + ui,
+                parallel::attention_core_flops(sp.model, sp.model.seq_len) * sp.micro_batch);
       compute(2 * static_cast<std::size_t>(layers) + ui,
               parallel::backward_flops(k_.block_flops_[ui]));
       release(i + 1);

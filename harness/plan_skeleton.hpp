@@ -29,7 +29,7 @@ struct SkeletonSpec {
   int dp = 1;                                   // ranks in the data-parallel group (the world)
   int local_batch = 1;                          // sequences per rank per step
   int micro_batch = 1;                          // sequences per microbatch
-  bool activation_checkpointing = false;
+  ref::Recompute recompute = ref::Recompute::kNone;
   bool health_check = true;  // the one-i32-per-rank all_gather `shardcheck run` turns on
   int steps = 2;
 };

@@ -80,7 +80,16 @@ ref::TrainConfig parse_train(ObjectReader o) {
   oc.min_lr = opt.number("min_lr", std::min(oc.min_lr, oc.lr), 0.0, oc.lr);
   opt.finish();
   t.clip_grad_norm = o.number("clip_grad_norm", t.clip_grad_norm, 0.0, 1e12);
-  t.activation_checkpointing = o.boolean("activation_checkpointing", t.activation_checkpointing);
+  // false / true (= full, as PyTorch's checkpoint of every block), or the mode by name.
+  if (const nlohmann::json* ac = o.raw("activation_checkpointing"); ac && ac->is_boolean()) {
+    t.recompute = ac->get<bool>() ? ref::Recompute::kFull : ref::Recompute::kNone;
+  } else if (ac) {
+    const std::string mode =
+        o.choice("activation_checkpointing", "none", {"none", "selective", "full"});
+    t.recompute = mode == "selective" ? ref::Recompute::kSelective
+                  : mode == "full"    ? ref::Recompute::kFull
+                                      : ref::Recompute::kNone;
+  }
   o.finish();
   if (t.global_batch % t.micro_batch != 0)
     throw ScenarioError(

@@ -14,7 +14,8 @@ ref::ParamMap<double> EngineImpl<T>::full_params() {
   for (Group<T>& g : groups_) {
     std::vector<T> full(g.layout.padded_numel(), T{0});
     const std::span<T> master = master_of(g);
-    std::copy(master.begin(), master.end(), full.begin() + static_cast<std::ptrdiff_t>(g.owned.begin));
+    std::copy(master.begin(), master.end(),
+              full.begin() + static_cast<std::ptrdiff_t>(g.owned.begin));
     if (g.owned.size() != g.layout.numel())
       (g.sharded ? *shard_ : dp_).all_gather(comm::view(std::span<T>(full)))->wait();
     g.layout.unpack(std::span<const T>(full), out);
@@ -38,7 +39,8 @@ namespace {
 
 template <class U>
 StatePiece piece(const std::string& kind, const Segment& s, std::span<const U> values) {
-  StatePiece p{kind + "/" + s.param->name, s.param->shape, comm::dtype_v<U>, s.param_begin, s.count, {}};
+  StatePiece p{
+      kind + "/" + s.param->name, s.param->shape, comm::dtype_v<U>, s.param_begin, s.count, {}};
   p.bytes.resize(s.count * sizeof(U));
   std::memcpy(p.bytes.data(), values.data(), p.bytes.size());
   return p;
@@ -63,7 +65,8 @@ std::vector<StatePiece> EngineImpl<T>::export_state() const {
       const auto first = g.params.begin() + static_cast<std::ptrdiff_t>(s.flat_begin - pbase);
       if (bf16_) {
         std::vector<comm::bf16> b(s.count);
-        for (std::size_t i = 0; i < s.count; ++i) b[i] = comm::bf16(static_cast<float>(first[static_cast<std::ptrdiff_t>(i)]));
+        for (std::size_t i = 0; i < s.count; ++i)
+          b[i] = comm::bf16(static_cast<float>(first[static_cast<std::ptrdiff_t>(i)]));
         out.push_back(piece<comm::bf16>("param", s, b));
       } else {
         out.push_back(piece<T>("param", s, std::span<const T>(&*first, s.count)));
@@ -74,7 +77,8 @@ std::vector<StatePiece> EngineImpl<T>::export_state() const {
     const Range orange = write_range(g, replicated);
     for (const Segment& s : g.layout.segments(orange)) {
       const std::size_t at = s.flat_begin - g.owned.begin;
-      if (bf16_) out.push_back(piece<T>("master", s, std::span<const T>(g.master).subspan(at, s.count)));
+      if (bf16_)
+        out.push_back(piece<T>("master", s, std::span<const T>(g.master).subspan(at, s.count)));
       out.push_back(piece<T>("exp_avg", s, std::span<const T>(g.m).subspan(at, s.count)));
       out.push_back(piece<T>("exp_avg_sq", s, std::span<const T>(g.v).subspan(at, s.count)));
     }
@@ -142,13 +146,13 @@ std::size_t EngineImpl<T>::padding() const {
   return n;
 }
 
-#define SHARDCHECK_ENGINE_STATE(T)                                              \
-  template ref::ParamMap<double> EngineImpl<T>::full_params();                  \
-  template Range EngineImpl<T>::write_range(const Group<T>&, bool) const;       \
-  template std::vector<StatePiece> EngineImpl<T>::export_state() const;         \
-  template void EngineImpl<T>::import_state(const StateReader&);                \
-  template std::size_t EngineImpl<T>::param_elems() const;                      \
-  template std::size_t EngineImpl<T>::optimizer_elems() const;                  \
+#define SHARDCHECK_ENGINE_STATE(T)                                        \
+  template ref::ParamMap<double> EngineImpl<T>::full_params();            \
+  template Range EngineImpl<T>::write_range(const Group<T>&, bool) const; \
+  template std::vector<StatePiece> EngineImpl<T>::export_state() const;   \
+  template void EngineImpl<T>::import_state(const StateReader&);          \
+  template std::size_t EngineImpl<T>::param_elems() const;                \
+  template std::size_t EngineImpl<T>::optimizer_elems() const;            \
   template std::size_t EngineImpl<T>::padding() const;
 SHARDCHECK_ENGINE_STATE(double)
 SHARDCHECK_ENGINE_STATE(float)

@@ -5,7 +5,8 @@ namespace shardcheck::parallel {
 
 double block_forward_flops(const ref::ModelConfig& cfg, int layer, double s) {
   const double h = cfg.hidden, a = cfg.heads, kv = cfg.kv_heads, d = cfg.head_dim(), f = cfg.ffn;
-  double flops = 2.0 * s * h * (a * d + 2.0 * kv * d) + 2.0 * s * a * d * h + 4.0 * a * s * s * d;
+  double flops =
+      2.0 * s * h * (a * d + 2.0 * kv * d) + 2.0 * s * a * d * h + attention_core_flops(cfg, s);
   if (cfg.is_moe_layer(layer)) {
     const double e = cfg.moe->experts, k = cfg.moe->top_k;
     flops += 2.0 * s * h * e + 4.0 * s * k * h * f;
@@ -13,6 +14,10 @@ double block_forward_flops(const ref::ModelConfig& cfg, int layer, double s) {
     flops += 4.0 * s * h * f;
   }
   return flops;
+}
+
+double attention_core_flops(const ref::ModelConfig& cfg, double s) {
+  return 4.0 * cfg.heads * s * s * cfg.head_dim();
 }
 
 double head_forward_flops(const ref::ModelConfig& cfg, double s) {

@@ -14,6 +14,9 @@ namespace shardcheck::parallel {
 //   dense MLP 4·s·h·f; MoE router 2·s·h·E + experts 4·(s·k)·h·f (every top-k assignment, before
 //   capacity drops: an upper bound when assignments are dropped).
 double block_forward_flops(const ref::ModelConfig& cfg, int layer, double s);
+// The attention core of one block over one sequence (scores, softmax, probabilities·V): 4·a·s²·d,
+// what selective recomputation repeats in the backward.
+double attention_core_flops(const ref::ModelConfig& cfg, double s);
 // Final norm and LM head: 2·s·h·V. The embedding lookup is 0.
 double head_forward_flops(const ref::ModelConfig& cfg, double s);
 inline double backward_flops(double forward) {

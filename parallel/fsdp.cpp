@@ -13,19 +13,26 @@ namespace shardcheck::parallel {
 
 std::string_view name_of(ShardingStrategy s) {
   switch (s) {
-    case ShardingStrategy::full_shard: return "full_shard";
-    case ShardingStrategy::shard_grad_op: return "shard_grad_op";
-    case ShardingStrategy::no_shard: return "no_shard";
-    case ShardingStrategy::hybrid_shard: return "hybrid_shard";
+    case ShardingStrategy::full_shard:
+      return "full_shard";
+    case ShardingStrategy::shard_grad_op:
+      return "shard_grad_op";
+    case ShardingStrategy::no_shard:
+      return "no_shard";
+    case ShardingStrategy::hybrid_shard:
+      return "hybrid_shard";
   }
   return "?";
 }
 
 std::string_view name_of(WrapPolicy w) {
   switch (w) {
-    case WrapPolicy::block: return "block";
-    case WrapPolicy::layer_group: return "layer_group";
-    case WrapPolicy::whole_model: return "whole_model";
+    case WrapPolicy::block:
+      return "block";
+    case WrapPolicy::layer_group:
+      return "layer_group";
+    case WrapPolicy::whole_model:
+      return "whole_model";
   }
   return "?";
 }

@@ -136,12 +136,8 @@ ref::LossParts layerwise_forward_backward(const ref::ModelConfig& cfg, const Uni
       x[s] = ref::block_forward(cfg, p, static_cast<int>(i), seqs[s], ctx, x[s], c, &loss[s]);
       const std::size_t full = cache_elems(c);
       act.hold(full);
-      if (ctx.activation_checkpointing) {
-        ref::BlockCache<T> input_only;
-        input_only.x_in = std::move(c.x_in);
-        c = std::move(input_only);
-        act.drop(full - cache_elems(c));
-      }
+      ref::keep_for_backward(c, ctx.recompute);
+      act.drop(full - cache_elems(c));
     }
     act.compute(cfg, "forward", u, block_flops(static_cast<int>(i)));
     hooks.release(u);
@@ -194,20 +190,32 @@ ref::LossParts layerwise_forward_backward(const ref::ModelConfig& cfg, const Uni
     for (std::size_t s = 0; s < n; ++s) {
       ref::BlockCache<T>& c = caches[s][i];
       const std::size_t kept = cache_elems(c);
-      if (ctx.activation_checkpointing) {
+      if (ctx.recompute == ref::Recompute::kFull) {
         ref::BlockCache<T> full;
         ref::block_forward(cfg, p, static_cast<int>(i), seqs[s], ctx, c.x_in, full, nullptr);
         act.hold(cache_elems(full));
         dx[s] = ref::block_backward(cfg, p, static_cast<int>(i), seqs[s], ctx, full, dx[s], g);
         act.drop(cache_elems(full));
       } else {
+        if (ctx.recompute == ref::Recompute::kSelective)  // block_backward recomputes the probs
+          act.hold(static_cast<std::size_t>(cfg.heads) * seqs[s].tokens.size() *
+                   seqs[s].tokens.size());
         dx[s] = ref::block_backward(cfg, p, static_cast<int>(i), seqs[s], ctx, c, dx[s], g);
+        if (ctx.recompute == ref::Recompute::kSelective)
+          act.drop(static_cast<std::size_t>(cfg.heads) * seqs[s].tokens.size() *
+                   seqs[s].tokens.size());
       }
       c = ref::BlockCache<T>{};
       act.drop(kept);
     }
     const double f = block_flops(static_cast<int>(i));
-    if (ctx.activation_checkpointing) act.compute(cfg, "recompute", u, f);
+    if (ctx.recompute == ref::Recompute::kFull) act.compute(cfg, "recompute", u, f);
+    if (ctx.recompute == ref::Recompute::kSelective) {
+      double core = 0.0;
+      for (const ref::Sequence& q : seqs)
+        core += attention_core_flops(cfg, static_cast<double>(q.tokens.size()));
+      act.compute(cfg, "recompute", u, core);
+    }
     act.compute(cfg, "backward", u, backward_flops(f));
     hooks.release(u);
     hooks.grads_ready(u);

@@ -30,11 +30,15 @@ Recipe zero_paper_recipe() {
 double zero_paper_bytes(Strategy s, double psi, double k, int n) {
   const double d = n;
   switch (s) {
-    case Strategy::ddp: return (2 + 2 + k) * psi;
-    case Strategy::zero1: return 4 * psi + k * psi / d;
-    case Strategy::zero2: return 2 * psi + (2 + k) * psi / d;
+    case Strategy::ddp:
+      return (2 + 2 + k) * psi;
+    case Strategy::zero1:
+      return 4 * psi + k * psi / d;
+    case Strategy::zero2:
+      return 2 * psi + (2 + k) * psi / d;
     case Strategy::zero3:
-    case Strategy::fsdp: return (4 + k) * psi / d;
+    case Strategy::fsdp:
+      return (4 + k) * psi / d;
   }
   return 0.0;
 }
@@ -69,14 +73,19 @@ std::size_t activation_peak(const LedgerInput& in) {
   const double s = c.seq_len, n = in.micro_batch, h = c.hidden;
   const double head = 2 * s * h + s + s * c.vocab;  // x, y, rstd, logits of one sequence
   double elems = 0;
-  if (in.activation_checkpointing) {
+  if (in.recompute == ref::Recompute::kFull) {
     double widest = head;
     for (int i = 0; i < c.layers; ++i) widest = std::max(widest, block_activation_elems(c, i, s));
     elems = n * (c.layers + 1) * s * h + widest;
   } else {
+    // Selective: no block keeps its probabilities [a, s, s]; one sequence's are recomputed at a
+    // time in the backward, after the head's cache is gone.
+    const double probs = c.heads * s * s;
+    const bool selective = in.recompute == ref::Recompute::kSelective;
     double caches = 0;
-    for (int i = 0; i < c.layers; ++i) caches += block_activation_elems(c, i, s);
-    elems = n * (caches + s * h) + head;
+    for (int i = 0; i < c.layers; ++i)
+      caches += block_activation_elems(c, i, s) - (selective ? probs : 0.0);
+    elems = n * (caches + s * h) + (selective ? std::max(head, probs) : head);
   }
   return static_cast<std::size_t>(elems) * in.recipe.activation;
 }
@@ -105,7 +114,7 @@ LedgerRow ledger(const LedgerInput& in) {
          .reshard_after_forward = true,
          .prefetch = 0};
   const bool no_shard = f.sharding == ShardingStrategy::no_shard;
-  const int shards = no_shard ? 1
+  const int shards = no_shard                                       ? 1
                      : f.sharding == ShardingStrategy::hybrid_shard ? f.shard_group_size
                                                                     : in.dp;
   std::vector<std::size_t> unsharded;

@@ -15,10 +15,10 @@ namespace shardcheck::parallel {
 // Bytes per element of each piece of model state.
 struct Recipe {
   std::string name;
-  std::size_t param = 8;        // working parameters (what forward reads and all_gather moves)
-  std::size_t grad = 8;         // gradient accumulator across microbatches, and reduction dtype
-  std::size_t master = 0;       // separate master weights (0: the working parameters are the master)
-  std::size_t moments = 16;     // AdamW exp_avg + exp_avg_sq together
+  std::size_t param = 8;     // working parameters (what forward reads and all_gather moves)
+  std::size_t grad = 8;      // gradient accumulator across microbatches, and reduction dtype
+  std::size_t master = 0;    // separate master weights (0: the working parameters are the master)
+  std::size_t moments = 16;  // AdamW exp_avg + exp_avg_sq together
   std::size_t microbatch_grad = 8;  // one microbatch's gradient as backward produces it
   std::size_t activation = 8;       // activations held for backward
   std::size_t optimizer() const { return master + moments; }
@@ -40,8 +40,8 @@ struct LedgerRow {
   std::size_t grads = 0;
   std::size_t optimizer = 0;
   std::size_t model_state() const { return params + grads + optimizer; }
-  std::size_t gather_peak = 0;       // unsharded parameters held at once (ZeRO-3/FSDP), bytes
-  std::size_t activation_peak = 0;   // activations of one microbatch at their peak (estimate)
+  std::size_t gather_peak = 0;      // unsharded parameters held at once (ZeRO-3/FSDP), bytes
+  std::size_t activation_peak = 0;  // activations of one microbatch at their peak (estimate)
   std::size_t padding_elems = 0;
 };
 
@@ -51,7 +51,7 @@ struct LedgerInput {
   DataParallelOptions options;  // strategy, zero3_gather, fsdp
   int dp = 1;
   int micro_batch = 1;  // sequences per microbatch (activation estimate)
-  bool activation_checkpointing = false;
+  ref::Recompute recompute = ref::Recompute::kNone;
 };
 
 LedgerRow ledger(const LedgerInput& in);

@@ -23,16 +23,16 @@ struct StatePiece {
   std::string tensor;
   ref::Shape shape;  // the logical (full) tensor's shape
   comm::DType dtype = comm::DType::f64;
-  std::size_t begin = 0;  // first element, flat C order, of the logical tensor
-  std::size_t count = 0;  // elements in this piece
+  std::size_t begin = 0;         // first element, flat C order, of the logical tensor
+  std::size_t count = 0;         // elements in this piece
   std::vector<std::byte> bytes;  // count * size_of(dtype), little-endian host order
 };
 
 // Fills out (count * size_of(dtype) bytes) with elements [begin, begin + count) of `tensor`, in
 // the dtype the importing engine asks for (its own; a reader may convert or throw). Throws if the
 // tensor is unknown.
-using StateReader = std::function<void(const std::string& tensor, comm::DType dtype,
-                                       std::size_t begin, std::size_t count,
-                                       std::span<std::byte> out)>;
+using StateReader =
+    std::function<void(const std::string& tensor, comm::DType dtype, std::size_t begin,
+                       std::size_t count, std::span<std::byte> out)>;
 
 }  // namespace shardcheck::parallel

@@ -30,7 +30,7 @@ ref::StepContext step_context(uint64_t seed, int step, const LossCounts& global,
   ref::StepContext ctx;
   ctx.seed = seed;
   ctx.step = static_cast<uint32_t>(step);
-  ctx.activation_checkpointing = train.activation_checkpointing;
+  ctx.recompute = train.recompute;
   ctx.token_weight = global[0] > 0 ? 1.0 / static_cast<double>(global[0]) : 0.0;
   ctx.sequence_weight = global[1] > 0 ? 1.0 / static_cast<double>(global[1]) : 0.0;
   return ctx;

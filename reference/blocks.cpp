@@ -138,8 +138,12 @@ Tensor<T> block_backward(const ModelConfig& cfg, const ParamMap<T>& params, int 
   add_inplace(dx, rmsnorm_backward(db, c.x_mid, *w.mlp_norm, c.rstd2, *g.mlp_norm));
   Tensor<T> d_o = linear_backward(dx, c.o, *w.wo, *g.wo);
   Tensor<T> dq, dk, dv;
-  attention_backward(d_o, c.q, c.k, c.v, shape, dropout_of(cfg, ctx, layer, seq), c.probs, dq, dk,
-                     dv);
+  const AttentionDropout dropout = dropout_of(cfg, ctx, layer, seq);
+  Tensor<T> recomputed;  // selective recompute: the attention core again, the same bits
+  if (c.probs.numel() == 0)
+    attention_forward(c.q, c.k, c.v, seq.doc_ids, shape, dropout, &recomputed);
+  const Tensor<T>& probs = c.probs.numel() == 0 ? recomputed : c.probs;
+  attention_backward(d_o, c.q, c.k, c.v, shape, dropout, probs, dq, dk, dv);
   rope_apply(dq, seq.positions, cfg.heads, true);
   rope_apply(dk, seq.positions, cfg.kv_heads, true);
   Tensor<T> da = linear_backward(dq, c.a, *w.wq, *g.wq);
@@ -184,7 +188,18 @@ Tensor<T> head_backward(const ModelConfig& cfg, const ParamMap<T>& params, const
   return rmsnorm_backward(dy, c.x, params["final_norm.weight"], c.rstd, grads["final_norm.weight"]);
 }
 
+template <class T>
+void keep_for_backward(BlockCache<T>& c, Recompute mode) {
+  if (mode == Recompute::kSelective) c.probs = Tensor<T>{};
+  if (mode == Recompute::kFull) {
+    BlockCache<T> input_only;
+    input_only.x_in = std::move(c.x_in);
+    c = std::move(input_only);
+  }
+}
+
 #define REF_INSTANTIATE(T)                                                                        \
+  template void keep_for_backward(BlockCache<T>&, Recompute);                                     \
   template Tensor<T> embed_forward(const ParamMap<T>&, const Sequence&);                          \
   template void embed_backward(const Tensor<T>&, const Sequence&, ParamMap<T>&);                  \
   template Tensor<T> block_forward(const ModelConfig&, const ParamMap<T>&, int, const Sequence&,  \

@@ -18,7 +18,7 @@ namespace shardcheck::ref {
 struct StepContext {
   uint64_t seed = 0;  // with step, keys the dropout masks
   uint32_t step = 1;
-  bool activation_checkpointing = false;
+  Recompute recompute = Recompute::kNone;
   // Gradients computed are those of
   //   token_weight * sum(masked token losses) + sequence_weight * sum(sequence aux losses).
   // The trainer passes 1 / (global mask count) and 1 / (global sequence count), so the gradient is
@@ -35,8 +35,9 @@ struct SequenceLoss {
   int64_t moe_dropped = 0;
 };
 
-// Everything a block's backward reads. With activation checkpointing only x_in is kept and the
-// rest is recomputed by calling block_forward again.
+// Everything a block's backward reads. Under selective recompute probs is dropped (block_backward
+// recomputes it from q, k, v); under full recompute only x_in is kept and the rest is recomputed
+// by calling block_forward again (keep_for_backward).
 template <class T>
 struct BlockCache {
   Tensor<T> x_in;
@@ -71,7 +72,13 @@ template <class T>
 Tensor<T> block_forward(const ModelConfig& cfg, const ParamMap<T>& params, int layer,
                         const Sequence& seq, const StepContext& ctx, const Tensor<T>& x,
                         BlockCache<T>& cache, SequenceLoss* loss);
-// dy: gradient w.r.t. the block output; returns the gradient w.r.t. its input.
+// Drops from a forward's cache what `mode` recomputes: selective the attention probabilities,
+// full everything but x_in.
+template <class T>
+void keep_for_backward(BlockCache<T>& cache, Recompute mode);
+
+// dy: gradient w.r.t. the block output; returns the gradient w.r.t. its input. An empty
+// cache.probs (selective recompute) is recomputed from cache.q, k, v first.
 template <class T>
 Tensor<T> block_backward(const ModelConfig& cfg, const ParamMap<T>& params, int layer,
                          const Sequence& seq, const StepContext& ctx, const BlockCache<T>& cache,

@@ -39,6 +39,18 @@ void DataConfig::validate() const {
   require(min_len >= 2 && max_len >= min_len, "data: need 2 <= min_len <= max_len");
 }
 
+std::string to_string(Recompute r) {
+  switch (r) {
+    case Recompute::kNone:
+      return "none";
+    case Recompute::kSelective:
+      return "selective";
+    case Recompute::kFull:
+      return "full";
+  }
+  return "?";
+}
+
 std::string to_string(Precision p) {
   switch (p) {
     case Precision::kF64:

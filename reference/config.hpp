@@ -37,6 +37,13 @@ struct ModelConfig {
 enum class Precision { kF64, kF32, kBf16 };
 std::string to_string(Precision p);
 
+// Activation recomputation (Korthikanti et al. 2022): none keeps every activation a block's
+// backward reads; selective keeps all but the attention core's probabilities (softmax of the
+// scores, before dropout), recomputed in the backward from q, k, v; full keeps only each block's
+// input and recomputes the block. All three give the same bits (dropout masks are counter-based).
+enum class Recompute { kNone, kSelective, kFull };
+std::string to_string(Recompute r);  // "none", "selective", "full"
+
 struct OptimizerConfig {
   double lr = 1e-3;
   double beta1 = 0.9;
@@ -54,7 +61,7 @@ struct TrainConfig {
   Precision precision = Precision::kF64;
   OptimizerConfig optimizer;
   double clip_grad_norm = 1.0;  // <= 0 disables clipping
-  bool activation_checkpointing = false;
+  Recompute recompute = Recompute::kNone;
   void validate() const;
 };
 

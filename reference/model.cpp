@@ -104,11 +104,7 @@ SequenceLoss sequence_forward_backward(const ModelConfig& cfg, const ParamMap<T>
   for (int i = 0; i < cfg.layers; ++i) {
     BlockCache<T>& c = caches[static_cast<size_t>(i)];
     x = block_forward(cfg, params, i, seq, ctx, x, c, &out);
-    if (ctx.activation_checkpointing) {
-      BlockCache<T> input_only;
-      input_only.x_in = std::move(c.x_in);
-      c = std::move(input_only);
-    }
+    keep_for_backward(c, ctx.recompute);
   }
   HeadCache<T> head;
   head_forward(cfg, params, seq, x, head, &out);
@@ -117,7 +113,7 @@ SequenceLoss sequence_forward_backward(const ModelConfig& cfg, const ParamMap<T>
   Tensor<T> dx = head_backward(cfg, params, seq, ctx, head, *grads);
   for (int i = cfg.layers - 1; i >= 0; --i) {
     BlockCache<T>& c = caches[static_cast<size_t>(i)];
-    if (ctx.activation_checkpointing) {
+    if (ctx.recompute == Recompute::kFull) {
       BlockCache<T> full;
       block_forward(cfg, params, i, seq, ctx, c.x_in, full, nullptr);
       dx = block_backward(cfg, params, i, seq, ctx, full, dx, *grads);

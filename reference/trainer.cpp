@@ -62,7 +62,7 @@ class EngineImpl final : public Trainer::Engine {
     StepContext ctx;
     ctx.seed = seed_;
     ctx.step = static_cast<uint32_t>(n);
-    ctx.activation_checkpointing = train_.activation_checkpointing;
+    ctx.recompute = train_.recompute;
     int64_t tokens = 0;
     for (const Sequence& s : batch) tokens += s.mask_count();
     ctx.token_weight = tokens > 0 ? 1.0 / static_cast<double>(tokens) : 0.0;

@@ -173,9 +173,20 @@ void cp_attention_backward(comm::Communicator& cp, const ref::Tensor<T>& dout,
     return;
   }
   const ref::Tensor<T> dfull = rows_to_heads(cp, cache, dout);
+  // Selective recomputation dropped the probabilities: the attention core again, the same bits.
+  ref::Tensor<T> recomputed;
+  if (cache.probs.numel() == 0) {
+    ref::attention_forward(cache.q, cache.k, cache.v, cache.doc_ids, cache.sub_shape,
+                           cache.sub_dropout, &recomputed);
+    cp.compute({.name = "cp ulysses attention recompute",
+                .flops = attention_flops(cache.seq_len, cache.sub_shape.heads, cache.head_dim, 4),
+                .bytes = static_cast<double>(
+                    (2 * cache.q.numel() + 2 * cache.k.numel() + recomputed.numel()) * sizeof(T))});
+  }
+  const ref::Tensor<T>& probs = cache.probs.numel() == 0 ? recomputed : cache.probs;
   ref::Tensor<T> dqf, dkf, dvf;
   ref::attention_backward(dfull, cache.q, cache.k, cache.v, cache.sub_shape, cache.sub_dropout,
-                          cache.probs, dqf, dkf, dvf);
+                          probs, dqf, dkf, dvf);
   const double bytes = static_cast<double>(
       (3 * cache.q.numel() + 4 * cache.k.numel() + cache.probs.numel()) * sizeof(T));
   cp.compute({.name = "cp ulysses attention backward",

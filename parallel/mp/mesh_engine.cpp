@@ -319,9 +319,10 @@ class MeshImpl final : public MeshEngine::Impl {
       blocks.resize(static_cast<std::size_t>(last - first));
       for (int layer = first; layer < last; ++layer) {
         MpSequenceLoss l;
-        xs[static_cast<std::size_t>(i)] = mp_block_forward(
-            env_, weights(), layer, seq(mb, i), ctx_, xs[static_cast<std::size_t>(i)],
-            blocks[static_cast<std::size_t>(layer - first)], &l);
+        MpBlockCache<T>& bc = blocks[static_cast<std::size_t>(layer - first)];
+        xs[static_cast<std::size_t>(i)] = mp_block_forward(env_, weights(), layer, seq(mb, i), ctx_,
+                                                           xs[static_cast<std::size_t>(i)], bc, &l);
+        keep_for_backward(bc);
         if (count_aux) {
           counted_[1] += l.aux;
           counted_[2] += static_cast<double>(l.dropped);
@@ -367,9 +368,17 @@ class MeshImpl final : public MeshEngine::Impl {
     for (int i = 0; i < mbs; ++i) {
       auto& blocks = cc.blocks[static_cast<std::size_t>(i)];
       for (int layer = last - 1; layer >= first; --layer) {
+        MpBlockCache<T>& bc = blocks[static_cast<std::size_t>(layer - first)];
+        MpBlockCache<T> again;  // full recompute: the block from its input, its collectives too
+        comm::TrackedBytes recomputed;
+        if (train_.recompute == ref::Recompute::kFull) {
+          mp_block_forward(env_, weights(), layer, seq(mb, i), ctx_, bc.x_in, again, nullptr);
+          recomputed = comm::TrackedBytes(mem_, comm::MemCategory::activations,
+                                          cache_elems(again) * recipe_.activation);
+        }
         dxs[static_cast<std::size_t>(i)] =
             mp_block_backward(env_, weights(), layer, seq(mb, i), ctx_,
-                              blocks[static_cast<std::size_t>(layer - first)],
+                              train_.recompute == ref::Recompute::kFull ? again : bc,
                               dxs[static_cast<std::size_t>(i)], grads);
       }
     }
@@ -415,6 +424,18 @@ class MeshImpl final : public MeshEngine::Impl {
       Tensor<T>& g = grads[p.name];
       if (opt_.grad_hook) opt_.grad_hook(steps_, mb, p.name, comm::view(g.span()));
       if (opt_.health.check && !nonfinite_) nonfinite_ = any_nonfinite(std::span<const T>(g.vec()));
+    }
+  }
+
+  // What a block keeps from its forward for its backward (ref::Recompute): selective drops the
+  // attention core's probabilities (Ulysses keeps them; the ring, flash-style, never does), full
+  // everything but the block input.
+  void keep_for_backward(MpBlockCache<T>& c) const {
+    if (train_.recompute == ref::Recompute::kSelective) c.attn.probs = Tensor<T>{};
+    if (train_.recompute == ref::Recompute::kFull) {
+      MpBlockCache<T> input_only;
+      input_only.x_in = std::move(c.x_in);
+      c = std::move(input_only);
     }
   }
 

@@ -292,7 +292,7 @@ void check_model_step(bool checkpointing) {
   ref::StepContext ctx;
   ctx.seed = seed;
   ctx.step = 2;
-  ctx.activation_checkpointing = checkpointing;
+  ctx.recompute = checkpointing ? ref::Recompute::kFull : ref::Recompute::kNone;
   ctx.token_weight = 1.0 / static_cast<double>(batch[0].mask_count() + batch[1].mask_count());
   ctx.sequence_weight = 0.5;
 

@@ -52,6 +52,22 @@ TEST(Scenario, DefaultsFillWhatIsLeftOut) {
   EXPECT_TRUE(s.expect_parity);
 }
 
+// train.activation_checkpointing: false, true (= full), or the mode by name.
+TEST(Scenario, ActivationCheckpointingTakesABooleanOrTheMode) {
+  const std::pair<nlohmann::json, ref::Recompute> cases[] = {
+      {false, ref::Recompute::kNone},
+      {true, ref::Recompute::kFull},
+      {"none", ref::Recompute::kNone},
+      {"selective", ref::Recompute::kSelective},
+      {"full", ref::Recompute::kFull}};
+  for (const auto& [value, want] : cases) {
+    const Scenario s = parse_scenario(
+        nlohmann::json{{"name", "ac"}, {"train", {{"activation_checkpointing", value}}}});
+    EXPECT_EQ(s.train.recompute, want) << value.dump();
+  }
+  EXPECT_EQ(parse_scenario(nlohmann::json{{"name", "ac"}}).train.recompute, ref::Recompute::kNone);
+}
+
 struct Bad {
   const char* patch;  // JSON merge-patch applied to base()
   const char* path;
@@ -72,6 +88,8 @@ TEST(Scenario, BadInputNamesThePathAndTheExpectation) {
       {R"({"train": {"precision": "fp8"}})", "$.train.precision",
        R"(expected one of "f64", "f32", "bf16")"},
       {R"({"train": {"optimizer": {"betas": [0.9]}}})", "$.train.optimizer.betas", "two numbers"},
+      {R"({"train": {"activation_checkpointing": "partial"}})", "$.train.activation_checkpointing",
+       R"(expected one of "none", "selective", "full")"},
       {R"({"train": {"optimizer": {"lr": -1}}})", "$.train.optimizer.lr", "expected a number"},
       {R"({"data": {"min_len": 8, "max_len": 4}})", "$.data.max_len", "expected an integer in [8,"},
       {R"({"parallel": {"tpp": 2}})", "$.parallel.tpp", "unknown key"},

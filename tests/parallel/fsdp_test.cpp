@@ -40,12 +40,19 @@ std::vector<FsdpCase> cases() {
     std::vector<int> worlds;
   };
   const std::vector<Config> configs{
-      {"full_block_pf1", {.sharding = SS::full_shard, .wrap = WP::block, .prefetch = 1}, {1, 2, 3, 4, 8}},
+      {"full_block_pf1",
+       {.sharding = SS::full_shard, .wrap = WP::block, .prefetch = 1},
+       {1, 2, 3, 4, 8}},
       {"full_group2_keep_pf2",
-       {.sharding = SS::full_shard, .wrap = WP::layer_group, .blocks_per_unit = 2,
-        .reshard_after_forward = false, .prefetch = 2},
+       {.sharding = SS::full_shard,
+        .wrap = WP::layer_group,
+        .blocks_per_unit = 2,
+        .reshard_after_forward = false,
+        .prefetch = 2},
        {2, 3}},
-      {"grad_op_block_pf0", {.sharding = SS::shard_grad_op, .wrap = WP::block, .prefetch = 0}, {3, 8}},
+      {"grad_op_block_pf0",
+       {.sharding = SS::shard_grad_op, .wrap = WP::block, .prefetch = 0},
+       {3, 8}},
       {"no_shard_block", {.sharding = SS::no_shard, .wrap = WP::block}, {2, 4}},
       {"full_whole_model", {.sharding = SS::full_shard, .wrap = WP::whole_model}, {4}},
       {"hybrid_2x2", {.sharding = SS::hybrid_shard, .prefetch = 1, .shard_group_size = 2}, {4}},
@@ -85,8 +92,10 @@ INSTANTIATE_TEST_SUITE_P(Configs, FsdpParity, ::testing::ValuesIn(cases()),
 // Uneven shards are exercised: some wrap unit is padded (dense at DP 4 and 8, MoE at DP 3).
 TEST(FsdpSetup, UnevenUnitsArePadded) {
   for (const auto& [s, d] : {std::pair{dense_setup(), 4}, {dense_setup(), 8}, {moe_setup(), 3}}) {
-    const LedgerInput in{.model = s.model, .recipe = recipe_of(ref::Precision::kF64),
-                         .options = {.strategy = Strategy::fsdp}, .dp = d};
+    const LedgerInput in{.model = s.model,
+                         .recipe = recipe_of(ref::Precision::kF64),
+                         .options = {.strategy = Strategy::fsdp},
+                         .dp = d};
     EXPECT_GT(ledger(in).padding_elems, 0u) << s.name << " dp" << d;
   }
 }
@@ -102,10 +111,10 @@ TEST(FsdpMemory, PrefetchDepthRaisesTheTrackedGatherPeak) {
       o.fsdp = {.wrap = WrapPolicy::block, .reshard_after_forward = reshard, .prefetch = depth};
       const DpRun got = dp_run(s, 4, o);
       EXPECT_LE(compare(reference_of(s), got).max(), kF64Tolerance);
-      const std::size_t held = got.category_peaks[comm::MemCategory::params] -
-                               got.resident_params * sizeof(double);
-      const LedgerRow row = ledger({.model = s.model, .recipe = recipe_of(ref::Precision::kF64),
-                                    .options = o, .dp = 4});
+      const std::size_t held =
+          got.category_peaks[comm::MemCategory::params] - got.resident_params * sizeof(double);
+      const LedgerRow row = ledger(
+          {.model = s.model, .recipe = recipe_of(ref::Precision::kF64), .options = o, .dp = 4});
       std::printf("fsdp dp4 prefetch %d reshard %d: gathered peak %zu B (ledger %zu B)\n", depth,
                   reshard, held, row.gather_peak);
       EXPECT_EQ(held, row.gather_peak) << "prefetch " << depth << " reshard " << reshard;

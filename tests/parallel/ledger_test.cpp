@@ -33,27 +33,32 @@ TEST(Ledger, ZeroPaperClosedFormsAt70B) {
   for (const auto& e : ref::param_shapes(m)) psi += static_cast<double>(ref::numel_of(e.second));
   EXPECT_GT(psi, 6e10);
   for (int n : {8, 64, 1024})
-    for (Strategy st : {Strategy::ddp, Strategy::zero1, Strategy::zero2, Strategy::zero3,
-                        Strategy::fsdp}) {
-      const LedgerRow row = ledger({.model = m, .recipe = zero_paper_recipe(),
-                                    .options = {.strategy = st}, .dp = n});
+    for (Strategy st :
+         {Strategy::ddp, Strategy::zero1, Strategy::zero2, Strategy::zero3, Strategy::fsdp}) {
+      const LedgerRow row =
+          ledger({.model = m, .recipe = zero_paper_recipe(), .options = {.strategy = st}, .dp = n});
       const double want = zero_paper_bytes(st, psi, 12, n);
       const double got = static_cast<double>(row.model_state());
       // Equal up to padding (fewer than n elements per flat buffer).
       EXPECT_LE(std::abs(got - want) / want, 1e-6) << name_of(st) << " n " << n;
       if (n == 64)
-        std::printf("70B %s dp64: %.1f GiB/rank model state (paper %.1f GiB), gather peak %.2f GiB\n",
-                    std::string(name_of(st)).c_str(), got / (1 << 30), want / (1 << 30),
-                    static_cast<double>(row.gather_peak) / (1 << 30));
+        std::printf(
+            "70B %s dp64: %.1f GiB/rank model state (paper %.1f GiB), gather peak %.2f GiB\n",
+            std::string(name_of(st)).c_str(), got / (1 << 30), want / (1 << 30),
+            static_cast<double>(row.gather_peak) / (1 << 30));
     }
   // Hybrid shard: sharded over the shard group only.
   FsdpOptions hybrid{.sharding = ShardingStrategy::hybrid_shard, .shard_group_size = 8};
-  const LedgerRow h = ledger({.model = m, .recipe = zero_paper_recipe(),
-                              .options = {.strategy = Strategy::fsdp, .fsdp = hybrid}, .dp = 64});
+  const LedgerRow h = ledger({.model = m,
+                              .recipe = zero_paper_recipe(),
+                              .options = {.strategy = Strategy::fsdp, .fsdp = hybrid},
+                              .dp = 64});
   EXPECT_LE(std::abs(static_cast<double>(h.model_state()) - 16 * psi / 8) / (16 * psi / 8), 1e-6);
   // This project's bf16 recipe: 2 + 4 + 4 + 8 = 18 bytes per parameter under DDP.
-  const LedgerRow b = ledger({.model = m, .recipe = recipe_of(ref::Precision::kBf16),
-                              .options = {.strategy = Strategy::ddp}, .dp = 8});
+  const LedgerRow b = ledger({.model = m,
+                              .recipe = recipe_of(ref::Precision::kBf16),
+                              .options = {.strategy = Strategy::ddp},
+                              .dp = 8});
   EXPECT_LE(std::abs(static_cast<double>(b.model_state()) - 18 * psi) / (18 * psi), 1e-6);
 }
 
@@ -84,8 +89,11 @@ TEST(Ledger, EqualsTrackedAllocatorOnSmallModels) {
         DataParallelOptions o{.strategy = lc.strategy};
         o.fsdp = lc.fsdp;
         const DpRun got = dp_run(s, dp, o);
-        const LedgerRow row = ledger({.model = s.model, .recipe = recipe_of(prec), .options = o,
-                                      .dp = dp, .micro_batch = s.train.micro_batch});
+        const LedgerRow row = ledger({.model = s.model,
+                                      .recipe = recipe_of(prec),
+                                      .options = o,
+                                      .dp = dp,
+                                      .micro_batch = s.train.micro_batch});
         const std::string what = s.name + " " + ref::to_string(prec) + " " +
                                  std::string(name_of(lc.strategy)) + " " +
                                  std::string(name_of(lc.fsdp.sharding));
@@ -103,18 +111,35 @@ TEST(Ledger, EqualsTrackedAllocatorOnSmallModels) {
       }
 }
 
-TEST(Ledger, ActivationCheckpointingPeak) {
-  Scenario s = dense_setup();
-  s.train.activation_checkpointing = true;
-  s.train.steps = 1;
-  const DpRun got = dp_run(s, 2, {.strategy = Strategy::zero3});
-  const LedgerRow row = ledger({.model = s.model, .recipe = recipe_of(s.train.precision),
-                                .options = {.strategy = Strategy::zero3}, .dp = 2,
-                                .micro_batch = s.train.micro_batch,
-                                .activation_checkpointing = true});
-  EXPECT_EQ(got.category_peaks[comm::MemCategory::activations], row.activation_peak);
-  // The peak's phase is named: step, microbatch, pass and unit.
-  EXPECT_NE(got.peak_phase.find("step 1"), std::string::npos) << got.peak_phase;
+// Full and selective recomputation: the tracker's activation peak equals the ledger's, each mode
+// saves what it should (full < selective < none), and the parameters are bitwise those of none.
+TEST(Ledger, ActivationRecomputationPeaks) {
+  std::vector<std::size_t> peaks;
+  std::vector<DpRun> runs;
+  for (const ref::Recompute mode :
+       {ref::Recompute::kNone, ref::Recompute::kSelective, ref::Recompute::kFull}) {
+    Scenario s = dense_setup();
+    s.train.recompute = mode;
+    s.train.steps = 1;
+    runs.push_back(dp_run(s, 2, {.strategy = Strategy::zero3}));
+    const DpRun& got = runs.back();
+    const LedgerRow row = ledger({.model = s.model,
+                                  .recipe = recipe_of(s.train.precision),
+                                  .options = {.strategy = Strategy::zero3},
+                                  .dp = 2,
+                                  .micro_batch = s.train.micro_batch,
+                                  .recompute = mode});
+    const std::size_t act = got.category_peaks[comm::MemCategory::activations];
+    EXPECT_EQ(act, row.activation_peak) << ref::to_string(mode);
+    // The peak's phase is named: step, microbatch, pass and unit.
+    EXPECT_NE(got.peak_phase.find("step 1"), std::string::npos) << got.peak_phase;
+    peaks.push_back(act);
+  }
+  EXPECT_LT(peaks[1], peaks[0]);
+  EXPECT_LT(peaks[2], peaks[1]);
+  for (std::size_t m = 1; m < runs.size(); ++m)
+    for (const auto& p : runs[0].ranks[0].params.back())
+      EXPECT_EQ(runs[m].ranks[0].params.back()[p.name].vec(), p.value.vec()) << m << " " << p.name;
 }
 
 }  // namespace

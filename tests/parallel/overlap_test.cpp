@@ -30,7 +30,8 @@ class LoggingComm final : public comm::Communicator {
     log.push_back("all_reduce " + std::to_string(r.count));
     return inner_.all_reduce(s, r, o);
   }
-  comm::WorkPtr do_reduce_scatter(comm::ConstBuffer s, comm::Buffer r, comm::ReduceOptions o) override {
+  comm::WorkPtr do_reduce_scatter(comm::ConstBuffer s, comm::Buffer r,
+                                  comm::ReduceOptions o) override {
     log.push_back("reduce_scatter");
     return inner_.reduce_scatter(s, r, o);
   }
@@ -38,14 +39,15 @@ class LoggingComm final : public comm::Communicator {
     log.push_back("all_gather");
     return inner_.all_gather(s, r);
   }
-  comm::WorkPtr do_broadcast(comm::ConstBuffer s, comm::Buffer r, comm::BroadcastOptions o) override {
+  comm::WorkPtr do_broadcast(comm::ConstBuffer s, comm::Buffer r,
+                             comm::BroadcastOptions o) override {
     return inner_.broadcast(s, r, o);
   }
   comm::WorkPtr do_all_to_all(comm::ConstBuffer s, comm::Buffer r) override {
     return inner_.all_to_all(s, r);
   }
-  comm::WorkPtr do_all_to_all_v(comm::ConstBuffer s, std::span<const std::size_t> sc, comm::Buffer r,
-                                std::span<const std::size_t> rc) override {
+  comm::WorkPtr do_all_to_all_v(comm::ConstBuffer s, std::span<const std::size_t> sc,
+                                comm::Buffer r, std::span<const std::size_t> rc) override {
     return inner_.all_to_all_v(s, sc, r, rc);
   }
   comm::WorkPtr do_send(comm::ConstBuffer b, int peer, comm::P2POptions o) override {
@@ -55,7 +57,8 @@ class LoggingComm final : public comm::Communicator {
     return inner_.recv(b, peer, o);
   }
   comm::WorkPtr do_barrier() override { return inner_.barrier(); }
-  std::unique_ptr<comm::Communicator> do_split(int color, int key, const comm::SplitOptions& o) override {
+  std::unique_ptr<comm::Communicator> do_split(int color, int key,
+                                               const comm::SplitOptions& o) override {
     return inner_.split(color, key, o);
   }
   void do_compute(const comm::ComputeCost& c) override {

@@ -123,12 +123,14 @@ TEST(DataParallelVariants, BucketSizesAndCheckpointingKeepParity) {
     EXPECT_LE(p.max(), kF64Tolerance) << "bucket " << bucket << ": " << p.worst;
   }
   for (const Scenario& base : {dense_setup(), moe_setup()}) {
-    Scenario ckpt = base;
-    ckpt.train.activation_checkpointing = true;
-    for (Strategy st : {Strategy::ddp, Strategy::zero3}) {
-      const Parity p = compare(reference_of(base), dp_run(ckpt, 4, {.strategy = st}));
-      EXPECT_LE(p.max(), kF64Tolerance)
-          << base.name << " checkpointing " << name_of(st) << ": " << p.worst;
+    for (const ref::Recompute mode : {ref::Recompute::kSelective, ref::Recompute::kFull}) {
+      Scenario ckpt = base;
+      ckpt.train.recompute = mode;
+      for (Strategy st : {Strategy::ddp, Strategy::zero3}) {
+        const Parity p = compare(reference_of(base), dp_run(ckpt, 4, {.strategy = st}));
+        EXPECT_LE(p.max(), kF64Tolerance) << base.name << " recompute " << ref::to_string(mode)
+                                          << " " << name_of(st) << ": " << p.worst;
+      }
     }
   }
 }

@@ -32,8 +32,8 @@ TEST(GradHealth, SkipStepOnEveryRankNamingTheRank) {
       o.health = {.check = true, .policy = NonFinitePolicy::skip_step};
       o.grad_hook = nan_on_rank1_step2(c.rank());
       DataParallelEngine e(c, s.model, s.train, s.seed, o);
-      ref::DistributedSampler sampler(static_cast<int64_t>(ds.samples.size()),
-                                      s.train.global_batch, s.seed, true);
+      ref::DistributedSampler sampler(static_cast<int64_t>(ds.samples.size()), s.train.global_batch,
+                                      s.seed, true);
       ref::ParamMap<double> before;
       for (int n = 1; n <= 3; ++n) {
         e.step(rank_batch(ds, sampler.next_global_batch(), c.rank(), c.size()));
@@ -98,7 +98,8 @@ struct StateStore {
       Entry& e = tensors[p.tensor];
       const auto n = static_cast<std::size_t>(ref::numel_of(p.shape));
       const std::size_t w = comm::size_of(p.dtype);
-      if (e.bytes.empty()) e = {p.shape, p.dtype, std::vector<std::byte>(n * w), std::vector<int>(n)};
+      if (e.bytes.empty())
+        e = {p.shape, p.dtype, std::vector<std::byte>(n * w), std::vector<int>(n)};
       ASSERT_EQ(p.bytes.size(), p.count * w);
       std::memcpy(e.bytes.data() + p.begin * w, p.bytes.data(), p.bytes.size());
       for (std::size_t i = 0; i < p.count; ++i) ++e.writes[p.begin + i];
@@ -156,7 +157,8 @@ TEST(StateExport, Zero3Dp4ToDdpDp2KeepsParity) {
     store.expect_complete();
     EXPECT_TRUE(store.tensors.contains("exp_avg_sq/embed.weight"));
     const Trace got = run_steps(s, 2, {.strategy = Strategy::ddp}, 2, 3, &store, nullptr);
-    Trace tail{{want.steps.begin() + 1, want.steps.end()}, {want.params.begin() + 1, want.params.end()}};
+    Trace tail{{want.steps.begin() + 1, want.steps.end()},
+               {want.params.begin() + 1, want.params.end()}};
     const Parity p = compare(tail, DpRun{.ranks = {got}});
     std::printf("resume %s zero3 dp4 -> ddp dp2: loss %.2e params %.2e\n", s.name.c_str(), p.loss,
                 p.params);
@@ -175,7 +177,8 @@ TEST(StateExport, SameTopologyContinuesBitwise) {
   const Trace resumed = run_steps(s, 4, o, 2, 3, &store, nullptr);
   for (std::size_t k = 0; k < 2; ++k) {
     EXPECT_EQ(resumed.steps[k].loss, whole.steps[k + 1].loss);
-    for (const auto& e : whole.params[k + 1]) EXPECT_EQ(resumed.params[k][e.name].vec(), e.value.vec());
+    for (const auto& e : whole.params[k + 1])
+      EXPECT_EQ(resumed.params[k][e.name].vec(), e.value.vec());
   }
 }
 

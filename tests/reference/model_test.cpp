@@ -42,7 +42,7 @@ TEST_P(ModelGrad, EveryParameterMatchesFiniteDifferences) {
   StepContext ctx = test::global_context(batch);
   ctx.seed = 3;
   ctx.step = 2;
-  ctx.activation_checkpointing = mc.checkpointing;
+  ctx.recompute = mc.checkpointing ? Recompute::kFull : Recompute::kNone;
   ParamMap<double> grads = params.zeros_like();
   const LossParts parts =
       forward_backward(cfg, params, std::span<const Sequence>(batch), ctx, &grads);
@@ -159,12 +159,16 @@ TEST(Model, ActivationCheckpointingIsBitwiseEqual) {
   const ParamMap<double> params = test::random_params(cfg, 12);
   StepContext ctx = test::global_context(batch);
   ctx.seed = 9;
-  ParamMap<double> g1 = params.zeros_like(), g2 = params.zeros_like();
+  ParamMap<double> g1 = params.zeros_like();
   const LossParts a = forward_backward(cfg, params, std::span<const Sequence>(batch), ctx, &g1);
-  ctx.activation_checkpointing = true;
-  const LossParts b = forward_backward(cfg, params, std::span<const Sequence>(batch), ctx, &g2);
-  EXPECT_EQ(a.loss(), b.loss());
-  for (const auto& e : g1) EXPECT_EQ(e.value.vec(), g2[e.name].vec()) << e.name;
+  for (const Recompute mode : {Recompute::kSelective, Recompute::kFull}) {
+    ParamMap<double> g2 = params.zeros_like();
+    ctx.recompute = mode;
+    const LossParts b = forward_backward(cfg, params, std::span<const Sequence>(batch), ctx, &g2);
+    EXPECT_EQ(a.loss(), b.loss()) << to_string(mode);
+    for (const auto& e : g1)
+      EXPECT_EQ(e.value.vec(), g2[e.name].vec()) << to_string(mode) << e.name;
+  }
 }
 
 TEST(Model, PipelineStagesOnPartialParameterMapsReproduceTheModel) {
