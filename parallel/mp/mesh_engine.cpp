@@ -161,6 +161,7 @@ class MeshImpl final : public MeshEngine::Impl {
     counted_ = {0.0, 0.0, 0.0};
     const int mbs = train_.micro_batch;
     const int microbatches = static_cast<int>(local.size()) / mbs;
+    microbatches_ = microbatches;
     PipeStage<T> stage;
     stage.forward = [&](int mb, int chunk, Tensor<T> in) {
       return forward(mb, chunk, std::move(in));
@@ -356,18 +357,34 @@ class MeshImpl final : public MeshEngine::Impl {
     const auto gathered = gather_chunk(chunk, false);
     ChunkCache<T>& cc = caches_.at({mb, chunk});
     ref::ParamMap<T>& grads = grad_target();
+    // The gradients `pick` selects are complete for this microbatch: the hook and the health flag
+    // see them, then (f64/f32, DDP overlap, last microbatch) their all_reduce is issued. The bf16
+    // recipe rounds the whole chunk's microbatch gradient first, so it issues at the chunk's end.
+    const bool bf16 = train_.precision == ref::Precision::kBf16;
+    const auto complete = [&](const typename MeshOptimizer<T>::Pick& pick) {
+      check_gradients(mb, grads, pick);
+      if (!bf16 && opt_.overlap && mb == microbatches_ - 1) issue_bucket(pick);
+    };
     std::vector<Tensor<T>> dxs;
     if (vs == last_virtual_stage()) {
       for (int i = 0; i < mbs; ++i) {
         dxs.push_back(mp_head_backward(env_, weights(), seq(mb, i), ctx_.token_weight,
                                        cc.heads[static_cast<std::size_t>(i)], grads));
       }
+      // The tied embedding's copy is complete here unless this chunk also holds the embedding.
+      const bool tied_done = model_.tie_embeddings && vs != 0;
+      complete([&](const LocalParam& p) {
+        return p.name == "final_norm.weight" || p.name == "lm_head.weight" ||
+               (p.name == "embed.weight" && tied_done);
+      });
     } else {
       dxs = split_rows(dout, mbs);
     }
-    for (int i = 0; i < mbs; ++i) {
-      auto& blocks = cc.blocks[static_cast<std::size_t>(i)];
-      for (int layer = last - 1; layer >= first; --layer) {
+    // Layer by layer (each over the microbatch's sequences), so a layer's gradient is complete as
+    // early as possible; every parameter still adds its sequences' contributions in order.
+    for (int layer = last - 1; layer >= first; --layer) {
+      for (int i = 0; i < mbs; ++i) {
+        auto& blocks = cc.blocks[static_cast<std::size_t>(i)];
         MpBlockCache<T>& bc = blocks[static_cast<std::size_t>(layer - first)];
         MpBlockCache<T> again;  // full recompute: the block from its input, its collectives too
         comm::TrackedBytes recomputed;
@@ -381,22 +398,26 @@ class MeshImpl final : public MeshEngine::Impl {
                               train_.recompute == ref::Recompute::kFull ? again : bc,
                               dxs[static_cast<std::size_t>(i)], grads);
       }
+      const std::string prefix = "layers." + std::to_string(layer) + ".";
+      complete([&](const LocalParam& p) { return p.name.rfind(prefix, 0) == 0; });
     }
     Tensor<T> result;
     if (vs == 0) {
       for (int i = 0; i < mbs; ++i)
         mp_embed_backward(env_, seq(mb, i), dxs[static_cast<std::size_t>(i)], grads);
+      complete([](const LocalParam& p) { return p.name == "embed.weight"; });
     } else {
       result = concat_rows(dxs);
     }
     caches_.erase({mb, chunk});
-    check_gradients(mb, chunk, grads);
-    if (train_.precision == ref::Precision::kBf16) {
+    if (bf16) {
       round_microbatch_gradient();
       for (auto& e : mb_grads_) {
         ref::add_inplace(grads_[e.name], e.value);
         e.value.fill(T{0});
       }
+      if (opt_.overlap && mb == microbatches_ - 1)
+        issue_bucket([&](const LocalParam& p) { return chunk_writes(chunk, p); });
     }
     return result;
   }
@@ -415,12 +436,26 @@ class MeshImpl final : public MeshEngine::Impl {
     return head && (p.name == "final_norm.weight" || p.name == "lm_head.weight");
   }
 
-  // The grad hook and the health flag on this rank's local gradients of what the chunk wrote,
-  // before any reduction over another rank (the bf16 recipe: before the rounding).
-  void check_gradients(int mb, int chunk, ref::ParamMap<T>& grads) {
+  // DDP overlap: the chunk's gradients are complete after its last microbatch; those summed only
+  // over their class's group go now (the tied embedding, SP's TP-replicated and the replicated kv
+  // heads need another sum first, in sync_gradients).
+  void issue_bucket(const typename MeshOptimizer<T>::Pick& pick) {
+    zopt_->issue_reduce(grads_, [&](const LocalParam& p) {
+      if (!pick(p)) return false;
+      if (p.name == "embed.weight" && model_.tie_embeddings && opt_.shape.pp > 1) return false;
+      if (p.tp_replicated && env_.sp()) return false;
+      return p.kv_replicas <= 1;
+    });
+  }
+
+  // The grad hook and the health flag on this rank's local gradients of the picked parameters,
+  // complete for this microbatch, before any reduction over another rank (the bf16 recipe: before
+  // the rounding).
+  void check_gradients(int mb, ref::ParamMap<T>& grads,
+                       const typename MeshOptimizer<T>::Pick& pick) {
     if (!opt_.grad_hook && !opt_.health.check) return;
     for (const LocalParam& p : specs_) {
-      if (!chunk_writes(chunk, p)) continue;
+      if (!pick(p)) continue;
       Tensor<T>& g = grads[p.name];
       if (opt_.grad_hook) opt_.grad_hook(steps_, mb, p.name, comm::view(g.span()));
       if (opt_.health.check && !nonfinite_) nonfinite_ = any_nonfinite(std::span<const T>(g.vec()));
@@ -550,6 +585,7 @@ class MeshImpl final : public MeshEngine::Impl {
   const ref::Batch* batch_ = nullptr;
   std::vector<double> counted_;  // loss_sum, aux_sum, dropped this rank counts
   bool nonfinite_ = false;       // this step's local gradients held a NaN or infinity
+  int microbatches_ = 0;         // this step's, per rank
   std::map<std::pair<int, int>, ChunkCache<T>> caches_;
 };
 

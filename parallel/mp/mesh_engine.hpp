@@ -59,6 +59,11 @@ struct MeshOptions {
   // sharding over the same groups); any other value is refused by validate_mesh, as is a zero
   // stage that contradicts it.
   std::string fsdp;
+  // DDP overlap (zero 0/1): each pipeline chunk's gradient all_reduce (per parameter class) is
+  // issued asynchronously right after the chunk's last microbatch backward, so it overlaps the rest
+  // of the backward; the tied embedding and the TP/kv-replicated gradients wait for their own sums
+  // first. false: every sum after the pipeline. The same bits either way.
+  bool overlap = true;
   // The non-finite-gradient check over the world (step.hpp; ranks named by world rank) and the
   // hook, called after each chunk's backward of a microbatch for the parameters it wrote.
   GradHealthOptions health{};

@@ -139,10 +139,63 @@ void MeshOptimizer<T>::reduce(ref::ParamMap<T>& grads) {
       continue;
     }
     if (g.size() == 1) continue;
-    std::vector<T> flat = pack(c, grads, 0, c.numel);
-    const comm::TrackedBytes tmp(*mem_, MemCategory::temporary, flat.size() * sizeof(T));
-    g.all_reduce(std::span<T>(flat))->wait();
-    unpack(c, std::span<const T>(flat), 0, grads);
+    // What issue_reduce has not sent yet, in flat order.
+    const auto ci = static_cast<std::size_t>(&c - classes_.data());
+    const auto rest = ranges(c, [&](const LocalParam& p) {
+      return issued_spec_.empty() || !issued_spec_[static_cast<std::size_t>(&p - specs_.data())];
+    });
+    std::vector<T> flat;
+    for (const auto& [a, b] : rest) {
+      const std::vector<T> part = pack(c, grads, a, b);
+      flat.insert(flat.end(), part.begin(), part.end());
+    }
+    if (!flat.empty()) {
+      const comm::TrackedBytes tmp(*mem_, MemCategory::temporary, flat.size() * sizeof(T));
+      g.all_reduce(std::span<T>(flat))->wait();
+      std::size_t at = 0;
+      for (const auto& [a, b] : rest) {
+        unpack(c, std::span<const T>(flat).subspan(at, static_cast<std::size_t>(b - a)), a, grads);
+        at += static_cast<std::size_t>(b - a);
+      }
+    }
+    for (Issued& is : issued_) {
+      if (is.cls != ci) continue;
+      is.work->wait();
+      std::size_t at = 0;
+      for (const auto& [a, b] : is.ranges) {
+        unpack(c, std::span<const T>(is.flat).subspan(at, static_cast<std::size_t>(b - a)), a,
+               grads);
+        at += static_cast<std::size_t>(b - a);
+      }
+    }
+  }
+  issued_.clear();
+  issued_spec_.clear();
+}
+
+template <class T>
+void MeshOptimizer<T>::issue_reduce(const ref::ParamMap<T>& grads, const Pick& pick) {
+  if (env_.zero >= 2) return;  // reduce_scatter once per step, after the pipeline flush
+  if (issued_spec_.empty()) issued_spec_.assign(specs_.size(), false);
+  for (std::size_t ci = 0; ci < classes_.size(); ++ci) {
+    Class& c = classes_[ci];
+    if (c.numel == 0 || c.group->size() == 1) continue;
+    const auto fresh = [&](const LocalParam& p) {
+      return pick(p) && !issued_spec_[static_cast<std::size_t>(&p - specs_.data())];
+    };
+    Issued is;
+    is.cls = ci;
+    is.ranges = ranges(c, fresh);
+    if (is.ranges.empty()) continue;
+    for (const auto& [a, b] : is.ranges) {
+      const std::vector<T> part = pack(c, grads, a, b);
+      is.flat.insert(is.flat.end(), part.begin(), part.end());
+    }
+    for (const std::size_t k : c.specs)
+      if (fresh(specs_[k])) issued_spec_[k] = true;
+    is.tmp = comm::TrackedBytes(*mem_, MemCategory::temporary, is.flat.size() * sizeof(T));
+    is.work = c.group->all_reduce(comm::view(std::span<T>(is.flat)));
+    issued_.push_back(std::move(is));
   }
 }
 

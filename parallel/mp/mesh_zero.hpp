@@ -4,9 +4,9 @@
 //
 // A rank's local parameter slices fall in two classes, each with its own gradient-sum group whose
 // members hold identical slices: non-expert (dp x cp, "dense") and expert (edp x cp = dp x cp / ep,
-// "expert DP"). Each class is one flat buffer (the local slices in canonical order, N elements); with ZeRO
-// (zero >= 1) the group of D ranks splits it into shards of S = ceil(N / D) (padded P = D * S, the
-// padding zeros at the end) and group rank r owns [r*S, (r+1)*S):
+// "expert DP"). Each class is one flat buffer (the local slices in canonical order, N elements);
+// with ZeRO (zero >= 1) the group of D ranks splits it into shards of S = ceil(N / D) (padded P = D
+// * S, the padding zeros at the end) and group rank r owns [r*S, (r+1)*S):
 //   zero 0: every member holds the moments (and the bf16 master) of all N; gradients all_reduced.
 //   zero 1: moments and bf16 master of the owned shard only; gradients all_reduced; each rank
 //           updates its shard, then all_gather of the updated (working) parameters.
@@ -62,8 +62,17 @@ class MeshOptimizer {
   MeshOptimizer(const MeshOptimizer&) = delete;
   MeshOptimizer& operator=(const MeshOptimizer&) = delete;
 
+  // Which of this rank's parameters an operation covers.
+  using Pick = std::function<bool(const LocalParam&)>;
+
   // Sums each class's gradient over its group: all_reduce (zero 0/1) or reduce_scatter (zero 2/3).
+  // Gradients already issued with issue_reduce are waited for and written back, the rest summed.
   void reduce(ref::ParamMap<T>& grads);
+  // zero 0/1: issues the all_reduce of the picked parameters' gradients now, asynchronously (DDP's
+  // buckets, issued during the last backward as soon as they are complete); every member picks the
+  // same parameters in the same order. The buffers stay untouched until reduce(). Each element is
+  // summed as one reduce() would sum it (rank order on the simulator): the same bits.
+  void issue_reduce(const ref::ParamMap<T>& grads, const Pick& pick);
   // Elements of reduced gradient this rank keeps after reduce() (zero 2/3: the shards).
   int64_t reduced_grad_elems() const;
   // Sum of squares of the reduced gradient elements this rank counts.
@@ -81,7 +90,6 @@ class MeshOptimizer {
   // zero 3: all_gather the picked parameters' full local slices from their shards into params
   // (collective over each class's group; every member picks the same parameters). Returns the
   // elements gathered (0 below zero 3 or for a group of one).
-  using Pick = std::function<bool(const LocalParam&)>;
   int64_t gather(ref::ParamMap<T>& params, const Pick& pick);
   // zero 3: frees the gathered copies (the non-owned elements of the picked parameters: NaN).
   void release(ref::ParamMap<T>& params, const Pick& pick) const;
@@ -120,9 +128,20 @@ class MeshOptimizer {
   std::vector<std::pair<int64_t, int64_t>> ranges(const Class& c, const Pick& pick) const;
   void gather_range(Class& c, int64_t a, int64_t b, ref::ParamMap<T>& params);
 
+  // One issue_reduce bucket of one class, in flight until reduce().
+  struct Issued {
+    std::size_t cls = 0;
+    std::vector<std::pair<int64_t, int64_t>> ranges;  // flat ranges of the class, packed in order
+    std::vector<T> flat;
+    comm::WorkPtr work;
+    comm::TrackedBytes tmp;
+  };
+
   Env env_;
   std::vector<LocalParam> specs_;
   std::vector<Class> classes_;
+  std::vector<Issued> issued_;
+  std::vector<bool> issued_spec_;  // by index into specs_: summed by an Issued bucket
   comm::MemoryTracker* mem_ = nullptr;
   std::size_t tracked_ = 0;
   int t_ = 0;
