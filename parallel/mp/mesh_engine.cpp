@@ -11,6 +11,7 @@
 #include "parallel/flops.hpp"
 #include "parallel/ledger.hpp"
 #include "parallel/mp/mesh_memory.hpp"
+#include "parallel/mp/mesh_rows.hpp"
 #include "parallel/mp/mesh_zero.hpp"
 #include "parallel/mp/tp_block.hpp"
 #include "parallel/testing.hpp"
@@ -36,47 +37,11 @@ struct MeshEngine::Impl {
 
 namespace {
 
+using mesh_detail::ChunkCache;
+using mesh_detail::concat_rows;
+using mesh_detail::split_over;
+using mesh_detail::split_rows;
 using ref::Tensor;
-
-std::unique_ptr<comm::Communicator> split_over(comm::Communicator& world,
-                                               const comm::DeviceMesh& mesh,
-                                               std::vector<comm::Axis> axes, const char* name) {
-  return world.split(mesh.group_index(world.rank(), axes), world.rank(), {.name = name});
-}
-
-template <class T>
-std::vector<Tensor<T>> split_rows(const Tensor<T>& x, int parts) {
-  std::vector<Tensor<T>> out;
-  const int64_t c = x.shape().back();
-  const int64_t n = x.numel() / c / parts;
-  for (int i = 0; i < parts; ++i) {
-    Tensor<T> t({n, c});
-    std::copy_n(x.data() + i * n * c, n * c, t.data());
-    out.push_back(std::move(t));
-  }
-  return out;
-}
-
-template <class T>
-Tensor<T> concat_rows(const std::vector<Tensor<T>>& xs) {
-  const int64_t c = xs.front().shape().back();
-  int64_t n = 0;
-  for (const auto& x : xs) n += x.numel() / c;
-  Tensor<T> out({n, c});
-  int64_t at = 0;
-  for (const auto& x : xs) {
-    std::copy_n(x.data(), x.numel(), out.data() + at);
-    at += x.numel();
-  }
-  return out;
-}
-
-template <class T>
-struct ChunkCache {
-  std::vector<std::vector<MpBlockCache<T>>> blocks;  // [sequence][layer - first]
-  std::vector<MpHeadCache<T>> heads;
-  comm::TrackedBytes held;  // activations, from the chunk's forward to its backward
-};
 
 template <class T>
 class MeshImpl final : public MeshEngine::Impl {
@@ -511,10 +476,6 @@ class MeshImpl final : public MeshEngine::Impl {
   }
 
   void all_reduce_params(comm::Communicator& group,
-                         const std::function<bool(const LocalParam&)>& pick) {
-    all_reduce_params(group, pick, grads_);
-  }
-  void all_reduce_params(comm::Communicator& group,
                          const std::function<bool(const LocalParam&)>& pick,
                          ref::ParamMap<T>& grads) {
     if (group.size() == 1) return;
@@ -554,10 +515,12 @@ class MeshImpl final : public MeshEngine::Impl {
 
   void sync_gradients() {
     sync_tied_embedding();
-    if (env_.sp()) {
-      all_reduce_params(*g_.tp, [](const LocalParam& p) { return p.tp_replicated; });
-    }
-    if (kv_) all_reduce_params(*kv_, [](const LocalParam& p) { return p.kv_replicas > 1; });
+    if (env_.sp())
+      all_reduce_params(
+          *g_.tp, [](const LocalParam& p) { return p.tp_replicated; }, grads_);
+    if (kv_)
+      all_reduce_params(
+          *kv_, [](const LocalParam& p) { return p.kv_replicas > 1; }, grads_);
     zopt_->reduce(grads_);
   }
 
