@@ -83,8 +83,8 @@ int ledger_cmd(const LedgerArgs& a) {
   }
   const std::string recipe_text =
       recipe.name + ": param " + std::to_string(recipe.param) + " B, grad " +
-      std::to_string(recipe.grad) + " B, master " + std::to_string(recipe.master) +
-      " B, moments " + std::to_string(recipe.moments) + " B per parameter; activations " +
+      std::to_string(recipe.grad) + " B, master " + std::to_string(recipe.master) + " B, moments " +
+      std::to_string(recipe.moments) + " B per parameter; activations " +
       std::to_string(recipe.activation) + " B per element";
   if (a.json) {
     nlohmann::json out{{"scenario", s.name},

@@ -10,9 +10,9 @@
 #include <cstdio>
 #include <set>
 
+#include "harness/driver.hpp"
 #include "harness/plan_clock.hpp"
 #include "harness/plan_skeleton.hpp"
-#include "harness/driver.hpp"
 #include "harness/runner.hpp"
 #include "harness/sim_options.hpp"
 #include "sim/world.hpp"
