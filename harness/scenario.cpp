@@ -83,6 +83,10 @@ ref::TrainConfig parse_train(ObjectReader o) {
   // false / true (= full, as PyTorch's checkpoint of every block), or the mode by name.
   if (const nlohmann::json* ac = o.raw("activation_checkpointing"); ac && ac->is_boolean()) {
     t.recompute = ac->get<bool>() ? ref::Recompute::kFull : ref::Recompute::kNone;
+  } else if (ac && !ac->is_string()) {
+    throw ScenarioError(
+        o.at("activation_checkpointing"),
+        "expected false, true, \"none\", \"selective\" or \"full\", got " + describe_json(*ac));
   } else if (ac) {
     const std::string mode =
         o.choice("activation_checkpointing", "none", {"none", "selective", "full"});

@@ -90,6 +90,8 @@ TEST(Scenario, BadInputNamesThePathAndTheExpectation) {
       {R"({"train": {"optimizer": {"betas": [0.9]}}})", "$.train.optimizer.betas", "two numbers"},
       {R"({"train": {"activation_checkpointing": "partial"}})", "$.train.activation_checkpointing",
        R"(expected one of "none", "selective", "full")"},
+      {R"({"train": {"activation_checkpointing": 3}})", "$.train.activation_checkpointing",
+       R"(expected false, true, "none", "selective" or "full", got 3)"},
       {R"({"train": {"optimizer": {"lr": -1}}})", "$.train.optimizer.lr", "expected a number"},
       {R"({"data": {"min_len": 8, "max_len": 4}})", "$.data.max_len", "expected an integer in [8,"},
       {R"({"parallel": {"tpp": 2}})", "$.parallel.tpp", "unknown key"},
