@@ -129,7 +129,9 @@ ref::Tensor<T> cp_attention_forward(comm::Communicator& cp, CpAlgo algo, const T
                                     CpAttentionCache<T>& cache, testing::Mutation planted) {
   check_shapes(cp, algo, layout, q, k, v, doc_ids, shape);
   cache = CpAttentionCache<T>{};
-  cache.algo = algo;
+  // One CP rank: the reference's attention itself (the ring's online softmax would round
+  // differently), so a mesh without CP computes attention exactly as the single device does.
+  cache.algo = cp.size() > 1 ? algo : CpAlgo::ulysses;
   cache.planted = planted;
   cache.shape = shape;
   cache.dropout = dropout;
@@ -137,7 +139,7 @@ ref::Tensor<T> cp_attention_forward(comm::Communicator& cp, CpAlgo algo, const T
   cache.head_dim = q.dim(1) / shape.heads;
   cache.doc_ids.assign(doc_ids.begin(), doc_ids.end());
   for (int r = 0; r < cp.size(); ++r) cache.rows.push_back(layout.cp_rows(r));
-  if (algo == CpAlgo::ring) return detail::ring_attention_forward(cp, q, k, v, cache);
+  if (cache.algo == CpAlgo::ring) return detail::ring_attention_forward(cp, q, k, v, cache);
 
   const int p = cp.size();
   cache.sub_shape = {.heads = shape.heads / p, .kv_heads = shape.kv_heads / p};

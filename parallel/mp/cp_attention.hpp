@@ -14,7 +14,9 @@
 //          heads, and a second all_to_all brings the output back; backward likewise.
 //
 // Both reproduce ref::attention_forward / attention_backward on the full sequence, restricted to
-// this CP rank's rows, with the reference's dropout mask (keyed by the global head and rows).
+// this CP rank's rows, with the reference's dropout mask (keyed by the global head and rows). On a
+// CP group of one either is the reference's attention itself, bit for bit (and keeps its
+// probabilities for backward).
 #pragma once
 
 #include <cstdint>
