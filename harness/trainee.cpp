@@ -1,5 +1,6 @@
 #include "harness/trainee.hpp"
 
+#include "harness/driver.hpp"
 #include "parallel/mp/mesh_engine.hpp"
 
 namespace shardcheck::harness {
@@ -25,7 +26,9 @@ class DpTrainee final : public Trainee {
   int rank_, size_;
 };
 
-parallel::MeshOptions mesh_options(const ParallelSpec& p) {
+// The mesh engine's options: the layout from the spec, the FSDP settings, health check, gradient
+// hook and planted bug from the step driver's options (driver.hpp), the same on either engine.
+parallel::MeshOptions mesh_options(const ParallelSpec& p, const parallel::DataParallelOptions& d) {
   parallel::MeshOptions o;
   o.shape = p.mesh;
   o.order = p.order;
@@ -36,24 +39,18 @@ parallel::MeshOptions mesh_options(const ParallelSpec& p) {
   o.virtual_stages = p.virtual_stages;
   o.cp_algo = p.cp_algo == "ulysses" ? parallel::CpAlgo::ulysses : parallel::CpAlgo::ring;
   o.zero = p.zero;
-  if (p.fsdp) o.fsdp = *p.fsdp;
+  if (d.strategy == parallel::Strategy::fsdp) o.fsdp = d.fsdp;
+  o.health = d.health;
+  o.grad_hook = d.grad_hook;
+  o.planted = d.planted;
   return o;
-}
-
-// The step driver's health check, gradient hook and planted bug, the same on either engine.
-parallel::MeshOptions with_step_options(parallel::MeshOptions m,
-                                        const parallel::DataParallelOptions& o) {
-  m.health = o.health;
-  m.grad_hook = o.grad_hook;
-  m.planted = o.planted;
-  return m;
 }
 
 class MeshTrainee final : public Trainee {
  public:
   MeshTrainee(comm::Communicator& world, const Scenario& s, const ParallelSpec& p,
               const parallel::DataParallelOptions& o)
-      : e_(world, s.model, s.train, s.seed, with_step_options(mesh_options(p), o)) {
+      : e_(world, s.model, s.train, s.seed, mesh_options(p, o)) {
     planted_ = o.planted;
   }
   ref::StepRecord step(const ref::Batch& local) override { return e_.step(local); }
@@ -77,12 +74,8 @@ bool model_parallel(const ParallelSpec& p) {
 
 std::string unsupported(const Scenario& s, const ParallelSpec& p) {
   if (!model_parallel(p)) return "";
-  if (p.fsdp && (p.fsdp_wrap != "block" || !p.fsdp_reshard_after_forward || p.fsdp_prefetch > 1))
-    return "on a model-parallel mesh FSDP gathers each pipeline chunk's parameters before its "
-           "forward and again before its backward, without prefetch: fsdp wrap, "
-           "reshard_after_forward and prefetch settings are not built there";
   try {
-    parallel::validate_mesh(s.model, s.train, mesh_options(p));
+    parallel::validate_mesh(s.model, s.train, mesh_options(p, engine_options(s, p)));
   } catch (const parallel::MeshConfigError& e) {
     return e.what();
   }

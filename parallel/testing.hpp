@@ -14,6 +14,7 @@ enum class Mutation {
   kSkipBucket,  // the gradient reduction of one bucket (DDP/ZeRO-1) or unit (others) is left out
   kWrongShardOffset,  // ZeRO: the owner reads its gradient shard at r*floor(N/D), not r*S
   kSameSamples,       // sampler bug: every rank reads DP rank 0's slice of the global batch
+  kSkipReplicaSum,    // hybrid_shard (mesh engine): the gradient shard is not summed over replicas
   // Model parallel (parallel/mp/):
   kRowParallelNotReduced,  // TP: a row-parallel output (wo / w_down) is not summed over TP ranks
   kGqaWrongHeadMapping,    // TP: a rank's query heads use kv head (local q head) / group of rank 0

@@ -5,12 +5,15 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <numeric>
 #include <type_traits>
 
 #include "comm/memory.hpp"
 #include "parallel/flops.hpp"
+#include "parallel/layerwise.hpp"
 #include "parallel/ledger.hpp"
 #include "parallel/mp/mesh_memory.hpp"
+#include "parallel/mp/mesh_residency.hpp"
 #include "parallel/mp/mesh_rows.hpp"
 #include "parallel/mp/mesh_zero.hpp"
 #include "parallel/mp/tp_block.hpp"
@@ -37,8 +40,11 @@ struct MeshEngine::Impl {
 
 namespace {
 
+using mesh_detail::all_reduce_picked;
 using mesh_detail::ChunkCache;
 using mesh_detail::concat_rows;
+using mesh_detail::HybridGroups;
+using mesh_detail::MeshResidency;
 using mesh_detail::split_over;
 using mesh_detail::split_rows;
 using ref::Tensor;
@@ -80,16 +86,37 @@ class MeshImpl final : public MeshEngine::Impl {
       }
     }
     grads_ = params_.zeros_like();
-    typename MeshOptimizer<T>::Env env{.dense = dense_.get(),
-                                       .expert = expert_.get(),
-                                       .world = &world_,
-                                       .zero = opt_.zero,
-                                       .bf16 = train_.precision == ref::Precision::kBf16,
-                                       .tp_rank = g_.tp->rank(),
-                                       .optimizer = train_.optimizer,
-                                       .recipe = recipe_,
-                                       .planted = opt_.planted};
+    const FsdpOptions f = opt_.fsdp.value_or(FsdpOptions{.prefetch = 0});
+    const std::vector<std::vector<int>> units = wrap_units(model_, f.wrap, f.blocks_per_unit);
+    for (std::size_t w = 0; w < units.size(); ++w)
+      for (const int lu : units[w]) wrap_of_[lu] = static_cast<int>(w);
+    if (opt_.fsdp && f.sharding == ShardingStrategy::hybrid_shard) {
+      const int edp = mesh.size(comm::Axis::edp);
+      dense_h_ =
+          mesh_detail::hybrid_split(world, mesh, comm::Axis::dp, f.shard_group_size, "dp-cp");
+      expert_h_ = mesh_detail::hybrid_split(world, mesh, comm::Axis::edp,
+                                            std::gcd(f.shard_group_size, edp), "expert-dp");
+    }
+    typename MeshOptimizer<T>::Env env{
+        .dense = dense_h_.shard ? dense_h_.shard.get() : dense_.get(),
+        .expert = expert_h_.shard ? expert_h_.shard.get() : expert_.get(),
+        .world = &world_,
+        .dense_replicas = dense_h_.replicas.get(),
+        .expert_replicas = expert_h_.replicas.get(),
+        .unit_of = [this](const LocalParam& p) { return wrap_of_.at(unit_of(model_, p.name)); },
+        .zero = opt_.zero,
+        .bf16 = train_.precision == ref::Precision::kBf16,
+        .tp_rank = g_.tp->rank(),
+        .optimizer = train_.optimizer,
+        .recipe = recipe_,
+        .planted = opt_.planted};
     zopt_ = std::make_unique<MeshOptimizer<T>>(std::move(env), specs_, params_);
+    if (opt_.zero == 3) {
+      const bool keep = f.sharding == ShardingStrategy::shard_grad_op || !f.reshard_after_forward;
+      residency_ = std::make_unique<MeshResidency<T>>(
+          *zopt_, params_, mem_, recipe_.param,
+          typename MeshResidency<T>::Options{.prefetch = f.prefetch, .keep_after_forward = keep});
+    }
     params_held_ =
         comm::TrackedBytes(mem_, comm::MemCategory::params,
                            static_cast<std::size_t>(zopt_->resident_elems()) * recipe_.param);
@@ -226,43 +253,21 @@ class MeshImpl final : public MeshEngine::Impl {
   int virtual_stage(int chunk) const { return chunk * opt_.shape.pp + stage_; }
   int last_virtual_stage() const { return opt_.shape.pp * opt_.virtual_stages - 1; }
 
-  // ZeRO-3: the parameters chunk uses (its layers; the embedding on virtual stage 0 in forward
-  // only, its backward needs none; the final norm, LM head and tied embedding copy on the last).
-  typename MeshOptimizer<T>::Pick chunk_params(int chunk, bool forward) const {
-    const int first = plan_.chunk_layers[static_cast<std::size_t>(chunk)].first;
-    const int last = plan_.chunk_layers[static_cast<std::size_t>(chunk)].second;
-    const bool embed = forward && virtual_stage(chunk) == 0;
-    const bool head = virtual_stage(chunk) == last_virtual_stage();
-    const bool tied = model_.tie_embeddings;
-    return [=](const LocalParam& p) {
-      if (p.name.rfind("layers.", 0) == 0) {
-        const int layer = std::stoi(p.name.substr(7));
-        return layer >= first && layer < last;
-      }
-      if (p.name == "embed.weight") return embed || (head && tied);
-      return head && (p.name == "final_norm.weight" || p.name == "lm_head.weight");
-    };
+  void begin_uses(int mb, int chunk, bool forward) {
+    if (!residency_) return;
+    const int vs = virtual_stage(chunk);
+    residency_->begin(mb, chunk, forward,
+                      mesh_detail::chunk_uses(model_, wrap_of_,
+                                              plan_.chunk_layers[static_cast<std::size_t>(chunk)],
+                                              vs == 0, vs == last_virtual_stage(), forward));
   }
-
-  // ZeRO-3: all_gather of chunk's parameters, held (and tracked) until the callback returns.
-  struct Gathered {
-    MeshImpl* self = nullptr;
-    typename MeshOptimizer<T>::Pick pick;
-    comm::TrackedBytes held;
-    ~Gathered() {
-      if (self != nullptr) self->zopt_->release(self->params_, pick);
-    }
-  };
-  std::unique_ptr<Gathered> gather_chunk(int chunk, bool forward) {
-    if (opt_.zero != 3) return nullptr;
-    auto g = std::make_unique<Gathered>();
-    g->pick = chunk_params(chunk, forward);
-    const int64_t n = zopt_->gather(params_, g->pick);
-    g->held = comm::TrackedBytes(mem_, comm::MemCategory::params,
-                                 static_cast<std::size_t>(n) * recipe_.param);
-    g->self = this;
-    return g;
+  void use(std::size_t count = 1) {
+    if (residency_) residency_->next(count);
   }
+  void end_uses() {
+    if (residency_) residency_->end();
+  }
+  std::size_t head_uses() const { return model_.tie_embeddings ? 2 : 1; }
 
   Tensor<T> forward(int mb, int chunk, Tensor<T> input) {
     const int mbs = train_.micro_batch;
@@ -270,32 +275,38 @@ class MeshImpl final : public MeshEngine::Impl {
     const auto [first, last] = plan_.chunk_layers[static_cast<std::size_t>(chunk)];
     mem_.set_phase(prefix_ + " microbatch " + std::to_string(mb) + " forward chunk " +
                    std::to_string(chunk));
-    const auto gathered = gather_chunk(chunk, true);
+    begin_uses(mb, chunk, true);
     ChunkCache<T>& cc = caches_[{mb, chunk}];
-    cc.blocks.assign(static_cast<std::size_t>(mbs), {});
+    const auto layers = static_cast<std::size_t>(last - first);
+    cc.blocks.assign(static_cast<std::size_t>(mbs), std::vector<MpBlockCache<T>>(layers));
     std::vector<Tensor<T>> xs;
     if (vs == 0) {
+      use();
       for (int i = 0; i < mbs; ++i) xs.push_back(mp_embed_forward(env_, weights(), seq(mb, i)));
     } else {
       xs = split_rows(input, mbs);
     }
-    const bool count_aux = g_.tp->rank() == 0 && g_.cp->rank() == 0;
-    for (int i = 0; i < mbs; ++i) {
-      auto& blocks = cc.blocks[static_cast<std::size_t>(i)];
-      blocks.resize(static_cast<std::size_t>(last - first));
-      for (int layer = first; layer < last; ++layer) {
-        MpSequenceLoss l;
-        MpBlockCache<T>& bc = blocks[static_cast<std::size_t>(layer - first)];
-        xs[static_cast<std::size_t>(i)] = mp_block_forward(env_, weights(), layer, seq(mb, i), ctx_,
-                                                           xs[static_cast<std::size_t>(i)], bc, &l);
+    // Layer by layer over the microbatch's sequences (one use of each wrap unit); the MoE sums
+    // are added sequence by sequence, as one sequence at a time would add them.
+    std::vector<MpSequenceLoss> moe(static_cast<std::size_t>(mbs) * layers);
+    for (int layer = first; layer < last; ++layer) {
+      use();
+      for (int i = 0; i < mbs; ++i) {
+        const auto ui = static_cast<std::size_t>(i);
+        MpBlockCache<T>& bc = cc.blocks[ui][static_cast<std::size_t>(layer - first)];
+        xs[ui] = mp_block_forward(env_, weights(), layer, seq(mb, i), ctx_, xs[ui], bc,
+                                  &moe[ui * layers + static_cast<std::size_t>(layer - first)]);
         keep_for_backward(bc);
-        if (count_aux) {
-          counted_[1] += l.aux;
-          counted_[2] += static_cast<double>(l.dropped);
-        }
+      }
+    }
+    if (g_.tp->rank() == 0 && g_.cp->rank() == 0) {
+      for (const MpSequenceLoss& l : moe) {
+        counted_[1] += l.aux;
+        counted_[2] += static_cast<double>(l.dropped);
       }
     }
     if (vs == last_virtual_stage()) {
+      use(head_uses());
       cc.heads.resize(static_cast<std::size_t>(mbs));
       for (int i = 0; i < mbs; ++i) {
         MpSequenceLoss l;
@@ -309,6 +320,7 @@ class MeshImpl final : public MeshEngine::Impl {
       for (const MpBlockCache<T>& b : blocks) held += cache_elems(b);
     for (const MpHeadCache<T>& h : cc.heads) held += cache_elems(h);
     cc.held = comm::TrackedBytes(mem_, comm::MemCategory::activations, held * recipe_.activation);
+    end_uses();
     if (vs != last_virtual_stage()) return concat_rows(xs);
     return {};
   }
@@ -319,7 +331,7 @@ class MeshImpl final : public MeshEngine::Impl {
     const auto [first, last] = plan_.chunk_layers[static_cast<std::size_t>(chunk)];
     mem_.set_phase(prefix_ + " microbatch " + std::to_string(mb) + " backward chunk " +
                    std::to_string(chunk));
-    const auto gathered = gather_chunk(chunk, false);
+    begin_uses(mb, chunk, false);
     ChunkCache<T>& cc = caches_.at({mb, chunk});
     ref::ParamMap<T>& grads = grad_target();
     // The gradients `pick` selects are complete for this microbatch: the hook and the health flag
@@ -332,6 +344,7 @@ class MeshImpl final : public MeshEngine::Impl {
     };
     std::vector<Tensor<T>> dxs;
     if (vs == last_virtual_stage()) {
+      use(head_uses());
       for (int i = 0; i < mbs; ++i) {
         dxs.push_back(mp_head_backward(env_, weights(), seq(mb, i), ctx_.token_weight,
                                        cc.heads[static_cast<std::size_t>(i)], grads));
@@ -348,6 +361,7 @@ class MeshImpl final : public MeshEngine::Impl {
     // Layer by layer (each over the microbatch's sequences), so a layer's gradient is complete as
     // early as possible; every parameter still adds its sequences' contributions in order.
     for (int layer = last - 1; layer >= first; --layer) {
+      use();
       for (int i = 0; i < mbs; ++i) {
         auto& blocks = cc.blocks[static_cast<std::size_t>(i)];
         MpBlockCache<T>& bc = blocks[static_cast<std::size_t>(layer - first)];
@@ -375,6 +389,7 @@ class MeshImpl final : public MeshEngine::Impl {
       result = concat_rows(dxs);
     }
     caches_.erase({mb, chunk});
+    end_uses();
     if (bf16) {
       round_microbatch_gradient();
       for (auto& e : mb_grads_) {
@@ -453,46 +468,25 @@ class MeshImpl final : public MeshEngine::Impl {
     if constexpr (std::is_same_v<T, float>) {
       const auto all = [](const LocalParam&) { return true; };
       if (g_.cp->size() > 1) {
-        all_reduce_params(*g_.cp, all, mb_grads_);
+        all_reduce_picked(specs_, *g_.cp, all, mb_grads_);
         if (g_.cp->rank() != 0)
           for (auto& e : mb_grads_) e.value.fill(T{0});
       }
       if (kv_) {
         const auto kv = [](const LocalParam& p) { return p.kv_replicas > 1; };
-        all_reduce_params(*kv_, kv, mb_grads_);
+        all_reduce_picked(specs_, *kv_, kv, mb_grads_);
         if (kv_->rank() != 0)
           for (const LocalParam& p : specs_)
             if (p.kv_replicas > 1) mb_grads_[p.name].fill(T{0});
       }
       if (env_.sp()) {
         const auto rep = [](const LocalParam& p) { return p.tp_replicated; };
-        all_reduce_params(*g_.tp, rep, mb_grads_);
+        all_reduce_picked(specs_, *g_.tp, rep, mb_grads_);
         if (g_.tp->rank() != 0)
           for (const LocalParam& p : specs_)
             if (p.tp_replicated) mb_grads_[p.name].fill(T{0});
       }
       ref::round_to_bf16(mb_grads_);
-    }
-  }
-
-  void all_reduce_params(comm::Communicator& group,
-                         const std::function<bool(const LocalParam&)>& pick,
-                         ref::ParamMap<T>& grads) {
-    if (group.size() == 1) return;
-    std::vector<T> flat;
-    for (const LocalParam& p : specs_) {
-      if (!pick(p)) continue;
-      const auto& v = grads[p.name].vec();
-      flat.insert(flat.end(), v.begin(), v.end());
-    }
-    if (flat.empty()) return;
-    group.all_reduce(std::span<T>(flat))->wait();
-    std::size_t at = 0;
-    for (const LocalParam& p : specs_) {
-      if (!pick(p)) continue;
-      auto& v = grads[p.name].vec();
-      std::copy_n(flat.begin() + static_cast<std::ptrdiff_t>(at), v.size(), v.begin());
-      at += v.size();
     }
   }
 
@@ -516,11 +510,11 @@ class MeshImpl final : public MeshEngine::Impl {
   void sync_gradients() {
     sync_tied_embedding();
     if (env_.sp())
-      all_reduce_params(
-          *g_.tp, [](const LocalParam& p) { return p.tp_replicated; }, grads_);
+      all_reduce_picked(
+          specs_, *g_.tp, [](const LocalParam& p) { return p.tp_replicated; }, grads_);
     if (kv_)
-      all_reduce_params(
-          *kv_, [](const LocalParam& p) { return p.kv_replicas > 1; }, grads_);
+      all_reduce_picked(
+          specs_, *kv_, [](const LocalParam& p) { return p.kv_replicas > 1; }, grads_);
     zopt_->reduce(grads_);
   }
 
@@ -534,6 +528,8 @@ class MeshImpl final : public MeshEngine::Impl {
   TokenLayout layout_;
   comm::MeshGroups g_;
   std::unique_ptr<comm::Communicator> data_, dense_, expert_, kv_;
+  HybridGroups dense_h_, expert_h_;  // hybrid_shard: shard and replica groups
+  std::map<int, int> wrap_of_;       // layerwise unit -> wrap unit
   BlockEnv env_;
   int stage_ = 0;
   StagePlan plan_;
@@ -542,6 +538,7 @@ class MeshImpl final : public MeshEngine::Impl {
   ref::ParamMap<T> params_, grads_, mb_grads_;
   comm::TrackedBytes params_held_;
   std::unique_ptr<MeshOptimizer<T>> zopt_;
+  std::unique_ptr<MeshResidency<T>> residency_;  // zero 3
   std::string prefix_;
   int steps_ = 0;
   ref::StepContext ctx_;
@@ -557,8 +554,7 @@ class MeshImpl final : public MeshEngine::Impl {
 MeshEngine::MeshEngine(comm::Communicator& world, const ref::ModelConfig& model,
                        const ref::TrainConfig& train, uint64_t seed, MeshOptions options) {
   validate_mesh(model, train, options);
-  if (options.fsdp == "full_shard") options.zero = 3;  // FSDP FULL_SHARD is ZeRO-3
-  if (options.fsdp == "shard_grad_op") options.zero = 2;
+  if (options.fsdp) options.zero = 3;  // FSDP shards parameters, gradients and optimizer state
   if (train.precision == ref::Precision::kF64) {
     impl_ = std::make_unique<MeshImpl<double>>(world, model, train, seed, std::move(options));
   } else {

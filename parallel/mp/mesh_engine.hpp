@@ -15,20 +15,22 @@
 //      the health check (an i32 per world rank; a skipped step applies no update);
 //   5. clip and AdamW on the local slices (the reference's arithmetic), bf16 recipe as the trainer;
 //      with MeshOptions::zero >= 1 on the owned shard only, then all_gather of the parameters
-//      (zero 1/2). Zero 3 (= fsdp "full_shard") keeps only the shards between uses and gathers,
-//      per class and pipeline chunk, the flat ranges of the parameters the chunk uses before each
-//      forward and backward callback (reshard after forward), freeing them after.
+//      (zero 1/2). Zero 3 / FSDP keeps only the shards of each wrap unit between uses and gathers
+//      a unit before its use in a chunk's forward or backward (mesh_residency.hpp: prefetch,
+//      reshard after forward or keep until the backward).
 // Every buffer is reported to world.memory() (params, grads, optimizer state, the activations the
 // pipeline keeps between a chunk's forward and its backward, collective temporaries).
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "comm/communicator.hpp"
 #include "comm/memory.hpp"
 #include "comm/mesh.hpp"
+#include "parallel/fsdp.hpp"
 #include "parallel/mp/cp_attention.hpp"
 #include "parallel/mp/mesh_params.hpp"
 #include "parallel/mp/pipeline.hpp"
@@ -55,10 +57,14 @@ struct MeshOptions {
   // reduce_scattered; 3 also parameters sharded (each pipeline chunk's parameters all_gathered
   // before its forward and again before its backward, freed after each).
   int zero = 0;
-  // FSDP strategy name; empty = none. "full_shard" is zero 3, "shard_grad_op" zero 2 (the mesh's
-  // sharding over the same groups); any other value is refused by validate_mesh, as is a zero
-  // stage that contradicts it.
-  std::string fsdp;
+  // FSDP on the data-parallel axes (parallel/fsdp.hpp), per parameter class: full_shard,
+  // shard_grad_op and hybrid_shard are zero 3 with one flat buffer per wrap unit (wrap, prefetch
+  // and reshard_after_forward as PyTorch's; shard_grad_op keeps a forward's gathers until the
+  // microbatch's backward ends; hybrid_shard shards over shard_group_size data-parallel ranks with
+  // every CP rank, replicated across the others). no_shard is refused by validate_mesh (built only
+  // on the data-parallel engine), as is a zero stage other than 0 or 3 beside fsdp. Plain zero 3
+  // is full_shard with block units and no prefetch.
+  std::optional<FsdpOptions> fsdp;
   // DDP overlap (zero 0/1): each pipeline chunk's gradient all_reduce (per parameter class) is
   // issued asynchronously right after the chunk's last microbatch backward, so it overlaps the rest
   // of the backward; the tied embedding and the TP/kv-replicated gradients wait for their own sums

@@ -1,14 +1,17 @@
-// Internal to the mesh engine (mesh_engine.cpp): the group split over mesh axes, the row movers
-// between a microbatch and its sequences, and what a pipeline chunk keeps from forward to backward.
+// Internal to the mesh engine (mesh_engine.cpp): the group splits over mesh axes (hybrid shard
+// included), a gradient sum over a group, the row movers between a microbatch and its sequences,
+// and what a pipeline chunk keeps from forward to backward.
 #pragma once
 
 #include <algorithm>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "comm/communicator.hpp"
 #include "comm/memory.hpp"
 #include "comm/mesh.hpp"
+#include "parallel/mp/mesh_params.hpp"
 #include "parallel/mp/tp_block.hpp"
 #include "reference/tensor.hpp"
 
@@ -21,6 +24,48 @@ inline std::unique_ptr<comm::Communicator> split_over(comm::Communicator& world,
                                                       std::vector<comm::Axis> axes,
                                                       const char* name) {
   return world.split(mesh.group_index(world.rank(), axes), world.rank(), {.name = name});
+}
+
+// hybrid_shard over a parameter class's group (the `outer` data-parallel axis with cp): the shard
+// group (positions k*s .. k*s+s-1 on `outer`, with every CP rank) and the replica group (the same
+// position modulo s and CP rank), as torchtitan's dp_shard x dp_replicate.
+struct HybridGroups {
+  std::unique_ptr<comm::Communicator> shard, replicas;
+};
+inline HybridGroups hybrid_split(comm::Communicator& world, const comm::DeviceMesh& mesh,
+                                 comm::Axis outer, int s, const char* name) {
+  const int r = world.rank();
+  const std::vector<comm::Axis> axes = {outer, comm::Axis::cp};
+  const int base = mesh.group_index(r, axes);
+  const int pos = mesh.coord(r, outer), n = mesh.size(outer);
+  const int cp = mesh.coord(r, comm::Axis::cp), cps = mesh.size(comm::Axis::cp);
+  HybridGroups g;
+  g.shard = world.split(base * (n / s) + pos / s, r, {.name = std::string(name) + "-shard"});
+  g.replicas =
+      world.split(base * s * cps + cp * s + pos % s, r, {.name = std::string(name) + "-replicas"});
+  return g;
+}
+
+// The picked parameters' gradients summed over group, in one all_reduce (specs order).
+template <class T, class Pick>
+void all_reduce_picked(const std::vector<LocalParam>& specs, comm::Communicator& group,
+                       const Pick& pick, ref::ParamMap<T>& grads) {
+  if (group.size() == 1) return;
+  std::vector<T> flat;
+  for (const LocalParam& p : specs) {
+    if (!pick(p)) continue;
+    const auto& v = grads[p.name].vec();
+    flat.insert(flat.end(), v.begin(), v.end());
+  }
+  if (flat.empty()) return;
+  group.all_reduce(std::span<T>(flat))->wait();
+  std::size_t at = 0;
+  for (const LocalParam& p : specs) {
+    if (!pick(p)) continue;
+    auto& v = grads[p.name].vec();
+    std::copy_n(flat.begin() + static_cast<std::ptrdiff_t>(at), v.size(), v.begin());
+    at += v.size();
+  }
 }
 
 template <class T>

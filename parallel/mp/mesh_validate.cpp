@@ -40,14 +40,22 @@ void validate_mesh(const ref::ModelConfig& m, const ref::TrainConfig& t, const M
             "model.moe.experts " + n(m.moe->experts) + " is not divisible by ep " + n(s.ep));
   }
   require(o.zero >= 0 && o.zero <= 3, "zero " + n(o.zero) + " is not a ZeRO stage (0..3)");
-  if (!o.fsdp.empty()) {
-    require(o.fsdp == "full_shard" || o.fsdp == "shard_grad_op",
-            "fsdp \"" + o.fsdp +
-                "\" is not built on a model-parallel mesh; use \"full_shard\" (= zero 3) or "
-                "\"shard_grad_op\" (= zero 2)");
-    const int stage = o.fsdp == "full_shard" ? 3 : 2;
-    require(o.zero == 0 || o.zero == stage, "fsdp \"" + o.fsdp + "\" is zero " + n(stage) +
-                                                ", but zero " + n(o.zero) + " was also asked for");
+  if (o.fsdp) {
+    const FsdpOptions& f = *o.fsdp;
+    require(f.sharding != ShardingStrategy::no_shard,
+            "fsdp \"no_shard\" is built only on a data-parallel mesh (tp = pp = cp = ep = 1)");
+    require(o.zero == 0 || o.zero == 3, "fsdp \"" + std::string(name_of(f.sharding)) +
+                                            "\" shards parameters (zero 3), but zero " + n(o.zero) +
+                                            " was also asked for");
+    require(f.prefetch >= 0 && f.prefetch <= 2,
+            "fsdp.prefetch " + n(f.prefetch) + " is not 0, 1 or 2");
+    require(f.wrap != WrapPolicy::layer_group || f.blocks_per_unit >= 1,
+            "fsdp.blocks_per_unit " + n(f.blocks_per_unit) + " must be >= 1");
+    if (f.sharding == ShardingStrategy::hybrid_shard) {
+      const int sg = f.shard_group_size;
+      require(sg >= 1 && s.dp % sg == 0,
+              "fsdp.shard_group_size " + n(sg) + " must be >= 1 and divide dp " + n(s.dp));
+    }
   }
   require(o.virtual_stages >= 1, "virtual_stages must be >= 1");
   require(o.virtual_stages == 1 || o.schedule == PipeSchedule::interleaved,

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <map>
 #include <type_traits>
 
 #include "parallel/adamw.hpp"
@@ -21,11 +22,20 @@ template <class T>
 MeshOptimizer<T>::MeshOptimizer(Env env, const std::vector<LocalParam>& specs,
                                 ref::ParamMap<T>& params)
     : env_(std::move(env)), specs_(specs), mem_(&env_.world->memory()) {
-  classes_.resize(2);
-  classes_[0].group = env_.dense;
-  classes_[1].group = env_.expert;
+  // Classes by (unit, expert), in order of first appearance (canonical parameter order).
+  std::map<std::pair<int, bool>, std::size_t> index;
   for (std::size_t i = 0; i < specs_.size(); ++i) {
-    Class& c = classes_[specs_[i].expert ? 1 : 0];
+    const LocalParam& p = specs_[i];
+    const int unit = env_.zero == 3 && env_.unit_of ? env_.unit_of(p) : 0;
+    const auto [it, fresh] = index.try_emplace({unit, p.expert}, classes_.size());
+    if (fresh) {
+      Class c;
+      c.group = p.expert ? env_.expert : env_.dense;
+      c.replicas = p.expert ? env_.expert_replicas : env_.dense_replicas;
+      c.unit = unit;
+      classes_.push_back(std::move(c));
+    }
+    Class& c = classes_[it->second];
     c.specs.push_back(i);
     c.base.push_back(c.numel);
     c.numel += ref::numel_of(specs_[i].local_shape);
@@ -43,7 +53,7 @@ MeshOptimizer<T>::MeshOptimizer(Env env, const std::vector<LocalParam>& specs,
       c.own_begin = std::min(c.numel, r * c.shard);
       c.own_end = std::min(c.numel, (r + 1) * c.shard);
       c.out_begin = c.own_begin;
-      c.out_end = c.own_end;
+      c.out_end = c.replicas != nullptr && c.replicas->rank() != 0 ? c.own_begin : c.own_end;
     }
     const auto s = static_cast<std::size_t>(c.shard);
     c.m.assign(s, T{0});
@@ -62,7 +72,7 @@ MeshOptimizer<T>::MeshOptimizer(Env env, const std::vector<LocalParam>& specs,
   }
   tracked_ = static_cast<std::size_t>(owned_elems()) * env_.recipe.optimizer();
   mem_->allocate(MemCategory::optimizer, tracked_);
-  release(params, [](const LocalParam&) { return true; });
+  for (const Class& c : classes_) release_class(c, params);
 }
 
 template <class T>
@@ -136,6 +146,9 @@ void MeshOptimizer<T>::reduce(ref::ParamMap<T>& grads) {
       if (env_.planted == testing::Mutation::kWrongShardOffset)
         at = static_cast<std::ptrdiff_t>(g.rank() * (c.numel / g.size()));
       c.grad.assign(flat.begin() + at, flat.begin() + at + c.shard);
+      if (c.replicas != nullptr && c.replicas->size() > 1 &&
+          env_.planted != testing::Mutation::kSkipReplicaSum)
+        c.replicas->all_reduce(std::span<T>(c.grad))->wait();
       continue;
     }
     if (g.size() == 1) continue;
@@ -321,79 +334,78 @@ std::vector<std::pair<int64_t, int64_t>> MeshOptimizer<T>::ranges(const Class& c
   return out;
 }
 
-// ZeRO-3: [a, b) of the class's flat buffer from the shards that hold it. Group rank r holds
-// [max(a, r*S), min(b, (r+1)*S)); each contributes a block of the longest such length (zeros
-// past its own), one all_gather (bf16 recipe: in bf16, as the DP engine's FSDP).
+// ZeRO-3: the unit's padded flat buffer of each class holding it, every rank's shard in place.
 template <class T>
-void MeshOptimizer<T>::gather_range(Class& c, int64_t a, int64_t b, ref::ParamMap<T>& params) {
-  comm::Communicator& g = *c.group;
-  const int d = g.size();
-  std::vector<int64_t> lo(static_cast<std::size_t>(d)), hi(lo.size());
-  int64_t block = 0;
-  for (int r = 0; r < d; ++r) {
-    const auto i = static_cast<std::size_t>(r);
-    lo[i] = std::max(a, std::min(b, r * c.shard));
-    hi[i] = std::max(lo[i], std::min(b, (r + 1) * c.shard));
-    block = std::max(block, hi[i] - lo[i]);
-  }
-  if (block == 0) return;
-  const auto me = static_cast<std::size_t>(g.rank());
-  const auto at = static_cast<std::size_t>(block) * me;
-  const auto total = static_cast<std::size_t>(block) * static_cast<std::size_t>(d);
-  const std::vector<T> mine = pack(c, params, lo[me], hi[me]);
-  std::vector<T> full(total, T{0});
-  if (env_.bf16) {
-    const comm::TrackedBytes tmp(*mem_, MemCategory::temporary, total * 2);
-    std::vector<comm::bf16> staging(total);
-    for (std::size_t i = 0; i < mine.size(); ++i)
-      staging[at + i] = comm::bf16(static_cast<float>(mine[i]));
-    g.all_gather(comm::view(std::span<comm::bf16>(staging)))->wait();
-    for (std::size_t i = 0; i < total; ++i)
-      full[i] = static_cast<T>(static_cast<float>(staging[i]));
-  } else {
-    const comm::TrackedBytes tmp(*mem_, MemCategory::temporary, total * sizeof(T));
-    std::copy(mine.begin(), mine.end(), full.begin() + static_cast<std::ptrdiff_t>(at));
-    g.all_gather(comm::view(std::span<T>(full)))->wait();
-  }
-  for (int r = 0; r < d; ++r) {
-    const auto i = static_cast<std::size_t>(r);
-    if (r == g.rank() || hi[i] == lo[i]) continue;
-    unpack(c,
-           std::span<const T>(full).subspan(static_cast<std::size_t>(block) * i,
-                                            static_cast<std::size_t>(hi[i] - lo[i])),
-           lo[i], params);
-  }
-}
-
-template <class T>
-int64_t MeshOptimizer<T>::gather(ref::ParamMap<T>& params, const Pick& pick) {
-  if (env_.zero != 3) return 0;
-  int64_t n = 0;
-  for (Class& c : classes_) {
-    if (c.group->size() == 1) continue;
-    for (const auto& [a, b] : ranges(c, pick)) {
-      gather_range(c, a, b, params);
-      n += b - a;
+typename MeshOptimizer<T>::UnitGather MeshOptimizer<T>::issue_gather(
+    int unit, const ref::ParamMap<T>& params) {
+  UnitGather out;
+  if (env_.zero != 3) return out;
+  std::size_t staged = 0;
+  for (std::size_t ci = 0; ci < classes_.size(); ++ci) {
+    const Class& c = classes_[ci];
+    comm::Communicator& g = *c.group;
+    if (c.unit != unit || g.size() == 1 || c.numel == 0) continue;
+    const auto padded = static_cast<std::size_t>(c.shard * g.size());
+    const auto at = static_cast<std::size_t>(c.shard * g.rank());
+    const std::vector<T> mine = pack(c, params, c.own_begin, c.own_end);
+    typename UnitGather::Part part;
+    part.cls = ci;
+    if (env_.bf16) {
+      part.staging.assign(padded, comm::bf16{});
+      for (std::size_t i = 0; i < mine.size(); ++i)
+        part.staging[at + i] = comm::bf16(static_cast<float>(mine[i]));
+      part.work = g.all_gather(comm::view(std::span<comm::bf16>(part.staging)));
+      staged += padded * 2;
+    } else {
+      part.full.assign(padded, T{0});
+      std::copy(mine.begin(), mine.end(), part.full.begin() + static_cast<std::ptrdiff_t>(at));
+      part.work = g.all_gather(comm::view(std::span<T>(part.full)));
     }
+    out.parts.push_back(std::move(part));
   }
-  return n;
+  if (staged > 0) out.tmp = comm::TrackedBytes(*mem_, MemCategory::temporary, staged);
+  return out;
 }
 
 template <class T>
-void MeshOptimizer<T>::release(ref::ParamMap<T>& params, const Pick& pick) const {
+void MeshOptimizer<T>::complete_gather(UnitGather& g, ref::ParamMap<T>& params) const {
+  for (typename UnitGather::Part& part : g.parts) {
+    part.work->wait();
+    const Class& c = classes_[part.cls];
+    if (env_.bf16) {
+      part.full.resize(part.staging.size());
+      for (std::size_t i = 0; i < part.staging.size(); ++i)
+        part.full[i] = static_cast<T>(static_cast<float>(part.staging[i]));
+    }
+    unpack(c, std::span<const T>(part.full).first(static_cast<std::size_t>(c.numel)), 0, params);
+  }
+  g = UnitGather{};
+}
+
+template <class T>
+void MeshOptimizer<T>::release_class(const Class& c, ref::ParamMap<T>& params) const {
   if (env_.zero != 3) return;
   const T poison = std::numeric_limits<T>::quiet_NaN();
-  for (const Class& c : classes_) {
-    for (const auto& [a, b] : ranges(c, pick)) {
-      for (const auto& [x, y] :
-           {std::pair{a, std::min(b, c.own_begin)}, std::pair{std::max(a, c.own_end), b}}) {
-        if (x >= y) continue;
-        segments(c, x, y, [&](const LocalParam& p, int64_t local, int64_t n, int64_t) {
-          std::fill_n(params[p.name].data() + local, n, poison);
-        });
-      }
-    }
+  for (const auto& [x, y] : {std::pair{int64_t{0}, c.own_begin}, std::pair{c.own_end, c.numel}}) {
+    if (x >= y) continue;
+    segments(c, x, y, [&](const LocalParam& p, int64_t local, int64_t n, int64_t) {
+      std::fill_n(params[p.name].data() + local, n, poison);
+    });
   }
+}
+
+template <class T>
+void MeshOptimizer<T>::release_unit(int unit, ref::ParamMap<T>& params) const {
+  for (const Class& c : classes_)
+    if (c.unit == unit) release_class(c, params);
+}
+
+template <class T>
+int64_t MeshOptimizer<T>::unit_elems(int unit) const {
+  int64_t n = 0;
+  for (const Class& c : classes_)
+    if (c.unit == unit && c.group->size() > 1) n += c.shard * c.group->size();
+  return n;
 }
 
 template <class T>
@@ -503,7 +515,7 @@ void MeshOptimizer<T>::import_pieces(const StateReader& read, ref::ParamMap<T>& 
   if constexpr (std::is_same_v<T, float>) {
     if (env_.bf16) ref::round_to_bf16(params);
   }
-  release(params, [](const LocalParam&) { return true; });
+  for (const Class& c : classes_) release_class(c, params);
   int64_t n = 0;
   read("optimizer/step", comm::DType::i64, 0, 1, std::as_writable_bytes(std::span<int64_t>(&n, 1)));
   t_ = static_cast<int>(n);

@@ -13,13 +13,16 @@
 //   zero 2: as 1, but the gradient is reduce_scattered (each rank keeps its reduced shard). The
 //           accumulation over microbatches stays full (Megatron's grad buffer: one reduce_scatter
 //           per step, after the pipeline flush), so grads shrink to S from the reduction on.
-//   zero 3: as 2, but the parameters are sharded too (FSDP FULL_SHARD): between uses a rank keeps
-//           only its owned range of each class's flat parameter buffer (the rest of its local
-//           slices is poisoned with NaN, so a use without a gather cannot pass parity); the engine
-//           calls gather() for the parameters a pipeline chunk uses before its forward and again
-//           before its backward (reshard after forward), and release() after each. gather() is
-//           one all_gather per contiguous flat range of the picked parameters per class (bf16
-//           recipe: in bf16); no all_gather after the update (the owner keeps its shard).
+//   zero 3: as 2, but the parameters are sharded too (FSDP): each class is cut further by wrap
+//           unit (Env::unit_of), and each unit's flat buffer (FSDP's FlatParameter) is padded and
+//           sharded on its own. Between uses a rank keeps only its owned range of each unit (the
+//           rest of its local slices is poisoned with NaN, so a use without a gather cannot pass
+//           parity); the engine (mesh_residency.hpp) calls issue_gather() / complete_gather()
+//           for a unit before its use and release_unit() after. One all_gather per unit and
+//           class (bf16 recipe: in bf16); no all_gather after the update (the owner keeps its
+//           shard). hybrid_shard: the shards live on a shard group inside each class's group and
+//           are replicated across the others (Env::*_replicas): the reduce_scatter runs in the
+//           shard group, then an all_reduce of the shard over the replicas; replica 0 counts.
 // Every element is counted once in the world (norm, full_params, export): by its shard owner
 // (zero >= 1) or the group's rank 0 (zero 0), never on the tied embedding's last-stage copy, and
 // TP-replicated parameters only on TP rank 0.
@@ -49,12 +52,18 @@ class MeshOptimizer {
     comm::Communicator* dense = nullptr;   // non-expert gradient-sum group (dp x cp)
     comm::Communicator* expert = nullptr;  // expert gradient-sum group (edp x cp)
     comm::Communicator* world = nullptr;   // compute reports
+    // hybrid_shard: dense / expert are the shard groups, these the groups across which each
+    // shard is replicated; null: no replication (dense / expert are the gradient-sum groups).
+    comm::Communicator* dense_replicas = nullptr;
+    comm::Communicator* expert_replicas = nullptr;
+    // zero 3: the wrap unit of each parameter (one flat buffer per unit and class); null: one.
+    std::function<int(const LocalParam&)> unit_of;
     int zero = 0;
     bool bf16 = false;  // separate f32 master; params hold the bf16-rounded working weights
     int tp_rank = 0;
     ref::OptimizerConfig optimizer;
     Recipe recipe;
-    testing::Mutation planted = testing::Mutation::kNone;  // tests: kWrongShardOffset
+    testing::Mutation planted = testing::Mutation::kNone;  // kWrongShardOffset, kSkipReplicaSum
   };
   // params: this rank's local slices at their initial (master) values; bf16: rounded in place.
   MeshOptimizer(Env env, const std::vector<LocalParam>& specs, ref::ParamMap<T>& params);
@@ -87,12 +96,25 @@ class MeshOptimizer {
   // Parameter elements a rank holds between uses: zero 3 its shards (owned_elems()), else all.
   int64_t resident_elems() const;
 
-  // zero 3: all_gather the picked parameters' full local slices from their shards into params
-  // (collective over each class's group; every member picks the same parameters). Returns the
-  // elements gathered (0 below zero 3 or for a group of one).
-  int64_t gather(ref::ParamMap<T>& params, const Pick& pick);
-  // zero 3: frees the gathered copies (the non-owned elements of the picked parameters: NaN).
-  void release(ref::ParamMap<T>& params, const Pick& pick) const;
+  // zero 3: one wrap unit's all_gathers (one per class holding it), in flight.
+  struct UnitGather {
+    struct Part {
+      std::size_t cls = 0;
+      std::vector<T> full;              // the unit's padded flat buffer (f64 / f32)
+      std::vector<comm::bf16> staging;  // bf16 recipe: the all_gather in bf16
+      comm::WorkPtr work;
+    };
+    std::vector<Part> parts;
+    comm::TrackedBytes tmp;  // bf16 staging
+  };
+  // Issues them asynchronously (every member of each class's group issues the same units in the
+  // same order), then complete_gather waits and writes the unit's full local slices into params.
+  UnitGather issue_gather(int unit, const ref::ParamMap<T>& params);
+  void complete_gather(UnitGather& g, ref::ParamMap<T>& params) const;
+  // zero 3: frees a unit's gathered copies (the non-owned elements: NaN).
+  void release_unit(int unit, ref::ParamMap<T>& params) const;
+  // The unit's unsharded (padded) elements on this rank: what a gather makes resident.
+  int64_t unit_elems(int unit) const;
   int steps_taken() const { return t_; }
 
   // fn(spec, local index, master value) for every element this rank counts.
@@ -106,9 +128,11 @@ class MeshOptimizer {
 
  private:
   struct Class {
-    comm::Communicator* group = nullptr;
-    std::vector<std::size_t> specs;  // indices into specs_
-    std::vector<int64_t> base;       // flat offset of each
+    comm::Communicator* group = nullptr;     // sharding (and, without replicas, summing) group
+    comm::Communicator* replicas = nullptr;  // hybrid_shard: the shard's replicas
+    int unit = 0;                            // zero 3: the wrap unit
+    std::vector<std::size_t> specs;          // indices into specs_
+    std::vector<int64_t> base;               // flat offset of each
     int64_t numel = 0, shard = 0;
     int64_t own_begin = 0, own_end = 0;  // the optimizer's range (within [0, numel))
     int64_t out_begin = 0, out_end = 0;  // counted range (norm, export)
@@ -126,7 +150,7 @@ class MeshOptimizer {
   void share(Class& c, ref::ParamMap<T>& params);
   // Flat ranges [begin, end) of the picked parameters of c, contiguous ones merged.
   std::vector<std::pair<int64_t, int64_t>> ranges(const Class& c, const Pick& pick) const;
-  void gather_range(Class& c, int64_t a, int64_t b, ref::ParamMap<T>& params);
+  void release_class(const Class& c, ref::ParamMap<T>& params) const;
 
   // One issue_reduce bucket of one class, in flight until reduce().
   struct Issued {

@@ -207,10 +207,10 @@ TEST(ComputeOption, EveryRankComputesThereAndTheReferenceStaysOnTheCpu) {
 }
 
 TEST(ComputeOption, OnlyTheReferenceRunningComputesNothingThere) {
-  // FSDP wrapping the whole model is not built on a model-parallel mesh: the configuration is
-  // reported unsupported, only the reference runs.
+  // FSDP no_shard is not built on a model-parallel mesh: the configuration is reported
+  // unsupported, only the reference runs.
   const Scenario s = parse_scenario(small_scenario(
-      "reference-only", {{{"dp", 2}, {"tp", 2}, {"fsdp", {{"wrap", "whole_model"}}}}}));
+      "reference-only", {{{"dp", 2}, {"tp", 2}, {"fsdp", {{"sharding", "no_shard"}}}}}));
   Ledger ledger;
   RunOptions o;
   o.compute = {fake_factory(&ledger), "fake"};

@@ -93,7 +93,7 @@ TEST(RunCommand, DesignExamplePassesOnBothEngines) {
 TEST(RunCommand, UnsupportedConfigurationsAreReportedNotPassed) {
   const TempDir tmp("shardcheck_run_unsupported");
   nlohmann::json s = read_json(kScenarios + "/examples/dp2-tp2-moe.json");
-  s["matrix"] = {{{"dp", 4}}, {{"dp", 2}, {"tp", 2}, {"zero", 0}, {"fsdp", "hybrid_shard"}}};
+  s["matrix"] = {{{"dp", 4}}, {{"dp", 2}, {"tp", 2}, {"zero", 0}, {"fsdp", "no_shard"}}};
   const auto [code, out] =
       shardcheck("run " + tmp.write("s.json", s).string() + " --report " + tmp.path().string());
   EXPECT_EQ(code, 1) << out;
@@ -104,7 +104,7 @@ TEST(RunCommand, UnsupportedConfigurationsAreReportedNotPassed) {
   EXPECT_TRUE(rows[0].at("pass").get<bool>());
   EXPECT_FALSE(rows[1].at("supported").get<bool>());
   EXPECT_FALSE(rows[1].at("pass").get<bool>());
-  EXPECT_NE(rows[1].at("detail").get<std::string>().find("hybrid_shard"), std::string::npos)
+  EXPECT_NE(rows[1].at("detail").get<std::string>().find("no_shard"), std::string::npos)
       << rows[1].at("detail");
 }
 

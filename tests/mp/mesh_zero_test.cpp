@@ -66,6 +66,46 @@ TEST(MeshEngineZero, WrongShardOffsetIsCaught) {
   }
 }
 
+// hybrid_shard: each shard group's reduce_scatter sums only its own ranks' gradients; leaving out
+// the all_reduce over the replicas must fail parity (dp4 x tp2, shard groups of 2).
+TEST(MeshEngineZero, HybridShardWithoutTheReplicaSumIsCaught) {
+  MeshOptions o = mesh({.dp = 4, .tp = 2});
+  o.fsdp = FsdpOptions{.sharding = ShardingStrategy::hybrid_shard, .shard_group_size = 2};
+  const Parity clean = parity(mesh_dense(), o);
+  EXPECT_LE(clean.max(), test::kF64Tolerance) << clean.worst;
+  o.planted = testing::Mutation::kSkipReplicaSum;
+  const Parity bad = parity(mesh_dense(), o);
+  EXPECT_GT(bad.max(), 1e-6) << "the missing replica sum was not caught";
+  std::printf("hybrid replica sum: clean %.2e planted %.2e (%s)\n", clean.max(), bad.max(),
+              bad.worst.c_str());
+}
+
+// What each FSDP setting keeps gathered, on the tracker: prefetch holds the next unit early,
+// keeping a forward's gathers until the backward (reshard_after_forward off, shard_grad_op)
+// holds every unit of the model at once, and whole_model is one unit.
+TEST(MeshEngineMemory, FsdpSettingsShapeTheParameterPeak) {
+  const Scenario s = mesh_dense();  // 4 layers: 6 block units
+  const auto peak = [&](const FsdpOptions& f) {
+    MeshOptions o = mesh({.dp = 2, .tp = 2});
+    o.fsdp = f;
+    std::size_t p = 0;
+    for (const RankMemory& m : mesh_memory(s, o))
+      p = std::max(p, of(m.peaks, comm::MemCategory::params));
+    return p;
+  };
+  const std::size_t none = peak({.prefetch = 0});
+  const std::size_t ahead = peak({.prefetch = 2});
+  const std::size_t keep = peak({.reshard_after_forward = false, .prefetch = 0});
+  const std::size_t grad_op = peak({.sharding = ShardingStrategy::shard_grad_op, .prefetch = 0});
+  const std::size_t whole = peak({.wrap = WrapPolicy::whole_model, .prefetch = 0});
+  std::printf("params peak: prefetch0 %zu prefetch2 %zu keep %zu shard_grad_op %zu whole %zu B\n",
+              none, ahead, keep, grad_op, whole);
+  EXPECT_LT(none, ahead);
+  EXPECT_LT(ahead, keep);
+  EXPECT_EQ(keep, grad_op);
+  EXPECT_GE(whole, keep);
+}
+
 TEST(MeshEngineZero, ValidationAcceptsFsdpFullShardAndShardGradOp) {
   const Scenario s = mesh_dense();
   const auto refuses = [&](const MeshOptions& o, const char* needle) {
@@ -78,13 +118,19 @@ TEST(MeshEngineZero, ValidationAcceptsFsdpFullShardAndShardGradOp) {
   };
   refuses(zero(mesh({.dp = 2}), 4), "zero 4");
   MeshOptions f = mesh({.dp = 2, .tp = 2});
-  f.fsdp = "hybrid_shard";
-  refuses(f, "fsdp \"hybrid_shard\" is not built");
-  f.fsdp = "full_shard";
+  f.fsdp = FsdpOptions{.sharding = ShardingStrategy::no_shard};
+  refuses(f, "fsdp \"no_shard\" is built only on a data-parallel mesh");
+  f.fsdp = FsdpOptions{.sharding = ShardingStrategy::hybrid_shard, .shard_group_size = 3};
+  refuses(f, "fsdp.shard_group_size 3 must be >= 1 and divide dp 2");
+  f.fsdp->shard_group_size = 1;
+  EXPECT_NO_THROW(validate_mesh(s.model, s.train, f));
+  f.fsdp = FsdpOptions{.prefetch = 3};
+  refuses(f, "fsdp.prefetch 3 is not 0, 1 or 2");
+  f.fsdp = FsdpOptions{};
   EXPECT_NO_THROW(validate_mesh(s.model, s.train, f));
   EXPECT_NO_THROW(validate_mesh(s.model, s.train, zero(f, 3)));
-  refuses(zero(f, 2), "fsdp \"full_shard\" is zero 3, but zero 2");
-  f.fsdp = "shard_grad_op";
+  refuses(zero(f, 2), "fsdp \"full_shard\" shards parameters (zero 3), but zero 2");
+  f.fsdp = FsdpOptions{.sharding = ShardingStrategy::shard_grad_op};
   EXPECT_NO_THROW(validate_mesh(s.model, s.train, f));
   EXPECT_NO_THROW(validate_mesh(s.model, s.train, zero(mesh({.dp = 2, .tp = 2}), 3)));
   EXPECT_NO_THROW(validate_mesh(s.model, s.train, zero(mesh({.dp = 2, .tp = 2}), 2)));
@@ -116,11 +162,21 @@ TEST(MeshEngineMemory, ZeroShardsOptimizerStateAndGradients) {
   }
 }
 
-// ZeRO-3 / FSDP full_shard: parameters sharded over each class's group, each pipeline chunk's
-// gathered before its forward and again before its backward.
+// ZeRO-3 / FSDP: parameters sharded per wrap unit over each class's group, each unit gathered
+// before its use in a chunk's forward and backward (prefetched, or kept from forward to backward).
 TEST(MeshEngineZero, Zero3ParityWithTheReference) {
   MeshOptions fsdp = mesh({.dp = 2, .tp = 2, .pp = 2});
-  fsdp.fsdp = "full_shard";
+  fsdp.fsdp = FsdpOptions{};
+  MeshOptions hybrid = mesh({.dp = 4, .tp = 2});
+  hybrid.fsdp = FsdpOptions{.sharding = ShardingStrategy::hybrid_shard,
+                            .reshard_after_forward = false,
+                            .prefetch = 0,
+                            .shard_group_size = 2};
+  MeshOptions groups = mesh({.dp = 2, .pp = 2, .cp = 2});
+  groups.fsdp = FsdpOptions{.wrap = WrapPolicy::layer_group, .blocks_per_unit = 2, .prefetch = 2};
+  MeshOptions whole = mesh({.dp = 2, .tp = 2});
+  whole.fsdp =
+      FsdpOptions{.sharding = ShardingStrategy::shard_grad_op, .wrap = WrapPolicy::whole_model};
   MeshOptions inter = zero(mesh({.dp = 2, .pp = 2}), 3);
   inter.schedule = PipeSchedule::interleaved;
   inter.virtual_stages = 2;
@@ -129,6 +185,9 @@ TEST(MeshEngineZero, Zero3ParityWithTheReference) {
       {"dp2-tp2-pp2 fsdp full_shard", fsdp},
       {"dp2-pp2 interleaved zero3", inter},
       {"dp2-cp2 zero3", zero(mesh({.dp = 2, .cp = 2}), 3)},
+      {"dp4-tp2 hybrid sg2 keep pf0", hybrid},
+      {"dp2-pp2-cp2 layer_group pf2", groups},
+      {"dp2-tp2 shard_grad_op whole", whole},
   };
   for (const Case& c : cases) {
     const Parity p = parity(mesh_dense(), c.options);
