@@ -58,7 +58,7 @@ std::filesystem::path config_checkpoint_dir(const Scenario& s, const ParallelSpe
   return s.configs.size() == 1 ? dir : dir / p.label();
 }
 
-checkpoint::SaveResult save_training(comm::Communicator& world, const Trainee& engine,
+checkpoint::SaveResult save_training(comm::Communicator& world, const parallel::MeshEngine& engine,
                                      const Scenario& s, const ParallelSpec& p,
                                      const TrainCursor& cursor, const std::filesystem::path& dir,
                                      const checkpoint::SaveOptions& opts) {
@@ -108,8 +108,8 @@ checkpoint::SaveResult save_training(comm::Communicator& world, const Trainee& e
   return checkpoint::save(world, req, opts);
 }
 
-TrainCursor restore_training(comm::Communicator& world, Trainee& engine, const Scenario& s,
-                             const std::filesystem::path& step_dir) {
+TrainCursor restore_training(comm::Communicator& world, parallel::MeshEngine& engine,
+                             const Scenario& s, const std::filesystem::path& step_dir) {
   const checkpoint::Checkpoint ck = checkpoint::Checkpoint::open_collective(world, step_dir);
   const checkpoint::RunState& st = ck.manifest().state;
   const nlohmann::json want = identity(s);

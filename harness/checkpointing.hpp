@@ -11,7 +11,7 @@
 #include "checkpoint/checkpoint.hpp"
 #include "comm/communicator.hpp"
 #include "harness/scenario.hpp"
-#include "harness/trainee.hpp"
+#include "parallel/mp/mesh_engine.hpp"
 #include "reference/data.hpp"
 
 namespace shardcheck::harness {
@@ -26,7 +26,7 @@ struct TrainCursor {
 
 // Collective over `world` (the engine's DP group): saves the engine's state and the cursor into
 // dir/step-<cursor.step>. Throws checkpoint::SaveError / comm errors as save() does.
-checkpoint::SaveResult save_training(comm::Communicator& world, const Trainee& engine,
+checkpoint::SaveResult save_training(comm::Communicator& world, const parallel::MeshEngine& engine,
                                      const Scenario& s, const ParallelSpec& p,
                                      const TrainCursor& cursor, const std::filesystem::path& dir,
                                      const checkpoint::SaveOptions& opts = {});
@@ -35,8 +35,8 @@ checkpoint::SaveResult save_training(comm::Communicator& world, const Trainee& e
 // belongs to this scenario (model, precision, seed, global batch) and imports it into `engine`
 // (resharding as needed). Returns the cursor to continue from. Throws checkpoint::RestoreError
 // naming the shard and reason; nothing of the engine is touched before validation passed.
-TrainCursor restore_training(comm::Communicator& world, Trainee& engine, const Scenario& s,
-                             const std::filesystem::path& step_dir);
+TrainCursor restore_training(comm::Communicator& world, parallel::MeshEngine& engine,
+                             const Scenario& s, const std::filesystem::path& step_dir);
 
 // The directory a configuration saves into: dir itself for a single-configuration scenario,
 // dir/<config label> otherwise.

@@ -72,7 +72,7 @@ int ledger_cmd(const LedgerArgs& a) {
     parallel::LedgerInput in;
     in.model = s.model;
     in.recipe = recipe;
-    in.options = engine_options(s, p);
+    in.options = data_parallel_view(engine_options(s, p));
     in.dp = p.mesh.dp;
     in.micro_batch = s.train.micro_batch;
     in.recompute = s.train.recompute;

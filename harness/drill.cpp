@@ -199,8 +199,9 @@ std::vector<Attempt> attempt_restore(const Ctx& x, const std::function<fs::path(
   std::vector<Attempt> out(static_cast<std::size_t>(n));
   world.run([&](comm::Communicator& c) {
     Attempt& a = out[static_cast<std::size_t>(c.rank())];
-    const std::unique_ptr<Trainee> trainee = build_engine(c, x.s, x.base, {.inject_faults = false});
-    Trainee& engine = *trainee;
+    const std::unique_ptr<parallel::MeshEngine> built =
+        build_engine(c, x.s, x.base, {.inject_faults = false});
+    parallel::MeshEngine& engine = *built;
     const std::vector<parallel::StatePiece> before = engine.export_state();
     try {
       (void)restore(c, engine, x, resolve());

@@ -31,13 +31,13 @@ std::string not_built(const Scenario& s, const ParallelSpec& p) {
   return why.empty() ? "" : p.label() + ": " + why;
 }
 
-std::string config_text(const Scenario& s, const ParallelSpec& p) {
-  return p.label() + " (" + strategy_name(s, p) + ")";
+std::string config_text(const Scenario& /*s*/, const ParallelSpec& p) {
+  return p.label() + " (" + strategy_name(p) + ")";
 }
 
 // PlantedBug::skip_checksums: each rank opens the checkpoint alone without hashing payloads and
 // imports straight away; a read that re-hashes a whole shard may still throw, but only mid-import.
-TrainCursor restore_unverified(Trainee& e, const fs::path& step_dir) {
+TrainCursor restore_unverified(parallel::MeshEngine& e, const fs::path& step_dir) {
   const ck::Checkpoint c = ck::Checkpoint::open(step_dir, {.verify_checksums = false});
   e.import_state([&](const std::string& tensor, comm::DType, std::size_t begin, std::size_t count,
                      std::span<std::byte> out) {
@@ -54,7 +54,8 @@ TrainCursor restore_unverified(Trainee& e, const fs::path& step_dir) {
 }
 
 // restore_training as the drills call it, or with the planted bug a test asked for.
-TrainCursor restore(comm::Communicator& c, Trainee& e, const Ctx& x, const fs::path& step_dir) {
+TrainCursor restore(comm::Communicator& c, parallel::MeshEngine& e, const Ctx& x,
+                    const fs::path& step_dir) {
   switch (x.bug) {
     case PlantedBug::swallow_restore_errors:
       try {
@@ -118,11 +119,12 @@ Trajectory train(const Ctx& x, const TrainPlan& plan) {
   t.final_state.resize(static_cast<std::size_t>(n));
   world.run([&](comm::Communicator& c) {
     const bool lead = c.rank() == 0;
-    const std::unique_ptr<Trainee> trainee = build_engine(c, x.s, p, {.inject_faults = false});
-    Trainee& engine = *trainee;
+    const std::unique_ptr<parallel::MeshEngine> built =
+        build_engine(c, x.s, p, {.inject_faults = false});
+    parallel::MeshEngine& engine = *built;
     DriveOptions o;
     if (!plan.resume_from.empty())
-      o.restore = [&](Trainee& e) { return restore(c, e, x, plan.resume_from); };
+      o.restore = [&](parallel::MeshEngine& e) { return restore(c, e, x, plan.resume_from); };
     o.restore_sampler = x.bug != PlantedBug::replay_data;
     o.last_step = plan.last_step;
     o.started = [&](const TrainCursor& from) {

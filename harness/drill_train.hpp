@@ -15,7 +15,7 @@
 #include "harness/drill.hpp"
 #include "harness/runner_detail.hpp"
 #include "harness/scenario.hpp"
-#include "harness/trainee.hpp"
+#include "parallel/mp/mesh_engine.hpp"
 #include "reference/data.hpp"
 #include "reference/trainer.hpp"
 #include "sim/world.hpp"
@@ -99,10 +99,11 @@ std::string config_text(const Scenario& s, const ParallelSpec& p);
 
 // PlantedBug::skip_checksums: each rank opens the checkpoint alone without hashing payloads and
 // imports straight away; a read that re-hashes a whole shard may still throw, but only mid-import.
-TrainCursor restore_unverified(Trainee& e, const fs::path& step_dir);
+TrainCursor restore_unverified(parallel::MeshEngine& e, const fs::path& step_dir);
 
 // restore_training as the drills call it, or with the planted bug a test asked for.
-TrainCursor restore(comm::Communicator& c, Trainee& e, const Ctx& x, const fs::path& step_dir);
+TrainCursor restore(comm::Communicator& c, parallel::MeshEngine& e, const Ctx& x,
+                    const fs::path& step_dir);
 
 // The checkpoint a resume from `dir` uses: the newest committed one, validated (open_latest
 // refuses a bad newest one naming the previous good one), or what a planted bug picks instead.

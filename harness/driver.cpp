@@ -9,18 +9,22 @@
 
 namespace shardcheck::harness {
 
-parallel::DataParallelOptions engine_options(const Scenario& s, const ParallelSpec& p) {
-  parallel::DataParallelOptions opt;
-  opt.strategy = p.fsdp        ? parallel::Strategy::fsdp
-                 : p.zero == 0 ? parallel::Strategy::ddp
-                 : p.zero == 1 ? parallel::Strategy::zero1
-                 : p.zero == 2 ? parallel::Strategy::zero2
-                               : parallel::Strategy::zero3;
-  opt.bucket_elems = static_cast<std::size_t>(p.bucket_elems);
+parallel::MeshOptions engine_options(const Scenario& s, const ParallelSpec& p) {
+  parallel::MeshOptions o;
+  o.shape = p.mesh;
+  o.order = p.order;
+  o.sequence_parallel = p.sequence_parallel;
+  o.schedule = p.pp_schedule == "gpipe"         ? parallel::PipeSchedule::gpipe
+               : p.pp_schedule == "interleaved" ? parallel::PipeSchedule::interleaved
+                                                : parallel::PipeSchedule::one_f_one_b;
+  o.virtual_stages = p.virtual_stages;
+  o.cp_algo = p.cp_algo == "ulysses" ? parallel::CpAlgo::ulysses : parallel::CpAlgo::ring;
+  o.zero = p.zero;
+  o.bucket_elems = static_cast<std::size_t>(p.bucket_elems);
   if (p.fsdp) {
     using parallel::ShardingStrategy;
     using parallel::WrapPolicy;
-    parallel::FsdpOptions& f = opt.fsdp;
+    parallel::FsdpOptions f;
     f.sharding = *p.fsdp == "shard_grad_op"  ? ShardingStrategy::shard_grad_op
                  : *p.fsdp == "no_shard"     ? ShardingStrategy::no_shard
                  : *p.fsdp == "hybrid_shard" ? ShardingStrategy::hybrid_shard
@@ -34,16 +38,45 @@ parallel::DataParallelOptions engine_options(const Scenario& s, const ParallelSp
     // PyTorch's HYBRID_SHARD default: shard inside a node, replicate across nodes.
     f.shard_group_size = p.fsdp_shard_group > 0 ? p.fsdp_shard_group
                                                 : std::gcd(p.mesh.dp, s.topology.ranks_per_node);
+    o.fsdp = f;
   }
-  opt.health.check = true;
-  opt.health.policy = s.health.nan_policy == "stop" ? parallel::NonFinitePolicy::stop
-                                                    : parallel::NonFinitePolicy::skip_step;
-  return opt;
+  o.health.check = true;
+  o.health.policy = s.health.nan_policy == "stop" ? parallel::NonFinitePolicy::stop
+                                                  : parallel::NonFinitePolicy::skip_step;
+  return o;
 }
 
-std::string strategy_name(const Scenario& s, const ParallelSpec& p) {
+parallel::DataParallelOptions data_parallel_view(const parallel::MeshOptions& m) {
+  using parallel::Strategy;
+  parallel::DataParallelOptions d;
+  d.strategy = m.fsdp        ? Strategy::fsdp
+               : m.zero == 0 ? Strategy::ddp
+               : m.zero == 1 ? Strategy::zero1
+               : m.zero == 2 ? Strategy::zero2
+                             : Strategy::zero3;
+  d.fsdp = m.fsdp.value_or(parallel::FsdpOptions{});
+  d.bucket_elems = m.bucket_elems;
+  d.overlap = m.overlap;
+  return d;
+}
+
+bool model_parallel(const ParallelSpec& p) {
+  return p.mesh.tp > 1 || p.mesh.pp > 1 || p.mesh.cp > 1 || p.mesh.ep > 1;
+}
+
+std::string strategy_name(const ParallelSpec& p) {
   if (model_parallel(p)) return "mesh";
-  return std::string(parallel::name_of(engine_options(s, p).strategy));
+  if (p.fsdp) return "fsdp";
+  return p.zero == 0 ? "ddp" : "zero" + std::to_string(p.zero);
+}
+
+std::string unsupported(const Scenario& s, const ParallelSpec& p) {
+  try {
+    parallel::validate_mesh(s.model, s.train, engine_options(s, p));
+  } catch (const parallel::MeshConfigError& e) {
+    return e.what();
+  }
+  return "";
 }
 
 namespace {
@@ -66,15 +99,15 @@ parallel::GradHook nan_injector(const Scenario& s, int rank) {
 
 }  // namespace
 
-std::unique_ptr<Trainee> build_engine(comm::Communicator& c, const Scenario& s,
-                                      const ParallelSpec& p, const BuildOptions& o) {
-  parallel::DataParallelOptions opt = engine_options(s, p);
+std::unique_ptr<parallel::MeshEngine> build_engine(comm::Communicator& c, const Scenario& s,
+                                                   const ParallelSpec& p, const BuildOptions& o) {
+  parallel::MeshOptions opt = engine_options(s, p);
   if (o.inject_faults) opt.grad_hook = nan_injector(s, c.world_rank());
   opt.planted = o.planted;
-  return make_trainee(c, s, p, opt);
+  return std::make_unique<parallel::MeshEngine>(c, s.model, s.train, s.seed, std::move(opt));
 }
 
-TrainCursor drive(const Scenario& s, const ref::Dataset& ds, Trainee& engine,
+TrainCursor drive(const Scenario& s, const ref::Dataset& ds, parallel::MeshEngine& engine,
                   const DriveOptions& o) {
   ref::DistributedSampler sampler(static_cast<int64_t>(ds.samples.size()), s.train.global_batch,
                                   s.seed, s.data.drop_last);

@@ -15,19 +15,28 @@
 #include "comm/communicator.hpp"
 #include "harness/checkpointing.hpp"
 #include "harness/scenario.hpp"
-#include "harness/trainee.hpp"
 #include "parallel/data_parallel.hpp"
+#include "parallel/mp/mesh_engine.hpp"
 #include "reference/data.hpp"
 #include "reference/trainer.hpp"
 
 namespace shardcheck::harness {
 
-// The data-parallel engine's options for a configuration (strategy, buckets, FSDP details), with
-// the health check on under the scenario's health.nan_policy.
-parallel::DataParallelOptions engine_options(const Scenario& s, const ParallelSpec& p);
+// The engine's typed options for a configuration (the mesh and its layout, schedule, CP
+// algorithm, ZeRO / FSDP settings, DDP buckets), with the health check on under the scenario's
+// health.nan_policy: the one place a spec's strings become the engine's enums.
+parallel::MeshOptions engine_options(const Scenario& s, const ParallelSpec& p);
 
+// The data-parallel settings of those options, as the analytic ledger and the planner's
+// skeleton read them (strategy, FSDP details, buckets).
+parallel::DataParallelOptions data_parallel_view(const parallel::MeshOptions& m);
+
+// True when any model-parallel axis (tp, pp, cp, ep) is above 1.
+bool model_parallel(const ParallelSpec& p);
 // "mesh" on a model-parallel mesh, else the data-parallel strategy ("ddp", "zero3", "fsdp", ...).
-std::string strategy_name(const Scenario& s, const ParallelSpec& p);
+std::string strategy_name(const ParallelSpec& p);
+// Why the configuration cannot run (validate_mesh's message), or "".
+std::string unsupported(const Scenario& s, const ParallelSpec& p);
 
 struct BuildOptions {
   // Inject this world rank's nan_gradient faults through the gradient hook (the drills, which
@@ -38,8 +47,9 @@ struct BuildOptions {
 };
 
 // Collective over c: the configuration's engine, as every entry point builds it.
-std::unique_ptr<Trainee> build_engine(comm::Communicator& c, const Scenario& s,
-                                      const ParallelSpec& p, const BuildOptions& o = {});
+std::unique_ptr<parallel::MeshEngine> build_engine(comm::Communicator& c, const Scenario& s,
+                                                   const ParallelSpec& p,
+                                                   const BuildOptions& o = {});
 
 // One finished step, as the driver hands it to the caller.
 struct StepDone {
@@ -51,7 +61,7 @@ struct StepDone {
 
 struct DriveOptions {
   // Resume: restores the engine and returns the cursor to continue from. Empty: from step 0.
-  std::function<TrainCursor(Trainee&)> restore{};
+  std::function<TrainCursor(parallel::MeshEngine&)> restore{};
   bool restore_sampler = true;     // false only for the drills' planted replay_data bug
   std::optional<int> last_step{};  // empty: the scenario's train.steps
   std::function<void(const TrainCursor&)> started{};  // after any restore, before the first step
@@ -61,7 +71,7 @@ struct DriveOptions {
 // Trains `engine` (on every rank of its world) from the restored cursor, or step 0, to last_step:
 // each step's global batch from the distributed sampler, this rank's slice of it, the engine's
 // step, the cursor advanced, then after_step. Returns the final cursor.
-TrainCursor drive(const Scenario& s, const ref::Dataset& ds, Trainee& engine,
+TrainCursor drive(const Scenario& s, const ref::Dataset& ds, parallel::MeshEngine& engine,
                   const DriveOptions& o = {});
 
 }  // namespace shardcheck::harness

@@ -11,13 +11,20 @@ namespace shardcheck::harness {
 
 std::string fault_kind(sim::DiagnosisKind k) {
   switch (k) {
-    case sim::DiagnosisKind::deadlock: return "deadlock";
-    case sim::DiagnosisKind::hang: return "hang";
-    case sim::DiagnosisKind::crash: return "crash";
-    case sim::DiagnosisKind::mismatch: return "mismatch";
-    case sim::DiagnosisKind::corruption: return "corruption";
-    case sim::DiagnosisKind::oom: return "oom";
-    case sim::DiagnosisKind::error: return "error";
+    case sim::DiagnosisKind::deadlock:
+      return "deadlock";
+    case sim::DiagnosisKind::hang:
+      return "hang";
+    case sim::DiagnosisKind::crash:
+      return "crash";
+    case sim::DiagnosisKind::mismatch:
+      return "mismatch";
+    case sim::DiagnosisKind::corruption:
+      return "corruption";
+    case sim::DiagnosisKind::oom:
+      return "oom";
+    case sim::DiagnosisKind::error:
+      return "error";
   }
   return "error";
 }

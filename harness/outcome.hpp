@@ -37,8 +37,8 @@ struct TimingResult {
   int slowest_rank = -1;
   double tokens_per_step = 0;  // non-padding tokens of the global batch, mean over steps
   double tokens_per_s = 0;
-  double flops_per_step = 0;  // model FLOPs (forward + backward, see parallel/flops.hpp)
-  double mfu = 0;             // flops_per_step / (step_time_s * ranks * peak)
+  double flops_per_step = 0;       // model FLOPs (forward + backward, see parallel/flops.hpp)
+  double mfu = 0;                  // flops_per_step / (step_time_s * ranks * peak)
   double scaling_efficiency = -1;  // set across a matrix; -1 = not computed
   std::string scaling_baseline;
 };

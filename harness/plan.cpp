@@ -44,7 +44,7 @@ parallel::LedgerRow ledger_at(const Scenario& s, const ParallelSpec& p, int dp) 
   parallel::LedgerInput in;
   in.model = s.model;
   in.recipe = parallel::recipe_of(s.train.precision);
-  in.options = engine_options(s, q);
+  in.options = data_parallel_view(engine_options(s, q));
   in.dp = dp;
   in.micro_batch = s.train.micro_batch;
   in.recompute = s.train.recompute;
@@ -237,7 +237,7 @@ PlanResult plan_scenario(const Scenario& s, const PlanOptions& o) {
     }
     c.modelled = true;
     const int n = p.mesh.dp;
-    const parallel::DataParallelOptions opts = engine_options(s, p);
+    const parallel::DataParallelOptions opts = data_parallel_view(engine_options(s, p));
     c.strategy = std::string(parallel::name_of(opts.strategy));
     if (opts.strategy == parallel::Strategy::fsdp)
       c.strategy += ":" + std::string(parallel::name_of(opts.fsdp.sharding));

@@ -39,7 +39,7 @@ SkeletonSpec skeleton_spec(const Scenario& s, const ParallelSpec& p, int dp, int
   SkeletonSpec k;
   k.model = s.model;
   k.recipe = parallel::recipe_of(s.train.precision);
-  k.options = engine_options(s, q);
+  k.options = data_parallel_view(engine_options(s, q));
   k.param_dtype = s.train.precision == ref::Precision::kBf16 ? comm::DType::bf16
                                                              : master_dtype(s.train.precision);
   k.grad_dtype = reduce_dtype ? *reduce_dtype : master_dtype(s.train.precision);

@@ -17,8 +17,8 @@
 #include "harness/driver.hpp"
 #include "harness/runner_detail.hpp"
 #include "harness/sim_options.hpp"
-#include "harness/trainee.hpp"
 #include "parallel/data_parallel.hpp"
+#include "parallel/mp/mesh_engine.hpp"
 #include "reference/data.hpp"
 #include "reference/model.hpp"
 #include "reference/trainer.hpp"
@@ -39,11 +39,13 @@ void train_rank(comm::Communicator& c, const Scenario& s, const ref::Dataset& ds
   const std::unique_ptr<ref::Compute> device = compute ? compute(c.world_rank()) : nullptr;
   const ref::ComputeScope on_device(device.get());
   mine.compute = device ? device->name() : "cpu";
-  const std::unique_ptr<Trainee> trainee = build_engine(c, s, p, build);
-  Trainee& engine = *trainee;
+  const std::unique_ptr<parallel::MeshEngine> built = build_engine(c, s, p, build);
+  parallel::MeshEngine& engine = *built;
   DriveOptions o;
   if (!ck.resume_step_dir.empty())
-    o.restore = [&](Trainee& e) { return restore_training(c, e, s, ck.resume_step_dir); };
+    o.restore = [&](parallel::MeshEngine& e) {
+      return restore_training(c, e, s, ck.resume_step_dir);
+    };
   o.started = [&](const TrainCursor& from) { mine.first_step = from.step + 1; };
   o.after_step = [&](const StepDone& d) {
     mine.steps.push_back(d.record);
@@ -109,7 +111,7 @@ ConfigResult run_config(const Scenario& s, const ref::Dataset& ds, const Trace& 
   }
   ConfigResult r = detail::config_row(s, p);
   if (!r.supported) return r;
-  r.strategy = strategy_name(s, p);
+  r.strategy = strategy_name(p);
   const int world = p.mesh.world_size();
   CheckpointPlan ck;
   if (!o.checkpoint_dir.empty()) {

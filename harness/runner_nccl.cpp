@@ -16,7 +16,7 @@
 #include "comm/errors.hpp"
 #include "harness/driver.hpp"
 #include "harness/runner_detail.hpp"
-#include "harness/trainee.hpp"
+#include "parallel/mp/mesh_engine.hpp"
 
 namespace shardcheck::harness::detail {
 
@@ -235,7 +235,7 @@ ConfigResult run_config_ranks(const Scenario& s, const ref::Dataset& ds, const T
                " " + capacity_what;
     return r;
   }
-  r.strategy = strategy_name(s, p);
+  r.strategy = strategy_name(p);
 
   const auto n = static_cast<std::size_t>(world);
   std::vector<RankTrace> got(n);

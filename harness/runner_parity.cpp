@@ -8,8 +8,8 @@
 #include <type_traits>
 
 #include "harness/runner_detail.hpp"
-#include "harness/trainee.hpp"
 #include "parallel/flops.hpp"
+#include "parallel/mp/mesh_engine.hpp"
 #include "parallel/parity.hpp"
 #include "reference/compute.hpp"
 #include "reference/model.hpp"

@@ -20,11 +20,11 @@ struct ParallelSpec {
   std::optional<std::string> fsdp;  // full_shard, shard_grad_op, no_shard, hybrid_shard
   // FSDP details ("fsdp" given as an object): wrap policy block, layer_group or whole_model.
   std::string fsdp_wrap = "block";
-  int fsdp_blocks_per_unit = 2;           // layer_group
+  int fsdp_blocks_per_unit = 2;  // layer_group
   bool fsdp_reshard_after_forward = true;
-  int fsdp_prefetch = 1;                  // 0, 1 or 2 units gathered ahead
-  int fsdp_shard_group = 0;               // hybrid_shard: DP ranks per shard group; 0 = ranks per node
-  int bucket_elems = 1 << 20;             // DDP / ZeRO-1 gradient bucket size, elements
+  int fsdp_prefetch = 1;       // 0, 1 or 2 units gathered ahead
+  int fsdp_shard_group = 0;    // hybrid_shard: DP ranks per shard group; 0 = ranks per node
+  int bucket_elems = 1 << 20;  // DDP / ZeRO-1 gradient bucket size, elements
   bool sequence_parallel = false;
   std::string pp_schedule = "1f1b";  // gpipe, 1f1b, interleaved
   int virtual_stages = 1;

@@ -25,14 +25,6 @@ std::string_view name_of(Strategy s) {
   return "?";
 }
 
-ref::Batch rank_batch(const ref::Dataset& data, const std::vector<int64_t>& global_ids, int rank,
-                      int world, testing::Mutation planted) {
-  const int source = planted == testing::Mutation::kSameSamples ? 0 : rank;
-  const auto ids = ref::DistributedSampler::rank_slice(global_ids, source, world);
-  const int64_t first = static_cast<int64_t>(global_ids.size()) / world * rank;
-  return ref::gather_batch(data, ids, first);
-}
-
 DataParallelEngine::DataParallelEngine(comm::Communicator& dp, const ref::ModelConfig& model,
                                        const ref::TrainConfig& train, uint64_t seed,
                                        DataParallelOptions options) {

@@ -61,12 +61,6 @@ struct CollectiveCall {
   friend bool operator==(const CollectiveCall&, const CollectiveCall&) = default;
 };
 
-// DP rank `rank` of `world`'s part of a global batch: the sampler's contiguous rank_slice, with
-// Sequence::index kept global (it keys dropout). planted = kSameSamples plants a sampler bug here
-// (every rank reads rank 0's samples).
-ref::Batch rank_batch(const ref::Dataset& data, const std::vector<int64_t>& global_ids, int rank,
-                      int world, testing::Mutation planted = testing::Mutation::kNone);
-
 class DataParallelEngine {
  public:
   // dp: this rank's data-parallel group (every member constructs an engine with the same

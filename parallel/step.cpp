@@ -16,6 +16,14 @@ std::string nonfinite_message(int step, const std::vector<int>& ranks) {
 NonFiniteGradientError::NonFiniteGradientError(int step, std::vector<int> ranks)
     : std::runtime_error(nonfinite_message(step, ranks)), step_(step), ranks_(std::move(ranks)) {}
 
+ref::Batch rank_batch(const ref::Dataset& data, const std::vector<int64_t>& global_ids, int rank,
+                      int world, testing::Mutation planted) {
+  const int source = planted == testing::Mutation::kSameSamples ? 0 : rank;
+  const auto ids = ref::DistributedSampler::rank_slice(global_ids, source, world);
+  const int64_t first = static_cast<int64_t>(global_ids.size()) / world * rank;
+  return ref::gather_batch(data, ids, first);
+}
+
 LossCounts local_counts(const ref::Batch& local) {
   LossCounts c{0, static_cast<int64_t>(local.size()), 0};
   for (const ref::Sequence& s : local) {

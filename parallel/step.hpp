@@ -15,12 +15,20 @@
 #include <vector>
 
 #include "comm/communicator.hpp"
+#include "parallel/testing.hpp"
 #include "reference/batch.hpp"
 #include "reference/blocks.hpp"
 #include "reference/config.hpp"
+#include "reference/data.hpp"
 #include "reference/trainer.hpp"
 
 namespace shardcheck::parallel {
+
+// Data rank `rank` of `world`'s part of a global batch: the sampler's contiguous rank_slice, with
+// Sequence::index kept global (it keys dropout). planted = kSameSamples plants a sampler bug here
+// (every rank reads rank 0's samples).
+ref::Batch rank_batch(const ref::Dataset& data, const std::vector<int64_t>& global_ids, int rank,
+                      int world, testing::Mutation planted = testing::Mutation::kNone);
 
 // What to do when some rank's local gradient holds a NaN or infinity.
 enum class NonFinitePolicy : std::uint8_t { skip_step, stop };

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <map>
 #include <numeric>
+#include <set>
 #include <type_traits>
 
 #include "comm/memory.hpp"
@@ -36,6 +37,7 @@ struct MeshEngine::Impl {
   StepHealth health;
   int skipped = 0;
   int data_rank = 0, data_world = 1;
+  testing::Mutation planted = testing::Mutation::kNone;
 };
 
 namespace {
@@ -74,6 +76,7 @@ class MeshImpl final : public MeshEngine::Impl {
     }
     data_rank = data_->rank();
     data_world = data_->size();
+    planted = opt_.planted;
     env_ = BlockEnv{&model_,  g_.tp.get(),  g_.cp.get(), g_.ep.get(),
                     &layout_, opt_.cp_algo, opt_.planted};
     stage_ = g_.pp->rank();
@@ -87,6 +90,7 @@ class MeshImpl final : public MeshEngine::Impl {
     }
     grads_ = params_.zeros_like();
     const FsdpOptions f = opt_.fsdp.value_or(FsdpOptions{.prefetch = 0});
+    no_shard_ = opt_.fsdp && f.sharding == ShardingStrategy::no_shard;
     const std::vector<std::vector<int>> units = wrap_units(model_, f.wrap, f.blocks_per_unit);
     for (std::size_t w = 0; w < units.size(); ++w)
       for (const int lu : units[w]) wrap_of_[lu] = static_cast<int>(w);
@@ -131,7 +135,8 @@ class MeshImpl final : public MeshEngine::Impl {
     const auto local_elems = static_cast<std::size_t>(params_.numel());
     comm::TrackedBytes grads_held(mem_, comm::MemCategory::grads, local_elems * recipe_.grad);
     comm::TrackedBytes mb_held;
-    if (bf16) {
+    bucketed_.clear();
+    if (bf16 || no_shard_) {
       mb_grads_ = params_.zeros_like();
       mb_held =
           comm::TrackedBytes(mem_, comm::MemCategory::grads, local_elems * recipe_.microbatch_grad);
@@ -140,9 +145,15 @@ class MeshImpl final : public MeshEngine::Impl {
 
     // 1. Global denominators, before any backward.
     LossCounts den = local_counts(local);
-    const int64_t local_sequences = den[1];
+    const LossCounts mine = den;
     data_->all_reduce(std::span<int64_t>(den))->wait();
     ctx_ = step_context(seed_, steps_, den, train_);
+    if (opt_.planted == testing::Mutation::kMeanOfRankMeans) {  // the mean of data ranks' means
+      ctx_ = step_context(seed_, steps_, mine, train_);
+      ctx_.token_weight /= data_world;
+      ctx_.sequence_weight /= data_world;
+    }
+    const int64_t local_sequences = mine[1];
     if (opt_.planted == testing::Mutation::kAuxPerRankMean)
       ctx_.sequence_weight = local_sequences > 0 ? 1.0 / static_cast<double>(local_sequences) : 0.0;
     health = {};
@@ -247,7 +258,7 @@ class MeshImpl final : public MeshEngine::Impl {
 
   const ref::ParamMap<T>& weights() const { return params_; }
   ref::ParamMap<T>& grad_target() {
-    return train_.precision == ref::Precision::kBf16 ? mb_grads_ : grads_;
+    return train_.precision == ref::Precision::kBf16 || no_shard_ ? mb_grads_ : grads_;
   }
 
   int virtual_stage(int chunk) const { return chunk * opt_.shape.pp + stage_; }
@@ -340,7 +351,7 @@ class MeshImpl final : public MeshEngine::Impl {
     const bool bf16 = train_.precision == ref::Precision::kBf16;
     const auto complete = [&](const typename MeshOptimizer<T>::Pick& pick) {
       check_gradients(mb, grads, pick);
-      if (!bf16 && opt_.overlap && mb == microbatches_ - 1) issue_bucket(pick);
+      if (!bf16 && ddp_overlap() && mb == microbatches_ - 1) issue_bucket(pick, false);
     };
     std::vector<Tensor<T>> dxs;
     if (vs == last_virtual_stage()) {
@@ -391,14 +402,23 @@ class MeshImpl final : public MeshEngine::Impl {
     caches_.erase({mb, chunk});
     end_uses();
     if (bf16) {
-      round_microbatch_gradient();
+      mesh_detail::round_microbatch_gradient(specs_, *g_.cp, kv_.get(),
+                                             env_.sp() ? g_.tp.get() : nullptr, mb_grads_);
+    }
+    if (bf16 || no_shard_) {
+      if (no_shard_) {  // FSDP no_shard: each microbatch's gradient summed after its backward
+        all_reduce_picked(
+            specs_, *dense_, [](const LocalParam& p) { return !p.expert; }, mb_grads_);
+        all_reduce_picked(
+            specs_, *expert_, [](const LocalParam& p) { return p.expert; }, mb_grads_);
+      }
       for (auto& e : mb_grads_) {
         ref::add_inplace(grads_[e.name], e.value);
         e.value.fill(T{0});
       }
-      if (opt_.overlap && mb == microbatches_ - 1)
-        issue_bucket([&](const LocalParam& p) { return chunk_writes(chunk, p); });
     }
+    if (ddp_overlap() && mb == microbatches_ - 1)
+      issue_bucket([&](const LocalParam& p) { return chunk_writes(chunk, p); }, true);
     return result;
   }
 
@@ -419,14 +439,22 @@ class MeshImpl final : public MeshEngine::Impl {
   // DDP overlap: the chunk's gradients are complete after its last microbatch; those summed only
   // over their class's group go now (the tied embedding, SP's TP-replicated and the replicated kv
   // heads need another sum first, in sync_gradients).
-  void issue_bucket(const typename MeshOptimizer<T>::Pick& pick) {
-    zopt_->issue_reduce(grads_, [&](const LocalParam& p) {
-      if (!pick(p)) return false;
-      if (p.name == "embed.weight" && model_.tie_embeddings && opt_.shape.pp > 1) return false;
-      if (p.tp_replicated && env_.sp()) return false;
-      return p.kv_replicas <= 1;
-    });
+  // Buckets fill in completion order and go once they hold bucket_elems elements; what a chunk's
+  // backward leaves goes at its end (flush).
+  void issue_bucket(const typename MeshOptimizer<T>::Pick& pick, bool flush) {
+    for (const LocalParam& p : specs_) {
+      if (!pick(p) || !bucketed_.insert(p.name).second) continue;
+      if (p.name == "embed.weight" && model_.tie_embeddings && opt_.shape.pp > 1) continue;
+      if ((p.tp_replicated && env_.sp()) || p.kv_replicas > 1) continue;
+      bucket_.insert(p.name);
+      bucket_fill_ += static_cast<std::size_t>(ref::numel_of(p.local_shape));
+    }
+    if (bucket_.empty() || (!flush && bucket_fill_ < opt_.bucket_elems)) return;
+    zopt_->issue_reduce(grads_, [&](const LocalParam& p) { return bucket_.count(p.name) > 0; });
+    bucket_.clear();
+    bucket_fill_ = 0;
   }
+  bool ddp_overlap() const { return opt_.overlap && opt_.zero <= 1 && !no_shard_; }
 
   // The grad hook and the health flag on this rank's local gradients of the picked parameters,
   // complete for this microbatch, before any reduction over another rank (the bf16 recipe: before
@@ -458,38 +486,6 @@ class MeshImpl final : public MeshEngine::Impl {
     return (*batch_)[static_cast<std::size_t>(mb * train_.micro_batch + i)];
   }
 
-  // The bf16 recipe rounds each microbatch's whole gradient once (ref::Trainer). Row partials of
-  // CP ranks (and under SP of TP ranks, for TP-replicated parameters) are summed first, and one
-  // copy carries the sum; rounding the partials instead would differ from the reference by far
-  // more than rounding noise where they cancel. Expert gradients under EP mix the tokens of
-  // several data ranks' microbatches, so they are rounded per local microbatch (not the
-  // reference's grouping; see parallel/mp/README.md).
-  void round_microbatch_gradient() {
-    if constexpr (std::is_same_v<T, float>) {
-      const auto all = [](const LocalParam&) { return true; };
-      if (g_.cp->size() > 1) {
-        all_reduce_picked(specs_, *g_.cp, all, mb_grads_);
-        if (g_.cp->rank() != 0)
-          for (auto& e : mb_grads_) e.value.fill(T{0});
-      }
-      if (kv_) {
-        const auto kv = [](const LocalParam& p) { return p.kv_replicas > 1; };
-        all_reduce_picked(specs_, *kv_, kv, mb_grads_);
-        if (kv_->rank() != 0)
-          for (const LocalParam& p : specs_)
-            if (p.kv_replicas > 1) mb_grads_[p.name].fill(T{0});
-      }
-      if (env_.sp()) {
-        const auto rep = [](const LocalParam& p) { return p.tp_replicated; };
-        all_reduce_picked(specs_, *g_.tp, rep, mb_grads_);
-        if (g_.tp->rank() != 0)
-          for (const LocalParam& p : specs_)
-            if (p.tp_replicated) mb_grads_[p.name].fill(T{0});
-      }
-      ref::round_to_bf16(mb_grads_);
-    }
-  }
-
   void sync_tied_embedding() {
     const int pp = opt_.shape.pp;
     if (pp == 1 || !model_.tie_embeddings) return;
@@ -515,7 +511,7 @@ class MeshImpl final : public MeshEngine::Impl {
     if (kv_)
       all_reduce_picked(
           specs_, *kv_, [](const LocalParam& p) { return p.kv_replicas > 1; }, grads_);
-    zopt_->reduce(grads_);
+    if (!no_shard_) zopt_->reduce(grads_);
   }
 
   comm::Communicator& world_;
@@ -528,8 +524,11 @@ class MeshImpl final : public MeshEngine::Impl {
   TokenLayout layout_;
   comm::MeshGroups g_;
   std::unique_ptr<comm::Communicator> data_, dense_, expert_, kv_;
-  HybridGroups dense_h_, expert_h_;  // hybrid_shard: shard and replica groups
-  std::map<int, int> wrap_of_;       // layerwise unit -> wrap unit
+  HybridGroups dense_h_, expert_h_;          // hybrid_shard: shard and replica groups
+  std::map<int, int> wrap_of_;               // layerwise unit -> wrap unit
+  bool no_shard_ = false;                    // FSDP no_shard: gradients summed per microbatch
+  std::set<std::string> bucket_, bucketed_;  // DDP overlap: the open bucket; this step's so far
+  std::size_t bucket_fill_ = 0;
   BlockEnv env_;
   int stage_ = 0;
   StagePlan plan_;
@@ -554,7 +553,8 @@ class MeshImpl final : public MeshEngine::Impl {
 MeshEngine::MeshEngine(comm::Communicator& world, const ref::ModelConfig& model,
                        const ref::TrainConfig& train, uint64_t seed, MeshOptions options) {
   validate_mesh(model, train, options);
-  if (options.fsdp) options.zero = 3;  // FSDP shards parameters, gradients and optimizer state
+  // FSDP shards parameters, gradients and optimizer state (no_shard: none of them).
+  if (options.fsdp && options.fsdp->sharding != ShardingStrategy::no_shard) options.zero = 3;
   if (train.precision == ref::Precision::kF64) {
     impl_ = std::make_unique<MeshImpl<double>>(world, model, train, seed, std::move(options));
   } else {
@@ -570,6 +570,10 @@ int MeshEngine::data_rank() const {
 }
 int MeshEngine::data_world() const {
   return impl_->data_world;
+}
+ref::Batch MeshEngine::local_batch(const ref::Dataset& data,
+                                   const std::vector<int64_t>& global_ids) const {
+  return rank_batch(data, global_ids, impl_->data_rank, impl_->data_world, impl_->planted);
 }
 ref::StepRecord MeshEngine::step(const ref::Batch& local) {
   return impl_->step(local);

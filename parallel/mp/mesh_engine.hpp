@@ -61,8 +61,9 @@ struct MeshOptions {
   // shard_grad_op and hybrid_shard are zero 3 with one flat buffer per wrap unit (wrap, prefetch
   // and reshard_after_forward as PyTorch's; shard_grad_op keeps a forward's gathers until the
   // microbatch's backward ends; hybrid_shard shards over shard_group_size data-parallel ranks with
-  // every CP rank, replicated across the others). no_shard is refused by validate_mesh (built only
-  // on the data-parallel engine), as is a zero stage other than 0 or 3 beside fsdp. Plain zero 3
+  // every CP rank, replicated across the others). no_shard keeps everything replicated and sums
+  // each microbatch's gradient after its backward (data-parallel meshes only). A zero stage other
+  // than 0 or 3 beside fsdp is refused by validate_mesh. Plain zero 3
   // is full_shard with block units and no prefetch.
   std::optional<FsdpOptions> fsdp;
   // DDP overlap (zero 0/1): each pipeline chunk's gradient all_reduce (per parameter class) is
@@ -70,6 +71,10 @@ struct MeshOptions {
   // of the backward; the tied embedding and the TP/kv-replicated gradients wait for their own sums
   // first. false: every sum after the pipeline. The same bits either way.
   bool overlap = true;
+  // DDP overlap buckets: completed gradients join the open bucket, which is issued once it holds
+  // at least this many elements (1: every layer's as soon as it is complete); a chunk's backward
+  // issues what is left at its end.
+  std::size_t bucket_elems = 1;
   // The non-finite-gradient check over the world (step.hpp; ranks named by world rank) and the
   // hook, called after each chunk's backward of a microbatch for the parameters it wrote.
   GradHealthOptions health{};
@@ -96,6 +101,9 @@ class MeshEngine {
   // the data-parallel ranks and read different sequences, as in Megatron).
   int data_rank() const;
   int data_world() const;
+  // This rank's slice of a global batch (rank_batch over data_rank() of data_world(); the planted
+  // kSameSamples sampler bug applies here).
+  ref::Batch local_batch(const ref::Dataset& data, const std::vector<int64_t>& global_ids) const;
 
   // One optimizer step over the local batch (global_batch / data_world() sequences with global
   // Sequence::index). Collective over the world; returns the same global record on every rank.

@@ -42,11 +42,12 @@ void validate_mesh(const ref::ModelConfig& m, const ref::TrainConfig& t, const M
   require(o.zero >= 0 && o.zero <= 3, "zero " + n(o.zero) + " is not a ZeRO stage (0..3)");
   if (o.fsdp) {
     const FsdpOptions& f = *o.fsdp;
-    require(f.sharding != ShardingStrategy::no_shard,
+    require(f.sharding != ShardingStrategy::no_shard ||
+                (s.tp == 1 && s.pp == 1 && s.cp == 1 && s.ep == 1),
             "fsdp \"no_shard\" is built only on a data-parallel mesh (tp = pp = cp = ep = 1)");
-    require(o.zero == 0 || o.zero == 3, "fsdp \"" + std::string(name_of(f.sharding)) +
-                                            "\" shards parameters (zero 3), but zero " + n(o.zero) +
-                                            " was also asked for");
+    require(o.zero == 0 || (o.zero == 3 && f.sharding != ShardingStrategy::no_shard),
+            "fsdp \"" + std::string(name_of(f.sharding)) +
+                "\" sets the sharding itself, but zero " + n(o.zero) + " was also asked for");
     require(f.prefetch >= 0 && f.prefetch <= 2,
             "fsdp.prefetch " + n(f.prefetch) + " is not 0, 1 or 2");
     require(f.wrap != WrapPolicy::layer_group || f.blocks_per_unit >= 1,

@@ -129,7 +129,7 @@ TEST(MeshEngineZero, ValidationAcceptsFsdpFullShardAndShardGradOp) {
   f.fsdp = FsdpOptions{};
   EXPECT_NO_THROW(validate_mesh(s.model, s.train, f));
   EXPECT_NO_THROW(validate_mesh(s.model, s.train, zero(f, 3)));
-  refuses(zero(f, 2), "fsdp \"full_shard\" shards parameters (zero 3), but zero 2");
+  refuses(zero(f, 2), "fsdp \"full_shard\" sets the sharding itself, but zero 2");
   f.fsdp = FsdpOptions{.sharding = ShardingStrategy::shard_grad_op};
   EXPECT_NO_THROW(validate_mesh(s.model, s.train, f));
   EXPECT_NO_THROW(validate_mesh(s.model, s.train, zero(mesh({.dp = 2, .tp = 2}), 3)));
