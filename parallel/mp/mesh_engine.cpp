@@ -38,6 +38,7 @@ struct MeshEngine::Impl {
   int skipped = 0;
   int data_rank = 0, data_world = 1;
   testing::Mutation planted = testing::Mutation::kNone;
+  std::size_t resident_params = 0;
 };
 
 namespace {
@@ -91,9 +92,7 @@ class MeshImpl final : public MeshEngine::Impl {
     grads_ = params_.zeros_like();
     const FsdpOptions f = opt_.fsdp.value_or(FsdpOptions{.prefetch = 0});
     no_shard_ = opt_.fsdp && f.sharding == ShardingStrategy::no_shard;
-    const std::vector<std::vector<int>> units = wrap_units(model_, f.wrap, f.blocks_per_unit);
-    for (std::size_t w = 0; w < units.size(); ++w)
-      for (const int lu : units[w]) wrap_of_[lu] = static_cast<int>(w);
+    wrap_of_ = mesh_detail::wrap_map(model_, f);
     if (opt_.fsdp && f.sharding == ShardingStrategy::hybrid_shard) {
       const int edp = mesh.size(comm::Axis::edp);
       dense_h_ =
@@ -118,12 +117,12 @@ class MeshImpl final : public MeshEngine::Impl {
     if (opt_.zero == 3) {
       const bool keep = f.sharding == ShardingStrategy::shard_grad_op || !f.reshard_after_forward;
       residency_ = std::make_unique<MeshResidency<T>>(
-          *zopt_, params_, mem_, recipe_.param,
+          mesh_detail::OptimizerGathers<T>{zopt_.get(), &params_}, mem_, recipe_.param,
           typename MeshResidency<T>::Options{.prefetch = f.prefetch, .keep_after_forward = keep});
     }
+    resident_params = static_cast<std::size_t>(zopt_->resident_elems());
     params_held_ =
-        comm::TrackedBytes(mem_, comm::MemCategory::params,
-                           static_cast<std::size_t>(zopt_->resident_elems()) * recipe_.param);
+        comm::TrackedBytes(mem_, comm::MemCategory::params, resident_params * recipe_.param);
   }
 
   ref::StepRecord step(const ref::Batch& local) override {
@@ -272,13 +271,12 @@ class MeshImpl final : public MeshEngine::Impl {
                                               plan_.chunk_layers[static_cast<std::size_t>(chunk)],
                                               vs == 0, vs == last_virtual_stage(), forward));
   }
-  void use(std::size_t count = 1) {
-    if (residency_) residency_->next(count);
+  void use() {
+    if (residency_) residency_->next();
   }
   void end_uses() {
     if (residency_) residency_->end();
   }
-  std::size_t head_uses() const { return model_.tie_embeddings ? 2 : 1; }
 
   Tensor<T> forward(int mb, int chunk, Tensor<T> input) {
     const int mbs = train_.micro_batch;
@@ -317,7 +315,7 @@ class MeshImpl final : public MeshEngine::Impl {
       }
     }
     if (vs == last_virtual_stage()) {
-      use(head_uses());
+      use();
       cc.heads.resize(static_cast<std::size_t>(mbs));
       for (int i = 0; i < mbs; ++i) {
         MpSequenceLoss l;
@@ -355,7 +353,7 @@ class MeshImpl final : public MeshEngine::Impl {
     };
     std::vector<Tensor<T>> dxs;
     if (vs == last_virtual_stage()) {
-      use(head_uses());
+      use();
       for (int i = 0; i < mbs; ++i) {
         dxs.push_back(mp_head_backward(env_, weights(), seq(mb, i), ctx_.token_weight,
                                        cc.heads[static_cast<std::size_t>(i)], grads));
@@ -580,6 +578,9 @@ ref::StepRecord MeshEngine::step(const ref::Batch& local) {
 }
 const comm::MemoryBreakdown& MeshEngine::last_model_state() const {
   return impl_->model_state;
+}
+std::size_t MeshEngine::resident_param_elems() const {
+  return impl_->resident_params;
 }
 const StepHealth& MeshEngine::last_step_health() const {
   return impl_->health;

@@ -112,6 +112,8 @@ class MeshEngine {
   // world.memory()'s holdings when the last step's optimizer began (gradients reduced,
   // activations freed): the model state per rank.
   const comm::MemoryBreakdown& last_model_state() const;
+  // Parameter elements this rank holds between steps (ZeRO-3 / FSDP: its shards).
+  std::size_t resident_param_elems() const;
   // The health verdict of the last step (the same on every rank) and the steps skipped so far.
   const StepHealth& last_step_health() const;
   int skipped_steps() const;

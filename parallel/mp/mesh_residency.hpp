@@ -1,10 +1,11 @@
-// Internal to the mesh engine (mesh_engine.cpp): ZeRO-3 / FSDP parameter residency. A pipeline
-// callback (one microbatch's forward or backward of one chunk) uses wrap units in an order known
-// when it begins. Each unit is all_gathered before its use, the next `prefetch` distinct units of
-// the callback are issued right after it (their gathers overlap its compute), and a unit is freed
-// after its last use in the callback, unless kept: with keep_after_forward (FSDP shard_grad_op,
-// or reshard_after_forward off) the units a forward gathered stay until the same microbatch's
-// backward of the chunk ends, which then gathers none of them again.
+// ZeRO-3 / FSDP parameter residency of the mesh engine (mesh_engine.cpp), shared with its ledger
+// (mesh_ledger.hpp), which replays it without data. A pipeline callback (one microbatch's forward
+// or backward of one chunk) uses wrap units in an order known when it begins. Each unit is
+// all_gathered before its use, the next `prefetch` distinct units of the callback are issued right
+// after it (their gathers overlap its compute), and a unit is freed after its last use in the
+// callback, unless kept: with keep_after_forward (FSDP shard_grad_op, or reshard_after_forward off)
+// the units a forward gathered stay until the same microbatch's backward of the chunk ends, which
+// then gathers none of them again.
 #pragma once
 
 #include <algorithm>
@@ -15,70 +16,82 @@
 #include <vector>
 
 #include "comm/memory.hpp"
+#include "parallel/fsdp.hpp"
 #include "parallel/mp/mesh_zero.hpp"
 #include "reference/config.hpp"
 
 namespace shardcheck::parallel::mesh_detail {
 
-// The wrap units (wrap_of: layerwise unit -> wrap unit) a chunk of layers [first, last) uses: in
-// forward the embedding (first virtual stage), its layers, the head and tied embedding (last);
-// in backward the head and tied embedding, its layers in reverse (the embedding's backward needs
-// no parameters). In order, repeats kept.
-inline std::vector<int> chunk_uses(const ref::ModelConfig& model, const std::map<int, int>& wrap_of,
-                                   std::pair<int, int> layers, bool first_stage, bool last_stage,
-                                   bool forward) {
-  std::vector<int> uses;
+// Layerwise unit (layerwise.hpp: 0 embedding, 1..L blocks, L+1 head) -> FSDP wrap unit.
+inline std::map<int, int> wrap_map(const ref::ModelConfig& model, const FsdpOptions& f) {
+  std::map<int, int> out;
+  const std::vector<std::vector<int>> units = wrap_units(model, f.wrap, f.blocks_per_unit);
+  for (std::size_t w = 0; w < units.size(); ++w)
+    for (const int lu : units[w]) out[lu] = static_cast<int>(w);
+  return out;
+}
+
+// The wrap units (wrap_of: layerwise unit -> wrap unit) a chunk of layers [first, last) uses, in
+// groups used together: in forward the embedding (first virtual stage), each layer, the head with
+// the tied embedding (last); in backward the head with the tied embedding, each layer in reverse
+// (the embedding's backward needs no parameters).
+inline std::vector<std::vector<int>> chunk_uses(const ref::ModelConfig& model,
+                                                const std::map<int, int>& wrap_of,
+                                                std::pair<int, int> layers, bool first_stage,
+                                                bool last_stage, bool forward) {
+  std::vector<std::vector<int>> uses;
   const auto add_head = [&] {
     if (!last_stage) return;
-    uses.push_back(wrap_of.at(model.layers + 1));
-    if (model.tie_embeddings) uses.push_back(wrap_of.at(0));
+    uses.push_back({wrap_of.at(model.layers + 1)});
+    if (model.tie_embeddings) uses.back().push_back(wrap_of.at(0));
   };
   if (forward) {
-    if (first_stage) uses.push_back(wrap_of.at(0));
+    if (first_stage) uses.push_back({wrap_of.at(0)});
     for (int layer = layers.first; layer < layers.second; ++layer)
-      uses.push_back(wrap_of.at(layer + 1));
+      uses.push_back({wrap_of.at(layer + 1)});
     add_head();
   } else {
     add_head();
     for (int layer = layers.second - 1; layer >= layers.first; --layer)
-      uses.push_back(wrap_of.at(layer + 1));
+      uses.push_back({wrap_of.at(layer + 1)});
   }
   return uses;
 }
 
-template <class T>
-class MeshResidency {
+// The residency policy over Ops, which moves the data: Ops::Pending issue(unit) starts a unit's
+// gathers, complete(Pending&) finishes them, release(unit) frees the unit, elems(unit) is its
+// unsharded size. Held units are reported to mem (category params, bytes_per_elem each).
+template <class Ops>
+class Residency {
  public:
   struct Options {
     int prefetch = 0;
     bool keep_after_forward = false;
   };
-  MeshResidency(MeshOptimizer<T>& opt, ref::ParamMap<T>& params, comm::MemoryTracker& mem,
-                std::size_t param_bytes, Options o)
-      : opt_(opt), params_(params), mem_(mem), param_bytes_(param_bytes), o_(o) {}
+  Residency(Ops ops, comm::MemoryTracker& mem, std::size_t bytes_per_elem, Options o)
+      : ops_(std::move(ops)), mem_(mem), bytes_(bytes_per_elem), o_(o) {}
 
-  // A callback of microbatch mb, chunk that uses these wrap units in this order.
-  void begin(int mb, int chunk, bool forward, std::vector<int> uses) {
+  // A callback of microbatch mb, chunk that uses these groups of wrap units in this order.
+  void begin(int mb, int chunk, bool forward, std::vector<std::vector<int>> uses) {
     key_ = {mb, chunk};
     forward_ = forward;
     uses_ = std::move(uses);
     at_ = 0;
   }
-  // Before the callback's next `count` uses (used together, as the tied head's two units): the
-  // previous ones are retired, these gathered (or their prefetch waited for), and the prefetch
-  // of the units after them issued.
-  void next(std::size_t count = 1) {
+  // Before the callback's next group: the previous group is retired, this one gathered (or its
+  // prefetch waited for), and the gathers of the next `prefetch` distinct units after it issued.
+  void next() {
     retire();
-    first_ = at_;
-    for (std::size_t i = 0; i < count; ++i) ensure(uses_.at(at_++));
-    std::set<int> seen(uses_.begin() + static_cast<std::ptrdiff_t>(first_),
-                       uses_.begin() + static_cast<std::ptrdiff_t>(at_));
+    const std::vector<int>& now = uses_.at(at_++);
+    for (const int u : now) ensure(u);
+    std::set<int> seen(now.begin(), now.end());
     int issued = 0;
-    for (std::size_t j = at_; j < uses_.size() && issued < o_.prefetch; ++j) {
-      if (!seen.insert(uses_[j]).second) continue;
-      issue(uses_[j]);
-      ++issued;
-    }
+    for (std::size_t j = at_; j < uses_.size() && issued < o_.prefetch; ++j)
+      for (const int u : uses_[j]) {
+        if (issued == o_.prefetch || !seen.insert(u).second) continue;
+        issue(u);
+        ++issued;
+      }
   }
   // After the callback: its units are freed unless kept; a backward also ends what the same
   // microbatch's forward of the chunk kept.
@@ -93,65 +106,79 @@ class MeshResidency {
       for (const int u : units) free_if_unused(u);
     }
     uses_.clear();
-    at_ = first_ = 0;
+    at_ = 0;
   }
 
  private:
   struct Held {
-    typename MeshOptimizer<T>::UnitGather pending;
+    typename Ops::Pending pending;
     bool ready = false;
     comm::TrackedBytes bytes;
     std::set<std::pair<int, int>> kept;  // the (microbatch, chunk) forwards that keep it
   };
 
+  bool used_later(int u) const {
+    for (std::size_t j = at_; j < uses_.size(); ++j)
+      if (std::find(uses_[j].begin(), uses_[j].end(), u) != uses_[j].end()) return true;
+    return false;
+  }
   void issue(int u) {
     if (held_.count(u) > 0) return;
     Held& h = held_[u];
     h.bytes = comm::TrackedBytes(mem_, comm::MemCategory::params,
-                                 static_cast<std::size_t>(opt_.unit_elems(u)) * param_bytes_);
-    h.pending = opt_.issue_gather(u, params_);
+                                 static_cast<std::size_t>(ops_.elems(u)) * bytes_);
+    h.pending = ops_.issue(u);
   }
   void ensure(int u) {
     issue(u);
     Held& h = held_.at(u);
     if (!h.ready) {
-      opt_.complete_gather(h.pending, params_);
+      ops_.complete(h.pending);
       h.ready = true;
     }
   }
-  // The uses [first_, at_) are done: each unit not used again in this callback is kept (a
+  // The group before at_ is done: each of its units not used again in this callback is kept (a
   // forward under keep_after_forward) or freed.
   void retire() {
-    for (std::size_t i = first_; i < at_; ++i) {
-      const int u = uses_[i];
-      if (std::find(uses_.begin() + static_cast<std::ptrdiff_t>(at_), uses_.end(), u) !=
-          uses_.end())
-        continue;
+    if (at_ == 0) return;
+    for (const int u : uses_[at_ - 1]) {
+      if (used_later(u) || held_.count(u) == 0) continue;
       if (forward_ && o_.keep_after_forward) held_.at(u).kept.insert(key_);
       free_if_unused(u);
     }
-    first_ = at_;
   }
   void free_if_unused(int u) {
     const auto it = held_.find(u);
-    if (it == held_.end() || !it->second.kept.empty()) return;
-    if (std::find(uses_.begin() + static_cast<std::ptrdiff_t>(at_), uses_.end(), u) != uses_.end())
-      return;
-    if (!it->second.ready) opt_.complete_gather(it->second.pending, params_);
-    opt_.release_unit(u, params_);
+    if (it == held_.end() || !it->second.kept.empty() || used_later(u)) return;
+    if (!it->second.ready) ops_.complete(it->second.pending);
+    ops_.release(u);
     held_.erase(it);
   }
 
-  MeshOptimizer<T>& opt_;
-  ref::ParamMap<T>& params_;
+  Ops ops_;
   comm::MemoryTracker& mem_;
-  std::size_t param_bytes_;
+  std::size_t bytes_;
   Options o_;
   std::map<int, Held> held_;
   std::pair<int, int> key_{};
   bool forward_ = true;
-  std::vector<int> uses_;
-  std::size_t at_ = 0, first_ = 0;
+  std::vector<std::vector<int>> uses_;
+  std::size_t at_ = 0;
 };
+
+// The engine's Ops: the optimizer's all_gathers into the working parameters.
+template <class T>
+struct OptimizerGathers {
+  using Pending = typename MeshOptimizer<T>::UnitGather;
+  MeshOptimizer<T>* opt = nullptr;
+  ref::ParamMap<T>* params = nullptr;
+  Pending issue(int u) { return opt->issue_gather(u, *params); }
+  void complete(Pending& g) { opt->complete_gather(g, *params); }
+  void release(int u) { opt->release_unit(u, *params); }
+  int64_t elems(int u) const { return opt->unit_elems(u); }
+};
+
+template <class T>
+using MeshResidency = Residency<OptimizerGathers<T>>;
 
 }  // namespace shardcheck::parallel::mesh_detail

@@ -18,38 +18,44 @@ namespace shardcheck::parallel {
 
 using comm::MemCategory;
 
+std::vector<FlatClass> flat_classes(const std::vector<LocalParam>& specs, int zero,
+                                    const std::function<int(const LocalParam&)>& unit_of) {
+  std::vector<FlatClass> out;
+  std::map<std::pair<int, bool>, std::size_t> index;
+  for (std::size_t i = 0; i < specs.size(); ++i) {
+    const LocalParam& p = specs[i];
+    const int unit = zero == 3 && unit_of ? unit_of(p) : 0;
+    const auto [it, fresh] = index.try_emplace({unit, p.expert}, out.size());
+    if (fresh)
+      out.push_back({.unit = unit, .expert = p.expert, .specs = {}, .base = {}, .numel = 0});
+    FlatClass& c = out[it->second];
+    c.specs.push_back(i);
+    c.base.push_back(c.numel);
+    c.numel += ref::numel_of(p.local_shape);
+  }
+  return out;
+}
+
 template <class T>
 MeshOptimizer<T>::MeshOptimizer(Env env, const std::vector<LocalParam>& specs,
                                 ref::ParamMap<T>& params)
     : env_(std::move(env)), specs_(specs), mem_(&env_.world->memory()) {
-  // Classes by (unit, expert), in order of first appearance (canonical parameter order).
-  std::map<std::pair<int, bool>, std::size_t> index;
-  for (std::size_t i = 0; i < specs_.size(); ++i) {
-    const LocalParam& p = specs_[i];
-    const int unit = env_.zero == 3 && env_.unit_of ? env_.unit_of(p) : 0;
-    const auto [it, fresh] = index.try_emplace({unit, p.expert}, classes_.size());
-    if (fresh) {
-      Class c;
-      c.group = p.expert ? env_.expert : env_.dense;
-      c.replicas = p.expert ? env_.expert_replicas : env_.dense_replicas;
-      c.unit = unit;
-      classes_.push_back(std::move(c));
-    }
-    Class& c = classes_[it->second];
-    c.specs.push_back(i);
-    c.base.push_back(c.numel);
-    c.numel += ref::numel_of(specs_[i].local_shape);
+  for (FlatClass& f : flat_classes(specs_, env_.zero, env_.unit_of)) {
+    Class c;
+    static_cast<FlatClass&>(c) = std::move(f);
+    c.group = c.expert ? env_.expert : env_.dense;
+    c.replicas = c.expert ? env_.expert_replicas : env_.dense_replicas;
+    classes_.push_back(std::move(c));
   }
   for (Class& c : classes_) {
     const int d = c.group->size(), r = c.group->rank();
+    c.shard = shard_elems(c.numel, d, env_.zero);
     if (env_.zero == 0) {
-      c.shard = c.numel;
       c.own_begin = 0;
       c.own_end = c.numel;
       c.out_begin = 0;
       c.out_end = r == 0 ? c.numel : 0;
     } else {
-      c.shard = (c.numel + d - 1) / d;
       c.own_begin = std::min(c.numel, r * c.shard);
       c.own_end = std::min(c.numel, (r + 1) * c.shard);
       c.out_begin = c.own_begin;

@@ -45,6 +45,25 @@
 
 namespace shardcheck::parallel {
 
+// One flat buffer of a rank's parameters: its wrap unit (zero 3) and class, the parameters it
+// holds (indices into the spec list, canonical order) with their flat offsets, and its length.
+struct FlatClass {
+  int unit = 0;
+  bool expert = false;
+  std::vector<std::size_t> specs;
+  std::vector<int64_t> base;
+  int64_t numel = 0;
+};
+// The rule every user of the layout shares (the optimizer, the ledger): one buffer per class,
+// and under zero 3 with unit_of one per (unit, class), in order of first appearance.
+std::vector<FlatClass> flat_classes(const std::vector<LocalParam>& specs, int zero,
+                                    const std::function<int(const LocalParam&)>& unit_of);
+// Elements a group of d ranks' member keeps of an n-element buffer: ceil(n / d) when sharded
+// (zero >= 1; the padding zeros at the end), else n.
+inline int64_t shard_elems(int64_t n, int d, int zero) {
+  return zero == 0 ? n : (n + d - 1) / d;
+}
+
 template <class T>
 class MeshOptimizer {
  public:
@@ -127,13 +146,10 @@ class MeshOptimizer {
   void import_pieces(const StateReader& read, ref::ParamMap<T>& params);
 
  private:
-  struct Class {
+  struct Class : FlatClass {
     comm::Communicator* group = nullptr;     // sharding (and, without replicas, summing) group
     comm::Communicator* replicas = nullptr;  // hybrid_shard: the shard's replicas
-    int unit = 0;                            // zero 3: the wrap unit
-    std::vector<std::size_t> specs;          // indices into specs_
-    std::vector<int64_t> base;               // flat offset of each
-    int64_t numel = 0, shard = 0;
+    int64_t shard = 0;
     int64_t own_begin = 0, own_end = 0;  // the optimizer's range (within [0, numel))
     int64_t out_begin = 0, out_end = 0;  // counted range (norm, export)
     std::vector<T> m, v, master;         // [shard]; master: bf16 only

@@ -78,8 +78,7 @@ TEST_P(FsdpParity, F64MatchesReferenceEveryStep) {
   o.fsdp = c.fsdp;
   const DpRun got = dp_run(s, c.world, o);
   const Parity p = compare(reference_of(s), got);
-  std::printf("parity fsdp %s: loss %.2e params %.2e (padding %zu)\n", c.name.c_str(), p.loss,
-              p.params, got.padding);
+  std::printf("parity fsdp %s: loss %.2e params %.2e\n", c.name.c_str(), p.loss, p.params);
   EXPECT_LE(p.max(), kF64Tolerance) << "worst: " << p.worst;
   for (std::size_t r = 1; r < got.ranks.size(); ++r)
     for (const auto& e : got.ranks[0].params.back())
@@ -113,8 +112,7 @@ TEST(FsdpMemory, PrefetchDepthRaisesTheTrackedGatherPeak) {
       EXPECT_LE(compare(reference_of(s), got).max(), kF64Tolerance);
       const std::size_t held =
           got.category_peaks[comm::MemCategory::params] - got.resident_params * sizeof(double);
-      const LedgerRow row = ledger(
-          {.model = s.model, .recipe = recipe_of(ref::Precision::kF64), .options = o, .dp = 4});
+      const LedgerRow row = mesh_ledger(s.model, s.train, dp_mesh(4, o), 0);
       std::printf("fsdp dp4 prefetch %d reshard %d: gathered peak %zu B (ledger %zu B)\n", depth,
                   reshard, held, row.gather_peak);
       EXPECT_EQ(held, row.gather_peak) << "prefetch " << depth << " reshard " << reshard;

@@ -89,11 +89,7 @@ TEST(Ledger, EqualsTrackedAllocatorOnSmallModels) {
         DataParallelOptions o{.strategy = lc.strategy};
         o.fsdp = lc.fsdp;
         const DpRun got = dp_run(s, dp, o);
-        const LedgerRow row = ledger({.model = s.model,
-                                      .recipe = recipe_of(prec),
-                                      .options = o,
-                                      .dp = dp,
-                                      .micro_batch = s.train.micro_batch});
+        const LedgerRow row = mesh_ledger(s.model, s.train, dp_mesh(dp, o), 0);
         const std::string what = s.name + " " + ref::to_string(prec) + " " +
                                  std::string(name_of(lc.strategy)) + " " +
                                  std::string(name_of(lc.fsdp.sharding));
@@ -123,12 +119,8 @@ TEST(Ledger, ActivationRecomputationPeaks) {
     s.train.steps = 1;
     runs.push_back(dp_run(s, 2, {.strategy = Strategy::zero3}));
     const DpRun& got = runs.back();
-    const LedgerRow row = ledger({.model = s.model,
-                                  .recipe = recipe_of(s.train.precision),
-                                  .options = {.strategy = Strategy::zero3},
-                                  .dp = 2,
-                                  .micro_batch = s.train.micro_batch,
-                                  .recompute = mode});
+    const LedgerRow row =
+        mesh_ledger(s.model, s.train, dp_mesh(2, {.strategy = Strategy::zero3}), 0);
     const std::size_t act = got.category_peaks[comm::MemCategory::activations];
     EXPECT_EQ(act, row.activation_peak) << ref::to_string(mode);
     // The peak's phase is named: step, microbatch, pass and unit.

@@ -1,6 +1,7 @@
 // Shared by the parallel tests: the tiny dense/MoE setups, the reference Trainer run on the
-// sampler's global batches, the same steps through DataParallelEngine on SimWorld(D), and the
-// parity measure (per step: loss and every gathered parameter). Test code only.
+// sampler's global batches, the same steps through the engine (parallel/mp/mesh_engine.hpp) on a
+// data-parallel mesh of D ranks on SimWorld(D), and the parity measure (per step: loss and every
+// gathered parameter). Test code only.
 #pragma once
 
 #include <algorithm>
@@ -11,6 +12,8 @@
 #include <vector>
 
 #include "parallel/data_parallel.hpp"
+#include "parallel/mp/mesh_engine.hpp"
+#include "parallel/mp/mesh_ledger.hpp"
 #include "parallel/parity.hpp"
 #include "reference/data.hpp"
 #include "reference/trainer.hpp"
@@ -91,10 +94,26 @@ inline Trace reference_run(const Scenario& s) {
   return out;
 }
 
+// The engine's options for a data-parallel mesh of `world` ranks under a data-parallel strategy.
+inline MeshOptions dp_mesh(int world, const DataParallelOptions& o) {
+  MeshOptions m;
+  m.shape.dp = world;
+  m.zero = o.strategy == Strategy::zero1   ? 1
+           : o.strategy == Strategy::zero2 ? 2
+           : o.strategy == Strategy::zero3 ? 3
+                                           : 0;
+  if (o.strategy == Strategy::fsdp) m.fsdp = o.fsdp;
+  m.bucket_elems = o.bucket_elems;
+  m.overlap = o.overlap;
+  m.health = o.health;
+  m.grad_hook = o.grad_hook;
+  m.planted = o.planted;
+  return m;
+}
+
 // One Trace per rank (each rank's own view: its records and its full_params()).
 struct DpRun {
   std::vector<Trace> ranks;
-  std::size_t padding = 0;
   // Rank 0's memory books: the model state when the last optimizer step began, the peak (its
   // breakdown and phase), and each category's own peak.
   comm::MemoryBreakdown model_state{}, at_peak{}, category_peaks{};
@@ -108,7 +127,7 @@ inline DpRun dp_run(const Scenario& s, int world, DataParallelOptions options) {
   out.ranks.resize(static_cast<std::size_t>(world));
   std::mutex mu;
   sim::SimWorld(world).run([&](comm::Communicator& c) {
-    DataParallelEngine engine(c, s.model, s.train, s.seed, options);
+    MeshEngine engine(c, s.model, s.train, s.seed, dp_mesh(c.size(), options));
     ref::DistributedSampler sampler(static_cast<int64_t>(ds.samples.size()), s.train.global_batch,
                                     s.seed, true);
     Trace& mine = out.ranks[static_cast<std::size_t>(c.rank())];
@@ -120,7 +139,6 @@ inline DpRun dp_run(const Scenario& s, int world, DataParallelOptions options) {
     }
     if (c.rank() == 0) {
       std::lock_guard<std::mutex> lock(mu);
-      out.padding = engine.padding();
       out.model_state = engine.last_model_state();
       out.at_peak = c.memory().at_peak();
       out.category_peaks = c.memory().category_peaks();

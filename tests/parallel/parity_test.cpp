@@ -38,8 +38,8 @@ TEST_P(DataParallelParity, F64MatchesReferenceEveryStep) {
   const Trace& want = reference_of(s);
   const DpRun got = dp_run(s, world, {.strategy = strategy, .bucket_elems = kBucketElems});
   const Parity p = compare(want, got);
-  std::printf("parity %s %s dp%d: loss %.2e params %.2e (padding %zu)\n", name.c_str(),
-              std::string(name_of(strategy)).c_str(), world, p.loss, p.params, got.padding);
+  std::printf("parity %s %s dp%d: loss %.2e params %.2e\n", name.c_str(),
+              std::string(name_of(strategy)).c_str(), world, p.loss, p.params);
   EXPECT_LE(p.max(), kF64Tolerance) << "worst: " << p.worst;
   // Every rank ends each step with bitwise the same parameters (deterministic collectives).
   for (std::size_t r = 1; r < got.ranks.size(); ++r)

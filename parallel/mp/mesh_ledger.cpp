@@ -1,0 +1,182 @@
+// mesh_ledger (mesh_ledger.hpp): the engine's buffers rule by rule, its residency and activation
+// holdings replayed over the rank's pipeline schedule.
+#include "parallel/mp/mesh_ledger.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <memory>
+#include <numeric>
+
+#include "comm/memory.hpp"
+#include "parallel/layerwise.hpp"
+#include "parallel/mp/mesh_residency.hpp"
+#include "parallel/mp/mesh_zero.hpp"
+
+namespace shardcheck::parallel {
+namespace {
+
+// The replay's Ops: nothing moves, only each unit's unsharded size is known.
+struct CountedGathers {
+  struct Pending {};
+  const std::map<int, int64_t>* sizes = nullptr;
+  Pending issue(int /*unit*/) { return {}; }
+  void complete(Pending& /*p*/) {}
+  void release(int /*unit*/) {}
+  int64_t elems(int unit) const {
+    const auto it = sizes->find(unit);
+    return it == sizes->end() ? 0 : it->second;
+  }
+};
+
+struct Shape {
+  double s, h, cp_rows, rows, hl, kvl, d, fl, vocab_local;
+  int cp, tp;
+};
+
+Shape shape_of(const ref::ModelConfig& m, const MeshOptions& o) {
+  const int tp = o.shape.tp, cp = o.shape.cp;
+  const bool sp = o.sequence_parallel && tp > 1;
+  Shape x{};
+  x.s = m.seq_len;
+  x.h = m.hidden;
+  x.cp_rows = x.s / cp;
+  x.rows = sp ? x.cp_rows / tp : x.cp_rows;
+  x.hl = static_cast<double>(m.heads) / tp;
+  x.kvl = std::max(1, m.kv_heads / tp);
+  x.d = m.head_dim();
+  x.fl = static_cast<double>(m.ffn) / tp;
+  x.vocab_local = static_cast<double>(m.vocab) / tp;
+  x.cp = cp;
+  x.tp = tp;
+  return x;
+}
+
+double head_elems(const Shape& x) {
+  // x, rstd (own rows); y_full, logits (vocab split over TP), row max and sum (CP rank's rows).
+  return x.rows * x.h + x.rows + x.cp_rows * x.h + x.cp_rows * x.vocab_local + 2 * x.cp_rows;
+}
+
+}  // namespace
+
+double mesh_block_activation_elems(const ref::ModelConfig& m, const MeshOptions& o, int layer,
+                                   ref::Recompute recompute) {
+  const Shape x = shape_of(m, o);
+  if (recompute == ref::Recompute::kFull) return x.rows * x.h;  // the block's input only
+  // x_in, a, x_mid, b and the two rstd on the rank's own rows; a gathered to the CP rank's rows;
+  // q, k, v, o on them (TP-split heads).
+  double e = 4 * x.rows * x.h + 2 * x.rows + x.cp_rows * x.h +
+             x.cp_rows * (2 * x.hl * x.d + 2 * x.kvl * x.d);
+  if (o.cp_algo == CpAlgo::ring && x.cp > 1) {
+    // The ring's q, k, v, o and the log-sum-exp per (local head, row): no probabilities.
+    e += x.cp_rows * (2 * x.hl * x.d + 2 * x.kvl * x.d) + x.hl * x.cp_rows;
+  } else {
+    // Ulysses (or one CP rank): q, k, v of the whole sequence for heads / cp, and the
+    // probabilities [heads / tp / cp, s, s] unless the attention core is recomputed.
+    e += x.s * (x.hl / x.cp) * x.d + 2 * x.s * (x.kvl / x.cp) * x.d;
+    if (recompute != ref::Recompute::kSelective) e += (x.hl / x.cp) * x.s * x.s;
+  }
+  if (m.is_moe_layer(layer)) {
+    const double experts = m.moe->experts, k = m.moe->top_k, f = m.ffn;
+    const double cap = std::ceil(m.moe->capacity_factor * x.s * k / experts - 1e-9);
+    const double local = experts / o.shape.ep;
+    const double n = x.rows;
+    e += n * (x.h + experts + k) + std::min(n * k, experts * cap) * x.h +
+         o.shape.ep * std::min(n * k, local * cap) * (x.h + 2 * f);
+  } else {
+    e += x.cp_rows * x.h + 2 * x.cp_rows * x.fl;  // b gathered; the MLP's up and activation
+  }
+  return e;
+}
+
+LedgerRow mesh_ledger(const ref::ModelConfig& model, const ref::TrainConfig& train,
+                      const MeshOptions& options, int world_rank) {
+  validate_mesh(model, train, options);
+  MeshOptions o = options;
+  if (o.fsdp && o.fsdp->sharding != ShardingStrategy::no_shard) o.zero = 3;
+  const comm::DeviceMesh mesh(o.shape, o.order);
+  const Recipe r = recipe_of(train.precision);
+  const FsdpOptions f = o.fsdp.value_or(FsdpOptions{.prefetch = 0});
+  const std::map<int, int> wrap = mesh_detail::wrap_map(model, f);
+
+  // Model state: the optimizer's flat buffers and their shards.
+  const std::vector<LocalParam> specs = local_params(model, mesh, world_rank, o.virtual_stages);
+  const auto wrap_unit = [&](const LocalParam& p) { return wrap.at(unit_of(model, p.name)); };
+  const int cp = o.shape.cp, edp = mesh.size(comm::Axis::edp);
+  const bool hybrid = o.fsdp && f.sharding == ShardingStrategy::hybrid_shard;
+  const int dense = (hybrid ? f.shard_group_size : o.shape.dp) * cp;
+  const int expert = (hybrid ? std::gcd(f.shard_group_size, edp) : edp) * cp;
+  LedgerRow row;
+  int64_t numel = 0, shards = 0;
+  std::map<int, int64_t> unit_sizes;
+  for (const FlatClass& c : flat_classes(specs, o.zero, wrap_unit)) {
+    const int d = c.expert ? expert : dense;
+    const int64_t sh = shard_elems(c.numel, d, o.zero);
+    numel += c.numel;
+    shards += sh;
+    if (d > 1) unit_sizes[c.unit] += sh * d;
+    if (o.zero > 0) row.padding_elems += static_cast<std::size_t>(sh * d - c.numel);
+  }
+  row.params = static_cast<std::size_t>(o.zero == 3 ? shards : numel) * r.param;
+  row.grads = static_cast<std::size_t>(o.zero >= 2 ? shards : numel) * r.grad;
+  row.optimizer = static_cast<std::size_t>(shards) * r.optimizer();
+
+  // The pipeline schedule replayed: units gathered and freed, activations kept from each
+  // (microbatch, chunk) forward to its backward.
+  const int pp = o.shape.pp, stage = mesh.coord(world_rank, comm::Axis::pp);
+  const StagePlan plan = stage_plan(model, pp, o.virtual_stages, stage);
+  const int microbatches = static_cast<int>(train.global_batch / o.shape.dp / train.micro_batch);
+  comm::MemoryTracker mem;
+  std::unique_ptr<mesh_detail::Residency<CountedGathers>> res;
+  if (o.zero == 3) {
+    const bool keep = f.sharding == ShardingStrategy::shard_grad_op || !f.reshard_after_forward;
+    res = std::make_unique<mesh_detail::Residency<CountedGathers>>(
+        CountedGathers{&unit_sizes}, mem, r.param,
+        mesh_detail::Residency<CountedGathers>::Options{.prefetch = f.prefetch,
+                                                        .keep_after_forward = keep});
+  }
+  const Shape x = shape_of(model, o);
+  const double mbs = train.micro_batch;
+  double act = 0, peak = 0;
+  for (const PipeAction& a :
+       pipeline_schedule(o.schedule, pp, stage, microbatches, o.virtual_stages)) {
+    const bool forward = a.kind == PipeAction::Kind::forward;
+    const int vs = a.chunk * pp + stage;
+    const bool last = vs == pp * o.virtual_stages - 1;
+    const auto layers = plan.chunk_layers[static_cast<std::size_t>(a.chunk)];
+    if (res) {
+      const auto uses = mesh_detail::chunk_uses(model, wrap, layers, vs == 0, last, forward);
+      res->begin(a.microbatch, a.chunk, forward, uses);
+      for (std::size_t i = 0; i < uses.size(); ++i) res->next();
+      res->end();
+    }
+    double held = last ? head_elems(x) : 0.0, widest = 0.0;
+    for (int l = layers.first; l < layers.second; ++l) {
+      held += mesh_block_activation_elems(model, o, l, train.recompute);
+      widest = std::max(widest, mesh_block_activation_elems(model, o, l, ref::Recompute::kNone));
+    }
+    held *= mbs;
+    if (forward) {
+      act += held;
+      peak = std::max(peak, act);
+    } else {
+      // Full recompute: one block's whole cache at a time during the backward.
+      if (train.recompute == ref::Recompute::kFull) peak = std::max(peak, act + widest);
+      act -= held;
+    }
+  }
+  row.gather_peak = mem.category_peaks()[comm::MemCategory::params];
+  row.activation_peak = static_cast<std::size_t>(peak) * r.activation;
+  return row;
+}
+
+std::vector<LedgerRow> mesh_ledger_ranks(const ref::ModelConfig& model,
+                                         const ref::TrainConfig& train,
+                                         const MeshOptions& options) {
+  std::vector<LedgerRow> out;
+  for (int rank = 0; rank < options.shape.world_size(); ++rank)
+    out.push_back(mesh_ledger(model, train, options, rank));
+  return out;
+}
+
+}  // namespace shardcheck::parallel

@@ -1,0 +1,94 @@
+// The mesh ledger (parallel/mp/mesh_ledger.hpp) against the tracker of the engine it describes:
+// on every rank of model-parallel meshes (TP with and without SP, PP schedules, CP ring and
+// Ulysses, ZeRO and FSDP on the DP axis) and for each recompute mode, the model state, the
+// gathered-unit peak and the activation peak are the ledger's to the byte (dense model).
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "parallel/mp/mesh_ledger.hpp"
+#include "tests/mp/mesh_support.hpp"
+
+namespace shardcheck::parallel {
+namespace {
+
+using namespace mesh_test;  // NOLINT
+
+struct Case {
+  const char* name;
+  MeshOptions options;
+};
+
+std::vector<Case> cases() {
+  MeshOptions sp = mesh({.dp = 2, .tp = 2});
+  sp.sequence_parallel = true;
+  MeshOptions inter = zero(mesh({.dp = 2, .pp = 2}), 1);
+  inter.schedule = PipeSchedule::interleaved;
+  inter.virtual_stages = 2;
+  MeshOptions gpipe = mesh({.tp = 2, .pp = 2});
+  gpipe.schedule = PipeSchedule::gpipe;
+  MeshOptions ulysses = mesh({.dp = 2, .cp = 2});
+  ulysses.cp_algo = CpAlgo::ulysses;
+  MeshOptions hybrid = mesh({.dp = 4, .tp = 2});
+  hybrid.fsdp = FsdpOptions{.sharding = ShardingStrategy::hybrid_shard,
+                            .reshard_after_forward = false,
+                            .prefetch = 0,
+                            .shard_group_size = 2};
+  MeshOptions groups = mesh({.dp = 2, .tp = 2, .pp = 2});
+  groups.fsdp = FsdpOptions{.wrap = WrapPolicy::layer_group, .blocks_per_unit = 2, .prefetch = 2};
+  return {{"tp2", mesh({.tp = 2})},
+          {"dp2-tp2 sp", sp},
+          {"dp2-pp2 interleaved zero1", inter},
+          {"tp2-pp2 gpipe", gpipe},
+          {"dp2-cp2 ring zero2", zero(mesh({.dp = 2, .cp = 2}), 2)},
+          {"dp2-cp2 ulysses", ulysses},
+          {"dp4-tp2 hybrid keep", hybrid},
+          {"dp2-tp2-pp2 fsdp groups pf2", groups}};
+}
+
+TEST(MeshLedger, EqualsTheTrackerOnEveryRank) {
+  for (const ref::Recompute mode :
+       {ref::Recompute::kNone, ref::Recompute::kSelective, ref::Recompute::kFull}) {
+    for (const Case& c : cases()) {
+      Scenario s = mesh_dense();
+      s.train.recompute = mode;
+      const std::vector<RankMemory> got = mesh_memory(s, c.options);
+      const std::vector<LedgerRow> want = mesh_ledger_ranks(s.model, s.train, c.options);
+      ASSERT_EQ(got.size(), want.size());
+      const std::string what = std::string(c.name) + " " + ref::to_string(mode);
+      for (std::size_t r = 0; r < got.size(); ++r) {
+        using comm::MemCategory;
+        const RankMemory& m = got[r];
+        const LedgerRow& l = want[r];
+        EXPECT_EQ(of(m.model_state, MemCategory::params), l.params) << what << " rank " << r;
+        EXPECT_EQ(of(m.model_state, MemCategory::grads), l.grads) << what << " rank " << r;
+        EXPECT_EQ(of(m.model_state, MemCategory::optimizer), l.optimizer) << what << " rank " << r;
+        EXPECT_EQ(of(m.peaks, MemCategory::params) - l.params, l.gather_peak)
+            << what << " rank " << r;
+        EXPECT_EQ(of(m.peaks, MemCategory::activations), l.activation_peak)
+            << what << " rank " << r;
+      }
+      std::printf("%-30s %-9s rank 0: state %zu B, gather peak %zu B, activations %zu B\n", c.name,
+                  ref::to_string(mode).c_str(), want[0].model_state(), want[0].gather_peak,
+                  want[0].activation_peak);
+    }
+  }
+}
+
+// MoE layers: the ledger bounds the data-dependent expert buffers from above.
+TEST(MeshLedger, BoundsMoeActivations) {
+  const Scenario s = mesh_moe();
+  for (const MeshOptions& o : {mesh({.dp = 4, .ep = 2}), mesh({.dp = 2, .tp = 2, .ep = 2})}) {
+    const std::vector<RankMemory> got = mesh_memory(s, o);
+    const std::vector<LedgerRow> want = mesh_ledger_ranks(s.model, s.train, o);
+    for (std::size_t r = 0; r < got.size(); ++r) {
+      EXPECT_EQ(of(got[r].model_state, comm::MemCategory::optimizer), want[r].optimizer);
+      EXPECT_LE(of(got[r].peaks, comm::MemCategory::activations), want[r].activation_peak);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace shardcheck::parallel
