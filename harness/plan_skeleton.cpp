@@ -65,9 +65,7 @@ Skeleton::Skeleton(SkeletonSpec spec) : spec_(std::move(spec)) {
   const Strategy st = spec_.options.strategy;
   if (st == Strategy::zero3)
     f = {.sharding = parallel::ShardingStrategy::full_shard,
-         .wrap = spec_.options.zero3_gather == parallel::Zero3Gather::per_layer
-                     ? parallel::WrapPolicy::block
-                     : parallel::WrapPolicy::whole_model,
+         .wrap = parallel::WrapPolicy::block,
          .reshard_after_forward = true,
          .prefetch = 0};
   std::vector<int> all(static_cast<std::size_t>(units));

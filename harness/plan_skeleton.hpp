@@ -14,6 +14,7 @@
 #include "harness/plan_clock.hpp"
 #include "harness/scenario.hpp"
 #include "parallel/data_parallel.hpp"
+#include "parallel/flat.hpp"
 #include "parallel/fsdp.hpp"
 #include "parallel/ledger.hpp"
 #include "reference/config.hpp"

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "parallel/flat.hpp"
 #include "parallel/layerwise.hpp"
 #include "reference/model.hpp"
 
@@ -109,8 +110,7 @@ LedgerRow ledger(const LedgerInput& in) {
   FsdpOptions f = in.options.fsdp;
   if (st == Strategy::zero3)
     f = {.sharding = ShardingStrategy::full_shard,
-         .wrap = in.options.zero3_gather == Zero3Gather::per_layer ? WrapPolicy::block
-                                                                   : WrapPolicy::whole_model,
+         .wrap = WrapPolicy::block,
          .reshard_after_forward = true,
          .prefetch = 0};
   const bool no_shard = f.sharding == ShardingStrategy::no_shard;

@@ -48,7 +48,7 @@ struct LedgerRow {
 struct LedgerInput {
   ref::ModelConfig model;
   Recipe recipe;
-  DataParallelOptions options;  // strategy, zero3_gather, fsdp
+  DataParallelOptions options;  // strategy, fsdp
   int dp = 1;
   int micro_batch = 1;  // sequences per microbatch (activation estimate)
   ref::Recompute recompute = ref::Recompute::kNone;

@@ -68,7 +68,8 @@ DpRun dp_on_device(const Scenario& s, int world, parallel::DataParallelOptions o
   sim::SimWorld(world).run([&](comm::Communicator& c) {
     DeviceCompute dc(0);
     ref::ComputeScope scope(&dc);
-    parallel::DataParallelEngine engine(c, s.model, s.train, s.seed, options);
+    parallel::MeshEngine engine(c, s.model, s.train, s.seed,
+                                parallel::test::dp_mesh(c.size(), options));
     ref::DistributedSampler sampler(static_cast<int64_t>(ds.samples.size()), s.train.global_batch,
                                     s.seed, true);
     parallel::test::Trace& mine = out.ranks[static_cast<std::size_t>(c.rank())];

@@ -91,11 +91,10 @@ INSTANTIATE_TEST_SUITE_P(Configs, FsdpParity, ::testing::ValuesIn(cases()),
 // Uneven shards are exercised: some wrap unit is padded (dense at DP 4 and 8, MoE at DP 3).
 TEST(FsdpSetup, UnevenUnitsArePadded) {
   for (const auto& [s, d] : {std::pair{dense_setup(), 4}, {dense_setup(), 8}, {moe_setup(), 3}}) {
-    const LedgerInput in{.model = s.model,
-                         .recipe = recipe_of(ref::Precision::kF64),
-                         .options = {.strategy = Strategy::fsdp},
-                         .dp = d};
-    EXPECT_GT(ledger(in).padding_elems, 0u) << s.name << " dp" << d;
+    EXPECT_GT(
+        mesh_ledger(s.model, s.train, dp_mesh(d, {.strategy = Strategy::fsdp}), 0).padding_elems,
+        0u)
+        << s.name << " dp" << d;
   }
 }
 
@@ -128,9 +127,9 @@ TEST(FsdpOptionsCheck, RefusesBadHybridAndPrefetch) {
   sim::SimWorld(4).run([&](comm::Communicator& c) {
     DataParallelOptions o{.strategy = Strategy::fsdp};
     o.fsdp = {.sharding = ShardingStrategy::hybrid_shard, .shard_group_size = 3};
-    EXPECT_THROW(DataParallelEngine(c, s.model, s.train, 1, o), std::invalid_argument);
+    EXPECT_THROW(MeshEngine(c, s.model, s.train, 1, dp_mesh(4, o)), MeshConfigError);
     o.fsdp = {.prefetch = 3};
-    EXPECT_THROW(DataParallelEngine(c, s.model, s.train, 1, o), std::invalid_argument);
+    EXPECT_THROW(MeshEngine(c, s.model, s.train, 1, dp_mesh(4, o)), MeshConfigError);
   });
 }
 

@@ -7,6 +7,7 @@
 #include <map>
 #include <tuple>
 
+#include "parallel/flat.hpp"
 #include "reference/model.hpp"
 #include "tests/parallel/parity_support.hpp"
 
@@ -135,32 +136,31 @@ TEST(DataParallelVariants, BucketSizesAndCheckpointingKeepParity) {
   }
 }
 
-// ZeRO-3 gathering the whole model once per step (the matrix runs the default, per layer).
+// ZeRO-3 over one wrap unit, the whole model (the matrix runs the default, per block).
 TEST(DataParallelVariants, Zero3WholeModelGather) {
   for (const Scenario& s : {dense_setup(), moe_setup()})
     for (int world : {3, 4}) {
-      const Parity p =
-          compare(reference_of(s),
-                  dp_run(s, world,
-                         {.strategy = Strategy::zero3, .zero3_gather = Zero3Gather::whole_model}));
+      DataParallelOptions o{.strategy = Strategy::fsdp};
+      o.fsdp = {.wrap = WrapPolicy::whole_model, .prefetch = 0};
+      const Parity p = compare(reference_of(s), dp_run(s, world, o));
       std::printf("parity %s zero3 whole_model dp%d: loss %.2e params %.2e\n", s.name.c_str(),
                   world, p.loss, p.params);
       EXPECT_LE(p.max(), kF64Tolerance) << s.name << " dp" << world << ": " << p.worst;
     }
 }
 
-TEST(DataParallelEngine, RefusesIndivisibleBatches) {
+TEST(DataParallelMesh, RefusesIndivisibleBatches) {
   Scenario s = dense_setup();
   sim::SimWorld(2).run([&](comm::Communicator& c) {
     ref::TrainConfig t = s.train;
     t.global_batch = 6;
     t.micro_batch = 3;
-    EXPECT_NO_THROW(DataParallelEngine(c, s.model, t, 1));
+    EXPECT_NO_THROW(MeshEngine(c, s.model, t, 1, dp_mesh(2, {})));
     t.micro_batch = 2;  // 3 sequences per rank
-    EXPECT_THROW(DataParallelEngine(c, s.model, t, 1), std::invalid_argument);
+    EXPECT_THROW(MeshEngine(c, s.model, t, 1, dp_mesh(2, {})), MeshConfigError);
   });
-  sim::SimWorld(5).run([&](comm::Communicator& c) {
-    EXPECT_THROW(DataParallelEngine(c, s.model, s.train, 1), std::invalid_argument);  // 24 % 5
+  sim::SimWorld(5).run([&](comm::Communicator& c) {  // 48 % 5
+    EXPECT_THROW(MeshEngine(c, s.model, s.train, 1, dp_mesh(5, {})), MeshConfigError);
   });
 }
 

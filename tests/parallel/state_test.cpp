@@ -31,7 +31,7 @@ TEST(GradHealth, SkipStepOnEveryRankNamingTheRank) {
       DataParallelOptions o{.strategy = st, .bucket_elems = 500};
       o.health = {.check = true, .policy = NonFinitePolicy::skip_step};
       o.grad_hook = nan_on_rank1_step2(c.rank());
-      DataParallelEngine e(c, s.model, s.train, s.seed, o);
+      MeshEngine e(c, s.model, s.train, s.seed, dp_mesh(c.size(), o));
       ref::DistributedSampler sampler(static_cast<int64_t>(ds.samples.size()), s.train.global_batch,
                                       s.seed, true);
       ref::ParamMap<double> before;
@@ -63,7 +63,7 @@ TEST(GradHealth, StopThrowsTheSameTypedErrorOnEveryRank) {
     DataParallelOptions o{.strategy = Strategy::zero3};
     o.health = {.check = true, .policy = NonFinitePolicy::stop};
     o.grad_hook = nan_on_rank1_step2(c.rank());
-    DataParallelEngine e(c, s.model, s.train, s.seed, o);
+    MeshEngine e(c, s.model, s.train, s.seed, dp_mesh(c.size(), o));
     ref::DistributedSampler sampler(static_cast<int64_t>(ds.samples.size()), s.train.global_batch,
                                     s.seed, true);
     e.step(rank_batch(ds, sampler.next_global_batch(), c.rank(), c.size()));
@@ -130,7 +130,7 @@ Trace run_steps(const Scenario& s, int world, DataParallelOptions o, int from, i
   Trace trace;
   std::mutex mu;
   sim::SimWorld(world).run([&](comm::Communicator& c) {
-    DataParallelEngine e(c, s.model, s.train, s.seed, o);
+    MeshEngine e(c, s.model, s.train, s.seed, dp_mesh(c.size(), o));
     if (in != nullptr) e.import_state(in->reader());
     ref::DistributedSampler sampler(static_cast<int64_t>(ds.samples.size()), s.train.global_batch,
                                     s.seed, true);
