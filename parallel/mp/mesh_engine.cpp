@@ -182,6 +182,7 @@ class MeshImpl final : public MeshEngine::Impl {
     mem_.set_phase(prefix_ + " reduce");
     sync_gradients();
     if (opt_.zero >= 2) {
+      grads_held.reset();  // the full accumulator goes, the reduced shards stay
       grads_held =
           comm::TrackedBytes(mem_, comm::MemCategory::grads,
                              static_cast<std::size_t>(zopt_->reduced_grad_elems()) * recipe_.grad);

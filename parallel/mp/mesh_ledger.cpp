@@ -120,6 +120,10 @@ LedgerRow mesh_ledger(const ref::ModelConfig& model, const ref::TrainConfig& tra
   row.params = static_cast<std::size_t>(o.zero == 3 ? shards : numel) * r.param;
   row.grads = static_cast<std::size_t>(o.zero >= 2 ? shards : numel) * r.grad;
   row.optimizer = static_cast<std::size_t>(shards) * r.optimizer();
+  const bool microbatch_grads = train.precision == ref::Precision::kBf16 ||
+                                (o.fsdp && f.sharding == ShardingStrategy::no_shard);
+  row.grad_peak =
+      static_cast<std::size_t>(numel) * (r.grad + (microbatch_grads ? r.microbatch_grad : 0));
 
   // The pipeline schedule replayed: units gathered and freed, activations kept from each
   // (microbatch, chunk) forward to its backward.

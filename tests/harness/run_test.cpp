@@ -170,7 +170,8 @@ namespace shardcheck::harness {
 namespace {
 
 // `ledger --json` on the 70B-class scenario: model state per rank follows the closed forms of the
-// bf16 recipe (2 + 4 + 4 + 8 = 18 bytes per parameter), DDP does not fit an H200, ZeRO-3 does.
+// bf16 recipe (2 + 4 + 4 + 8 = 18 bytes per parameter), DDP does not fit an H200, a TP x PP mesh
+// does, and each recompute mode keeps less than the one before.
 TEST(LedgerCommand, SeventyBillionFollowsTheClosedForms) {
   const auto [code, out] = shardcheck("ledger --json " + kScenarios + "/plan/llama-70b-class.json");
   ASSERT_EQ(code, 0) << out;
@@ -189,7 +190,18 @@ TEST(LedgerCommand, SeventyBillionFollowsTheClosedForms) {
   EXPECT_NEAR(state("zero2/dp1024-zero2") / (2 * psi + 16 * psi / n), 1.0, 1e-6);
   EXPECT_NEAR(state("zero3/dp1024-zero3") / (18 * psi / n), 1.0, 1e-3);
   EXPECT_FALSE(by.at("ddp/dp1024").at("fits").get<bool>());
-  EXPECT_TRUE(by.at("zero3/dp1024-zero3").at("fits").get<bool>());
+  // The scenario recomputes every block (activation_checkpointing true = full): a TP x PP mesh
+  // fits an H200; ZeRO-3 on data parallelism alone does not, as the engine accumulates every
+  // gradient in full before the step's reduce_scatter.
+  const auto& mesh = by.at("mesh/dp32-tp8-pp4-zero1-sp-1f1b");
+  EXPECT_TRUE(mesh.at("fits").get<bool>());
+  EXPECT_FALSE(by.at("zero3/dp1024-zero3").at("fits").get<bool>());
+  const auto act = [&](const char* mode) {
+    return mesh.at("per_recompute").at(mode).at("activation_peak").get<double>();
+  };
+  EXPECT_LT(act("full"), act("selective"));
+  EXPECT_LT(act("selective"), act("none"));
+  EXPECT_EQ(mesh.at("per_rank").at("activation_peak").get<double>(), act("full"));
 }
 
 TEST(LedgerCommand, BadScenarioIsExitTwo) {

@@ -65,6 +65,7 @@ TEST(MeshLedger, EqualsTheTrackerOnEveryRank) {
         EXPECT_EQ(of(m.model_state, MemCategory::params), l.params) << what << " rank " << r;
         EXPECT_EQ(of(m.model_state, MemCategory::grads), l.grads) << what << " rank " << r;
         EXPECT_EQ(of(m.model_state, MemCategory::optimizer), l.optimizer) << what << " rank " << r;
+        EXPECT_EQ(of(m.peaks, MemCategory::grads), l.grad_peak) << what << " rank " << r;
         EXPECT_EQ(of(m.peaks, MemCategory::params) - l.params, l.gather_peak)
             << what << " rank " << r;
         EXPECT_EQ(of(m.peaks, MemCategory::activations), l.activation_peak)

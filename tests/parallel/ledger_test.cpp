@@ -97,6 +97,7 @@ TEST(Ledger, EqualsTrackedAllocatorOnSmallModels) {
         EXPECT_EQ(got.model_state[MemCategory::params], row.params) << what;
         EXPECT_EQ(got.model_state[MemCategory::grads], row.grads) << what;
         EXPECT_EQ(got.model_state[MemCategory::optimizer], row.optimizer) << what;
+        EXPECT_EQ(got.category_peaks[MemCategory::grads], row.grad_peak) << what;
         const std::size_t resident = row.params;
         EXPECT_EQ(got.category_peaks[MemCategory::params] - resident, row.gather_peak) << what;
         const std::size_t act = got.category_peaks[MemCategory::activations];
