@@ -55,7 +55,7 @@ class Checkpoint {
   // Shards read whole are re-hashed against the manifest (a file changed after open is caught).
   void read(std::string_view tensor, const Slice& region, std::span<std::byte> out) const;
   std::vector<std::byte> read(std::string_view tensor, const Slice& region) const;
-  // The reader callback the data-parallel engine imports through: (tensor, begin, count) -> bytes.
+  // The reader callback the engine imports through: (tensor, begin, count) -> bytes.
   std::vector<std::byte> read_flat(std::string_view tensor, std::uint64_t begin,
                                    std::uint64_t count) const {
     return read(tensor, FlatRange{begin, count});

@@ -1,4 +1,4 @@
-// The bridge between the data-parallel engine's neutral state pieces (parallel/state.hpp) and the
+// The bridge between the engine's neutral state pieces (parallel/state.hpp) and the
 // checkpoint protocol (checkpoint/): what a save records besides tensors (step, consumed samples
 // and tokens, sampler cursor, per-rank RNG keys, LR schedule, configs), and a restore that
 // validates first, then imports into an engine of any DP size or strategy and restores the cursor.

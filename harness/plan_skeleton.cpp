@@ -1,4 +1,6 @@
-// The step skeleton of plan_skeleton.hpp. It follows parallel/engine.cpp call for call (the order
+// The step skeleton of plan_skeleton.hpp. It follows the data-parallel engine that was
+// parallel/engine.cpp (gone: every configuration trains on the mesh engine now; issue 17 moves
+// the planner onto it) call for call (the order
 // of acquires, prefetches, frees, reductions and waits), because the planner's claim is "this is
 // the time of what the engine issues"; where it differs on purpose it says so here:
 //   - compute per microbatch counts attention per sequence (n * block_forward_flops(s)); the

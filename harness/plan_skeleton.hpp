@@ -1,5 +1,6 @@
-// The step skeleton of a data-parallel configuration: the communication pattern
-// parallel::DataParallelEngine issues (parallel/engine.cpp) with its compute() costs
+// The step skeleton of a data-parallel configuration: the communication pattern the former
+// data-parallel engine issued (per-microbatch reduce_scatters; the mesh engine that replaced it
+// reduces once per step, issue 17) with its compute() costs
 // (parallel/flops.hpp), sized for the real model, issued with null buffers and real counts. It runs
 // on any comm::Communicator that moves no data: sim::SimWorld in meta mode (every rank a thread)
 // or the planner's SymmetricClock (one representative rank). Timing only: no numerics, no memory

@@ -2,7 +2,7 @@
 // (reduced before any backward, so gradients are of the global loss, never a mean of rank means),
 // the step context they give, the step record (loss, counts, norm, clip factor, LR), and the
 // non-finite-gradient health check (grad hook, verdict agreed by every rank, skip/stop policy).
-// The engines (engine.cpp, mp/mesh_engine.cpp) differ in what they reduce over; not in these rules.
+// The engine (mp/mesh_engine.cpp) applies them on every mesh.
 #pragma once
 
 #include <array>

@@ -48,6 +48,7 @@ using mesh_detail::ChunkCache;
 using mesh_detail::concat_rows;
 using mesh_detail::HybridGroups;
 using mesh_detail::MeshResidency;
+using mesh_detail::scalar_piece;
 using mesh_detail::split_over;
 using mesh_detail::split_rows;
 using ref::Tensor;
@@ -250,12 +251,6 @@ class MeshImpl final : public MeshEngine::Impl {
   }
 
  private:
-  static StatePiece scalar_piece(const std::string& name, int64_t v) {
-    StatePiece p{name, {}, comm::DType::i64, 0, 1, std::vector<std::byte>(sizeof(int64_t))};
-    std::memcpy(p.bytes.data(), &v, sizeof v);
-    return p;
-  }
-
   const ref::ParamMap<T>& weights() const { return params_; }
   ref::ParamMap<T>& grad_target() {
     return train_.precision == ref::Precision::kBf16 || no_shard_ ? mb_grads_ : grads_;
@@ -272,6 +267,7 @@ class MeshImpl final : public MeshEngine::Impl {
                                               plan_.chunk_layers[static_cast<std::size_t>(chunk)],
                                               vs == 0, vs == last_virtual_stage(), forward));
   }
+  // ZeRO-3: before each use of the callback's units, and after the callback.
   void use() {
     if (residency_) residency_->next();
   }

@@ -121,12 +121,11 @@ class MeshEngine {
   // Every parameter at full shape in f64 (master weights). Collective over the world.
   ref::ParamMap<double> full_params();
 
-  // Checkpoint state as neutral pieces (parallel/state.hpp, the names DataParallelEngine uses):
+  // Checkpoint state as neutral pieces (parallel/state.hpp):
   // over the world every element of every logical tensor is written exactly once (a slice held
   // by several ranks is written by its DP/CP/EP/TP rank 0 copy). Not collective.
   std::vector<StatePiece> export_state() const;
-  // Reads the slices this rank holds from any exporter (another mesh or a DataParallelEngine of
-  // the same precision recipe). Not collective; call on every rank before the next step.
+  // Reads the slices this rank holds from any exporter (any mesh of the same precision recipe). Not collective; call on every rank before the next step.
   void import_state(const StateReader& read);
 
   struct Impl;

@@ -1,9 +1,11 @@
 // Internal to the mesh engine (mesh_engine.cpp): the group splits over mesh axes (hybrid shard
-// included), a gradient sum over a group, the row movers between a microbatch and its sequences,
-// and what a pipeline chunk keeps from forward to backward.
+// included), a gradient sum over a group, the bf16 microbatch rounding, checkpoint scalars, the
+// row movers between a microbatch and its sequences, and what a pipeline chunk keeps from forward
+// to backward.
 #pragma once
 
 #include <algorithm>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <type_traits>
@@ -14,6 +16,7 @@
 #include "comm/mesh.hpp"
 #include "parallel/mp/mesh_params.hpp"
 #include "parallel/mp/tp_block.hpp"
+#include "parallel/state.hpp"
 #include "reference/bf16.hpp"
 #include "reference/tensor.hpp"
 
@@ -92,6 +95,13 @@ void round_microbatch_gradient(const std::vector<LocalParam>& specs, comm::Commu
     if (tp != nullptr) carry_once(*tp, [](const LocalParam& p) { return p.tp_replicated; });
     ref::round_to_bf16(grads);
   }
+}
+
+// A checkpoint scalar ("train/step", "optimizer/step").
+inline StatePiece scalar_piece(const std::string& name, int64_t v) {
+  StatePiece p{name, {}, comm::DType::i64, 0, 1, std::vector<std::byte>(sizeof(int64_t))};
+  std::memcpy(p.bytes.data(), &v, sizeof v);
+  return p;
 }
 
 template <class T>

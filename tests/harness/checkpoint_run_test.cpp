@@ -65,7 +65,7 @@ TEST_F(CheckpointRun, ZeroThreeOnFourResumesAsDdpOnTwoWithParity) {
 }
 
 // Expert parallelism carved out of DP: saved on dp4 with ep2 (expert DP 2), resumed on dp4 with
-// ep4 (every data rank an expert rank) and on the data-parallel engine (dp2, no EP), with parity.
+// ep4 (every data rank an expert rank) and on a data-parallel mesh (dp2, no EP), with parity.
 TEST_F(CheckpointRun, MoeReshardsBetweenExpertParallelSizes) {
   const auto save = scenario("save", {{"dp", 4}, {"ep", 2}}, 2, "mp_ep.json");
   auto [code, out] =

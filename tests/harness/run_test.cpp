@@ -73,7 +73,7 @@ TEST(RunCommand, PlantedBugsFailTheGate) {
 }
 
 TEST(RunCommand, DesignExamplePassesOnBothEngines) {
-  // dp4 on the data-parallel engine, dp2 x tp2 with ZeRO-3 (MoE) on the mesh engine.
+  // dp4 (data parallel alone) and dp2 x tp2 with ZeRO-3 (MoE), both on the one engine.
   const TempDir tmp("shardcheck_run_example");
   const auto [code, out] = shardcheck("run " + kScenarios + "/examples/dp2-tp2-moe.json --report " +
                                       tmp.path().string());
