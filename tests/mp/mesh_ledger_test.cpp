@@ -16,11 +16,6 @@ namespace {
 
 using namespace mesh_test;  // NOLINT
 
-struct Case {
-  const char* name;
-  MeshOptions options;
-};
-
 std::vector<Case> cases() {
   MeshOptions sp = mesh({.dp = 2, .tp = 2});
   sp.sequence_parallel = true;
