@@ -39,7 +39,7 @@ int MeshShape::size(Axis a) const {
     case Axis::ep:
       return ep;
     case Axis::edp:
-      return ep > 0 ? dp / ep : 0;
+      return ep > 0 ? dp * cp / ep : 0;
   }
   return 1;
 }
@@ -55,15 +55,11 @@ DeviceMesh::DeviceMesh(MeshShape shape, std::string_view order) : shape_(shape) 
     if (shape_.size(a) < 1)
       throw MeshError("mesh axis " + std::string(name_of(a)) + " has size " +
                       std::to_string(shape_.size(a)) + "; expected an integer >= 1");
-  if (shape_.dp % shape_.ep != 0)
-    throw MeshError("ep (" + std::to_string(shape_.ep) + ") must divide dp (" +
-                    std::to_string(shape_.dp) +
-                    "): the expert-parallel ranks are carved out of the data-parallel ranks "
-                    "(world = dp x tp x pp x cp); expert ranks carved from context-parallel ranks "
-                    "are not built yet");
-  // The order names the five physical factors: "dp" places edp (dp = ep x edp), "ep" places ep.
-  const std::array<Axis, 5> factors = {Axis::edp, Axis::tp, Axis::pp, Axis::cp, Axis::ep};
-  const auto token = [](Axis a) { return a == Axis::edp ? std::string_view("dp") : name_of(a); };
+  if ((shape_.dp * shape_.cp) % shape_.ep != 0)
+    throw MeshError("ep (" + std::to_string(shape_.ep) + ") must divide dp x cp (" +
+                    std::to_string(shape_.dp) + " x " + std::to_string(shape_.cp) +
+                    "): the expert-parallel ranks are carved out of the data- and "
+                    "context-parallel ranks (world = dp x tp x pp x cp)");
   std::array<bool, 6> seen{};
   std::size_t n = 0;
   std::size_t pos = 0;
@@ -71,8 +67,9 @@ DeviceMesh::DeviceMesh(MeshShape shape, std::string_view order) : shape_(shape) 
     const std::size_t dash = order.find('-', pos);
     const std::string_view tok =
         order.substr(pos, dash == std::string_view::npos ? std::string_view::npos : dash - pos);
-    auto it = std::find_if(factors.begin(), factors.end(), [&](Axis a) { return token(a) == tok; });
-    if (it == factors.end())
+    auto it =
+        std::find_if(kAllAxes.begin(), kAllAxes.end(), [&](Axis a) { return name_of(a) == tok; });
+    if (it == kAllAxes.end())
       throw MeshError("order \"" + std::string(order) + "\": unknown axis \"" + std::string(tok) +
                       "\"; expected axes dp, tp, pp, cp, ep joined by '-'");
     if (seen[idx(*it)])
@@ -83,68 +80,76 @@ DeviceMesh::DeviceMesh(MeshShape shape, std::string_view order) : shape_(shape) 
     if (dash == std::string_view::npos) break;
     pos = dash + 1;
   }
-  for (Axis a : factors) {
+  for (Axis a : kAllAxes) {
     if (seen[idx(a)]) continue;
     if (shape_.size(a) != 1)
       throw MeshError("order \"" + std::string(order) + "\" leaves out axis " +
-                      std::string(token(a)) + " of size " +
-                      std::to_string(a == Axis::edp ? shape_.dp : shape_.size(a)));
+                      std::string(name_of(a)) + " of size " + std::to_string(shape_.size(a)));
     order_[n++] = a;
   }
-  int stride = 1;
+  // The dense view skips ep; the expert view skips cp and reads the dp slot as edp.
+  std::array<int, 6> expert{};
+  int dense_stride = 1, expert_stride = 1;
   for (Axis a : order_) {
-    stride_[idx(a)] = stride;
-    stride *= shape_.size(a);
+    if (a != Axis::ep) {
+      stride_[idx(a)] = dense_stride;
+      dense_stride *= shape_.size(a);
+    }
+    if (a != Axis::cp) {
+      const Axis e = a == Axis::dp ? Axis::edp : a;
+      expert[idx(e)] = expert_stride;
+      expert_stride *= shape_.size(e);
+    }
   }
+  if (expert[idx(Axis::tp)] != stride_[idx(Axis::tp)] ||
+      expert[idx(Axis::pp)] != stride_[idx(Axis::pp)])
+    throw MeshError("order \"" + std::string(order) +
+                    "\": with cp and ep both > 1, tp and pp may not lie between cp, ep and dp "
+                    "(the dense view tp x cp x dp x pp and the expert view tp x ep x edp x pp "
+                    "must give the same tp and pp groups)");
+  stride_[idx(Axis::ep)] = expert[idx(Axis::ep)];
+  stride_[idx(Axis::edp)] = expert[idx(Axis::edp)];
 }
 
 std::string DeviceMesh::order_string() const {
   std::string s;
   for (Axis a : order_) {
     if (!s.empty()) s += '-';
-    s += a == Axis::edp ? std::string_view("dp") : name_of(a);
+    s += name_of(a);
   }
   return s;
 }
 
-std::vector<Axis> DeviceMesh::physical(std::span<const Axis> axes) const {
-  std::vector<Axis> out;
-  const auto add = [&](Axis a) {
-    if (std::find(out.begin(), out.end(), a) == out.end()) out.push_back(a);
-  };
-  for (Axis a : axes) {
-    if (a == Axis::dp) {
-      add(Axis::ep);
-      add(Axis::edp);
-    } else {
-      add(a);
-    }
+std::array<Axis, 4> DeviceMesh::view(std::span<const Axis> axes) const {
+  const auto has = [&](Axis a) { return std::find(axes.begin(), axes.end(), a) != axes.end(); };
+  const bool expert = has(Axis::ep) || has(Axis::edp);
+  if (expert && (has(Axis::dp) || has(Axis::cp)))
+    throw MeshError("a group may not mix the dense axes dp, cp with the expert axes ep, edp");
+  std::array<Axis, 4> out{};
+  std::size_t n = 0;
+  for (Axis a : order_) {
+    if (a == (expert ? Axis::cp : Axis::ep)) continue;
+    out[n++] = expert && a == Axis::dp ? Axis::edp : a;
   }
   return out;
-}
-
-int DeviceMesh::digit(int rank, Axis a) const {
-  return (rank / stride_[idx(a)]) % shape_.size(a);
 }
 
 int DeviceMesh::coord(int rank, Axis a) const {
   SC_CHECK(rank >= 0 && rank < world_size(),
            "rank " << rank << " outside mesh of " << world_size());
-  if (a != Axis::dp) return digit(rank, a);
-  // The position in the ascending dense group: the faster of the two factors is the low digit.
-  const bool ep_fast = stride_[idx(Axis::ep)] < stride_[idx(Axis::edp)];
-  const Axis fast = ep_fast ? Axis::ep : Axis::edp, slow = ep_fast ? Axis::edp : Axis::ep;
-  return digit(rank, fast) + shape_.size(fast) * digit(rank, slow);
+  return (rank / stride_[idx(a)]) % shape_.size(a);
 }
 
 std::vector<int> DeviceMesh::group(int rank, std::span<const Axis> axes) const {
   SC_CHECK(rank >= 0 && rank < world_size(),
            "rank " << rank << " outside mesh of " << world_size());
-  const std::vector<Axis> phys = physical(axes);
+  std::vector<Axis> vary;
+  for (Axis a : view(axes))
+    if (std::find(axes.begin(), axes.end(), a) != axes.end()) vary.push_back(a);
   int base = rank;
-  for (Axis a : phys) base -= digit(rank, a) * stride_[idx(a)];
+  for (Axis a : vary) base -= coord(rank, a) * stride_[idx(a)];
   std::vector<int> members{base};
-  for (Axis a : phys) {
+  for (Axis a : vary) {
     std::vector<int> next;
     for (int m : members)
       for (int c = 0; c < shape_.size(a); ++c) next.push_back(m + c * stride_[idx(a)]);
@@ -155,12 +160,11 @@ std::vector<int> DeviceMesh::group(int rank, std::span<const Axis> axes) const {
 }
 
 int DeviceMesh::group_index(int rank, std::span<const Axis> axes) const {
-  const std::vector<Axis> phys = physical(axes);
   int index = 0;
   int radix = 1;
-  for (Axis a : order_) {
-    if (std::find(phys.begin(), phys.end(), a) != phys.end()) continue;
-    index += digit(rank, a) * radix;
+  for (Axis a : view(axes)) {
+    if (std::find(axes.begin(), axes.end(), a) != axes.end()) continue;
+    index += coord(rank, a) * radix;
     radix *= shape_.size(a);
   }
   return index;
@@ -169,12 +173,11 @@ int DeviceMesh::group_index(int rank, std::span<const Axis> axes) const {
 std::string DeviceMesh::table() const {
   std::ostringstream os;
   os << "mesh dp=" << shape_.dp << " tp=" << shape_.tp << " pp=" << shape_.pp << " cp=" << shape_.cp
-     << " ep=" << shape_.ep << " (expert dp = dp x cp / ep = " << shape_.size(Axis::edp) * shape_.cp
+     << " ep=" << shape_.ep << " (expert dp = dp x cp / ep = " << shape_.size(Axis::edp)
      << ") order=" << order_string() << " world=" << world_size() << "\n";
-  // Columns: the five axes' groups, then the expert-data-parallel group (edp x cp).
-  const std::array<Axis, 2> expert_dp = {Axis::edp, Axis::cp};
+  // Columns: the five axes' groups, then the expert-data-parallel group (edp).
   const auto members = [&](int r, std::size_t col) {
-    return col < kAllAxes.size() ? group(r, kAllAxes[col]) : group(r, expert_dp);
+    return group(r, col < kAllAxes.size() ? kAllAxes[col] : Axis::edp);
   };
   const std::size_t cols = kAllAxes.size() + 1;
   std::vector<std::size_t> width(cols, 8);  // "dp-group"

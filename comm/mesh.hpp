@@ -1,10 +1,12 @@
 // DeviceMesh: the parallel axes (dp, tp, pp, cp, ep) laid over world ranks by an order string,
 // Megatron-style: "tp-cp-ep-dp-pp" lists axes from fastest-varying (adjacent ranks) to slowest.
-// Expert parallelism is carved out of data parallelism, as in Megatron-Core, torchtitan and
-// DeepSpeed: world = dp * tp * pp * cp, and ep divides dp. The dp ranks of a dense layer's group
-// are laid as ep x edp (edp = dp / ep, the expert-data-parallel factor): "ep" in the order string
-// places the ep factor, "dp" the edp factor, so {"dp": 8, "ep": 4} is 8 ranks. Builds each rank's
-// process groups; no backend code.
+// Expert parallelism is carved out of the data- and context-parallel ranks, as in Megatron-Core
+// ("MoE parallel folding": two rank generators over one world) and torchtitan: world =
+// dp * tp * pp * cp, ep divides dp * cp, and {"dp": 8, "ep": 4} is 8 ranks. The same ranks are
+// read two ways: the dense layers' view tp x cp x dp x pp (the order string without ep) and the
+// experts' view tp x ep x edp x pp (the order string without cp, "dp" standing for edp =
+// dp * cp / ep, the expert-data-parallel size). Both views must give the same tp and pp groups.
+// Builds each rank's process groups; no backend code.
 #pragma once
 
 #include <array>
@@ -18,15 +20,16 @@
 
 namespace shardcheck::comm {
 
-// The mesh's five axes, and edp: the expert-data-parallel factor of dp (dp / ep), whose group with
-// cp is the expert parameters' gradient-sum group (Megatron's expert data parallel, dp * cp / ep).
+// The mesh's five axes, and edp: the experts' data-parallel axis (dp * cp / ep ranks), whose group
+// is the expert parameters' gradient-sum group (Megatron's expert data parallel). dp and cp belong
+// to the dense view, ep and edp to the expert view, tp and pp to both.
 enum class Axis : std::uint8_t { dp, tp, pp, cp, ep, edp };
 inline constexpr std::array<Axis, 5> kAllAxes = {Axis::dp, Axis::tp, Axis::pp, Axis::cp, Axis::ep};
 std::string_view name_of(Axis a);
 
 struct MeshShape {
-  int dp = 1, tp = 1, pp = 1, cp = 1, ep = 1;  // ep divides dp (DeviceMesh checks)
-  int size(Axis a) const;                      // edp: dp / ep
+  int dp = 1, tp = 1, pp = 1, cp = 1, ep = 1;  // ep divides dp * cp (DeviceMesh checks)
+  int size(Axis a) const;                      // edp: dp * cp / ep
   int world_size() const { return dp * tp * pp * cp; }
 };
 
@@ -47,10 +50,10 @@ class DeviceMesh {
   int size(Axis a) const { return shape_.size(a); }
   std::string order_string() const;  // the full order, all five axes
 
-  // The rank's index along a (dp: its position in its dense data-parallel group, which spans the
-  // ep and edp factors).
+  // The rank's index along a (in the dense view for dp and cp, the expert view for ep and edp).
   int coord(int rank, Axis a) const;
-  // World ranks of the group of `rank` that varies along `axes` (others fixed), ascending.
+  // World ranks of the group of `rank` that varies along `axes` (the other axes of the same view
+  // fixed), ascending. axes may not mix dp or cp with ep or edp (throws MeshError).
   std::vector<int> group(int rank, std::span<const Axis> axes) const;
   std::vector<int> group(int rank, Axis a) const {
     return group(rank, std::span<const Axis>(&a, 1));
@@ -59,16 +62,16 @@ class DeviceMesh {
   int group_index(int rank, std::span<const Axis> axes) const;
 
   // The rank -> group table: one line per rank with its coordinates, each axis group and the
-  // expert-data-parallel group (edp x cp).
+  // expert-data-parallel group (edp).
   std::string table() const;
 
  private:
-  // The physical factors the ranks are laid over: tp, pp, cp, ep and edp (dp = ep x edp).
-  std::vector<Axis> physical(std::span<const Axis> axes) const;
-  int digit(int rank, Axis physical_axis) const;
+  // The four axes of the view `axes` belong to (dense: tp, cp, dp, pp; expert: tp, ep, edp, pp),
+  // fastest first.
+  std::array<Axis, 4> view(std::span<const Axis> axes) const;
   MeshShape shape_;
-  std::array<Axis, 5> order_{};  // physical factors, fastest first
-  std::array<int, 6> stride_{};  // indexed by Axis (dp unused)
+  std::array<Axis, 5> order_{};  // the order string's axes (dp, tp, pp, cp, ep), fastest first
+  std::array<int, 6> stride_{};  // indexed by Axis: dp, cp in the dense view, ep, edp the expert
 };
 
 // One communicator per axis for the calling rank, built by splitting `world` (a collective: every

@@ -32,8 +32,7 @@ nlohmann::json groups_json(const ParallelSpec& p) {
     nlohmann::json g{{"rank", r}};
     for (comm::Axis a : comm::kAllAxes) g[std::string(comm::name_of(a))] = mesh.group(r, a);
     // The expert parameters' gradient-sum group: dp x cp / ep ranks (Megatron's expert DP).
-    const std::array<comm::Axis, 2> edp = {comm::Axis::edp, comm::Axis::cp};
-    g["edp"] = mesh.group(r, edp);
+    g["edp"] = mesh.group(r, comm::Axis::edp);
     groups.push_back(g);
   }
   return groups;

@@ -147,12 +147,12 @@ ParallelSpec parse_parallel(ObjectReader o, const ParallelSpec& base) {
   p.cp_algo = o.choice("cp_algo", base.cp_algo, {"ring", "ulysses"});
   const int world = o.integer("world_size", p.mesh.world_size(), 1, 1 << 20);
   o.finish();
-  if (p.mesh.dp % p.mesh.ep != 0)
-    throw ScenarioError(o.at("ep"), num(p.mesh.ep) + " does not divide dp (" + num(p.mesh.dp) +
+  if ((p.mesh.dp * p.mesh.cp) % p.mesh.ep != 0)
+    throw ScenarioError(o.at("ep"), num(p.mesh.ep) + " does not divide dp*cp (" + num(p.mesh.dp) +
+                                        "*" + num(p.mesh.cp) +
                                         "): the expert-parallel ranks are carved out of the "
-                                        "data-parallel ranks (world = dp*tp*pp*cp), so {\"dp\": 8, "
-                                        "\"ep\": 4} is 8 ranks; expert ranks carved from "
-                                        "context-parallel ranks are not built yet");
+                                        "data- and context-parallel ranks (world = dp*tp*pp*cp), "
+                                        "so {\"dp\": 8, \"ep\": 4} is 8 ranks");
   if (world != p.mesh.world_size())
     throw ScenarioError(o.at("world_size"),
                         num(world) + " is not dp*tp*pp*cp = " + num(p.mesh.world_size()));

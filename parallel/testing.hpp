@@ -23,7 +23,8 @@ enum class Mutation {
   kSkipTiedEmbeddingSync,  // PP: first/last stage do not sum the tied embedding's gradient
   kRouteDroppedTokens,     // EP: assignments over capacity are computed instead of dropped
   kAuxPerRankMean,         // EP: aux loss normalised by this rank's sequences, not the global batch
-  kVocabTargetNotReduced,  // vocab-parallel CE: the target logit is not summed over TP ranks
+  kExpertSumOverDenseGroup,  // EP: expert gradients summed over dp x cp, not expert DP (edp)
+  kVocabTargetNotReduced,    // vocab-parallel CE: the target logit is not summed over TP ranks
 };
 
 }  // namespace shardcheck::parallel::testing

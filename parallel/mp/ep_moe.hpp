@@ -1,7 +1,8 @@
 // Expert parallelism for the MoE layer (reference/moe.hpp semantics, exactly): the experts of a
 // layer are split over the EP group (EP rank e holds experts [e*E/ep, (e+1)*E/ep)), the router is
-// replicated. The EP group's ranks hold DIFFERENT sequences; inside a sequence, several ranks may
-// hold some of its rows (CP ranks and, with sequence parallel, TP ranks: see TokenLayout).
+// replicated. The EP group is carved out of the DP x CP ranks, so its members hold different
+// sequences or different CP shards of one; inside a sequence, several ranks may hold some of its
+// rows (CP ranks and, with sequence parallel, TP ranks: see TokenLayout).
 //
 // Forward, per rank: router softmax on its own rows; the sequence's probabilities are gathered
 // (gather_sequence over cp/tp) so every rank holding part of the sequence computes the routing of

@@ -68,10 +68,13 @@ class MeshImpl final : public MeshEngine::Impl {
         recipe_(recipe_of(train.precision)),
         layout_(model.seq_len, opt_.shape.cp, opt_.shape.tp, opt_.sequence_parallel) {
     g_ = comm::build_groups(mesh, world);
-    // dp spans the ep factor (expert ranks are carved out of the data-parallel ranks).
-    data_ = split_over(world, mesh, {comm::Axis::dp}, "data");
-    dense_ = split_over(world, mesh, {comm::Axis::dp, comm::Axis::cp}, "dp-cp");
-    expert_ = split_over(world, mesh, {comm::Axis::edp, comm::Axis::cp}, "expert-dp");
+    // The expert ranks are carved out of the dp x cp ranks: experts sum over edp (dp x cp / ep).
+    using comm::Axis;
+    const std::vector<Axis> dense = {Axis::dp, Axis::cp};
+    const bool wrong = opt_.planted == testing::Mutation::kExpertSumOverDenseGroup;
+    data_ = split_over(world, mesh, {Axis::dp}, "data");
+    dense_ = split_over(world, mesh, dense, "dp-cp");
+    expert_ = split_over(world, mesh, wrong ? dense : std::vector<Axis>{Axis::edp}, "expert-dp");
     if (opt_.shape.tp > model_.kv_heads) {  // TP ranks sharing one replicated kv head
       const int replicas = opt_.shape.tp / model_.kv_heads;
       kv_ = g_.tp->split(g_.tp->rank() / replicas, g_.tp->rank(), {.name = "tp-kv"});
@@ -95,11 +98,10 @@ class MeshImpl final : public MeshEngine::Impl {
     no_shard_ = opt_.fsdp && f.sharding == ShardingStrategy::no_shard;
     wrap_of_ = mesh_detail::wrap_map(model_, f);
     if (opt_.fsdp && f.sharding == ShardingStrategy::hybrid_shard) {
-      const int edp = mesh.size(comm::Axis::edp);
-      dense_h_ =
-          mesh_detail::hybrid_split(world, mesh, comm::Axis::dp, f.shard_group_size, "dp-cp");
-      expert_h_ = mesh_detail::hybrid_split(world, mesh, comm::Axis::edp,
-                                            std::gcd(f.shard_group_size, edp), "expert-dp");
+      const int s = f.shard_group_size * opt_.shape.cp;
+      dense_h_ = mesh_detail::hybrid_split(world, mesh, {Axis::cp, Axis::dp}, s, "dp-cp");
+      expert_h_ = mesh_detail::hybrid_split(world, mesh, {Axis::edp},
+                                            std::gcd(s, mesh.size(Axis::edp)), "expert-dp");
     }
     typename MeshOptimizer<T>::Env env{
         .dense = dense_h_.shard ? dense_h_.shard.get() : dense_.get(),

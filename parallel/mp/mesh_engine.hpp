@@ -10,7 +10,7 @@
 //      stages; every sublayer's TP/CP/EP collectives inside);
 //   3. gradient sums: the tied embedding between the first and last stage; under SP the
 //      TP-replicated parameters (norms, router, experts) over TP; non-expert parameters over
-//      dp x cp, experts over edp x cp (the expert-DP group, dp x cp / ep ranks);
+//      dp x cp, experts over edp (the expert-DP group, dp x cp / ep ranks);
 //   4. the global L2 norm (every element counted once in the world), numerators over the world,
 //      the health check (an i32 per world rank; a skipped step applies no update);
 //   5. clip and AdamW on the local slices (the reference's arithmetic), bf16 recipe as the trainer;

@@ -105,7 +105,7 @@ LedgerRow mesh_ledger(const ref::ModelConfig& model, const ref::TrainConfig& tra
   const int cp = o.shape.cp, edp = mesh.size(comm::Axis::edp);
   const bool hybrid = o.fsdp && f.sharding == ShardingStrategy::hybrid_shard;
   const int dense = (hybrid ? f.shard_group_size : o.shape.dp) * cp;
-  const int expert = (hybrid ? std::gcd(f.shard_group_size, edp) : edp) * cp;
+  const int expert = hybrid ? std::gcd(dense, edp) : edp;  // edp = dp x cp / ep
   LedgerRow row;
   int64_t numel = 0, shards = 0;
   std::map<int, int64_t> unit_sizes;

@@ -41,7 +41,7 @@ struct LocalParam {
   ref::Shape local_shape;
   TpSplit split = TpSplit::replicated;
   int64_t offset = 0;          // first global row (rows) or column (columns) of the slice
-  bool expert = false;         // gradient summed over the expert-DP group (edp x cp), not dp x cp
+  bool expert = false;         // gradient summed over the expert-DP group (edp), not dp x cp
   bool tp_replicated = false;  // same value on every TP rank (norms, router, experts)
   bool tied_copy = false;      // the last stage's copy of the tied embedding (pp > 1)
   // wk / wv when tp > kv_heads: the TP ranks holding the same kv head (tp / kv_heads of them,

@@ -31,23 +31,26 @@ inline std::unique_ptr<comm::Communicator> split_over(comm::Communicator& world,
   return world.split(mesh.group_index(world.rank(), axes), world.rank(), {.name = name});
 }
 
-// hybrid_shard over a parameter class's group (the `outer` data-parallel axis with cp): the shard
-// group (positions k*s .. k*s+s-1 on `outer`, with every CP rank) and the replica group (the same
-// position modulo s and CP rank), as torchtitan's dp_shard x dp_replicate.
+// hybrid_shard over a parameter class's gradient-sum group (the ranks along `axes`, the first
+// fastest): each rank's position in it is cut into shard groups of `s` consecutive positions and
+// replica groups (the same position modulo s), as torchtitan's dp_shard x dp_replicate. Dense:
+// axes {cp, dp} and s = shard_group_size * cp (each shard group holds every CP rank); experts:
+// axes {edp}.
 struct HybridGroups {
   std::unique_ptr<comm::Communicator> shard, replicas;
 };
 inline HybridGroups hybrid_split(comm::Communicator& world, const comm::DeviceMesh& mesh,
-                                 comm::Axis outer, int s, const char* name) {
+                                 const std::vector<comm::Axis>& axes, int s, const char* name) {
   const int r = world.rank();
-  const std::vector<comm::Axis> axes = {outer, comm::Axis::cp};
   const int base = mesh.group_index(r, axes);
-  const int pos = mesh.coord(r, outer), n = mesh.size(outer);
-  const int cp = mesh.coord(r, comm::Axis::cp), cps = mesh.size(comm::Axis::cp);
+  int pos = 0, n = 1;
+  for (comm::Axis a : axes) {
+    pos += mesh.coord(r, a) * n;
+    n *= mesh.size(a);
+  }
   HybridGroups g;
   g.shard = world.split(base * (n / s) + pos / s, r, {.name = std::string(name) + "-shard"});
-  g.replicas =
-      world.split(base * s * cps + cp * s + pos % s, r, {.name = std::string(name) + "-replicas"});
+  g.replicas = world.split(base * s + pos % s, r, {.name = std::string(name) + "-replicas"});
   return g;
 }
 

@@ -32,10 +32,10 @@ void validate_mesh(const ref::ModelConfig& m, const ref::TrainConfig& t, const M
                                    " (vocab-parallel embedding and LM head)");
   if (s.ep > 1) {
     require(m.moe.has_value(), "ep " + n(s.ep) + " needs an MoE model (model.moe)");
-    require(s.dp % s.ep == 0, "ep " + n(s.ep) + " must divide dp " + n(s.dp) +
-                                  ": the expert-parallel ranks are carved out of the "
-                                  "data-parallel ranks (world = dp x tp x pp x cp); expert "
-                                  "ranks carved from context-parallel ranks are not built yet");
+    require((s.dp * s.cp) % s.ep == 0,
+            "ep " + n(s.ep) + " must divide dp x cp (" + n(s.dp) + " x " + n(s.cp) +
+                "): the expert-parallel ranks are carved out of the data- and context-parallel "
+                "ranks (world = dp x tp x pp x cp)");
     require(m.moe->experts % s.ep == 0,
             "model.moe.experts " + n(m.moe->experts) + " is not divisible by ep " + n(s.ep));
   }

@@ -3,7 +3,7 @@
 // (Megatron's distributed optimizer / DeepSpeed ZeRO semantics).
 //
 // A rank's local parameter slices fall in two classes, each with its own gradient-sum group whose
-// members hold identical slices: non-expert (dp x cp, "dense") and expert (edp x cp = dp x cp / ep,
+// members hold identical slices: non-expert (dp x cp, "dense") and expert (edp = dp x cp / ep,
 // "expert DP"). Each class is one flat buffer (the local slices in canonical order, N elements);
 // with ZeRO (zero >= 1) the group of D ranks splits it into shards of S = ceil(N / D) (padded P = D
 // * S, the padding zeros at the end) and group rank r owns [r*S, (r+1)*S):
@@ -69,7 +69,7 @@ class MeshOptimizer {
  public:
   struct Env {
     comm::Communicator* dense = nullptr;   // non-expert gradient-sum group (dp x cp)
-    comm::Communicator* expert = nullptr;  // expert gradient-sum group (edp x cp)
+    comm::Communicator* expert = nullptr;  // expert gradient-sum group (edp)
     comm::Communicator* world = nullptr;   // compute reports
     // hybrid_shard: dense / expert are the shard groups, these the groups across which each
     // shard is replicated; null: no replication (dense / expert are the gradient-sum groups).

@@ -65,7 +65,8 @@ TEST_F(CheckpointRun, ZeroThreeOnFourResumesAsDdpOnTwoWithParity) {
 }
 
 // Expert parallelism carved out of DP: saved on dp4 with ep2 (expert DP 2), resumed on dp4 with
-// ep4 (every data rank an expert rank) and on a data-parallel mesh (dp2, no EP), with parity.
+// ep4 (every data rank an expert rank), on dp2 x cp2 with ep4 (EP folded over CP) and on a
+// data-parallel mesh (dp2, no EP), with parity.
 TEST_F(CheckpointRun, MoeReshardsBetweenExpertParallelSizes) {
   const auto save = scenario("save", {{"dp", 4}, {"ep", 2}}, 2, "mp_ep.json");
   auto [code, out] =
@@ -74,7 +75,8 @@ TEST_F(CheckpointRun, MoeReshardsBetweenExpertParallelSizes) {
   ASSERT_TRUE(fs::exists(dir_ / "ck" / "step-2" / "SUCCESS")) << out;
   fs::remove_all(dir_ / "ck" / "step-4");  // resume from step 2: steps 3 and 4 on the new mesh
   for (const nlohmann::json& target :
-       {nlohmann::json{{"dp", 4}, {"ep", 4}}, nlohmann::json{{"dp", 2}, {"ep", 1}}}) {
+       {nlohmann::json{{"dp", 4}, {"ep", 4}}, nlohmann::json{{"dp", 2}, {"cp", 2}, {"ep", 4}},
+        nlohmann::json{{"dp", 2}, {"ep", 1}}}) {
     const auto resume = scenario("resume", target, 2, "mp_ep.json");
     std::tie(code, out) = shardcheck("run " + resume.string() + " --resume " +
                                      (dir_ / "ck").string() + " --report " + (dir_ / "r").string());
@@ -83,7 +85,7 @@ TEST_F(CheckpointRun, MoeReshardsBetweenExpertParallelSizes) {
     EXPECT_NE(row.at("resumed_from").get<std::string>().find("step-2"), std::string::npos)
         << target.dump();
     EXPECT_EQ(row.at("steps").size(), 2u) << target.dump();
-    EXPECT_EQ(row.at("world_size"), target.at("dp"));
+    EXPECT_EQ(row.at("world_size"), target.at("dp").get<int>() * target.value("cp", 1));
     EXPECT_LE(row.at("max_rel_err").get<double>(), 1e-10) << target.dump();
   }
 }

@@ -101,7 +101,7 @@ TEST(Scenario, BadInputNamesThePathAndTheExpectation) {
       {R"({"model": {"moe": {"experts": 4}}, "parallel": {"dp": 3, "ep": 3}})", "$.parallel.ep",
        "does not divide model.moe.experts (4)"},
       {R"({"model": {"moe": {"experts": 4}}, "parallel": {"ep": 2}})", "$.parallel.ep",
-       "does not divide dp (1): the expert-parallel ranks are carved out of the data-parallel"},
+       "does not divide dp*cp (1*1): the expert-parallel ranks are carved out of the data- and"},
       {R"({"parallel": {"pp": 4}})", "$.parallel.pp", "fewer than the pipeline stages"},
       {R"({"parallel": {"cp": 3}})", "$.parallel.cp", "divisible by 2*cp"},
       {R"({"model": {"vocab": 31}, "parallel": {"tp": 2}})", "$.parallel.tp",

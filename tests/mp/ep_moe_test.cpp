@@ -1,7 +1,8 @@
-// Expert-parallel MoE against ref::moe_forward / ref::moe_backward on each full sequence: every EP
-// rank holds a different sequence (split further over CP and, with SP, TP ranks); y, dx, aux and
-// dropped per sequence, drouter summed over the sequence's ranks, and each expert's gradients
-// summed over every sequence the EP group processed.
+// Expert-parallel MoE against ref::moe_forward / ref::moe_backward on each full sequence: every DP
+// rank holds a different sequence (split further over CP and, with SP, TP ranks); the EP group is
+// carved out of the DP x CP ranks, so its members may hold different sequences or different CP
+// shards of one. y, dx, aux and dropped per sequence, drouter summed over the sequence's ranks,
+// and each expert's gradients summed over every sequence the EP group processed.
 #include "parallel/mp/ep_moe.hpp"
 
 #include <gtest/gtest.h>
@@ -132,14 +133,15 @@ Result<T> run_ep(const Case& cs, const Problem<T>& p,
   sim::SimWorld(world).run([&](comm::Communicator& w) {
     comm::MeshGroups groups = comm::build_groups(mesh, w);
     const EpGroups g{.ep = groups.ep.get(), .cp = groups.cp.get(), .tp = groups.tp.get()};
-    const int q = g.ep->rank();  // the sequence this rank works on
+    const int q = mesh.coord(w.rank(), comm::Axis::dp);  // the sequence this rank works on
+    const int first = g.ep->rank() * epl;                // its first expert
     RankOut& o = outs[static_cast<std::size_t>(w.rank())];
     o.rows = layout.rows(g.cp->rank(), g.tp->rank());
     std::vector<const ref::Tensor<T>*> up, down;
     std::vector<ref::Tensor<T>*> dup, ddown;
     for (int j = 0; j < epl; ++j) {
-      up.push_back(&p.w_up[static_cast<std::size_t>(q * epl + j)]);
-      down.push_back(&p.w_down[static_cast<std::size_t>(q * epl + j)]);
+      up.push_back(&p.w_up[static_cast<std::size_t>(first + j)]);
+      down.push_back(&p.w_down[static_cast<std::size_t>(first + j)]);
       o.dw_up.emplace_back(ref::Shape{kHidden, kFfn});
       o.dw_down.emplace_back(ref::Shape{kFfn, kHidden});
     }
@@ -156,20 +158,22 @@ Result<T> run_ep(const Case& cs, const Problem<T>& p,
         ep_moe_backward(g, take_rows(p.dy[qs], o.rows), cache, kAuxWeight, o.drouter, dup, ddown);
   });
   Result<T> r;
-  for (int q = 0; q < ep; ++q) {
+  const int sequences = cs.shape.dp;
+  for (int q = 0; q < sequences; ++q) {
     r.y.emplace_back(ref::Shape{kSeq, kHidden});
     r.dx.emplace_back(ref::Shape{kSeq, kHidden});
     r.drouter.emplace_back(ref::Shape{kHidden, e_n});
   }
-  r.aux.resize(static_cast<std::size_t>(ep));
-  r.dropped.resize(static_cast<std::size_t>(ep));
+  r.aux.resize(static_cast<std::size_t>(sequences));
+  r.dropped.resize(static_cast<std::size_t>(sequences));
   for (int e = 0; e < e_n; ++e) {
     r.dw_up.emplace_back(ref::Shape{kHidden, kFfn});
     r.dw_down.emplace_back(ref::Shape{kFfn, kHidden});
   }
   for (int rank = 0; rank < world; ++rank) {
     const RankOut& o = outs[static_cast<std::size_t>(rank)];
-    const auto q = static_cast<std::size_t>(mesh.coord(rank, comm::Axis::ep));
+    const auto q = static_cast<std::size_t>(mesh.coord(rank, comm::Axis::dp));
+    const int first = mesh.coord(rank, comm::Axis::ep) * epl;
     r.aux[q].push_back(o.aux);
     r.dropped[q].push_back(o.dropped);
     // Without SP the TP ranks hold replicas: count the sequence's rows once (TP rank 0).
@@ -181,7 +185,7 @@ Result<T> run_ep(const Case& cs, const Problem<T>& p,
       }
     ref::add_inplace(r.drouter[q], o.drouter);
     for (int j = 0; j < epl; ++j) {
-      const auto e = static_cast<std::size_t>(static_cast<int>(q) * epl + j);
+      const auto e = static_cast<std::size_t>(first + j);
       ref::add_inplace(r.dw_up[e], o.dw_up[static_cast<std::size_t>(j)]);
       ref::add_inplace(r.dw_down[e], o.dw_down[static_cast<std::size_t>(j)]);
     }
@@ -217,7 +221,7 @@ double worst_error(const Problem<T>& p, const Result<T>& r, std::string* where) 
 
 template <class T>
 void expect_parity(const Case& cs, double tol) {
-  const Problem<T> p = make_problem<T>(cs.shape.ep, cs.capacity_factor, 7 + cs.shape.ep);
+  const Problem<T> p = make_problem<T>(cs.shape.dp, cs.capacity_factor, 7 + cs.shape.ep);
   const Result<T> r = run_ep(cs, p);
   std::string where;
   const double err = worst_error(p, r, &where);
@@ -240,14 +244,19 @@ const std::vector<Case>& cases() {
       // Capacity never binds.
       {.shape = {.dp = 4, .ep = 4}, .capacity_factor = 2.0},
       {.shape = {.dp = 2, .tp = 2, .cp = 2, .ep = 2}, .sp = true, .capacity_factor = 2.0},
+      // EP folded over CP: one EP group of every DP and CP rank; the EP group is the CP group.
+      {.shape = {.dp = 2, .cp = 2, .ep = 4}, .capacity_factor = 0.5},
+      {.shape = {.dp = 2, .tp = 2, .cp = 2, .ep = 4}, .sp = true},
+      {.shape = {.dp = 4, .cp = 2, .ep = 2}, .capacity_factor = 0.5},
+      {.shape = {.dp = 1, .cp = 2, .ep = 2}},
   };
   return all;
 }
 
 std::string describe(const Case& c) {
-  return "ep " + std::to_string(c.shape.ep) + " cp " + std::to_string(c.shape.cp) + " tp " +
-         std::to_string(c.shape.tp) + (c.sp ? " sp" : "") + " capacity_factor " +
-         std::to_string(c.capacity_factor);
+  return "dp " + std::to_string(c.shape.dp) + " ep " + std::to_string(c.shape.ep) + " cp " +
+         std::to_string(c.shape.cp) + " tp " + std::to_string(c.shape.tp) + (c.sp ? " sp" : "") +
+         " capacity_factor " + std::to_string(c.capacity_factor);
 }
 
 TEST(EpMoe, CapacityBindsInTheDropCases) {
@@ -282,9 +291,9 @@ TEST(EpMoe, OutputsAndAuxAreBitwiseTheReferences) {
   // Per-row work (router softmax, expert MLP, combine in choice order) is the reference's code in
   // the reference's order, so y and aux match exactly; only cross-row sums (weight gradients) may
   // be summed in another order.
-  for (const Case& c : {cases()[4], cases()[9]}) {
+  for (const Case& c : {cases()[4], cases()[9], cases()[13]}) {
     SCOPED_TRACE(describe(c));
-    const Problem<double> p = make_problem<double>(c.shape.ep, c.capacity_factor, 3);
+    const Problem<double> p = make_problem<double>(c.shape.dp, c.capacity_factor, 3);
     const Result<double> r = run_ep(c, p);
     for (std::size_t q = 0; q < r.y.size(); ++q) {
       EXPECT_EQ(r.y[q].vec(), p.y[q].vec());
@@ -294,9 +303,9 @@ TEST(EpMoe, OutputsAndAuxAreBitwiseTheReferences) {
 }
 
 TEST(EpMoe, MutationRouteDroppedTokensIsCaught) {
-  for (const Case& c : {cases()[3], cases()[6], cases()[8]}) {
+  for (const Case& c : {cases()[3], cases()[6], cases()[8], cases()[13], cases()[15]}) {
     SCOPED_TRACE(describe(c));
-    const Problem<double> p = make_problem<double>(c.shape.ep, c.capacity_factor, 7 + c.shape.ep);
+    const Problem<double> p = make_problem<double>(c.shape.dp, c.capacity_factor, 7 + c.shape.ep);
     const Result<double> r = run_ep(c, p, testing::Mutation::kRouteDroppedTokens);
     double y_err = 0;
     for (std::size_t q = 0; q < r.y.size(); ++q) y_err = std::max(y_err, rel_err(r.y[q], p.y[q]));

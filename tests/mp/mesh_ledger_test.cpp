@@ -73,13 +73,19 @@ TEST(MeshLedger, EqualsTheTrackerOnEveryRank) {
   }
 }
 
-// MoE layers: the ledger bounds the data-dependent expert buffers from above.
+// MoE layers: model state exact (experts sharded over expert DP, also with EP folded over CP and
+// hybrid shard groups), and the ledger bounds the data-dependent expert buffers from above.
 TEST(MeshLedger, BoundsMoeActivations) {
   const Scenario s = mesh_moe();
-  for (const MeshOptions& o : {mesh({.dp = 4, .ep = 2}), mesh({.dp = 2, .tp = 2, .ep = 2})}) {
+  MeshOptions folded = mesh({.dp = 4, .cp = 2, .ep = 2});
+  folded.fsdp = FsdpOptions{.sharding = ShardingStrategy::hybrid_shard, .shard_group_size = 2};
+  for (const MeshOptions& o : {mesh({.dp = 4, .ep = 2}), mesh({.dp = 2, .tp = 2, .ep = 2}),
+                               zero(mesh({.dp = 2, .cp = 2, .ep = 4}), 3), folded}) {
     const std::vector<RankMemory> got = mesh_memory(s, o);
     const std::vector<LedgerRow> want = mesh_ledger_ranks(s.model, s.train, o);
     for (std::size_t r = 0; r < got.size(); ++r) {
+      EXPECT_EQ(of(got[r].model_state, comm::MemCategory::params), want[r].params) << r;
+      EXPECT_EQ(of(got[r].model_state, comm::MemCategory::grads), want[r].grads) << r;
       EXPECT_EQ(of(got[r].model_state, comm::MemCategory::optimizer), want[r].optimizer);
       EXPECT_LE(of(got[r].peaks, comm::MemCategory::activations), want[r].activation_peak);
     }

@@ -129,6 +129,15 @@ TEST(MeshEngineMutations, EveryPlantedBugIsCaught) {
        mesh({.dp = 2, .ep = 2})},
       {testing::Mutation::kAuxPerRankMean, "aux loss per-rank mean", true,
        mesh({.dp = 2, .ep = 2})},
+      // EP folded over CP (one EP group of all dp x cp ranks; the EP group equal to the CP group).
+      {testing::Mutation::kRouteDroppedTokens, "dropped tokens routed (ep over cp)", true,
+       mesh({.dp = 2, .cp = 2, .ep = 4})},
+      {testing::Mutation::kAuxPerRankMean, "aux loss per-rank mean (ep over cp)", true,
+       mesh({.dp = 4, .cp = 2, .ep = 2})},
+      {testing::Mutation::kExpertSumOverDenseGroup, "experts summed over dp x cp (ep over cp)",
+       true, mesh({.dp = 4, .cp = 2, .ep = 2})},
+      {testing::Mutation::kExpertSumOverDenseGroup, "experts summed over dp x cp", true,
+       mesh({.dp = 4, .ep = 2})},
       {testing::Mutation::kLocalNormClip, "clipping by the local norm", false,
        mesh({.dp = 2, .tp = 2})},
   };

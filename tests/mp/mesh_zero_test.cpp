@@ -67,17 +67,23 @@ TEST(MeshEngineZero, WrongShardOffsetIsCaught) {
 }
 
 // hybrid_shard: each shard group's reduce_scatter sums only its own ranks' gradients; leaving out
-// the all_reduce over the replicas must fail parity (dp4 x tp2, shard groups of 2).
+// the all_reduce over the replicas must fail parity (dp4 x tp2, shard groups of 2; and MoE with EP
+// folded over CP, dp4 x cp2 x ep2: dense shard groups of cp ranks, expert shard groups of 2).
 TEST(MeshEngineZero, HybridShardWithoutTheReplicaSumIsCaught) {
-  MeshOptions o = mesh({.dp = 4, .tp = 2});
-  o.fsdp = FsdpOptions{.sharding = ShardingStrategy::hybrid_shard, .shard_group_size = 2};
-  const Parity clean = parity(mesh_dense(), o);
-  EXPECT_LE(clean.max(), test::kF64Tolerance) << clean.worst;
-  o.planted = testing::Mutation::kSkipReplicaSum;
-  const Parity bad = parity(mesh_dense(), o);
-  EXPECT_GT(bad.max(), 1e-6) << "the missing replica sum was not caught";
-  std::printf("hybrid replica sum: clean %.2e planted %.2e (%s)\n", clean.max(), bad.max(),
-              bad.worst.c_str());
+  MeshOptions dense = mesh({.dp = 4, .tp = 2});
+  dense.fsdp = FsdpOptions{.sharding = ShardingStrategy::hybrid_shard, .shard_group_size = 2};
+  MeshOptions folded = mesh({.dp = 4, .cp = 2, .ep = 2});
+  folded.fsdp = FsdpOptions{.sharding = ShardingStrategy::hybrid_shard, .shard_group_size = 1};
+  for (const auto& [s, options] : {std::pair{mesh_dense(), dense}, std::pair{mesh_moe(), folded}}) {
+    MeshOptions o = options;
+    const Parity clean = parity(s, o);
+    EXPECT_LE(clean.max(), test::kF64Tolerance) << clean.worst;
+    o.planted = testing::Mutation::kSkipReplicaSum;
+    const Parity bad = parity(s, o);
+    EXPECT_GT(bad.max(), 1e-6) << "the missing replica sum was not caught";
+    std::printf("hybrid replica sum (%d ranks): clean %.2e planted %.2e (%s)\n",
+                o.shape.world_size(), clean.max(), bad.max(), bad.worst.c_str());
+  }
 }
 
 // What each FSDP setting keeps gathered, on the tracker: prefetch holds the next unit early,
