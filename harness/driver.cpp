@@ -10,36 +10,7 @@
 namespace shardcheck::harness {
 
 parallel::MeshOptions engine_options(const Scenario& s, const ParallelSpec& p) {
-  parallel::MeshOptions o;
-  o.shape = p.mesh;
-  o.order = p.order;
-  o.sequence_parallel = p.sequence_parallel;
-  o.schedule = p.pp_schedule == "gpipe"         ? parallel::PipeSchedule::gpipe
-               : p.pp_schedule == "interleaved" ? parallel::PipeSchedule::interleaved
-                                                : parallel::PipeSchedule::one_f_one_b;
-  o.virtual_stages = p.virtual_stages;
-  o.cp_algo = p.cp_algo == "ulysses" ? parallel::CpAlgo::ulysses : parallel::CpAlgo::ring;
-  o.zero = p.zero;
-  o.bucket_elems = static_cast<std::size_t>(p.bucket_elems);
-  if (p.fsdp) {
-    using parallel::ShardingStrategy;
-    using parallel::WrapPolicy;
-    parallel::FsdpOptions f;
-    f.sharding = *p.fsdp == "shard_grad_op"  ? ShardingStrategy::shard_grad_op
-                 : *p.fsdp == "no_shard"     ? ShardingStrategy::no_shard
-                 : *p.fsdp == "hybrid_shard" ? ShardingStrategy::hybrid_shard
-                                             : ShardingStrategy::full_shard;
-    f.wrap = p.fsdp_wrap == "layer_group"   ? WrapPolicy::layer_group
-             : p.fsdp_wrap == "whole_model" ? WrapPolicy::whole_model
-                                            : WrapPolicy::block;
-    f.blocks_per_unit = p.fsdp_blocks_per_unit;
-    f.reshard_after_forward = p.fsdp_reshard_after_forward;
-    f.prefetch = p.fsdp_prefetch;
-    // PyTorch's HYBRID_SHARD default: shard inside a node, replicate across nodes.
-    f.shard_group_size = p.fsdp_shard_group > 0 ? p.fsdp_shard_group
-                                                : std::gcd(p.mesh.dp, s.topology.ranks_per_node);
-    o.fsdp = f;
-  }
+  parallel::MeshOptions o = mesh_options(p, s.topology.ranks_per_node);
   o.health.check = true;
   o.health.policy = s.health.nan_policy == "stop" ? parallel::NonFinitePolicy::stop
                                                   : parallel::NonFinitePolicy::skip_step;

@@ -22,9 +22,8 @@
 
 namespace shardcheck::harness {
 
-// The engine's typed options for a configuration (the mesh and its layout, schedule, CP
-// algorithm, ZeRO / FSDP settings, DDP buckets), with the health check on under the scenario's
-// health.nan_policy: the one place a spec's strings become the engine's enums.
+// mesh_options (scenario.hpp) for the scenario's topology, with the health check on under the
+// scenario's health.nan_policy.
 parallel::MeshOptions engine_options(const Scenario& s, const ParallelSpec& p);
 
 // The data-parallel settings of those options, as the analytic ledger and the planner's

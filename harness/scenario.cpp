@@ -3,7 +3,10 @@
 // the value to change: heads not divisible by tp, experts by ep, layers fewer than stages, ...
 #include "harness/scenario.hpp"
 
+#include "parallel/mp/mesh_engine.hpp"
+
 #include <algorithm>
+#include <numeric>
 
 #include <fstream>
 #include <sstream>
@@ -147,81 +150,22 @@ ParallelSpec parse_parallel(ObjectReader o, const ParallelSpec& base) {
   p.cp_algo = o.choice("cp_algo", base.cp_algo, {"ring", "ulysses"});
   const int world = o.integer("world_size", p.mesh.world_size(), 1, 1 << 20);
   o.finish();
-  if ((p.mesh.dp * p.mesh.cp) % p.mesh.ep != 0)
-    throw ScenarioError(o.at("ep"), num(p.mesh.ep) + " does not divide dp*cp (" + num(p.mesh.dp) +
-                                        "*" + num(p.mesh.cp) +
-                                        "): the expert-parallel ranks are carved out of the "
-                                        "data- and context-parallel ranks (world = dp*tp*pp*cp), "
-                                        "so {\"dp\": 8, \"ep\": 4} is 8 ranks");
   if (world != p.mesh.world_size())
     throw ScenarioError(o.at("world_size"),
                         num(world) + " is not dp*tp*pp*cp = " + num(p.mesh.world_size()));
-  try {
-    comm::DeviceMesh mesh(p.mesh, p.order);
-  } catch (const comm::MeshError& e) {
-    throw ScenarioError(o.at("order"), e.what());
-  }
   return p;
 }
 
-// Cross-checks one configuration against the model and batch; `o` names where it came from.
+// Checks one configuration against the model and batch with the engine's own rules
+// (parallel::validate_mesh); `path` names where it came from. A valid combination that is not
+// built yet loads (its row reports why); anything else is a ScenarioError at path.field.
 void check_config(const ParallelSpec& p, const ref::ModelConfig& m, const ref::TrainConfig& t,
                   const std::string& path) {
-  const auto& s = p.mesh;
-  auto fail = [&](const std::string& key, const std::string& msg) {
-    throw ScenarioError(path + "." + key, msg);
-  };
-  if (m.heads % s.tp != 0)
-    fail("tp", num(s.tp) + " does not divide model.heads (" + num(m.heads) + ")");
-  if (m.kv_heads % s.tp != 0 && s.tp % m.kv_heads != 0)
-    fail("tp", num(s.tp) + " and model.kv_heads (" + num(m.kv_heads) +
-                   ") must divide one another (kv heads split, or replicated across tp ranks)");
-  if (m.ffn % s.tp != 0) fail("tp", num(s.tp) + " does not divide model.ffn (" + num(m.ffn) + ")");
-  if (m.vocab % s.tp != 0)
-    fail("tp", num(s.tp) + " does not divide model.vocab (" + num(m.vocab) +
-                   ") for the vocab-parallel embedding and LM head");
-  if (s.ep > 1 && !m.moe) fail("ep", "ep = " + num(s.ep) + " needs a model with moe experts");
-  if (m.moe && m.moe->experts % s.ep != 0)
-    fail("ep", num(s.ep) + " does not divide model.moe.experts (" + num(m.moe->experts) + ")");
-  if (m.layers < s.pp * p.virtual_stages)
-    fail("pp", "model.layers (" + num(m.layers) + ") is fewer than the pipeline stages (pp " +
-                   num(s.pp) + " x virtual_stages " + num(p.virtual_stages) + ")");
-  if (s.cp > 1 && m.seq_len % (2 * s.cp) != 0)
-    fail("cp", "model.seq_len (" + num(m.seq_len) + ") must be divisible by 2*cp (" +
-                   num(2 * s.cp) + ") for causal load balancing");
-  if (p.sequence_parallel && (m.seq_len / s.cp) % s.tp != 0)
-    fail("sequence_parallel",
-         "the " + num(m.seq_len / s.cp) +
-             " rows per CP rank (model.seq_len / cp) are not divisible by tp (" + num(s.tp) + ")");
-  const int kv_local = std::max(1, m.kv_heads / s.tp);  // tp > kv_heads: one, replicated
-  if (p.cp_algo == "ulysses" && s.cp > 1 && ((m.heads / s.tp) % s.cp != 0 || kv_local % s.cp != 0))
-    fail("cp_algo", "ulysses needs the heads per TP rank (" + num(m.heads / s.tp) + " query, " +
-                        num(kv_local) + " kv) divisible by cp (" + num(s.cp) + ")");
-  const int data_ranks = s.dp;  // the ep ranks are among them (carved out of dp)
-  if (t.global_batch % (data_ranks * t.micro_batch) != 0)
-    fail("dp", "train.global_batch (" + num(t.global_batch) +
-                   ") is not divisible by dp*micro_batch (" + num(data_ranks * t.micro_batch) +
-                   ")");
-  if (p.zero > 0 && p.fsdp)
-    fail("fsdp", "choose either zero (stage " + num(p.zero) + ") or fsdp, not both");
-  if (p.fsdp && *p.fsdp == "hybrid_shard" && p.fsdp_shard_group > 0 &&
-      s.dp % p.fsdp_shard_group != 0)
-    fail("fsdp",
-         "shard_group_size " + num(p.fsdp_shard_group) + " does not divide dp (" + num(s.dp) + ")");
-  if (p.pp_schedule == "interleaved" && p.virtual_stages < 2)
-    fail("virtual_stages", "the interleaved schedule needs virtual_stages >= 2");
-  if (p.pp_schedule != "interleaved" && p.virtual_stages > 1)
-    fail("virtual_stages",
-         "virtual_stages " + num(p.virtual_stages) + " needs pp_schedule \"interleaved\"");
-  const int microbatches = t.global_batch / (data_ranks * t.micro_batch);
-  if (s.pp > 1 && microbatches < s.pp)
-    fail("pp", num(microbatches) +
-                   " microbatches per step (global_batch / (dp*micro_batch)) "
-                   "are fewer than the " +
-                   num(s.pp) + " pipeline stages");
-  if (s.pp > 1 && p.pp_schedule == "interleaved" && microbatches % s.pp != 0)
-    fail("pp", "the interleaved schedule needs the " + num(microbatches) +
-                   " microbatches per step to be a multiple of pp (" + num(s.pp) + ")");
+  try {
+    parallel::validate_mesh(m, t, mesh_options(p, 1));
+  } catch (const parallel::MeshConfigError& e) {
+    if (!e.not_built()) throw ScenarioError(path + "." + e.field(), e.what());
+  }
 }
 
 FaultSpec parse_fault(ObjectReader o, int world) {
@@ -244,6 +188,39 @@ FaultSpec parse_fault(ObjectReader o, int world) {
 }
 
 }  // namespace
+
+parallel::MeshOptions mesh_options(const ParallelSpec& p, int ranks_per_node) {
+  using parallel::ShardingStrategy;
+  using parallel::WrapPolicy;
+  parallel::MeshOptions o;
+  o.shape = p.mesh;
+  o.order = p.order;
+  o.sequence_parallel = p.sequence_parallel;
+  o.schedule = p.pp_schedule == "gpipe"         ? parallel::PipeSchedule::gpipe
+               : p.pp_schedule == "interleaved" ? parallel::PipeSchedule::interleaved
+                                                : parallel::PipeSchedule::one_f_one_b;
+  o.virtual_stages = p.virtual_stages;
+  o.cp_algo = p.cp_algo == "ulysses" ? parallel::CpAlgo::ulysses : parallel::CpAlgo::ring;
+  o.zero = p.zero;
+  o.bucket_elems = static_cast<std::size_t>(p.bucket_elems);
+  if (p.fsdp) {
+    parallel::FsdpOptions f;
+    f.sharding = *p.fsdp == "shard_grad_op"  ? ShardingStrategy::shard_grad_op
+                 : *p.fsdp == "no_shard"     ? ShardingStrategy::no_shard
+                 : *p.fsdp == "hybrid_shard" ? ShardingStrategy::hybrid_shard
+                                             : ShardingStrategy::full_shard;
+    f.wrap = p.fsdp_wrap == "layer_group"   ? WrapPolicy::layer_group
+             : p.fsdp_wrap == "whole_model" ? WrapPolicy::whole_model
+                                            : WrapPolicy::block;
+    f.blocks_per_unit = p.fsdp_blocks_per_unit;
+    f.reshard_after_forward = p.fsdp_reshard_after_forward;
+    f.prefetch = p.fsdp_prefetch;
+    f.shard_group_size =
+        p.fsdp_shard_group > 0 ? p.fsdp_shard_group : std::gcd(p.mesh.dp, ranks_per_node);
+    o.fsdp = f;
+  }
+  return o;
+}
 
 std::string ParallelSpec::label() const {
   std::string s;

@@ -11,6 +11,10 @@
 #include "harness/json_reader.hpp"
 #include "reference/config.hpp"
 
+namespace shardcheck::parallel {
+struct MeshOptions;  // parallel/mp/mesh_engine.hpp
+}  // namespace shardcheck::parallel
+
 namespace shardcheck::harness {
 
 struct ParallelSpec {
@@ -31,6 +35,13 @@ struct ParallelSpec {
   std::string cp_algo = "ring";  // ring, ulysses
   std::string label() const;     // "dp2-tp2-zero3"
 };
+
+// The engine's typed options for a configuration (the mesh and its layout, schedule, CP
+// algorithm, ZeRO / FSDP settings, DDP buckets; no health check): the one place a spec's strings
+// become the engine's enums. An unset hybrid_shard group is gcd(dp, ranks_per_node), PyTorch's
+// HYBRID_SHARD default (shard inside a node, replicate across nodes). Loading a scenario checks
+// every configuration with parallel::validate_mesh on these options.
+parallel::MeshOptions mesh_options(const ParallelSpec& p, int ranks_per_node);
 
 struct LinkSpec {
   double bandwidth_gbps = 0;

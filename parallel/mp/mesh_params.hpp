@@ -29,10 +29,19 @@
 
 namespace shardcheck::parallel {
 
-// A mesh the model or batch cannot be laid over (heads % tp, experts % ep, layers < stages, ...).
+// A mesh the model or batch cannot be laid over (heads % tp, experts % ep, layers < stages, ...),
+// or a combination not built yet. field(): the parallel-configuration key to change ("tp",
+// "fsdp.shard_group_size", ...; scenarios name it as a JSON path under the configuration).
 class MeshConfigError : public std::invalid_argument {
  public:
-  using std::invalid_argument::invalid_argument;
+  MeshConfigError(std::string field, const std::string& what, bool not_built = false)
+      : std::invalid_argument(what), field_(std::move(field)), not_built_(not_built) {}
+  const std::string& field() const { return field_; }
+  bool not_built() const { return not_built_; }  // valid, but this combination is not built
+
+ private:
+  std::string field_;
+  bool not_built_;
 };
 
 struct LocalParam {

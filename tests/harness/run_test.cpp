@@ -113,7 +113,8 @@ TEST(RunCommand, BadScenariosExitTwoWithThePath) {
   std::ofstream(bad) << R"({"name": "x", "parallel": {"dp": 2, "tp": 3}})";
   auto [code, out] = shardcheck("run " + bad.string());
   EXPECT_EQ(code, 2) << out;
-  EXPECT_NE(out.find("$.parallel.tp: 3 does not divide model.heads (4)"), std::string::npos) << out;
+  EXPECT_NE(out.find("$.parallel.tp: tp 3 does not divide model.heads (4)"), std::string::npos)
+      << out;
   std::tie(code, out) = shardcheck("run /no/such/scenario.json");
   EXPECT_EQ(code, 2) << out;
   EXPECT_NE(out.find("no such scenario"), std::string::npos) << out;

@@ -6,6 +6,7 @@
 #include <fstream>
 
 #include "harness/scenario.hpp"
+#include "parallel/mp/mesh_engine.hpp"
 
 namespace shardcheck::harness {
 namespace {
@@ -50,6 +51,26 @@ TEST(Scenario, DefaultsFillWhatIsLeftOut) {
   EXPECT_EQ(s.configs[0].label(), "single");
   EXPECT_EQ(s.model.kv_heads, s.model.heads);
   EXPECT_TRUE(s.expect_parity);
+}
+
+// The loader checks with the engine's own rules (parallel::validate_mesh): EP folded over CP loads,
+// and a valid combination that is not built yet loads too (its row reports why, at run time).
+TEST(Scenario, LoadsWhatTheEngineAcceptsAndWhatIsNotBuiltYet) {
+  nlohmann::json j = base();
+  j.merge_patch(nlohmann::json::parse(R"({"model": {"moe": {"experts": 4}},
+    "parallel": {"dp": 2, "cp": 2, "ep": 4},
+    "matrix": [{}, {"dp": 2, "tp": 2, "cp": 1, "ep": 1, "fsdp": "no_shard"}]})"));
+  const Scenario s = parse_scenario(j);
+  ASSERT_EQ(s.configs.size(), 2u);
+  EXPECT_EQ(s.configs[0].mesh.world_size(), 4);
+  EXPECT_NO_THROW(parallel::validate_mesh(s.model, s.train, mesh_options(s.configs[0], 8)));
+  try {
+    parallel::validate_mesh(s.model, s.train, mesh_options(s.configs[1], 8));
+    ADD_FAILURE() << "no_shard on a TP mesh was accepted by the engine";
+  } catch (const parallel::MeshConfigError& e) {
+    EXPECT_TRUE(e.not_built()) << e.what();
+    EXPECT_EQ(e.field(), "fsdp");
+  }
 }
 
 // train.activation_checkpointing: false, true (= full), or the mode by name.
@@ -112,7 +133,7 @@ TEST(Scenario, BadInputNamesThePathAndTheExpectation) {
           "sequence_parallel": true}})",
        "$.parallel.sequence_parallel", "6 rows per CP rank"},
       {R"({"parallel": {"tp": 2, "cp": 2, "cp_algo": "ulysses"}})", "$.parallel.cp_algo",
-       "ulysses needs the heads per TP rank (2 query, 1 kv) divisible by cp (2)"},
+       "cp_algo \"ulysses\" needs the heads per TP rank (2 query, 1 kv) divisible by cp (2)"},
       {R"({"model": {"layers": 4}, "parallel": {"pp": 2, "virtual_stages": 2}})",
        "$.parallel.virtual_stages", "needs pp_schedule"},
       {R"({"parallel": {"pp": 2}, "train": {"micro_batch": 8}})", "$.parallel.pp",
@@ -125,6 +146,15 @@ TEST(Scenario, BadInputNamesThePathAndTheExpectation) {
       {R"({"parallel": {"zero": 4}})", "$.parallel.zero", "expected an integer in [0, 3]"},
       {R"({"matrix": [{"dp": 2}, {"tp": 3}]})", "$.matrix[1].tp", "does not divide model.heads"},
       {R"({"matrix": {"dp": 2}})", "$.matrix", "expected an array"},
+      {R"({"matrix": [{"fsdp": {"sharding": "hybrid_shard", "shard_group_size": 3}, "dp": 2}]})",
+       "$.matrix[0].fsdp.shard_group_size", "must be >= 1 and divide dp (2)"},
+      {R"({"parallel": {"pp": 2, "pp_schedule": "interleaved"}})", "$.parallel.virtual_stages",
+       "needs virtual_stages >= 2"},
+      {R"({"model": {"moe": {"experts": 8}}, "parallel": {"cp": 2, "ep": 4}})", "$.parallel.ep",
+       "does not divide dp*cp (1*2)"},
+      {R"({"model": {"moe": {"experts": 4}}, "parallel": {"dp": 2, "tp": 2, "cp": 2, "ep": 2,
+          "order": "cp-tp-ep-dp-pp"}})",
+       "$.parallel.order", "tp and pp may not lie between cp, ep and dp"},
       {R"({"faults": [{"kind": "meteor", "rank": 0}]})", "$.faults[0].kind", "expected one of"},
       {R"({"faults": [{"kind": "hang", "rank": 4}]})", "$.faults[0].rank",
        "expected an integer in [0, 0]"},

@@ -127,7 +127,7 @@ TEST(MeshEngineZero, ValidationAcceptsFsdpFullShardAndShardGradOp) {
   f.fsdp = FsdpOptions{.sharding = ShardingStrategy::no_shard};
   refuses(f, "fsdp \"no_shard\" is built only on a data-parallel mesh");
   f.fsdp = FsdpOptions{.sharding = ShardingStrategy::hybrid_shard, .shard_group_size = 3};
-  refuses(f, "fsdp.shard_group_size 3 must be >= 1 and divide dp 2");
+  refuses(f, "shard_group_size 3 must be >= 1 and divide dp (2)");
   f.fsdp->shard_group_size = 1;
   EXPECT_NO_THROW(validate_mesh(s.model, s.train, f));
   f.fsdp = FsdpOptions{.prefetch = 3};
@@ -135,7 +135,7 @@ TEST(MeshEngineZero, ValidationAcceptsFsdpFullShardAndShardGradOp) {
   f.fsdp = FsdpOptions{};
   EXPECT_NO_THROW(validate_mesh(s.model, s.train, f));
   EXPECT_NO_THROW(validate_mesh(s.model, s.train, zero(f, 3)));
-  refuses(zero(f, 2), "fsdp \"full_shard\" sets the sharding itself, but zero 2");
+  refuses(zero(f, 2), "choose either zero (stage 2) or fsdp (\"full_shard\"), not both");
   f.fsdp = FsdpOptions{.sharding = ShardingStrategy::shard_grad_op};
   EXPECT_NO_THROW(validate_mesh(s.model, s.train, f));
   EXPECT_NO_THROW(validate_mesh(s.model, s.train, zero(mesh({.dp = 2, .tp = 2}), 3)));
