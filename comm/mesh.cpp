@@ -55,6 +55,9 @@ DeviceMesh::DeviceMesh(MeshShape shape, std::string_view order) : shape_(shape) 
     if (shape_.size(a) < 1)
       throw MeshError("mesh axis " + std::string(name_of(a)) + " has size " +
                       std::to_string(shape_.size(a)) + "; expected an integer >= 1");
+  if (shape_.world_size64() > kMaxWorldSize)
+    throw MeshError("world size dp x tp x pp x cp = " + std::to_string(shape_.world_size64()) +
+                    " is over the ceiling of " + std::to_string(kMaxWorldSize) + " ranks");
   if ((shape_.dp * shape_.cp) % shape_.ep != 0)
     throw MeshError("ep (" + std::to_string(shape_.ep) + ") must divide dp x cp (" +
                     std::to_string(shape_.dp) + " x " + std::to_string(shape_.cp) +

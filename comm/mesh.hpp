@@ -10,6 +10,7 @@
 #pragma once
 
 #include <array>
+#include <cstdint>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -27,10 +28,18 @@ enum class Axis : std::uint8_t { dp, tp, pp, cp, ep, edp };
 inline constexpr std::array<Axis, 5> kAllAxes = {Axis::dp, Axis::tp, Axis::pp, Axis::cp, Axis::ep};
 std::string_view name_of(Axis a);
 
+// The most ranks a mesh may have (2^20): sizes and their products are checked against it in 64
+// bits before any int arithmetic on them.
+inline constexpr std::int64_t kMaxWorldSize = std::int64_t{1} << 20;
+
 struct MeshShape {
   int dp = 1, tp = 1, pp = 1, cp = 1, ep = 1;  // ep divides dp * cp (DeviceMesh checks)
   int size(Axis a) const;                      // edp: dp * cp / ep
-  int world_size() const { return dp * tp * pp * cp; }
+  // dp * tp * pp * cp in 64 bits (any sizes); world_size() once it is known to be <= kMaxWorldSize.
+  std::int64_t world_size64() const {
+    return std::int64_t{dp} * std::int64_t{tp} * std::int64_t{pp} * std::int64_t{cp};
+  }
+  int world_size() const { return static_cast<int>(world_size64()); }
 };
 
 // A mesh the caller asked for that cannot exist (bad order string, size < 1).

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <numeric>
 
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -46,12 +47,6 @@ ref::ModelConfig parse_model(ObjectReader o) {
     o.raw("moe");
   }
   o.finish();
-  if (m.hidden % m.heads != 0)
-    throw ScenarioError(o.at("hidden"), num(m.hidden) + " is not divisible by model.heads (" +
-                                            num(m.heads) + "); expected a multiple of it");
-  if (m.heads % m.kv_heads != 0)
-    throw ScenarioError(o.at("kv_heads"), num(m.kv_heads) + " does not divide model.heads (" +
-                                              num(m.heads) + "); expected a divisor of it");
   return m;
 }
 
@@ -98,10 +93,6 @@ ref::TrainConfig parse_train(ObjectReader o) {
                                       : ref::Recompute::kNone;
   }
   o.finish();
-  if (t.global_batch % t.micro_batch != 0)
-    throw ScenarioError(
-        o.at("micro_batch"),
-        num(t.micro_batch) + " does not divide train.global_batch (" + num(t.global_batch) + ")");
   return t;
 }
 
@@ -148,11 +139,12 @@ ParallelSpec parse_parallel(ObjectReader o, const ParallelSpec& base) {
   p.pp_schedule = o.choice("pp_schedule", base.pp_schedule, {"gpipe", "1f1b", "interleaved"});
   p.virtual_stages = o.integer("virtual_stages", base.virtual_stages, 1, 1024);
   p.cp_algo = o.choice("cp_algo", base.cp_algo, {"ring", "ulysses"});
-  const int world = o.integer("world_size", p.mesh.world_size(), 1, 1 << 20);
+  const bool world_given = o.raw("world_size") != nullptr;
+  const int world = o.integer("world_size", 1, 1, static_cast<int>(comm::kMaxWorldSize));
   o.finish();
-  if (world != p.mesh.world_size())
-    throw ScenarioError(o.at("world_size"),
-                        num(world) + " is not dp*tp*pp*cp = " + num(p.mesh.world_size()));
+  if (world_given && world != p.mesh.world_size64())
+    throw ScenarioError(o.at("world_size"), num(world) + " is not dp*tp*pp*cp = " +
+                                                std::to_string(p.mesh.world_size64()));
   return p;
 }
 
@@ -258,6 +250,13 @@ Scenario parse_scenario(const nlohmann::json& j) {
   sc.model = parse_model(o.object("model"));
   sc.train = parse_train(o.object("train"));
   sc.data = parse_data(o.object("data"));
+  try {  // the reference's own rules (reference/config.cpp), before any mesh rule reads them
+    sc.model.validate();
+    sc.train.validate();
+    sc.data.validate(sc.model.vocab);
+  } catch (const ref::ConfigError& e) {
+    throw ScenarioError("$." + e.field(), e.what());
+  }
   sc.parallel = parse_parallel(o.object("parallel"), ParallelSpec{});
   check_config(sc.parallel, sc.model, sc.train, "$.parallel");
   const nlohmann::json& matrix = o.array("matrix");
@@ -354,12 +353,63 @@ Scenario parse_scenario(const nlohmann::json& j) {
   return sc;
 }
 
+namespace {
+
+// The input limits of scenarios/README.md, checked before parsing: nlohmann's parser and the
+// error messages recurse per level, and a FIFO or device would block or never end.
+constexpr std::uintmax_t kMaxScenarioBytes = std::uintmax_t{16} << 20;
+constexpr int kMaxJsonDepth = 64;
+
+// The deepest nesting of arrays and objects in text (strings skipped), stopping past `limit`.
+int json_depth(const std::string& text, int limit) {
+  int depth = 0, deepest = 0;
+  bool in_string = false, escaped = false;
+  for (const char c : text) {
+    if (in_string) {
+      if (escaped)
+        escaped = false;
+      else if (c == '\\')
+        escaped = true;
+      else if (c == '"')
+        in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      deepest = std::max(deepest, ++depth);
+      if (deepest > limit) break;
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return deepest;
+}
+
+}  // namespace
+
 Scenario load_scenario(const std::string& file) {
-  std::ifstream in(file);
+  std::error_code ec;
+  const std::filesystem::file_status st = std::filesystem::status(file, ec);
+  if (ec || !std::filesystem::exists(st))
+    throw ScenarioError(file, "cannot open the scenario file");
+  if (!std::filesystem::is_regular_file(st))
+    throw ScenarioError(file, "not a regular file; a scenario is read only from a regular file");
+  const std::uintmax_t bytes = std::filesystem::file_size(file, ec);
+  if (!ec && bytes > kMaxScenarioBytes)
+    throw ScenarioError(file, std::to_string(bytes) + " bytes; a scenario may have at most " +
+                                  std::to_string(kMaxScenarioBytes));
+  std::ifstream in(file, std::ios::binary);
   if (!in) throw ScenarioError(file, "cannot open the scenario file");
+  std::string text;
+  text.resize(static_cast<std::size_t>(ec ? 0 : bytes));
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
+  if (!in || in.peek() != std::ifstream::traits_type::eof())
+    throw ScenarioError(file, "could not read the whole file (it changed while being read)");
+  if (json_depth(text, kMaxJsonDepth) > kMaxJsonDepth)
+    throw ScenarioError(file, "JSON nested deeper than " + std::to_string(kMaxJsonDepth) +
+                                  " levels; a scenario needs at most a few");
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(in);
+    j = nlohmann::json::parse(text);
   } catch (const nlohmann::json::parse_error& e) {
     throw ScenarioError(file, std::string("not valid JSON: ") + e.what());
   }

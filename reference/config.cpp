@@ -6,37 +6,55 @@
 
 namespace shardcheck::ref {
 namespace {
-void require(bool ok, const std::string& what) {
-  if (!ok) throw std::invalid_argument(what);
+void require(bool ok, const char* field, const std::string& what) {
+  if (!ok) throw ConfigError(field, what);
+}
+std::string num(int64_t v) {
+  return std::to_string(v);
 }
 }  // namespace
 
 void ModelConfig::validate() const {
-  require(vocab > 0 && hidden > 0 && layers > 0 && ffn > 0 && seq_len > 0,
-          "model: vocab, hidden, layers, ffn, seq_len must be positive");
-  require(heads > 0 && hidden % heads == 0, "model.heads must divide model.hidden");
-  require(head_dim() % 2 == 0, "model: head dim (hidden/heads) must be even for RoPE");
-  require(kv_heads > 0 && heads % kv_heads == 0, "model.kv_heads must divide model.heads");
-  require(dropout >= 0.0 && dropout < 1.0, "model.dropout must be in [0, 1)");
+  require(vocab > 0, "model.vocab", "model.vocab must be positive");
+  require(hidden > 0, "model.hidden", "model.hidden must be positive");
+  require(layers > 0, "model.layers", "model.layers must be positive");
+  require(ffn > 0, "model.ffn", "model.ffn must be positive");
+  require(seq_len > 0, "model.seq_len", "model.seq_len must be positive");
+  require(heads > 0, "model.heads", "model.heads must be positive");
+  require(hidden % heads == 0, "model.hidden",
+          num(hidden) + " is not divisible by model.heads (" + num(heads) +
+              "); expected a multiple of it");
+  require(head_dim() % 2 == 0, "model.hidden",
+          "the head dim hidden / heads = " + num(head_dim()) + " must be even for RoPE");
+  require(kv_heads > 0 && heads % kv_heads == 0, "model.kv_heads",
+          num(kv_heads) + " does not divide model.heads (" + num(heads) +
+              "); expected a divisor of it");
+  require(dropout >= 0.0 && dropout < 1.0, "model.dropout", "model.dropout must be in [0, 1)");
   if (moe) {
-    require(moe->experts > 0, "model.moe.experts must be positive");
-    require(moe->top_k >= 1 && moe->top_k <= moe->experts,
+    require(moe->experts > 0, "model.moe.experts", "model.moe.experts must be positive");
+    require(moe->top_k >= 1 && moe->top_k <= moe->experts, "model.moe.top_k",
             "model.moe.top_k must be in [1, experts]");
-    require(moe->capacity_factor > 0.0, "model.moe.capacity_factor must be positive");
-    require(moe->every >= 1, "model.moe.every must be >= 1");
+    require(moe->capacity_factor > 0.0, "model.moe.capacity_factor",
+            "model.moe.capacity_factor must be positive");
+    require(moe->every >= 1, "model.moe.every", "model.moe.every must be >= 1");
   }
 }
 
 void TrainConfig::validate() const {
-  require(steps >= 0, "train.steps must be >= 0");
-  require(global_batch > 0 && micro_batch > 0 && global_batch % micro_batch == 0,
-          "train.micro_batch must divide train.global_batch");
-  require(optimizer.warmup >= 0, "train.optimizer.warmup must be >= 0");
+  require(steps >= 0, "train.steps", "train.steps must be >= 0");
+  require(global_batch > 0, "train.global_batch", "train.global_batch must be positive");
+  require(micro_batch > 0 && global_batch % micro_batch == 0, "train.micro_batch",
+          num(micro_batch) + " does not divide train.global_batch (" + num(global_batch) + ")");
+  require(optimizer.warmup >= 0, "train.optimizer.warmup", "train.optimizer.warmup must be >= 0");
 }
 
-void DataConfig::validate() const {
-  require(documents > 0, "data.documents must be positive");
-  require(min_len >= 2 && max_len >= min_len, "data: need 2 <= min_len <= max_len");
+void DataConfig::validate(int vocab) const {
+  require(documents > 0, "data.documents", "data.documents must be positive");
+  require(min_len >= 2, "data.min_len", "data.min_len " + num(min_len) + " must be >= 2");
+  require(max_len >= min_len, "data.max_len",
+          "data.max_len " + num(max_len) + " must be >= data.min_len (" + num(min_len) + ")");
+  require(vocab >= 3, "model.vocab",
+          "the synthetic documents need model.vocab >= 3 (token 0 is reserved), got " + num(vocab));
 }
 
 std::string to_string(Recompute r) {

@@ -4,7 +4,9 @@
 
 #include <cstdint>
 #include <optional>
+#include <stdexcept>
 #include <string>
+#include <utility>
 
 namespace shardcheck::ref {
 
@@ -30,8 +32,21 @@ struct ModelConfig {
 
   int head_dim() const { return hidden / heads; }
   bool is_moe_layer(int layer) const { return moe && (layer + 1) % moe->every == 0; }
-  // Throws std::invalid_argument naming the field when the shape is impossible.
+  // Throws ConfigError naming the field when the shape is impossible.
   void validate() const;
+};
+
+// A configuration the reference cannot build. field(): the key to change, as a scenario names it
+// ("model.hidden", "train.micro_batch", "data.min_len"); the scenario loader reports it as the
+// JSON path "$.<field>". These validate() methods are the one place the rules are written.
+class ConfigError : public std::invalid_argument {
+ public:
+  ConfigError(std::string field, const std::string& what)
+      : std::invalid_argument(what), field_(std::move(field)) {}
+  const std::string& field() const { return field_; }
+
+ private:
+  std::string field_;
 };
 
 enum class Precision { kF64, kF32, kBf16 };
@@ -62,7 +77,7 @@ struct TrainConfig {
   OptimizerConfig optimizer;
   double clip_grad_norm = 1.0;  // <= 0 disables clipping
   Recompute recompute = Recompute::kNone;
-  void validate() const;
+  void validate() const;  // throws ConfigError
 };
 
 struct DataConfig {
@@ -72,7 +87,8 @@ struct DataConfig {
   bool packing = true;
   bool drop_last =
       true;  // false: the last short global batch wraps around (pads) to the epoch start
-  void validate() const;
+  // Throws ConfigError; the synthetic documents need a vocabulary of at least 3 tokens.
+  void validate(int vocab) const;
 };
 
 }  // namespace shardcheck::ref

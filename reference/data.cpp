@@ -96,7 +96,7 @@ std::vector<Sequence> pack_documents(const std::vector<std::vector<int32_t>>& do
 }
 
 Dataset build_dataset(const DataConfig& data, const ModelConfig& model, uint64_t seed) {
-  data.validate();
+  data.validate(model.vocab);
   std::vector<std::vector<int32_t>> docs;
   Dataset ds;
   for (int64_t d = 0; d < data.documents; ++d) {

@@ -20,6 +20,9 @@ struct SimOptions {
   bool checksum_payloads = false;
   // Keep timeline events (one per op per rank). Off saves memory in very large timing runs.
   bool record_timeline = true;
+  // Internal use (tests): rank threads from this one on fail to start, as when the system's thread
+  // limit is reached (0: no limit but the system's).
+  int thread_limit = 0;
   // Internal use (tests): a known bug planted in this world's reduction kernels (sim/testing.hpp).
   testing::Mutation planted = testing::Mutation::none;
 };

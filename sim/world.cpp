@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <system_error>
 #include <thread>
 
 #include "comm/errors.hpp"
@@ -82,24 +83,43 @@ void SimWorld::run(const std::function<void(comm::Communicator&)>& fn) {
 
   std::vector<std::thread> threads;
   threads.reserve(static_cast<std::size_t>(ranks_));
-  for (int r = 0; r < ranks_; ++r) {
-    threads.emplace_back([&, r] {
-      RankOutcome& out = outcomes_[static_cast<std::size_t>(r)];
-      out.rank = r;
-      try {
-        SimCommunicator comm(state, world, r);
-        fn(comm);
-      } catch (...) {
-        out.error = std::current_exception();
-        out.ok = false;
-        std::tie(out.message, out.root_cause) = classify(out.error);
+  const auto start = [&](int r, auto body) {
+    if (opts_.thread_limit > 0 && r >= opts_.thread_limit)
+      throw std::system_error(std::make_error_code(std::errc::resource_unavailable_try_again),
+                              "thread_limit");
+    threads.emplace_back(std::move(body));
+  };
+  try {
+    for (int r = 0; r < ranks_; ++r) {
+      start(r, [&, r] {
+        RankOutcome& out = outcomes_[static_cast<std::size_t>(r)];
+        out.rank = r;
+        try {
+          SimCommunicator comm(state, world, r);
+          fn(comm);
+        } catch (...) {
+          out.error = std::current_exception();
+          out.ok = false;
+          std::tie(out.message, out.root_cause) = classify(out.error);
+          std::lock_guard lk(state->mu);
+          order[static_cast<std::size_t>(r)] = next_order++;
+          state->abort(r, out.message);
+        }
         std::lock_guard lk(state->mu);
-        order[static_cast<std::size_t>(r)] = next_order++;
-        state->abort(r, out.message);
-      }
+        state->finish(r);
+      });
+    }
+  } catch (const std::system_error& e) {
+    // The ranks that did start wait for peers that never will: abort them, join, and say so.
+    const auto started = static_cast<int>(threads.size());
+    {
       std::lock_guard lk(state->mu);
-      state->finish(r);
-    });
+      state->abort(started, "rank " + std::to_string(started) + "'s thread could not start");
+    }
+    for (auto& t : threads) t.join();
+    throw ThreadStartError("the simulator could start only " + std::to_string(started) + " of " +
+                           std::to_string(ranks_) + " rank threads (" + e.what() +
+                           "); run fewer ranks, or raise the thread limit (ulimit -u)");
   }
   for (auto& t : threads) t.join();
 

@@ -25,6 +25,13 @@ namespace shardcheck::sim {
 
 class WorldState;
 
+// Thrown by SimWorld::run when the system cannot start a thread for every rank (the ranks that did
+// start are aborted and joined first): names how many could start.
+class ThreadStartError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
 // Thrown by SimWorld::run: the rank whose error came first (root causes before the follow-on
 // errors they caused in other ranks), its message, and the original exception.
 class RankFailure : public std::runtime_error {
@@ -55,8 +62,9 @@ class SimWorld {
   const SimOptions& options() const { return opts_; }
 
   // Runs fn on every rank concurrently; returns when all have finished. Throws RankFailure if any
-  // rank failed. May be called again; each run starts from fresh groups, sequence numbers, clocks
-  // (virtual time 0), memory books and faults.
+  // rank failed, ThreadStartError if not every rank's thread could start. May be called again; each
+  // run starts from fresh groups, sequence numbers, clocks (virtual time 0), memory books and
+  // faults.
   void run(const std::function<void(comm::Communicator&)>& fn);
 
   // Outcomes of the last run, one per rank.

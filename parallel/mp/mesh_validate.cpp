@@ -30,6 +30,9 @@ void validate_mesh(const ref::ModelConfig& m, const ref::TrainConfig& t, const M
     const std::string axis(comm::name_of(a));
     require(s.size(a) >= 1, axis.c_str(), axis + " must be >= 1");
   }
+  require(s.world_size64() <= comm::kMaxWorldSize, "world_size",
+          "world size dp*tp*pp*cp = " + n(s.world_size64()) + " is over the ceiling of " +
+              n(comm::kMaxWorldSize) + " ranks");
   require(m.heads % s.tp == 0, "tp",
           "tp " + n(s.tp) + " does not divide model.heads (" + n(m.heads) + ")");
   require(m.kv_heads % s.tp == 0 || s.tp % m.kv_heads == 0, "tp",

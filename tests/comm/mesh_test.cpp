@@ -64,6 +64,19 @@ TEST(DeviceMesh, RefusesBadOrdersAndSizes) {
   }
 }
 
+TEST(DeviceMesh, RefusesWorldsOverTheCeilingWithoutWrapping) {
+  try {
+    DeviceMesh({.dp = 65536, .tp = 65536});  // 2^32: 0 in 32 bits
+    FAIL() << "a 2^32-rank mesh was accepted";
+  } catch (const MeshError& e) {
+    EXPECT_NE(std::string(e.what()).find("4294967296 is over the ceiling of 1048576"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(MeshShape({.dp = 65536, .tp = 65536, .pp = 2}).world_size64(), int64_t{1} << 33);
+  EXPECT_NO_THROW(DeviceMesh({.dp = 1024, .tp = 1024}));  // exactly the ceiling
+}
+
 TEST(DeviceMesh, TableListsEveryRankAndItsGroups) {
   DeviceMesh m({.dp = 2, .tp = 2});
   const std::string t = m.table();

@@ -2,6 +2,9 @@
 // input is refused with the JSON path of the offending value and what was expected.
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <filesystem>
 #include <fstream>
 
@@ -102,6 +105,10 @@ TEST(Scenario, BadInputNamesThePathAndTheExpectation) {
       {R"({"model": {"heads": "four"}})", "$.model.heads", "expected an integer"},
       {R"({"model": {"hidden": 30}})", "$.model.hidden", "not divisible by model.heads (4)"},
       {R"({"model": {"kv_heads": 3}})", "$.model.kv_heads", "does not divide model.heads"},
+      // The reference's own rules, checked by the loader (they used to exit 3 with no path).
+      {R"({"model": {"hidden": 12}})", "$.model.hidden", "= 3 must be even for RoPE"},
+      {R"({"model": {"vocab": 2}})", "$.model.vocab", "need model.vocab >= 3"},
+      {R"({"data": {"min_len": 1}})", "$.data.min_len", "data.min_len 1 must be >= 2"},
       {R"({"model": {"moe": {"experts": 4, "top_k": 5}}})", "$.model.moe.top_k",
        "expected an integer in [1, 4]"},
       {R"({"train": {"micro_batch": 3}})", "$.train.micro_batch",
@@ -142,6 +149,13 @@ TEST(Scenario, BadInputNamesThePathAndTheExpectation) {
       {R"({"parallel": {"dp": 2, "world_size": 8}})", "$.parallel.world_size",
        "is not dp*tp*pp*cp = 2"},
       {R"({"parallel": {"dp": 2, "order": "tp-pp"}})", "$.parallel.order", "leaves out axis dp"},
+      // Products of sizes are checked in 64 bits: 65536 x 65536 would wrap a 32-bit world to 0.
+      {R"({"parallel": {"dp": 65536, "tp": 65536}})", "$.parallel.world_size",
+       "dp*tp*pp*cp = 4294967296 is over the ceiling of 1048576 ranks"},
+      {R"({"model": {"moe": {"experts": 4}}, "parallel": {"dp": 65536, "cp": 65536, "ep": 2}})",
+       "$.parallel.world_size", "is over the ceiling"},
+      {R"({"matrix": [{"dp": 1024, "pp": 1024, "cp": 2}]})", "$.matrix[0].world_size",
+       "2097152 is over the ceiling"},
       {R"({"parallel": {"zero": 2, "fsdp": "full_shard"}})", "$.parallel.fsdp", "either zero"},
       {R"({"parallel": {"zero": 4}})", "$.parallel.zero", "expected an integer in [0, 3]"},
       {R"({"matrix": [{"dp": 2}, {"tp": 3}]})", "$.matrix[1].tp", "does not divide model.heads"},
@@ -178,6 +192,38 @@ TEST(Scenario, BadInputNamesThePathAndTheExpectation) {
           << b.patch << " -> " << e.what();
     }
   }
+}
+
+// Input limits, checked before parsing: only regular files (a FIFO would block forever), at most
+// 16 MiB, JSON nested at most 64 levels (100 000 levels overflowed the stack); brackets inside
+// strings do not count.
+TEST(Scenario, HostileFilesAreRefusedBeforeParsing) {
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("shardcheck-hostile-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const auto refused = [&](const std::filesystem::path& f, const char* says) {
+    try {
+      load_scenario(f.string());
+      ADD_FAILURE() << "accepted: " << f;
+    } catch (const ScenarioError& e) {
+      EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(f.string()), std::string::npos) << e.what();
+    }
+  };
+  const auto fifo = dir / "fifo.json";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  refused(fifo, "not a regular file");
+  refused(dir, "not a regular file");
+  const auto deep = dir / "deep.json";
+  std::ofstream(deep) << std::string(100000, '[') << std::string(100000, ']');
+  refused(deep, "nested deeper than 64 levels");
+  const auto big = dir / "big.json";
+  std::ofstream(big) << R"({"name": "x"})" << std::string((std::size_t{16} << 20), ' ');
+  refused(big, "bytes; a scenario may have at most 16777216");
+  const auto quoted = dir / "quoted.json";
+  std::ofstream(quoted) << R"({"name": ")" << std::string(1000, '[') << R"(\"{"})";
+  EXPECT_EQ(load_scenario(quoted.string()).name, std::string(1000, '[') + "\"{");
+  std::filesystem::remove_all(dir);
 }
 
 TEST(Scenario, FileErrorsNameTheFile) {

@@ -188,5 +188,25 @@ TEST(Failures, BadArgumentsAreInvalidArgumentOnTheCallingRank) {
   EXPECT_TRUE(contains(e3.what(), "root 2")) << e3.what();
 }
 
+// A rank thread that cannot start (the system's thread limit, injected here through
+// SimOptions::thread_limit) is an error naming how many started, never std::terminate or a hang:
+// the started ranks, blocked on peers that never come, are aborted and joined. The world runs
+// again afterwards.
+TEST(SimFailures, ThreadsThatCannotStartAreNamedNotFatal) {
+  sim::SimWorld w(8, {.thread_limit = 5});
+  const auto fn = [](Communicator& c) {
+    std::vector<double> v(4, 1.0);
+    c.all_reduce(std::span<double>(v))->wait();
+  };
+  try {
+    w.run(fn);
+    ADD_FAILURE() << "8 ranks ran with 5 threads";
+  } catch (const sim::ThreadStartError& e) {
+    EXPECT_TRUE(contains(e.what(), "could start only 5 of 8 rank threads")) << e.what();
+  }
+  sim::SimWorld ok(8);
+  EXPECT_NO_THROW(ok.run(fn));
+}
+
 }  // namespace
 }  // namespace shardcheck::testing
