@@ -3,14 +3,13 @@
 // the value to change: heads not divisible by tp, experts by ep, layers fewer than stages, ...
 #include "harness/scenario.hpp"
 
-#include "parallel/mp/mesh_engine.hpp"
-
 #include <algorithm>
-#include <numeric>
-
 #include <filesystem>
 #include <fstream>
+#include <numeric>
 #include <sstream>
+
+#include "parallel/mp/mesh_engine.hpp"
 
 namespace shardcheck::harness {
 
@@ -360,30 +359,6 @@ namespace {
 constexpr std::uintmax_t kMaxScenarioBytes = std::uintmax_t{16} << 20;
 constexpr int kMaxJsonDepth = 64;
 
-// The deepest nesting of arrays and objects in text (strings skipped), stopping past `limit`.
-int json_depth(const std::string& text, int limit) {
-  int depth = 0, deepest = 0;
-  bool in_string = false, escaped = false;
-  for (const char c : text) {
-    if (in_string) {
-      if (escaped)
-        escaped = false;
-      else if (c == '\\')
-        escaped = true;
-      else if (c == '"')
-        in_string = false;
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '[' || c == '{') {
-      deepest = std::max(deepest, ++depth);
-      if (deepest > limit) break;
-    } else if (c == ']' || c == '}') {
-      --depth;
-    }
-  }
-  return deepest;
-}
-
 }  // namespace
 
 Scenario load_scenario(const std::string& file) {
@@ -404,12 +379,16 @@ Scenario load_scenario(const std::string& file) {
   in.read(text.data(), static_cast<std::streamsize>(text.size()));
   if (!in || in.peek() != std::ifstream::traits_type::eof())
     throw ScenarioError(file, "could not read the whole file (it changed while being read)");
-  if (json_depth(text, kMaxJsonDepth) > kMaxJsonDepth)
-    throw ScenarioError(file, "JSON nested deeper than " + std::to_string(kMaxJsonDepth) +
-                                  " levels; a scenario needs at most a few");
+  // nlohmann's parser reports each value's depth; deeper input is refused as soon as it is seen.
+  const auto shallow = [&](int depth, nlohmann::json::parse_event_t, nlohmann::json&) {
+    if (depth > kMaxJsonDepth)
+      throw ScenarioError(file, "JSON nested deeper than " + std::to_string(kMaxJsonDepth) +
+                                    " levels; a scenario needs at most a few");
+    return true;
+  };
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(text);
+    j = nlohmann::json::parse(text, shallow);
   } catch (const nlohmann::json::parse_error& e) {
     throw ScenarioError(file, std::string("not valid JSON: ") + e.what());
   }
