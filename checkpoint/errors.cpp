@@ -53,6 +53,10 @@ std::string_view name_of(Reason r) {
       return "rank_failed";
     case Reason::bad_request:
       return "bad_request";
+    case Reason::locked:
+      return "locked";
+    case Reason::changed_during_save:
+      return "changed_during_save";
   }
   return "unknown";
 }

@@ -37,6 +37,8 @@ enum class Reason : std::uint8_t {
   stale_shard,          // payload matches its header but not the manifest: a replaced shard
   rank_failed,          // save: a rank could not write its shards
   bad_request,          // a read of an unknown tensor or a region outside it
+  locked,               // save: another run holds the checkpoint directory (DirLock)
+  changed_during_save,  // save: step-N.tmp/ no longer holds exactly what the ranks wrote
 };
 
 std::string_view name_of(Reason r);

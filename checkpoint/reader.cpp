@@ -117,6 +117,48 @@ std::optional<fs::path> latest_committed(const fs::path& dir) {
   return std::nullopt;
 }
 
+std::uint32_t check_shard_file(const fs::path& dir, const TensorRecord& t, const ShardRecord& s) {
+  const fs::path p = dir / s.file;
+  require_regular(p, s.file, Reason::missing_shard, t.name);
+  return as_restore(
+      [&] {
+        io::File f(p);
+        const std::uint64_t size = f.size();
+        std::vector<std::byte> head(kHeaderFixedBytes);
+        if (size < head.size() || !f.pread(0, head))
+          throw RestoreError(Reason::truncated_shard, "shorter than a header", s.file, t.name);
+        const std::uint32_t hsize = shard_header_size(head);
+        if (size < hsize)
+          throw RestoreError(Reason::truncated_shard, "ends inside its header", s.file, t.name);
+        head.resize(hsize);
+        if (!f.pread(0, head))
+          throw RestoreError(Reason::truncated_shard, "ends inside its header", s.file, t.name);
+        const ShardHeader h = parse_shard_header(head, s.file);
+        if (h.tensor != t.name || h.dtype != t.dtype || h.shape != t.shape ||
+            !same_slice(h.slice, s.slice) || h.payload_bytes != s.bytes)
+          throw RestoreError(Reason::header_mismatch,
+                             "header holds '" + h.tensor + "' " + describe(h.slice) +
+                                 ", manifest says " + describe(s.slice),
+                             s.file, t.name);
+        if (h.payload_xxh3 != s.xxh3)
+          throw RestoreError(Reason::stale_shard,
+                             "header checksum " + hex64(h.payload_xxh3) + " is not the " +
+                                 "committed " + hex64(s.xxh3) + ": the shard was replaced",
+                             s.file, t.name);
+        const std::uint64_t want = std::uint64_t{hsize} + s.bytes;
+        if (size < want)
+          throw RestoreError(Reason::truncated_shard,
+                             std::to_string(size) + " bytes, expected " + std::to_string(want),
+                             s.file, t.name);
+        if (size > want)
+          throw RestoreError(Reason::oversized_shard,
+                             std::to_string(size) + " bytes, expected " + std::to_string(want),
+                             s.file, t.name);
+        return hsize;
+      },
+      s.file, t.name);
+}
+
 Checkpoint Checkpoint::open(const fs::path& step_dir, const OpenOptions& o) {
   Checkpoint c;
   c.dir_ = step_dir;
@@ -141,50 +183,7 @@ Checkpoint Checkpoint::open(const fs::path& step_dir, const OpenOptions& o) {
     for (const TensorRecord& t : c.manifest_.tensors) {
       auto& sizes = c.header_bytes_.emplace_back();
       for (const ShardRecord& s : t.shards) {
-        const fs::path p = step_dir / s.file;
-        require_regular(p, s.file, Reason::missing_shard, t.name);
-        as_restore(
-            [&] {
-              io::File f(p);
-              const std::uint64_t size = f.size();
-              std::vector<std::byte> head(kHeaderFixedBytes);
-              if (size < head.size() || !f.pread(0, head))
-                throw RestoreError(Reason::truncated_shard, "shorter than a header", s.file,
-                                   t.name);
-              const std::uint32_t hsize = shard_header_size(head);
-              if (size < hsize)
-                throw RestoreError(Reason::truncated_shard, "ends inside its header", s.file,
-                                   t.name);
-              head.resize(hsize);
-              if (!f.pread(0, head))
-                throw RestoreError(Reason::truncated_shard, "ends inside its header", s.file,
-                                   t.name);
-              const ShardHeader h = parse_shard_header(head, s.file);
-              if (h.tensor != t.name || h.dtype != t.dtype || h.shape != t.shape ||
-                  !same_slice(h.slice, s.slice) || h.payload_bytes != s.bytes)
-                throw RestoreError(Reason::header_mismatch,
-                                   "header holds '" + h.tensor + "' " + describe(h.slice) +
-                                       ", manifest says " + describe(s.slice),
-                                   s.file, t.name);
-              if (h.payload_xxh3 != s.xxh3)
-                throw RestoreError(Reason::stale_shard,
-                                   "header checksum " + hex64(h.payload_xxh3) + " is not the " +
-                                       "committed " + hex64(s.xxh3) + ": the shard was replaced",
-                                   s.file, t.name);
-              const std::uint64_t want = std::uint64_t{hsize} + s.bytes;
-              if (size < want)
-                throw RestoreError(
-                    Reason::truncated_shard,
-                    std::to_string(size) + " bytes, expected " + std::to_string(want), s.file,
-                    t.name);
-              if (size > want)
-                throw RestoreError(
-                    Reason::oversized_shard,
-                    std::to_string(size) + " bytes, expected " + std::to_string(want), s.file,
-                    t.name);
-              sizes.push_back(hsize);
-            },
-            s.file, t.name);
+        sizes.push_back(check_shard_file(step_dir, t, s));
       }
     }
   });

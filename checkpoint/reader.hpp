@@ -34,6 +34,13 @@ std::vector<StepDir> list_steps(const std::filesystem::path& dir);  // ascending
 std::optional<std::uint64_t> parse_step_dir_name(const std::string& name);
 // The newest committed step-N in dir, not validated; nullopt when there is none.
 std::optional<std::filesystem::path> latest_committed(const std::filesystem::path& dir);
+// The shard file dir/s.file matches its record: a regular file whose header names t's tensor,
+// dtype and shape, s's slice, payload size and checksum, and whose size is header + payload.
+// Returns the header size. Throws RestoreError (missing_shard, unsafe_path, truncated_shard,
+// oversized_shard, bad_header, header_mismatch, stale_shard); the payload is not hashed. Open
+// checks every shard with it, and the writer its own files before it commits.
+std::uint32_t check_shard_file(const std::filesystem::path& dir, const TensorRecord& t,
+                               const ShardRecord& s);
 
 class Checkpoint {
  public:

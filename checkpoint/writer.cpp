@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <chrono>
 #include <map>
+#include <set>
+#include <string_view>
 #include <thread>
 
 #include "checkpoint/io.hpp"
@@ -214,11 +216,53 @@ Manifest build_manifest(const std::vector<json>& reports, const SaveRequest& req
   return m;
 }
 
+// The commit's last look, before the marker: step-N.tmp/ holds exactly manifest.json and the
+// shards the ranks reported, each passing the reader's own file check (header, checksum in the
+// header, size). Another writer in the same directory (DirLock refuses one; a file system without
+// working locks might not) shows as a missing, extra, resized or replaced file.
+void recheck_tmp(const fs::path& tmp, const Manifest& m) {
+  std::set<std::string> expected{"manifest.json"};
+  for (const TensorRecord& t : m.tensors)
+    for (const ShardRecord& s : t.shards) {
+      expected.insert(s.file);
+      try {
+        (void)check_shard_file(tmp, t, s);
+      } catch (const CheckpointError& e) {
+        throw SaveError(Reason::changed_during_save,
+                        "the shard is no longer the one its rank wrote (" +
+                            std::string(name_of(e.reason())) + ": " + e.detail() +
+                            "); is another run writing into this directory?",
+                        s.file, t.name);
+      }
+    }
+  for (const auto& e : fs::directory_iterator(tmp))
+    if (expected.count(e.path().filename().string()) == 0)
+      throw SaveError(Reason::changed_during_save,
+                      "a file no rank wrote appeared in " + tmp.string() +
+                          "; is another run writing into this directory?",
+                      e.path().filename().string());
+}
+
+constexpr std::string_view kDeleting = ".deleting";
+
+bool ends_with(const std::string& s, std::string_view tail) {
+  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+}
+
 // Deletes committed checkpoints beyond `keep` (never `current`) and stale step-M.tmp with M < step.
-// A victim loses its marker first, so a crash halfway leaves an uncommitted (ignored) directory.
+// A victim is first renamed to step-M.deleting (one atomic step: it stops being a checkpoint at
+// once), then removed; a deletion a kill interrupted is finished here, by the next save.
 std::vector<fs::path> retain(const fs::path& dir, std::uint64_t step, std::size_t keep,
                              bool durable) {
   std::vector<fs::path> removed;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    const std::string name = e.path().filename().string();
+    if (ends_with(name, kDeleting) && e.is_directory() && !e.is_symlink() &&
+        parse_step_dir_name(name.substr(0, name.size() - kDeleting.size()))) {
+      fs::remove_all(e.path());
+      removed.push_back(e.path());
+    }
+  }
   auto steps = list_steps(dir);
   std::sort(steps.begin(), steps.end(),
             [](const StepDir& a, const StepDir& b) { return a.step > b.step; });
@@ -229,9 +273,11 @@ std::vector<fs::path> retain(const fs::path& dir, std::uint64_t step, std::size_
       ++kept;
       continue;
     }
-    fs::remove(s.path / "SUCCESS");
-    if (durable) io::fsync_dir(s.path);
-    fs::remove_all(s.path);
+    fs::path doomed = s.path;
+    doomed += kDeleting;
+    fs::rename(s.path, doomed);
+    if (durable) io::fsync_dir(dir);
+    fs::remove_all(doomed);
     removed.push_back(s.path);
   }
   for (const auto& e : fs::directory_iterator(dir)) {
@@ -360,6 +406,7 @@ SaveResult save(comm::Communicator& world, const SaveRequest& req, const SaveOpt
       const std::string text = dump_manifest(m);
       io::write_file(tmp / "manifest.json", text, o.durable);
       stage(SaveStage::manifest_written);
+      recheck_tmp(tmp, m);
       const json marker = {{"format", "shardcheck-checkpoint"},
                            {"step", res.step},
                            {"manifest_xxh3", hex64(xxh3(std::as_bytes(std::span(text))))}};

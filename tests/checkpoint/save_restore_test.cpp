@@ -2,7 +2,10 @@
 // world sizes, retention, storm knobs, refusals that every rank agrees on, collective open.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <fstream>
+#include <functional>
 
 #include "tests/checkpoint/support.hpp"
 
@@ -96,6 +99,68 @@ TEST(SaveRestore, RetentionKeepsTheNewestAfterCommit) {
   EXPECT_EQ(left, (std::vector<std::uint64_t>{3, 4}));
   EXPECT_FALSE(fs::exists(tmp.path() / "step-0.tmp"));
   EXPECT_EQ(removed.size(), 3u);  // step-0.tmp, step-1, step-2
+}
+
+// A kill during retention leaves step-M.deleting (renamed, no longer a checkpoint); the next
+// save finishes the deletion. A step without a marker is not a retention victim: never touched.
+TEST(SaveRestore, AnInterruptedRetentionIsFinishedByTheNextSave) {
+  TempDir tmp;
+  const auto tensors = synthetic_state();
+  save_sharded(tmp.path(), 1, tensors, zero_sharding(tensors, 2), {.keep = 1});
+  fs::rename(tmp.path() / "step-1", tmp.path() / "step-1.deleting");  // the kill, mid-retention
+  EXPECT_TRUE(ck::list_steps(tmp.path()).empty());
+  const auto r = save_sharded(tmp.path(), 2, tensors, zero_sharding(tensors, 2), {.keep = 1});
+  EXPECT_FALSE(fs::exists(tmp.path() / "step-1.deleting"));
+  ASSERT_EQ(r.removed.size(), 1u);
+  EXPECT_EQ(r.removed[0].filename(), "step-1.deleting");
+  save_sharded(tmp.path(), 3, tensors, zero_sharding(tensors, 2), {.keep = 1});
+  EXPECT_FALSE(fs::exists(tmp.path() / "step-2"));  // retention itself leaves nothing behind
+  EXPECT_FALSE(fs::exists(tmp.path() / "step-2.deleting"));
+}
+
+// The commit re-checks step-N.tmp/ against the ranks' reports before the marker: a file that
+// another writer replaced, removed or added is refused (changed_during_save), nothing commits.
+TEST(SaveRestore, TheCommitRefusesATemporaryDirectoryThatChanged) {
+  const auto tensors = synthetic_state();
+  const Sharding sh = zero_sharding(tensors, 2);
+  using Tamper = std::function<void(const fs::path&)>;
+  const auto first_shard = [](const fs::path& tmp) {
+    for (const auto& e : fs::directory_iterator(tmp))
+      if (e.path().extension() == ".shard") return e.path();
+    return fs::path();
+  };
+  const Tamper tampers[] = {
+      [&](const fs::path& tmp) { fs::remove(first_shard(tmp)); },
+      [&](const fs::path& tmp) { std::ofstream(first_shard(tmp), std::ios::app) << "x"; },
+      [&](const fs::path& tmp) { std::ofstream(tmp / "other-run.r0.shard") << "y"; },
+  };
+  for (const Tamper& tamper : tampers) {
+    TempDir tmp;
+    ck::SaveOptions o;
+    o.on_stage = [&](ck::SaveStage st, int) {
+      if (st == ck::SaveStage::manifest_written) tamper(tmp.path() / "step-1.tmp");
+    };
+    EXPECT_EQ(failed_save(tmp.path(), 1, tensors, sh, o), Reason::changed_during_save);
+    EXPECT_FALSE(fs::exists(tmp.path() / "step-1.tmp" / "SUCCESS"));
+  }
+}
+
+// One writer per directory: a second lock is refused at once naming the holder; the lock is
+// free again once its holder is gone.
+TEST(SaveRestore, ASecondWriterOfADirectoryIsRefusedNamingTheHolder) {
+  TempDir tmp;
+  {
+    const ck::DirLock held(tmp.path());
+    try {
+      const ck::DirLock second(tmp.path());
+      ADD_FAILURE() << "a second lock was granted";
+    } catch (const ck::CheckpointError& e) {
+      EXPECT_EQ(e.reason(), Reason::locked);
+      EXPECT_NE(std::string(e.what()).find("pid " + std::to_string(::getpid())), std::string::npos)
+          << e.what();
+    }
+  }
+  EXPECT_NO_THROW(const ck::DirLock again(tmp.path()));
 }
 
 TEST(SaveRestore, StormKnobsStaggerAndThrottle) {
