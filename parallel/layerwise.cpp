@@ -22,10 +22,7 @@ int unit_of(const ref::ModelConfig& cfg, std::string_view name) {
 }
 
 std::vector<std::pair<std::string, ref::Shape>> unit_shapes(const ref::ModelConfig& cfg, int unit) {
-  std::vector<std::pair<std::string, ref::Shape>> out;
-  for (auto& e : ref::param_shapes(cfg))
-    if (unit_of(cfg, e.first) == unit) out.push_back(std::move(e));
-  return out;
+  return ref::part_param_shapes(cfg, unit - 1);  // unit 0 = the embedding = part -1
 }
 
 std::string unit_label(const ref::ModelConfig& cfg, int unit) {

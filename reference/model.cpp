@@ -10,13 +10,15 @@
 
 namespace shardcheck::ref {
 
-std::vector<std::pair<std::string, Shape>> param_shapes(const ModelConfig& cfg) {
+std::vector<std::pair<std::string, Shape>> part_param_shapes(const ModelConfig& cfg, int part) {
   const int64_t h = cfg.hidden, v = cfg.vocab, f = cfg.ffn;
   const int64_t qd = int64_t{cfg.heads} * cfg.head_dim(),
                 kvd = int64_t{cfg.kv_heads} * cfg.head_dim();
   std::vector<std::pair<std::string, Shape>> out;
-  out.push_back({"embed.weight", {v, h}});
-  for (int i = 0; i < cfg.layers; ++i) {
+  if (part < 0) {
+    out.push_back({"embed.weight", {v, h}});
+  } else if (part < cfg.layers) {
+    const int i = part;
     const std::string p = "layers." + std::to_string(i) + ".";
     out.push_back({p + "attn_norm.weight", {h}});
     out.push_back({p + "attn.wq", {h, qd}});
@@ -35,9 +37,17 @@ std::vector<std::pair<std::string, Shape>> param_shapes(const ModelConfig& cfg) 
       out.push_back({p + "mlp.w_up", {h, f}});
       out.push_back({p + "mlp.w_down", {f, h}});
     }
+  } else {
+    out.push_back({"final_norm.weight", {h}});
+    if (!cfg.tie_embeddings) out.push_back({"lm_head.weight", {h, v}});
   }
-  out.push_back({"final_norm.weight", {h}});
-  if (!cfg.tie_embeddings) out.push_back({"lm_head.weight", {h, v}});
+  return out;
+}
+
+std::vector<std::pair<std::string, Shape>> param_shapes(const ModelConfig& cfg) {
+  std::vector<std::pair<std::string, Shape>> out;
+  for (int part = -1; part <= cfg.layers; ++part)
+    for (auto& e : part_param_shapes(cfg, part)) out.push_back(std::move(e));
   return out;
 }
 

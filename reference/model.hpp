@@ -24,6 +24,9 @@ namespace shardcheck::ref {
 // .moe.router [h, E], .moe.experts.<j>.w_up [h, ffn], .moe.experts.<j>.w_down [ffn, h];
 // then final_norm.weight [h] and, when untied, lm_head.weight [h, V].
 std::vector<std::pair<std::string, Shape>> param_shapes(const ModelConfig& cfg);
+// One part of that list, so a layer's shapes cost O(1) layers, not O(layers): part -1 the
+// embedding, 0..layers-1 block i, `layers` the final norm and the untied head.
+std::vector<std::pair<std::string, Shape>> part_param_shapes(const ModelConfig& cfg, int part);
 
 // Initial value of element `index` (flat C order) of parameter `name`: norms 1; wo and every w_down
 // normal(0, 0.02 / sqrt(2 * layers)); everything else normal(0, 0.02). The normal draw is
