@@ -90,7 +90,7 @@ std::vector<std::string> console_errors(const std::string& log) {
   return out;
 }
 
-std::size_t count(const std::string& hay, const std::string& needle) {
+std::size_t occurrences(const std::string& hay, const std::string& needle) {
   std::size_t n = 0;
   for (auto p = hay.find(needle); p != std::string::npos; p = hay.find(needle, p + 1)) ++n;
   return n;
@@ -111,10 +111,10 @@ TEST(HtmlBrowser, RendersWithOneLanePerRankAndNoConsoleErrors) {
   ASSERT_NE(r.dom.find("</html>"), std::string::npos) << "no DOM dumped\n" << r.log;
   // The DOM is the browser's parse of the page: SVG elements in the SVG namespace survive as <svg>.
   EXPECT_NE(r.dom.find("<svg id=\"timeline\" class=\"timeline\""), std::string::npos);
-  EXPECT_EQ(count(r.dom, "class=\"lane\""), 4u);
+  EXPECT_EQ(occurrences(r.dom, "class=\"lane\""), 4u);
   for (int rank = 0; rank < 4; ++rank)
     EXPECT_NE(r.dom.find("data-rank=\"" + std::to_string(rank) + "\""), std::string::npos);
-  EXPECT_EQ(count(r.dom, "<section id="), 7u);  // parity timing timeline memory faults drills plan
+  EXPECT_EQ(occurrences(r.dom, "<section id="), 7u);  // parity timing timeline memory faults drills plan
   const auto errors = console_errors(r.log);
   std::string all;
   for (const auto& e : errors) all += e + "\n";

@@ -62,7 +62,7 @@ bool all_finite(const ref::ParamMap<double>& m) {
   return true;
 }
 
-struct Case {
+struct HealthCase {
   const char* name;
   MeshOptions options;
   ref::Precision precision;
@@ -70,7 +70,7 @@ struct Case {
   const char* param;
 };
 
-std::vector<Case> cases() {
+std::vector<HealthCase> health_cases() {
   MeshOptions tp_pp = mesh({.tp = 2, .pp = 2});
   MeshOptions zero1 = zero(mesh({.dp = 2, .tp = 2, .pp = 2}), 1);
   MeshOptions cp_sp = mesh({.tp = 2, .cp = 2});
@@ -88,7 +88,7 @@ std::vector<Case> cases() {
 }
 
 TEST(MeshHealth, SkipStepOnEveryRankNamingTheRank) {
-  for (const Case& k : cases()) {
+  for (const HealthCase& k : health_cases()) {
     Scenario s = mesh_dense();
     s.train.steps = 3;
     s.train.precision = k.precision;
@@ -111,7 +111,7 @@ TEST(MeshHealth, SkipStepOnEveryRankNamingTheRank) {
 
 // The planted NaN is real: without the check it reaches the parameters after step 2.
 TEST(MeshHealth, WithoutTheCheckTheNanReachesTheParameters) {
-  for (const Case& k : cases()) {
+  for (const HealthCase& k : health_cases()) {
     Scenario s = mesh_dense();
     s.train.steps = 2;
     s.train.precision = k.precision;

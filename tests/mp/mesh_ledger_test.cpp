@@ -16,7 +16,7 @@ namespace {
 
 using namespace mesh_test;  // NOLINT
 
-std::vector<Case> cases() {
+std::vector<Case> ledger_cases() {
   MeshOptions sp = mesh({.dp = 2, .tp = 2});
   sp.sequence_parallel = true;
   MeshOptions inter = zero(mesh({.dp = 2, .pp = 2}), 1);
@@ -46,7 +46,7 @@ std::vector<Case> cases() {
 TEST(MeshLedger, EqualsTheTrackerOnEveryRank) {
   for (const ref::Recompute mode :
        {ref::Recompute::kNone, ref::Recompute::kSelective, ref::Recompute::kFull}) {
-    for (const Case& c : cases()) {
+    for (const Case& c : ledger_cases()) {
       Scenario s = mesh_dense();
       s.train.recompute = mode;
       const std::vector<RankMemory> got = mesh_memory(s, c.options);

@@ -15,7 +15,7 @@ namespace {
 
 using namespace mesh_test;  // NOLINT
 
-struct Case {
+struct RecomputeCase {
   const char* name;
   MeshOptions options;
   bool moe;
@@ -24,7 +24,7 @@ struct Case {
   bool selective_saves;
 };
 
-std::vector<Case> cases() {
+std::vector<RecomputeCase> recompute_cases() {
   MeshOptions ulysses = mesh({.dp = 2, .pp = 2, .cp = 2});
   ulysses.cp_algo = CpAlgo::ulysses;
   MeshOptions sp = mesh({.dp = 2, .tp = 2, .pp = 2});
@@ -36,7 +36,7 @@ std::vector<Case> cases() {
 }
 
 TEST(MeshRecompute, EveryModeGivesTheBitsOfNoneAndSavesActivations) {
-  for (const Case& c : cases()) {
+  for (const RecomputeCase& c : recompute_cases()) {
     std::vector<test::DpRun> runs;
     std::vector<std::size_t> peaks;
     for (const ref::Recompute mode :

@@ -23,7 +23,7 @@ constexpr double kBf16Params = 1e-3;
 // ‖p − p_f64‖₂ / ‖p_f64 − p_init‖₂ (reference/README.md "Precision recipes").
 constexpr double kBf16Drift = 0.25;
 
-const Trace& reference_of(const Scenario& s) {
+const Trace& bf16_reference(const Scenario& s) {
   static std::map<std::string, Trace> cache;
   const std::string key = s.name + "/" + ref::to_string(s.train.precision);
   auto it = cache.find(key);
@@ -46,15 +46,15 @@ double drift(const ref::ParamMap<double>& p, const ref::ParamMap<double>& f64,
   return std::sqrt(num / den);
 }
 
-using Param = std::tuple<std::string, Strategy, int>;
+using Param = StrategyParam;
 class Bf16Recipe : public ::testing::TestWithParam<Param> {};
 
 TEST_P(Bf16Recipe, MatchesBf16ReferenceWithinBounds) {
   const auto& [name, strategy, world] = GetParam();
   Scenario s = name == "moe" ? moe_setup() : dense_setup();
-  const Trace& f64 = reference_of(s);
+  const Trace& f64 = bf16_reference(s);
   s.train.precision = ref::Precision::kBf16;
-  const Trace& want = reference_of(s);
+  const Trace& want = bf16_reference(s);
   DataParallelOptions o{.strategy = strategy, .bucket_elems = 500};
   o.fsdp.prefetch = 1;
   const DpRun got = dp_run(s, world, o);
@@ -71,18 +71,13 @@ TEST_P(Bf16Recipe, MatchesBf16ReferenceWithinBounds) {
       ASSERT_EQ(got.ranks[r].params.back()[e.name].vec(), e.value.vec()) << "rank " << r;
 }
 
-std::string param_name(const ::testing::TestParamInfo<Param>& info) {
-  const auto& [name, strategy, world] = info.param;
-  return name + "_" + std::string(name_of(strategy)) + "_dp" + std::to_string(world);
-}
-
 INSTANTIATE_TEST_SUITE_P(Strategies, Bf16Recipe,
                          ::testing::Combine(::testing::Values("dense", "moe"),
                                             ::testing::Values(Strategy::ddp, Strategy::zero1,
                                                               Strategy::zero2, Strategy::zero3,
                                                               Strategy::fsdp),
                                             ::testing::Values(1, 2, 4)),
-                         param_name);
+                         strategy_param_name);
 
 }  // namespace
 }  // namespace shardcheck::parallel::test

@@ -13,7 +13,7 @@
 namespace shardcheck::parallel::test {
 namespace {
 
-const Trace& reference_of(const Scenario& s) {
+const Trace& fsdp_reference(const Scenario& s) {
   static std::map<std::string, Trace> cache;
   auto it = cache.find(s.name);
   if (it == cache.end()) it = cache.emplace(s.name, reference_run(s)).first;
@@ -77,7 +77,7 @@ TEST_P(FsdpParity, F64MatchesReferenceEveryStep) {
   DataParallelOptions o{.strategy = Strategy::fsdp};
   o.fsdp = c.fsdp;
   const DpRun got = dp_run(s, c.world, o);
-  const Parity p = compare(reference_of(s), got);
+  const Parity p = compare(fsdp_reference(s), got);
   std::printf("parity fsdp %s: loss %.2e params %.2e\n", c.name.c_str(), p.loss, p.params);
   EXPECT_LE(p.max(), kF64Tolerance) << "worst: " << p.worst;
   for (std::size_t r = 1; r < got.ranks.size(); ++r)
@@ -108,7 +108,7 @@ TEST(FsdpMemory, PrefetchDepthRaisesTheTrackedGatherPeak) {
       DataParallelOptions o{.strategy = Strategy::fsdp};
       o.fsdp = {.wrap = WrapPolicy::block, .reshard_after_forward = reshard, .prefetch = depth};
       const DpRun got = dp_run(s, 4, o);
-      EXPECT_LE(compare(reference_of(s), got).max(), kF64Tolerance);
+      EXPECT_LE(compare(fsdp_reference(s), got).max(), kF64Tolerance);
       const std::size_t held =
           got.category_peaks[comm::MemCategory::params] - got.resident_params * sizeof(double);
       const LedgerRow row = mesh_ledger(s.model, s.train, dp_mesh(4, o), 0);

@@ -4,11 +4,14 @@
 // gathered parameter). Test code only.
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <mutex>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "parallel/data_parallel.hpp"
@@ -92,6 +95,13 @@ inline Trace reference_run(const Scenario& s) {
     out.params.push_back(trainer.params());
   }
   return out;
+}
+
+// (setup name, strategy, DP size): the parameter of the strategy matrices, and its test name.
+using StrategyParam = std::tuple<std::string, Strategy, int>;
+inline std::string strategy_param_name(const ::testing::TestParamInfo<StrategyParam>& info) {
+  const auto& [name, strategy, world] = info.param;
+  return name + "_" + std::string(name_of(strategy)) + "_dp" + std::to_string(world);
 }
 
 // The engine's options for a data-parallel mesh of `world` ranks under a data-parallel strategy.

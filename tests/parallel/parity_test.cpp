@@ -29,7 +29,7 @@ Scenario setup_named(const std::string& name) {
 
 constexpr std::size_t kBucketElems = 500;  // several buckets on the tiny models
 
-using Param = std::tuple<std::string, Strategy, int>;
+using Param = StrategyParam;
 
 class DataParallelParity : public ::testing::TestWithParam<Param> {};
 
@@ -60,17 +60,12 @@ TEST_P(DataParallelParity, F64MatchesReferenceEveryStep) {
     }
 }
 
-std::string param_name(const ::testing::TestParamInfo<Param>& info) {
-  const auto& [name, strategy, world] = info.param;
-  return name + "_" + std::string(name_of(strategy)) + "_dp" + std::to_string(world);
-}
-
 INSTANTIATE_TEST_SUITE_P(Matrix, DataParallelParity,
                          ::testing::Combine(::testing::Values("dense", "moe"),
                                             ::testing::Values(Strategy::ddp, Strategy::zero1,
                                                               Strategy::zero2, Strategy::zero3),
                                             ::testing::Values(1, 2, 3, 4, 8)),
-                         param_name);
+                         strategy_param_name);
 
 // The setups exercise what the parity claim is about: clipping on every step, accumulation over
 // several microbatches on every rank, and padded (uneven) shards.

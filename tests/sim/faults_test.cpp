@@ -25,9 +25,9 @@ bool contains(const std::string& s, const std::string& part) {
 
 // Two steps of: all_gather (op 0), compute, reduce_scatter (op 1), all_reduce (op 2).
 // Checks its own results, so a silent corruption shows as wrong elements.
-struct Program {
+struct SelfCheckingProgram {
   std::vector<int> wrong;
-  explicit Program(int n) : wrong(static_cast<std::size_t>(n), 0) {}
+  explicit SelfCheckingProgram(int n) : wrong(static_cast<std::size_t>(n), 0) {}
   void operator()(Communicator& c) {
     const std::size_t shard = 8, p = static_cast<std::size_t>(c.size());
     for (int step = 1; step <= 2; ++step) {
@@ -53,7 +53,7 @@ struct Program {
 // Runs the program with one fault, expects a failure, returns the diagnosis.
 Diagnosis fail_with(int n, Fault f, bool checksums = false) {
   SimWorld w(n, {.faults = {.seed = 7, .faults = {f}}, .checksum_payloads = checksums});
-  Program prog(n);
+  SelfCheckingProgram prog(n);
   EXPECT_THROW(w.run(std::ref(prog)), RankFailure);
   EXPECT_TRUE(w.diagnosis().has_value());
   if (!w.diagnosis()) return {};
@@ -102,7 +102,7 @@ TEST_P(Faults, CrashReleasesEveryoneWithPeerErrorsNamingTheDeadRank) {
   const int n = GetParam(), r = n / 2;
   SimWorld w(
       n, {.faults = {.faults = {{.kind = FaultKind::crash, .rank = r, .step = 1, .op_index = 2}}}});
-  Program prog(n);
+  SelfCheckingProgram prog(n);
   try {
     w.run(std::ref(prog));
     FAIL() << "the run did not fail";
@@ -188,7 +188,7 @@ TEST_P(Faults, CorruptPayloadWithoutChecksumsIsSilentButRecorded) {
       n,
       {.faults = {
            .faults = {{.kind = FaultKind::corrupt_payload, .rank = r, .step = 1, .op_index = 2}}}});
-  Program prog(n);
+  SelfCheckingProgram prog(n);
   w.run(std::ref(prog));  // no error: nothing checks
   EXPECT_FALSE(w.diagnosis().has_value());
   int wrong = 0;
@@ -225,7 +225,7 @@ TEST_P(Faults, MemoryBudgetIsAnOomOfThatRank) {
 TEST_P(Faults, WithoutFaultsTheProgramIsCorrect) {
   const int n = GetParam();
   SimWorld w(n);
-  Program prog(n);
+  SelfCheckingProgram prog(n);
   w.run(std::ref(prog));
   for (int x : prog.wrong) EXPECT_EQ(x, 0);
   EXPECT_TRUE(w.fired_faults().empty());
