@@ -41,17 +41,70 @@ nlohmann::json sampler_json(const ref::SamplerState& st) {
           {"drop_last", st.drop_last}};
 }
 
-ref::SamplerState sampler_from(const nlohmann::json& j) {
-  ref::SamplerState st;
-  st.epoch = j.at("epoch").get<std::int64_t>();
-  st.offset = j.at("offset").get<std::int64_t>();
-  st.steps = j.at("steps").get<std::int64_t>();
-  st.padded = j.at("padded").get<std::int64_t>();
-  st.drop_last = j.at("drop_last").get<bool>();
-  return st;
+[[noreturn]] void refuse(const std::string& what) {
+  throw checkpoint::RestoreError(checkpoint::Reason::bad_manifest, what, "manifest.json");
+}
+
+// The manifest's sampler.<key>: an integer in [lo, hi].
+std::int64_t sampler_int(const nlohmann::json& j, const char* key, std::int64_t lo,
+                         std::int64_t hi) {
+  const std::string field = std::string("sampler.") + key;
+  if (!j.contains(key)) refuse(field + " is missing");
+  const nlohmann::json& v = j.at(key);
+  if (!v.is_number_integer()) refuse(field + " is " + v.dump() + ", expected an integer");
+  const bool fits = v.is_number_unsigned()
+                        ? v.get<std::uint64_t>() <= static_cast<std::uint64_t>(hi)
+                        : v.get<std::int64_t>() >= lo && v.get<std::int64_t>() <= hi;
+  if (!fits)
+    refuse(field + " is " + v.dump() + ", expected " + std::to_string(lo) + ".." +
+           std::to_string(hi));
+  return v.get<std::int64_t>();
 }
 
 }  // namespace
+
+TrainCursor resume_cursor(const checkpoint::RunState& st, const Scenario& s,
+                          std::int64_t dataset_samples) {
+  const nlohmann::json want = identity(s);
+  for (const char* key : {"model", "precision", "seed", "global_batch"})
+    if (!st.training.contains(key) || st.training.at(key) != want.at(key))
+      refuse(std::string("the checkpoint's training.") + key + " " +
+             (st.training.contains(key) ? st.training.at(key).dump() : "(absent)") +
+             " differs from the scenario's " + want.at(key).dump());
+  const auto steps = static_cast<std::uint64_t>(s.train.steps);
+  if (st.step > steps)
+    refuse("step " + std::to_string(st.step) + " is past the scenario's train.steps " +
+           std::to_string(steps));
+  const auto batch = static_cast<std::uint64_t>(s.train.global_batch);
+  if (st.consumed_samples != st.step * batch)
+    refuse("consumed_samples " + std::to_string(st.consumed_samples) + " is not step " +
+           std::to_string(st.step) + " x global_batch " + std::to_string(batch));
+  if (st.consumed_tokens > st.consumed_samples * static_cast<std::uint64_t>(s.model.seq_len))
+    refuse("consumed_tokens " + std::to_string(st.consumed_tokens) + " exceeds " +
+           std::to_string(st.consumed_samples) + " samples of seq_len " +
+           std::to_string(s.model.seq_len));
+  const nlohmann::json& j = st.sampler;
+  if (!j.is_object()) refuse("sampler is " + j.dump() + ", expected an object");
+  TrainCursor c;
+  c.step = static_cast<int>(st.step);
+  c.consumed_samples = static_cast<std::int64_t>(st.consumed_samples);
+  c.consumed_tokens = static_cast<std::int64_t>(st.consumed_tokens);
+  const std::int64_t k = c.step, b = s.train.global_batch;
+  ref::SamplerState& sp = c.sampler;
+  if (!j.contains("drop_last") || !j.at("drop_last").is_boolean())
+    refuse("sampler.drop_last is missing or not a boolean");
+  sp.drop_last = j.at("drop_last").get<bool>();
+  if (sp.drop_last != s.data.drop_last)
+    refuse(std::string("sampler.drop_last is ") + (sp.drop_last ? "true" : "false") +
+           ", the scenario's data.drop_last is " + (s.data.drop_last ? "true" : "false"));
+  // One global batch per step; an epoch begins at most once per batch; the offset lies inside
+  // the epoch's permutation (past its end by less than a batch when the remainder is padded).
+  sp.steps = sampler_int(j, "steps", k, k);
+  sp.epoch = sampler_int(j, "epoch", 0, k);
+  sp.offset = sampler_int(j, "offset", 0, dataset_samples + (sp.drop_last ? 0 : b));
+  sp.padded = sampler_int(j, "padded", 0, k * b);
+  return c;
+}
 
 std::filesystem::path config_checkpoint_dir(const Scenario& s, const ParallelSpec& p,
                                             const std::filesystem::path& dir) {
@@ -109,18 +162,10 @@ checkpoint::SaveResult save_training(comm::Communicator& world, const parallel::
 }
 
 TrainCursor restore_training(comm::Communicator& world, parallel::MeshEngine& engine,
-                             const Scenario& s, const std::filesystem::path& step_dir) {
+                             const Scenario& s, std::int64_t dataset_samples,
+                             const std::filesystem::path& step_dir) {
   const checkpoint::Checkpoint ck = checkpoint::Checkpoint::open_collective(world, step_dir);
-  const checkpoint::RunState& st = ck.manifest().state;
-  const nlohmann::json want = identity(s);
-  for (const char* key : {"model", "precision", "seed", "global_batch"})
-    if (!st.training.contains(key) || st.training.at(key) != want.at(key))
-      throw checkpoint::RestoreError(
-          checkpoint::Reason::bad_manifest,
-          std::string("the checkpoint's training.") + key + " " +
-              (st.training.contains(key) ? st.training.at(key).dump() : "(absent)") +
-              " differs from the scenario's " + want.at(key).dump(),
-          "manifest.json");
+  const TrainCursor c = resume_cursor(ck.manifest().state, s, dataset_samples);
   engine.import_state([&](const std::string& tensor, comm::DType dtype, std::size_t begin,
                           std::size_t count, std::span<std::byte> out) {
     const checkpoint::TensorRecord& t = ck.tensor(tensor);
@@ -132,11 +177,6 @@ TrainCursor restore_training(comm::Communicator& world, parallel::MeshEngine& en
                                      "", tensor);
     ck.read(tensor, checkpoint::FlatRange{begin, count}, out);
   });
-  TrainCursor c;
-  c.step = static_cast<int>(st.step);
-  c.consumed_samples = static_cast<std::int64_t>(st.consumed_samples);
-  c.consumed_tokens = static_cast<std::int64_t>(st.consumed_tokens);
-  c.sampler = sampler_from(st.sampler);
   return c;
 }
 

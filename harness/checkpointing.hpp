@@ -31,12 +31,22 @@ checkpoint::SaveResult save_training(comm::Communicator& world, const parallel::
                                      const TrainCursor& cursor, const std::filesystem::path& dir,
                                      const checkpoint::SaveOptions& opts = {});
 
-// Collective: validates the checkpoint at step_dir completely (every rank agrees), checks that it
-// belongs to this scenario (model, precision, seed, global batch) and imports it into `engine`
-// (resharding as needed). Returns the cursor to continue from. Throws checkpoint::RestoreError
-// naming the shard and reason; nothing of the engine is touched before validation passed.
+// What a restore reads besides tensors, checked against the scenario before any state changes:
+// the run's identity (model, precision, seed, global batch), the counters (step at most
+// train.steps, consumed samples = step x global batch, tokens at most samples x seq_len) and the
+// sampler (integers in range for a dataset of `dataset_samples`, one batch per step, the
+// scenario's drop_last). Throws checkpoint::RestoreError(bad_manifest) naming the field; returns
+// the cursor to continue from.
+TrainCursor resume_cursor(const checkpoint::RunState& state, const Scenario& s,
+                          std::int64_t dataset_samples);
+
+// Collective: validates the checkpoint at step_dir completely (every rank agrees), checks it with
+// resume_cursor and imports it into `engine` (resharding as needed). Returns the cursor to
+// continue from. Throws checkpoint::RestoreError naming the shard or field and the reason; nothing
+// of the engine is touched before validation passed.
 TrainCursor restore_training(comm::Communicator& world, parallel::MeshEngine& engine,
-                             const Scenario& s, const std::filesystem::path& step_dir);
+                             const Scenario& s, std::int64_t dataset_samples,
+                             const std::filesystem::path& step_dir);
 
 // The directory a configuration saves into: dir itself for a single-configuration scenario,
 // dir/<config label> otherwise.

@@ -4,10 +4,12 @@
 
 #include <CLI/CLI.hpp>
 
+#include <cstdio>
 #include <iostream>
 #include <string_view>
 
 #include "harness/cli_commands.hpp"
+#include "harness/output.hpp"
 
 namespace shardcheck::harness {
 
@@ -41,8 +43,17 @@ int run_cli(int argc, char** argv) {
   } catch (const BadInput& e) {
     std::cerr << "shardcheck: error: " << e.what() << "\n";
     return kExitBadInput;
+  } catch (const OutputError& e) {
+    std::cerr << "shardcheck: output lost: " << e.what() << "\n";
+    return kExitRunBroke;
   } catch (const std::exception& e) {
     std::cerr << "shardcheck: the run broke: " << e.what() << "\n";
+    return kExitRunBroke;
+  }
+  // Tables and --json go to standard output: a full disk or a closed pipe there is lost output.
+  std::cout.flush();
+  if (!std::cout || std::fflush(stdout) != 0 || std::ferror(stdout)) {
+    std::cerr << "shardcheck: output lost: standard output could not be written completely\n";
     return kExitRunBroke;
   }
   return exit_code;

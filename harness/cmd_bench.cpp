@@ -1,6 +1,5 @@
 // `shardcheck bench collectives`: argument checks and the table/JSON output around
 // bench_collectives.hpp (nccl-tests conventions).
-#include <fstream>
 #include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -8,8 +7,10 @@
 
 #include "harness/backend.hpp"
 #include "harness/bench_collectives.hpp"
+#include "harness/budget.hpp"
 #include "harness/cli.hpp"
 #include "harness/cli_commands.hpp"
+#include "harness/output.hpp"
 #include "sim/world.hpp"
 
 namespace shardcheck::harness {
@@ -23,8 +24,9 @@ struct BenchArgs {
   std::string op = "all_reduce";
   std::string dtype = "f32";
   std::string redop = "sum";
-  std::size_t min_bytes = 4096;
-  std::size_t max_bytes = std::size_t{64} << 20;
+  std::uint64_t min_bytes = 4096;
+  std::uint64_t max_bytes = std::uint64_t{64} << 20;
+  std::uint64_t max_memory = 0;  // 0: the machine's
   int warmup = 2;
   int iters = 0;
   std::string json;
@@ -104,6 +106,8 @@ int bench_collectives_cmd(const BenchArgs& a) {
                      std::to_string(place.capacity) + " CUDA devices are visible");
     runner = [ranks](const std::function<void(comm::Communicator&)>& fn) { run_nccl(ranks, fn); };
   } else {
+    check_memory(estimate_bench(ranks, a.max_bytes), memory_budget(a.max_memory),
+                 "bench collectives");
     world.emplace(ranks);
     runner = [&world](const std::function<void(comm::Communicator&)>& fn) { world->run(fn); };
   }
@@ -115,9 +119,7 @@ int bench_collectives_cmd(const BenchArgs& a) {
   const BenchResult r = bench_collectives(runner, a.backend, ranks, o);
   print_footer(out, r);
   if (lead && !a.json.empty()) {
-    std::ofstream f(a.json);
-    if (!f) throw BadInput("--json: cannot write '" + a.json + "'");
-    f << to_json(r).dump(2) << "\n";
+    write_output(a.json, to_json(r).dump(2) + "\n", "--json");
   }
   return r.total_wrong() == 0 ? kExitOk : kExitCheckFailed;
 }
@@ -145,12 +147,12 @@ void add_bench_commands(CLI::App& app, int& exit_code) {
       ->capture_default_str();
   coll->add_option("--redop", ba.redop, "sum, avg, max, min or prod (reducing ops)")
       ->capture_default_str();
-  coll->add_option("--min-bytes,-b", ba.min_bytes, "Smallest size (e.g. 4096, 4KB, 1MB)")
-      ->transform(CLI::AsSizeValue(false))
+  add_size_option(*coll, "--min-bytes,-b", ba.min_bytes, "Smallest size (e.g. 4096, 4KB, 1MB)")
       ->capture_default_str();
-  coll->add_option("--max-bytes,-e", ba.max_bytes, "Largest size; sizes double from min to max")
-      ->transform(CLI::AsSizeValue(false))
+  add_size_option(*coll, "--max-bytes,-e", ba.max_bytes,
+                  "Largest size; sizes double from min to max")
       ->capture_default_str();
+  add_max_memory_option(*coll, ba.max_memory);
   coll->add_option("--warmup", ba.warmup, "Warm-up iterations per size")
       ->check(CLI::Range(0, 1000))
       ->capture_default_str();

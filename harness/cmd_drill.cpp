@@ -4,16 +4,21 @@
 // input, 3 a drill broke).
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <sstream>
 #include <string>
 
+#include "checkpoint/errors.hpp"
+#include "checkpoint/lock.hpp"
+#include "harness/budget.hpp"
 #include "harness/cli.hpp"
 #include "harness/cli_commands.hpp"
 #include "harness/drill.hpp"
 #include "harness/html.hpp"
+#include "harness/output.hpp"
 #include "harness/report.hpp"
 #include "harness/scenario.hpp"
 
@@ -28,6 +33,7 @@ struct DrillArgs {
   std::string report;
   std::string junit;
   std::string keep_dir;
+  std::uint64_t max_memory = 0;  // 0: the machine's
 };
 
 // An output directory the user named: created (or refused) before the drills run.
@@ -43,22 +49,25 @@ void prepare_dir(const std::string& option, const std::string& dir, bool must_be
     throw BadInput(option + ": '" + dir + "' is not empty; give a new or empty directory");
 }
 
-void write_file(const fs::path& path, const std::string& option, const std::string& text) {
-  std::ofstream f(path);
-  if (!f) throw BadInput(option + ": cannot write '" + path.string() + "'");
-  f << text;
-}
-
 int drill_cmd(const DrillArgs& a) {
   Scenario s;
   try {
     s = load_scenario(a.scenario);
     drills_to_run(s);  // refuses an undrillable scenario before anything runs
+    check_memory(estimate_run(s), memory_budget(a.max_memory), s.name);
   } catch (const ScenarioError& e) {
     throw BadInput(e.what());
   }
   if (!a.report.empty()) prepare_dir("--report", a.report, false);
-  if (!a.keep_dir.empty()) prepare_dir("--keep-dir", a.keep_dir, true);
+  std::optional<checkpoint::DirLock> lock;  // two drills racing into one empty --keep-dir
+  if (!a.keep_dir.empty()) {
+    prepare_dir("--keep-dir", a.keep_dir, true);
+    try {
+      lock.emplace(a.keep_dir);
+    } catch (const checkpoint::CheckpointError& e) {
+      throw BadInput("--keep-dir: " + e.detail());
+    }
+  }
   DrillReport r;
   try {
     r = run_drills(s, {.work_dir = a.keep_dir});
@@ -69,8 +78,8 @@ int drill_cmd(const DrillArgs& a) {
   std::cout << std::flush;
   if (!a.report.empty()) {
     const nlohmann::json j = drill_report_json(r);
-    write_file(fs::path(a.report) / "report.json", "--report", j.dump(2) + "\n");
-    write_file(fs::path(a.report) / "index.html", "--report", render_html(j));
+    write_output(fs::path(a.report) / "report.json", j.dump(2) + "\n", "--report");
+    write_output(fs::path(a.report) / "index.html", render_html(j), "--report");
   }
   if (!a.junit.empty()) write_drill_junit(r, a.junit);
   if (r.broke()) {
@@ -110,8 +119,7 @@ nlohmann::json drill_report_json(const DrillReport& r) {
 }
 
 void write_drill_junit(const DrillReport& r, const std::string& file) {
-  std::ofstream f(file);
-  if (!f) throw BadInput("--junit: cannot write '" + file + "'");
+  std::ostringstream f;
   std::size_t failures = 0;
   double total = 0;
   for (const DrillResult& d : r.drills) {
@@ -133,7 +141,7 @@ void write_drill_junit(const DrillReport& r, const std::string& file) {
     f << "</testcase>\n";
   }
   f << "  </testsuite>\n</testsuites>\n";
-  if (!f) throw BadInput("--junit: cannot write '" + file + "'");
+  write_output(file, f.str(), "--junit");
 }
 
 void print_drill_table(std::ostream& os, const DrillReport& r) {
@@ -172,6 +180,7 @@ void add_drill_command(CLI::App& app, int& exit_code) {
   ckpt->add_option("--keep-dir", args->keep_dir,
                    "Keep the drills' checkpoints in this new or empty directory (default: a "
                    "temporary directory, removed)");
+  add_max_memory_option(*ckpt, args->max_memory);
   ckpt->callback([args, &exit_code] { exit_code = drill_cmd(*args); });
 }
 

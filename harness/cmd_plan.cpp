@@ -4,7 +4,6 @@
 // device memory, 1 when none does, 2 on unusable input.
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -13,6 +12,7 @@
 #include "harness/cli.hpp"
 #include "harness/cli_commands.hpp"
 #include "harness/html.hpp"
+#include "harness/output.hpp"
 #include "harness/plan.hpp"
 #include "harness/scenario.hpp"
 
@@ -174,11 +174,8 @@ int plan_cmd(const PlanArgs& a) {
                                 {"description", s.description}, {"backend", "plan"},
                                 {"world_size", world},          {"plan", plan}};
     const std::filesystem::path dir(a.report);
-    std::ofstream j(dir / "report.json");
-    std::ofstream h(dir / "index.html");
-    if (!j || !h) throw BadInput("--report: cannot write into '" + a.report + "'");
-    j << report.dump(2) << "\n";
-    h << render_html(report);
+    write_output(dir / "report.json", report.dump(2) + "\n", "--report");
+    write_output(dir / "index.html", render_html(report), "--report");
   }
   if (a.json)
     std::cout << nlohmann::json{{"scenario", s.name}, {"plan", plan}}.dump(2) << "\n";

@@ -4,15 +4,19 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
 #include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 
+#include "checkpoint/errors.hpp"
+#include "checkpoint/lock.hpp"
 #include "harness/backend.hpp"
+#include "harness/budget.hpp"
 #include "harness/cli.hpp"
 #include "harness/cli_commands.hpp"
 #include "harness/html.hpp"
+#include "harness/output.hpp"
 #include "harness/report.hpp"
 #include "harness/runner.hpp"
 #include "harness/scenario.hpp"
@@ -30,6 +34,7 @@ struct RunArgs {
   std::string dump_tensors;
   std::string checkpoint_dir;
   std::string resume;
+  std::uint64_t max_memory = 0;  // 0: the machine's
 };
 
 // An output directory the user named: created now, so a typo fails before a long run (exit 2).
@@ -53,17 +58,13 @@ RunOptions::Progress progress_reporter(const std::string& scenario) {
 }
 
 void write_json(const std::string& dir, const char* file, const nlohmann::json& j) {
-  std::ofstream f(std::filesystem::path(dir) / file);
-  if (!f) throw BadInput("--report: cannot write " + std::string(file) + " into '" + dir + "'");
-  f << j.dump(2) << "\n";
+  write_output(std::filesystem::path(dir) / file, j.dump(2) + "\n", "--report");
 }
 
 // report.json and its human view, index.html.
 void write_report(const std::string& dir, const nlohmann::json& j) {
   write_json(dir, "report.json", j);
-  std::ofstream f(std::filesystem::path(dir) / "index.html");
-  if (!f) throw BadInput("--report: cannot write index.html into '" + dir + "'");
-  f << render_html(j);
+  write_output(std::filesystem::path(dir) / "index.html", render_html(j), "--report");
 }
 
 // The run manifest, written before anything runs so that a run that breaks still leaves it.
@@ -142,6 +143,10 @@ int run_scenarios(const RunArgs& a) {
     check_nccl_run(a, scenarios);
     lead = nccl_place().rank == 0;
   }
+  // The simulator holds every rank in this process: a scenario that cannot fit is refused now.
+  if (a.backend == "sim")
+    for (const Scenario& s : scenarios)
+      check_memory(estimate_run(s), memory_budget(a.max_memory), s.name);
   const ComputeChoice compute = choose_compute(a);
   std::ostream silent(nullptr);
   std::ostream& out = lead ? std::cout : silent;
@@ -149,7 +154,16 @@ int run_scenarios(const RunArgs& a) {
   nlohmann::json all = nlohmann::json::array();
   if (lead && !a.report.empty()) prepare_dir("--report", a.report);
   if (lead && !a.dump_tensors.empty()) prepare_dir("--dump-tensors", a.dump_tensors);
-  if (!a.checkpoint_dir.empty()) prepare_dir("--checkpoint-dir", a.checkpoint_dir);
+  // One writer per checkpoint directory, for the whole run: a second run is refused at once.
+  std::optional<checkpoint::DirLock> lock;
+  if (!a.checkpoint_dir.empty()) {
+    prepare_dir("--checkpoint-dir", a.checkpoint_dir);
+    try {
+      lock.emplace(a.checkpoint_dir);
+    } catch (const checkpoint::CheckpointError& e) {
+      throw BadInput("--checkpoint-dir: " + e.detail());
+    }
+  }
   if (!a.resume.empty() && !std::filesystem::is_directory(a.resume))
     throw BadInput("--resume: no such directory '" + a.resume + "'");
   for (const auto& sc : scenarios) {
@@ -231,6 +245,7 @@ void add_run_commands(CLI::App& app, int& exit_code) {
   run->add_option("--resume", ra.resume,
                   "Resume from the newest committed checkpoint in this directory (validated "
                   "first; the scenario may give another mesh)");
+  add_max_memory_option(*run, ra.max_memory);
   ma.paths = {"scenarios/parity"};
   auto* matrix =
       app.add_subcommand("matrix", "Run every scenario in the given files or directories");
@@ -242,6 +257,7 @@ void add_run_commands(CLI::App& app, int& exit_code) {
   matrix->add_option("--report", ma.report,
                      "Write manifest.json (at start) and report.json into this directory");
   matrix->add_option("--junit", ma.junit, "Write JUnit XML (one testcase per configuration)");
+  add_max_memory_option(*matrix, ma.max_memory);
 
   run->callback([ra_ptr, &exit_code] { exit_code = run_scenarios(*ra_ptr); });
   matrix->callback([ma_ptr, &exit_code] { exit_code = run_scenarios(*ma_ptr); });

@@ -421,6 +421,17 @@ bool DrillReport::broke() const {
 }
 
 std::vector<std::string> drills_to_run(const Scenario& s) {
+  // The drills train the base mesh and damage checkpoints themselves: a matrix or injected faults
+  // would be silently ignored, so they are refused.
+  if (s.has_matrix)
+    throw ScenarioError("$.matrix",
+                        "drill checkpoint trains the base \"parallel\" mesh (and "
+                        "checkpoint.restore_parallel); give one drill scenario per mesh instead "
+                        "of a matrix");
+  if (!s.faults.empty())
+    throw ScenarioError("$.faults",
+                        "drill checkpoint injects its own damage; faults are for `run` and "
+                        "`matrix` (remove them, or run the scenario with `run`)");
   if (s.drills.empty())
     throw ScenarioError("$.drills",
                         "lists no drill; expected some of restore_same, "

@@ -37,41 +37,36 @@ std::string config_text(const Scenario& /*s*/, const ParallelSpec& p) {
 
 // PlantedBug::skip_checksums: each rank opens the checkpoint alone without hashing payloads and
 // imports straight away; a read that re-hashes a whole shard may still throw, but only mid-import.
-TrainCursor restore_unverified(parallel::MeshEngine& e, const fs::path& step_dir) {
+TrainCursor restore_unverified(parallel::MeshEngine& e, const Scenario& s, std::int64_t samples,
+                               const fs::path& step_dir) {
   const ck::Checkpoint c = ck::Checkpoint::open(step_dir, {.verify_checksums = false});
   e.import_state([&](const std::string& tensor, comm::DType, std::size_t begin, std::size_t count,
                      std::span<std::byte> out) {
     c.read(tensor, ck::FlatRange{begin, count}, out);
   });
-  const ck::RunState& st = c.manifest().state;
-  TrainCursor cur;
-  cur.step = static_cast<int>(st.step);
-  cur.consumed_samples = static_cast<std::int64_t>(st.consumed_samples);
-  cur.consumed_tokens = static_cast<std::int64_t>(st.consumed_tokens);
-  const nlohmann::json& j = st.sampler;
-  cur.sampler = {j.at("epoch"), j.at("offset"), j.at("steps"), j.at("padded"), j.at("drop_last")};
-  return cur;
+  return resume_cursor(c.manifest().state, s, samples);
 }
 
 // restore_training as the drills call it, or with the planted bug a test asked for.
 TrainCursor restore(comm::Communicator& c, parallel::MeshEngine& e, const Ctx& x,
                     const fs::path& step_dir) {
+  const auto samples = static_cast<std::int64_t>(x.ds.samples.size());
   switch (x.bug) {
     case PlantedBug::swallow_restore_errors:
       try {
-        return restore_training(c, e, x.s, step_dir);
+        return restore_training(c, e, x.s, samples, step_dir);
       } catch (const ck::RestoreError&) {
         return {};
       }
     case PlantedBug::skip_checksums:
-      return restore_unverified(e, step_dir);
+      return restore_unverified(e, x.s, samples, step_dir);
     case PlantedBug::off_by_one_step: {
-      TrainCursor cur = restore_training(c, e, x.s, step_dir);
+      TrainCursor cur = restore_training(c, e, x.s, samples, step_dir);
       cur.step -= 1;
       return cur;
     }
     default:
-      return restore_training(c, e, x.s, step_dir);
+      return restore_training(c, e, x.s, samples, step_dir);
   }
 }
 

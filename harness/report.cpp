@@ -4,10 +4,11 @@
 #include <array>
 
 #include <cstdio>
-#include <fstream>
+#include <sstream>
 #include <stdexcept>
 
 #include "comm/mesh.hpp"
+#include "harness/output.hpp"
 #include "sim/recorder.hpp"
 
 #ifndef SHARDCHECK_VERSION
@@ -263,8 +264,7 @@ nlohmann::json report_json(const RunResult& r, const std::string& backend) {
 }
 
 void write_junit(const std::vector<RunResult>& runs, const std::string& file) {
-  std::ofstream f(file);
-  if (!f) throw std::runtime_error("cannot write the JUnit file '" + file + "'");
+  std::ostringstream f;
   std::size_t tests = 0, failures = 0;
   for (const auto& r : runs)
     for (const auto& c : r.configs) {
@@ -293,6 +293,7 @@ void write_junit(const std::vector<RunResult>& runs, const std::string& file) {
     f << "  </testsuite>\n";
   }
   f << "</testsuites>\n";
+  write_output(file, f.str(), "--junit");
 }
 
 void print_summary(std::ostream& os, const RunResult& r) {

@@ -44,7 +44,8 @@ void train_rank(comm::Communicator& c, const Scenario& s, const ref::Dataset& ds
   DriveOptions o;
   if (!ck.resume_step_dir.empty())
     o.restore = [&](parallel::MeshEngine& e) {
-      return restore_training(c, e, s, ck.resume_step_dir);
+      return restore_training(c, e, s, static_cast<std::int64_t>(ds.samples.size()),
+                              ck.resume_step_dir);
     };
   o.started = [&](const TrainCursor& from) { mine.first_step = from.step + 1; };
   o.after_step = [&](const StepDone& d) {
@@ -126,7 +127,10 @@ ConfigResult run_config(const Scenario& s, const ref::Dataset& ds, const Trace& 
     if (!checkpoint::latest_committed(dir) && std::filesystem::is_directory(dir / p.label()))
       dir /= p.label();
     try {
-      ck.resume_step_dir = checkpoint::open_latest(dir).path();
+      const checkpoint::Checkpoint latest = checkpoint::open_latest(dir);
+      // Identity, counters and sampler too, before any rank starts: a refusal, never a broken run.
+      (void)resume_cursor(latest.manifest().state, s, static_cast<std::int64_t>(ds.samples.size()));
+      ck.resume_step_dir = latest.path();
     } catch (const checkpoint::RestoreError& e) {
       r.detail =
           std::string("cannot resume from ") + dir.string() + ": " + e.what() +

@@ -159,13 +159,14 @@ void check_config(const ParallelSpec& p, const ref::ModelConfig& m, const ref::T
   }
 }
 
-FaultSpec parse_fault(ObjectReader o, int world) {
+// A fault at a step the run never reaches would never fire and the run would pass: refused.
+FaultSpec parse_fault(ObjectReader o, int world, int steps) {
   FaultSpec f;
   f.kind = o.choice("kind", "",
                     {"straggler", "hang", "crash", "skip_collective", "mismatch", "nan_gradient",
                      "corrupt_payload", "memory_budget"});
   f.rank = o.integer_required("rank", 0, world - 1);
-  f.step = o.integer(f.kind == "straggler" ? "from_step" : "step", 1, 1, kBig);
+  f.step = o.integer(f.kind == "straggler" ? "from_step" : "step", 1, 1, steps);
   if (f.kind == "straggler") {
     f.slowdown = o.number("slowdown", 2.0, 1.0, 1e6);
   } else if (f.kind == "memory_budget") {
@@ -265,6 +266,7 @@ Scenario parse_scenario(const nlohmann::json& j) {
     check_config(p, sc.model, sc.train, path);
     sc.configs.push_back(p);
   }
+  sc.has_matrix = !sc.configs.empty();
   if (sc.configs.empty()) sc.configs.push_back(sc.parallel);
 
   ObjectReader topo = o.object("topology");
@@ -289,8 +291,8 @@ Scenario parse_scenario(const nlohmann::json& j) {
   for (const auto& c : sc.configs) max_world = std::max(max_world, c.mesh.world_size());
   const nlohmann::json& faults = o.array("faults");
   for (std::size_t i = 0; i < faults.size(); ++i)
-    sc.faults.push_back(
-        parse_fault(ObjectReader(faults[i], "$.faults[" + std::to_string(i) + "]"), max_world));
+    sc.faults.push_back(parse_fault(ObjectReader(faults[i], "$.faults[" + std::to_string(i) + "]"),
+                                    max_world, sc.train.steps));
 
   ObjectReader health = o.object("health");
   sc.health.payload_checksums = health.boolean("payload_checksums", false);

@@ -97,6 +97,7 @@ struct Scenario {
   ref::DataConfig data;
   ParallelSpec parallel;              // the base configuration
   std::vector<ParallelSpec> configs;  // parallel, or each matrix entry applied over it
+  bool has_matrix = false;            // configs came from a "matrix" array
   TopologySpec topology;
   std::vector<FaultSpec> faults;
   HealthSpec health;

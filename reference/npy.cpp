@@ -52,6 +52,7 @@ void write_npy(const std::filesystem::path& path, const HostArray& array) {
                 static_cast<std::streamsize>(v.size() * sizeof(v[0])));
       },
       array.data);
+  f.close();  // a full disk often shows only when the last buffer is flushed
   if (!f) throw std::runtime_error("failed writing " + path.string());
 }
 
@@ -100,7 +101,8 @@ void TensorDumper::write_index() const {
       << "\n";
   }
   f << "]\n";
-  if (!f) throw std::runtime_error("failed writing index.json");
+  f.close();
+  if (!f) throw std::runtime_error("failed writing " + (dir_ / "index.json").string());
 }
 
 }  // namespace shardcheck::ref

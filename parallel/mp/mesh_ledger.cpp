@@ -170,7 +170,9 @@ LedgerRow mesh_ledger(const ref::ModelConfig& model, const ref::TrainConfig& tra
     }
   }
   row.gather_peak = mem.category_peaks()[comm::MemCategory::params];
-  row.activation_peak = static_cast<std::size_t>(peak) * r.activation;
+  // Saturated at 2^60 bytes (an exabyte): a hostile seq_len squared must not overflow the sums.
+  row.activation_peak =
+      static_cast<std::size_t>(std::min(peak * static_cast<double>(r.activation), 0x1p60));
   return row;
 }
 

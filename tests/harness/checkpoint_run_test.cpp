@@ -1,16 +1,21 @@
 // `shardcheck run --checkpoint-dir / --resume`: a ZeRO-3 run on 4 ranks saves, a DDP run on 2
 // ranks resumes from it with parity; a same-topology resume continues bitwise like an
 // uninterrupted run; a corrupt newest checkpoint is refused naming the shard and the reason
-// (exit 1) and the previous good one is named; bad options exit 2.
+// (exit 1) and the previous good one is named, as is another run's checkpoint or a cursor out of
+// range; a second run on a held directory and bad options exit 2.
 #include <gtest/gtest.h>
 
 #include <sys/wait.h>
+#include <unistd.h>
+
+#include "checkpoint/checkpoint.hpp"
 #include "tests/harness/cli_support.hpp"
 
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <span>
 #include <string>
 
 namespace {
@@ -20,6 +25,7 @@ namespace fs = std::filesystem;
 using shardcheck::testing::shardcheck;
 
 using shardcheck::testing::read_json;
+namespace ck = shardcheck::checkpoint;
 
 class CheckpointRun : public ::testing::Test {
  protected:
@@ -134,6 +140,51 @@ TEST_F(CheckpointRun, CorruptNewestCheckpointIsRefusedNamingShardAndPreviousGood
   EXPECT_NE(out.find("checksum_mismatch"), std::string::npos) << out;
   EXPECT_NE(out.find(victim.filename().string()), std::string::npos) << out;
   EXPECT_NE(out.find("step-2"), std::string::npos) << "previous good checkpoint named\n" << out;
+}
+
+// A checkpoint that validates but is not this run's (another seed), or whose cursor is out of
+// range, is refused before any rank starts: exit 1 naming the field, not exit 3 from inside a
+// rank (or a resume at a garbage sampler offset).
+TEST_F(CheckpointRun, AnotherRunsOrAnOutOfRangeCursorIsRefusedNamingTheField) {
+  const auto s = scenario("cursor", {{"dp", 2}}, 2);
+  auto [code, out] =
+      shardcheck("run " + s.string() + " --checkpoint-dir " + (dir_ / "ck").string());
+  ASSERT_EQ(code, 0) << out;
+  auto other = read_json(s);
+  other["seed"] = other.value("seed", 1234) + 1;
+  const fs::path reseeded = dir_ / "reseeded.json";
+  std::ofstream(reseeded) << other.dump(2);
+  std::tie(code, out) =
+      shardcheck("run " + reseeded.string() + " --resume " + (dir_ / "ck").string());
+  EXPECT_EQ(code, 1) << out;
+  EXPECT_NE(out.find("training.seed"), std::string::npos) << out;
+  // A hand-edited sampler offset, committed consistently (the marker pins the edited manifest).
+  for (const std::int64_t offset : {std::int64_t{-5}, std::int64_t{1} << 62}) {
+    const fs::path step = dir_ / "ck" / "step-4";
+    auto manifest = read_json(step / "manifest.json");
+    manifest["sampler"]["offset"] = offset;
+    const std::string text = manifest.dump(1) + "\n";
+    std::ofstream(step / "manifest.json") << text;
+    auto marker = read_json(step / "SUCCESS");
+    marker["manifest_xxh3"] = ck::hex64(ck::xxh3(std::as_bytes(std::span(text))));
+    std::ofstream(step / "SUCCESS") << marker.dump() << "\n";
+    std::tie(code, out) = shardcheck("run " + s.string() + " --resume " + (dir_ / "ck").string());
+    EXPECT_EQ(code, 1) << out;
+    EXPECT_NE(out.find("sampler.offset is " + std::to_string(offset)), std::string::npos) << out;
+  }
+}
+
+// One run per checkpoint directory: while another holds it, a run is refused at once (exit 2)
+// naming the holder, and writes nothing there.
+TEST_F(CheckpointRun, ASecondRunOnTheDirectoryIsRefusedNamingTheHolder) {
+  const auto s = scenario("locked", {{"dp", 2}}, 2);
+  const ck::DirLock held(dir_ / "ck");
+  const auto [code, out] =
+      shardcheck("run " + s.string() + " --checkpoint-dir " + (dir_ / "ck").string());
+  EXPECT_EQ(code, 2) << out;
+  EXPECT_NE(out.find("in use by another run (pid " + std::to_string(::getpid())), std::string::npos)
+      << out;
+  EXPECT_FALSE(fs::exists(dir_ / "ck" / "step-2"));
 }
 
 TEST_F(CheckpointRun, BadOptionsExitTwo) {

@@ -173,6 +173,11 @@ TEST(Scenario, BadInputNamesThePathAndTheExpectation) {
       {R"({"faults": [{"kind": "hang", "rank": 4}]})", "$.faults[0].rank",
        "expected an integer in [0, 0]"},
       {R"({"faults": [{"kind": "memory_budget", "rank": 0}]})", "$.faults[0].bytes", "missing"},
+      // A fault past the last step would never fire, and the run would pass.
+      {R"({"train": {"steps": 3}, "faults": [{"kind": "hang", "rank": 0, "step": 4}]})",
+       "$.faults[0].step", "expected an integer in [1, 3]"},
+      {R"({"train": {"steps": 3}, "faults": [{"kind": "straggler", "rank": 0, "from_step": 9}]})",
+       "$.faults[0].from_step", "expected an integer in [1, 3]"},
       {R"({"drills": ["restore_same", "bogus"]})", "$.drills[1]", "expected one of"},
       {R"({"expect": {"fault": "boom"}})", "$.expect.fault", "expected one of"},
       {R"({"seed": -1})", "$.seed", "expected an integer >= 0"},

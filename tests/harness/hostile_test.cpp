@@ -1,0 +1,160 @@
+// Hostile use of the CLI, one class per test group (issue "no input crashes, hangs or passes
+// silently"): output that cannot be written completely, and the writer of every output file.
+// Scenario-file limits are in scenario_test.cpp, thread-start failures in tests/sim.
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <tuple>
+
+#include "cli_support.hpp"
+#include "harness/output.hpp"
+
+namespace shardcheck::harness {
+namespace {
+
+namespace fs = std::filesystem;
+using shardcheck::testing::shardcheck;
+using shardcheck::testing::small_scenario;
+using shardcheck::testing::TempDir;
+
+bool contains(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
+
+std::string slurp(const fs::path& p) {
+  std::ifstream f(p);
+  return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+}
+
+TEST(OutputFile, ReplacesTheFileWholeAndLeavesNoTemporary) {
+  TempDir tmp("shardcheck_output_replace");
+  const fs::path file = tmp.path() / "report.json";
+  write_output(file, "old", "--report");
+  write_output(file, "new content", "--report");
+  EXPECT_EQ(slurp(file), "new content");
+  int entries = 0;
+  for ([[maybe_unused]] const auto& e : fs::directory_iterator(tmp.path())) ++entries;
+  EXPECT_EQ(entries, 1);  // no *.tmp.* left beside it
+}
+
+TEST(OutputFile, EveryFailureIsNamed) {
+  TempDir tmp("shardcheck_output_fail");
+  // Into a directory that does not exist, over a directory, and onto a full device.
+  const auto message = [](const fs::path& file) {
+    try {
+      write_output(file, "x", "--junit");
+    } catch (const OutputError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  const std::string missing = message(tmp.path() / "no" / "junit.xml");
+  EXPECT_TRUE(contains(missing, "--junit") && contains(missing, "junit.xml")) << missing;
+  fs::create_directory(tmp.path() / "dir");
+  EXPECT_TRUE(contains(message(tmp.path() / "dir"), "directory")) << message(tmp.path() / "dir");
+  if (fs::exists("/dev/full")) {
+    const std::string full = message("/dev/full");
+    EXPECT_TRUE(contains(full, "/dev/full") && contains(full, "could not write")) << full;
+  }
+}
+
+TEST(OutputFile, AFifoNobodyReadsIsRefusedAtOnce) {
+  TempDir tmp("shardcheck_output_fifo");
+  const fs::path fifo = tmp.path() / "pipe";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_THROW(write_output(fifo, "x", "--json"), OutputError);
+  // Not a timing assertion on speed: a blocked open would never return at all.
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30));
+}
+
+// The CLI: a run whose JUnit file or report cannot be written completely fails (exit 3) and
+// names the file, instead of exiting 0 with an empty or truncated file for a CI gate to read.
+TEST(HostileOutput, ALostJunitOrReportFailsTheRun) {
+  TempDir tmp("shardcheck_hostile_output");
+  const fs::path scenario = tmp.write("s.json", small_scenario("lost", {{{"dp", 2}}}, 11, 1));
+  if (fs::exists("/dev/full")) {
+    const auto [code, out] = shardcheck("run " + scenario.string() + " --junit /dev/full");
+    EXPECT_EQ(code, 3) << out;
+    EXPECT_TRUE(contains(out, "output lost") && contains(out, "/dev/full")) << out;
+  }
+  // index.html cannot replace a directory of that name: the report is incomplete.
+  const fs::path report = tmp.path() / "report";
+  fs::create_directories(report / "index.html");
+  const auto [code, out] = shardcheck("run " + scenario.string() + " --report " + report.string());
+  EXPECT_EQ(code, 3) << out;
+  EXPECT_TRUE(contains(out, "index.html")) << out;
+  // What was written is whole JSON, with no temporary file beside it.
+  EXPECT_TRUE(nlohmann::json::accept(slurp(report / "report.json")));
+  for (const auto& e : fs::directory_iterator(report))
+    EXPECT_FALSE(contains(e.path().filename().string(), ".tmp.")) << e.path();
+}
+
+TEST(HostileOutput, StandardOutputThatCannotBeWrittenFailsTheCommand) {
+  if (!fs::exists("/dev/full")) GTEST_SKIP() << "no /dev/full";
+  TempDir tmp("shardcheck_hostile_stdout");
+  const fs::path scenario = tmp.write("s.json", small_scenario("stdout", {{{"dp", 2}}}, 11, 1));
+  // shardcheck() appends 2>&1, so the message is lost with stdout; the exit code is not.
+  const auto [code, out] = shardcheck("ledger " + scenario.string() + " >/dev/full");
+  EXPECT_EQ(code, 3) << out;
+}
+
+// `drill checkpoint` trains one mesh and damages checkpoints itself: a matrix or faults in its
+// scenario used to be ignored without a word.
+TEST(HostileScenario, DrillRefusesWhatItWouldIgnore) {
+  TempDir tmp("shardcheck_hostile_drill");
+  nlohmann::json drill =
+      shardcheck::testing::read_json(std::string(SHARDCHECK_SCENARIOS_DIR) + "/drills/ddp.json");
+  nlohmann::json with_matrix = drill;
+  with_matrix["matrix"] = {{{"dp", 2}}};
+  nlohmann::json with_faults = drill;
+  with_faults["faults"] = {{{"kind", "hang"}, {"rank", 0}, {"step", 1}}};
+  for (const auto& [file, j, path] : {std::tuple{"m.json", with_matrix, "$.matrix"},
+                                      std::tuple{"f.json", with_faults, "$.faults"}}) {
+    const auto [code, out] = shardcheck("drill checkpoint " + tmp.write(file, j).string());
+    EXPECT_EQ(code, 2) << out;
+    EXPECT_TRUE(contains(out, path)) << out;
+  }
+}
+
+// Inputs that would allocate far past the machine are refused up front (exit 2, at once) naming
+// the key, the estimate and the budget, instead of dying of bad_alloc after minutes.
+TEST(HostileScenario, ResourceBombsAreRefusedAgainstTheMemoryBudget) {
+  TempDir tmp("shardcheck_hostile_bombs");
+  struct Bomb {
+    const char* file;
+    nlohmann::json patch;
+    const char* names;
+  };
+  const Bomb bombs[] = {
+      {"docs.json", {{"data", {{"documents", 1 << 30}}}}, "$.data.documents"},
+      {"seq.json", {{"model", {{"seq_len", 1 << 30}}}}, "$.model.seq_len"},
+      {"experts.json", {{"model", {{"moe", {{"experts", 100000}, {"top_k", 2}}}}}}, "$.model"},
+  };
+  for (const Bomb& b : bombs) {
+    nlohmann::json j = small_scenario("bomb", {{{"dp", 2}}}, 11, 1);
+    j.merge_patch(b.patch);
+    const auto [code, out] =
+        shardcheck("run " + tmp.write(b.file, j).string() + " --max-memory 2GB");
+    EXPECT_EQ(code, 2) << b.file << ": " << out;
+    EXPECT_TRUE(contains(out, b.names) && contains(out, "budget of 2.0 GiB")) << out;
+  }
+  // The same scenario fits a generous budget: the estimate is not a blanket refusal.
+  const fs::path ok = tmp.write("ok.json", small_scenario("fits", {{{"dp", 2}}}, 11, 1));
+  EXPECT_EQ(shardcheck("run " + ok.string() + " --max-memory 2GB").first, 0);
+  // bench: a terabyte per buffer, and a negative size (which used to wrap to 2^64 - 5).
+  const auto [big, big_out] = shardcheck("bench collectives --ranks 4 -e 1TB --max-memory 2GB");
+  EXPECT_EQ(big, 2) << big_out;
+  EXPECT_TRUE(contains(big_out, "--max-bytes")) << big_out;
+  const auto [neg, neg_out] = shardcheck("bench collectives --ranks 2 -e -5");
+  EXPECT_EQ(neg, 2) << neg_out;
+  EXPECT_TRUE(contains(neg_out, "negative")) << neg_out;
+}
+
+}  // namespace
+}  // namespace shardcheck::harness
