@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <map>
 #include <set>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -77,6 +78,9 @@ class Residency {
     forward_ = forward;
     uses_ = std::move(uses);
     at_ = 0;
+    last_use_.clear();
+    for (std::size_t j = 0; j < uses_.size(); ++j)
+      for (const int u : uses_[j]) last_use_[u] = j;
   }
   // Before the callback's next group: the previous group is retired, this one gathered (or its
   // prefetch waited for), and the gathers of the next `prefetch` distinct units after it issued.
@@ -106,6 +110,7 @@ class Residency {
       for (const int u : units) free_if_unused(u);
     }
     uses_.clear();
+    last_use_.clear();
     at_ = 0;
   }
 
@@ -117,10 +122,10 @@ class Residency {
     std::set<std::pair<int, int>> kept;  // the (microbatch, chunk) forwards that keep it
   };
 
+  // Whether a group at or after at_ uses u (the last group using each unit, from begin()).
   bool used_later(int u) const {
-    for (std::size_t j = at_; j < uses_.size(); ++j)
-      if (std::find(uses_[j].begin(), uses_[j].end(), u) != uses_[j].end()) return true;
-    return false;
+    const auto it = last_use_.find(u);
+    return it != last_use_.end() && it->second >= at_;
   }
   void issue(int u) {
     if (held_.count(u) > 0) return;
@@ -163,6 +168,7 @@ class Residency {
   std::pair<int, int> key_{};
   bool forward_ = true;
   std::vector<std::vector<int>> uses_;
+  std::unordered_map<int, std::size_t> last_use_;
   std::size_t at_ = 0;
 };
 

@@ -197,7 +197,8 @@ std::vector<std::pair<int, int>> partition_layers(std::span<const double> layer_
   for (int c = chunks - 1; c >= 0; --c) {
     for (int i = c; i <= layers - (chunks - c); ++i) {
       double b = inf;
-      for (int j = i + 1; j <= layers - (chunks - 1 - c); ++j) {
+      // The last chunk ends at the last layer: only j = layers is finite (linear for pp = 1).
+      for (int j = c == chunks - 1 ? layers : i + 1; j <= layers - (chunks - 1 - c); ++j) {
         b = std::min(b, std::max(cost(c, i, j), best[idx(c + 1, j)]));
       }
       best[idx(c, i)] = b;
@@ -211,7 +212,7 @@ std::vector<std::pair<int, int>> partition_layers(std::span<const double> layer_
   even[idx(chunks, layers)] = 0;
   for (int c = chunks - 1; c >= 0; --c) {
     for (int i = c; i <= layers - (chunks - c); ++i) {
-      for (int j = i + 1; j <= layers - (chunks - 1 - c); ++j) {
+      for (int j = c == chunks - 1 ? layers : i + 1; j <= layers - (chunks - 1 - c); ++j) {
         const double x = cost(c, i, j);
         if (!(x <= target) || even[idx(c + 1, j)] == inf) continue;
         const double e = x * x + even[idx(c + 1, j)];
