@@ -6,10 +6,10 @@
 #include <algorithm>
 #include <climits>
 #include <system_error>
-#include <thread>
 
 #include "comm/errors.hpp"
 #include "sim/communicator.hpp"
+#include "sim/rank_thread.hpp"
 #include "sim/state.hpp"
 
 namespace shardcheck::sim {
@@ -81,13 +81,14 @@ void SimWorld::run(const std::function<void(comm::Communicator&)>& fn) {
   std::vector<int> order(static_cast<std::size_t>(ranks_), INT_MAX);
   int next_order = 0;
 
-  std::vector<std::thread> threads;
+  std::vector<RankThread> threads;
   threads.reserve(static_cast<std::size_t>(ranks_));
+  const std::size_t stack = rank_stack_bytes(ranks_);
   const auto start = [&](int r, auto body) {
     if (opts_.thread_limit > 0 && r >= opts_.thread_limit)
       throw std::system_error(std::make_error_code(std::errc::resource_unavailable_try_again),
                               "thread_limit");
-    threads.emplace_back(std::move(body));
+    threads.emplace_back(std::move(body), stack);
   };
   try {
     for (int r = 0; r < ranks_; ++r) {

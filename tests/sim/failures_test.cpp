@@ -2,11 +2,15 @@
 // mismatched collectives, skipped collectives (deadlock), cyclic sends, a rank that throws.
 #include <gtest/gtest.h>
 
+#include <pthread.h>
+
 #include <algorithm>
+#include <atomic>
 #include <stdexcept>
 #include <vector>
 
 #include "comm/errors.hpp"
+#include "sim/rank_thread.hpp"
 #include "sim/world.hpp"
 
 namespace shardcheck::testing {
@@ -206,6 +210,34 @@ TEST(SimFailures, ThreadsThatCannotStartAreNamedNotFatal) {
   }
   sim::SimWorld ok(8);
   EXPECT_NO_THROW(ok.run(fn));
+}
+
+// 1,024 ranks at the default 8 MiB stack reserve 8 GiB of address space: the rank threads' stacks
+// shrink with the world (1 GiB in all, at least 2 MiB each), so a large world runs under an
+// address-space cap. Every rank of a 512-rank world checks the stack it was given.
+TEST(SimFailures, RankStacksShrinkWithTheWorld) {
+  EXPECT_EQ(sim::rank_stack_bytes(8), std::size_t{8} << 20);
+  const std::size_t want = sim::rank_stack_bytes(512);
+  EXPECT_LE(want, std::size_t{8} << 20);
+  sim::SimWorld w(512);
+  std::atomic<int> wrong{0}, larger{0};
+  w.run([&](Communicator& c) {
+    pthread_attr_t attr;
+    std::size_t got = 0;
+    if (pthread_getattr_np(pthread_self(), &attr) == 0) {
+      pthread_attr_getstacksize(&attr, &got);
+      pthread_attr_destroy(&attr);
+    }
+    if (got < want) ++wrong;
+    if (got > want + (std::size_t{1} << 20)) ++larger;
+    std::vector<double> v(2, 1.0);
+    c.all_reduce(std::span<double>(v))->wait();
+    if (v[0] != 512.0) ++wrong;
+  });
+  EXPECT_EQ(wrong.load(), 0);
+  // glibc hands a new thread a cached stack of a finished one when it is large enough (its cache
+  // holds about 40 MiB): a few ranks may run on an earlier test's 8 MiB stack, not hundreds.
+  EXPECT_LE(larger.load(), 8);
 }
 
 }  // namespace
