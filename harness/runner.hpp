@@ -21,7 +21,9 @@ namespace shardcheck::harness {
 struct StepParity {
   int step = 0;
   double loss = 0, ref_loss = 0;
-  double max_rel_err = 0;  // max over ranks of the loss error and every parameter tensor's error
+  // Max over ranks of the errors of the loss, grad norm, clip factor and LR, and of every
+  // parameter tensor.
+  double max_rel_err = 0;
 };
 
 // One rank's tracked-allocator books at the end of a configuration's run (bytes).

@@ -146,8 +146,14 @@ void measure_parity(const Scenario& s, const Trace& want, const std::vector<Rank
                    std::to_string(k + 1) + " " + what;
       }
     };
+    // The step's scalars on every rank: the loss, and what the update was made of (a gradient
+    // off by a constant factor barely moves AdamW's parameters under clipping; its norm shows it).
     for (std::size_t rank = 0; rank < got.size(); ++rank) {
-      note(parallel::rel_err(got[rank].steps[ug].loss, want.steps[uk].loss), rank, "loss");
+      const ref::StepRecord &g = got[rank].steps[ug], &w = want.steps[uk];
+      note(parallel::rel_err(g.loss, w.loss), rank, "loss");
+      note(parallel::rel_err(g.grad_norm, w.grad_norm), rank, "grad norm (before clipping)");
+      note(parallel::rel_err(g.clip_factor, w.clip_factor), rank, "clip factor");
+      note(parallel::rel_err(g.lr, w.lr), rank, "learning rate");
       pieces[rank] = &got[rank].pieces[ug];
     }
     const ref::ParamMap<double> params = assemble(pieces, s.model, bf16);

@@ -149,7 +149,7 @@ void MeshOptimizer<T>::reduce(ref::ParamMap<T>& grads) {
       const comm::TrackedBytes tmp(*mem_, MemCategory::temporary, flat.size() * sizeof(T));
       const bool skip = env_.planted == testing::Mutation::kSkipBucket &&
                         &c == &classes_[classes_.size() / 2];  // one unit left unreduced
-      if (g.size() > 1 && !skip) g.reduce_scatter(comm::view(std::span<T>(flat)))->wait();
+      if (g.size() > 1 && !skip) g.reduce_scatter(comm::view(std::span<T>(flat)), sum())->wait();
       auto at = static_cast<std::ptrdiff_t>(c.shard * g.rank());
       if (env_.planted == testing::Mutation::kWrongShardOffset)
         at = static_cast<std::ptrdiff_t>(g.rank() * (c.numel / g.size()));
@@ -177,7 +177,7 @@ void MeshOptimizer<T>::reduce(ref::ParamMap<T>& grads) {
                                            [&](const Issued& is) { return is.cls == ci; });
     if (!flat.empty() && !(skip && first_issued == issued_.end())) {
       const comm::TrackedBytes tmp(*mem_, MemCategory::temporary, flat.size() * sizeof(T));
-      g.all_reduce(std::span<T>(flat))->wait();
+      g.all_reduce(std::span<T>(flat), sum())->wait();
       std::size_t at = 0;
       for (const auto& [a, b] : rest) {
         unpack(c, std::span<const T>(flat).subspan(at, static_cast<std::size_t>(b - a)), a, grads);
@@ -222,7 +222,7 @@ void MeshOptimizer<T>::issue_reduce(const ref::ParamMap<T>& grads, const Pick& p
     for (const std::size_t k : c.specs)
       if (fresh(specs_[k])) issued_spec_[k] = true;
     is.tmp = comm::TrackedBytes(*mem_, MemCategory::temporary, is.flat.size() * sizeof(T));
-    is.work = c.group->all_reduce(comm::view(std::span<T>(is.flat)));
+    is.work = c.group->all_reduce(comm::view(std::span<T>(is.flat)), sum());
     issued_.push_back(std::move(is));
   }
 }

@@ -158,6 +158,11 @@ class MeshOptimizer {
   };
   using SegmentFn =
       std::function<void(const LocalParam&, int64_t local, int64_t count, int64_t flat)>;
+  // The gradient reductions' operation: a sum (an average under kGradAveragedNotSummed).
+  comm::ReduceOptions sum() const {
+    return {env_.planted == testing::Mutation::kGradAveragedNotSummed ? comm::ReduceOp::avg
+                                                                      : comm::ReduceOp::sum};
+  }
   void segments(const Class& c, int64_t begin, int64_t end, const SegmentFn& fn) const;
   std::vector<T> pack(const Class& c, const ref::ParamMap<T>& m, int64_t begin, int64_t end) const;
   void unpack(const Class& c, std::span<const T> flat, int64_t begin, ref::ParamMap<T>& m) const;

@@ -21,7 +21,7 @@ namespace shardcheck::harness {
 namespace {
 
 namespace fs = std::filesystem;
-const std::string kScenarios = SHARDCHECK_SCENARIOS_DIR;
+using shardcheck::testing::kScenarios;
 
 using shardcheck::testing::shardcheck;
 
@@ -69,6 +69,28 @@ TEST(RunCommand, PlantedBugsFailTheGate) {
     o.planted = m;
     const RunResult r = run_scenario(s, o);
     EXPECT_FALSE(r.pass()) << "mutation " << static_cast<int>(m) << " was not caught";
+  }
+}
+
+// A gradient off by a constant factor (averaged where the loss is already normalised by the
+// global token count) barely moves the parameters under clipping and AdamW, so f32 and bf16 rows
+// would pass on parameters alone; the per-step gradient norm and clip factor fail every
+// data-parallel row, and the verdict names that scalar.
+TEST(RunCommand, AGradientOffByAFactorFailsInEveryPrecision) {
+  for (const char* file : {"data_parallel_f32.json", "bf16_recipe.json", "mp_f32.json"}) {
+    const Scenario s = load_scenario(kScenarios + "/parity/" + file);
+    RunOptions o;
+    o.planted = parallel::testing::Mutation::kGradAveragedNotSummed;
+    const RunResult r = run_scenario(s, o);
+    int caught = 0;
+    for (const ConfigResult& c : r.configs) {
+      if (c.spec.mesh.dp * c.spec.mesh.cp == 1) continue;  // no data-parallel reduction
+      EXPECT_FALSE(c.pass) << file << " " << c.config << " passed with averaged gradients";
+      if (c.detail.find("grad norm") != std::string::npos ||
+          c.detail.find("clip factor") != std::string::npos)
+        ++caught;
+    }
+    EXPECT_GT(caught, 0) << file << ": no row names the gradient norm or clip factor";
   }
 }
 
