@@ -393,6 +393,8 @@ Scenario load_scenario(const std::string& file) {
     j = nlohmann::json::parse(text, shallow);
   } catch (const nlohmann::json::parse_error& e) {
     throw ScenarioError(file, std::string("not valid JSON: ") + e.what());
+  } catch (const nlohmann::json::out_of_range& e) {  // a number past double range, e.g. 1e400
+    throw ScenarioError(file, std::string("a number out of range: ") + e.what());
   }
   try {
     return parse_scenario(j);

@@ -14,6 +14,9 @@
 
 namespace shardcheck::testing {
 
+// The committed scenarios (scenarios/ of the source tree).
+inline const std::string kScenarios = SHARDCHECK_SCENARIOS_DIR;
+
 // {exit code (-1 if it did not exit normally), combined output} of `shardcheck ARGS`.
 inline std::pair<int, std::string> shardcheck(const std::string& args) {
   FILE* p = popen((std::string(SHARDCHECK_BIN) + " " + args + " 2>&1").c_str(), "r");

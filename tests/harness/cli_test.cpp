@@ -2,13 +2,14 @@
 // fields of `bench collectives --json`, read back as JSON (never compared as stdout text).
 #include <gtest/gtest.h>
 
-#include <sys/wait.h>
-
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
+
+#include "cli_support.hpp"
 
 namespace {
 
@@ -17,16 +18,10 @@ struct Result {
   std::string output;
 };
 
-Result shardcheck(const std::string& args) {
-  const std::string cmd = std::string(SHARDCHECK_BIN) + " " + args + " 2>&1";
-  Result r;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return r;
-  char buf[4096];
-  while (std::fgets(buf, sizeof buf, p)) r.output += buf;
-  const int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
+// `shardcheck ARGS` (cli_support.hpp) as {code, output}.
+Result run_cli(const std::string& args) {
+  auto [code, out] = shardcheck::testing::shardcheck(args);
+  return {code, std::move(out)};
 }
 
 bool has(const std::string& s, const std::string& part) {
@@ -48,21 +43,21 @@ TEST(Cli, BadInputExitsTwoAndSaysWhat) {
       {"bench collectives --frobnicate", "frobnicate"},
   };
   for (const auto& [args, message] : cases) {
-    const Result r = shardcheck(args);
+    const Result r = run_cli(args);
     EXPECT_EQ(r.code, 2) << args << "\n" << r.output;
     EXPECT_TRUE(has(r.output, message)) << args << "\n" << r.output;
   }
 }
 
 TEST(Cli, HelpExitsZero) {
-  const Result r = shardcheck("bench collectives --help");
+  const Result r = run_cli("bench collectives --help");
   EXPECT_EQ(r.code, 0);
   EXPECT_TRUE(has(r.output, "--min-bytes"));
 }
 
 TEST(Cli, BenchWritesJsonWithNcclTestsFields) {
   const auto path = std::filesystem::temp_directory_path() / "shardcheck_cli_bench.json";
-  const Result r = shardcheck(
+  const Result r = run_cli(
       "bench collectives --ranks 4 --op all_gather --dtype bf16 -b 1KB -e 8KB --iters 2 --json " +
       path.string());
   ASSERT_EQ(r.code, 0) << r.output;

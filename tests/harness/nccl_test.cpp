@@ -18,10 +18,10 @@
 namespace shardcheck::harness {
 namespace {
 
+using shardcheck::testing::kScenarios;
 using shardcheck::testing::read_json;
 using shardcheck::testing::shardcheck;
 using shardcheck::testing::TempDir;
-const std::string kScenarios = SHARDCHECK_SCENARIOS_DIR;
 
 bool has(const std::string& s, const std::string& part) {
   return s.find(part) != std::string::npos;

@@ -12,7 +12,9 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
 
+#include "cli_support.hpp"
 #include "harness/plan.hpp"
 #include "harness/scenario.hpp"
 #include "parallel/flops.hpp"
@@ -42,16 +44,10 @@ fs::path temp_dir(const std::string& name) {
   return fs::temp_directory_path() / (name + "_" + std::to_string(getpid()));
 }
 
-Result shardcheck(const std::string& args) {
-  const std::string cmd = std::string(SHARDCHECK_BIN) + " " + args + " 2>&1";
-  Result r;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return r;
-  char buf[4096];
-  while (std::fgets(buf, sizeof buf, p)) r.out += buf;
-  const int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
+// `shardcheck ARGS` (cli_support.hpp) as {code, output}.
+Result run_cli(const std::string& args) {
+  auto [code, out] = shardcheck::testing::shardcheck(args);
+  return {code, std::move(out)};
 }
 
 // One configuration as a parallel object over the small scenario, at `ranks` ranks.
@@ -196,7 +192,7 @@ TEST(Plan, BadInputExitsTwo) {
       {"plan", "scenario"},
   };
   for (const auto& [args, message] : cases) {
-    const Result r = shardcheck(args);
+    const Result r = run_cli(args);
     EXPECT_EQ(r.code, 2) << args << "\n" << r.out;
     EXPECT_NE(r.out.find(message), std::string::npos) << args << "\n" << r.out;
   }
@@ -207,7 +203,7 @@ TEST(Plan, JsonAndReportFields) {
   const fs::path dir = temp_dir("shardcheck_plan_report");
   fs::remove_all(dir);
   const Result r =
-      shardcheck("plan " + kSmall + " --json --simulate-ranks 8 --report " + dir.string());
+      run_cli("plan " + kSmall + " --json --simulate-ranks 8 --report " + dir.string());
   ASSERT_EQ(r.code, 0) << r.out;
   const json out = json::parse(r.out);
   const json& plan = out.at("plan");

@@ -250,6 +250,14 @@ TEST(Scenario, FileErrorsNameTheFile) {
   } catch (const ScenarioError& e) {
     EXPECT_EQ(e.path(), bad.string() + ": $.parallel.tp") << e.what();
   }
+  // A number past double range is bad input too (it was a library exception: "the run broke").
+  std::ofstream(bad) << R"({"name": "x", "seed": 1e400})";
+  try {
+    load_scenario(bad.string());
+    ADD_FAILURE() << "1e400 accepted";
+  } catch (const ScenarioError& e) {
+    EXPECT_NE(std::string(e.what()).find("out of range"), std::string::npos) << e.what();
+  }
   std::filesystem::remove(bad);
 }
 
