@@ -17,6 +17,11 @@ namespace shardcheck::testing {
 // The committed scenarios (scenarios/ of the source tree).
 inline const std::string kScenarios = SHARDCHECK_SCENARIOS_DIR;
 
+// Whether `part` occurs in `s` (output and messages are checked by the fields they name).
+inline bool has(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
+
 // {exit code (-1 if it did not exit normally), combined output} of `shardcheck ARGS`.
 inline std::pair<int, std::string> shardcheck(const std::string& args) {
   FILE* p = popen((std::string(SHARDCHECK_BIN) + " " + args + " 2>&1").c_str(), "r");

@@ -24,9 +24,7 @@ Result run_cli(const std::string& args) {
   return {code, std::move(out)};
 }
 
-bool has(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
-}
+using shardcheck::testing::has;
 
 TEST(Cli, BadInputExitsTwoAndSaysWhat) {
   const std::pair<std::string, std::string> cases[] = {

@@ -33,9 +33,7 @@ using shardcheck::testing::shardcheck;
 using shardcheck::testing::small_scenario;
 using shardcheck::testing::TempDir;
 
-bool has(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
-}
+using shardcheck::testing::has;
 
 // What the fakes saw: per Compute instance (one per rank and configuration run), its rank, the
 // thread it was made on, its calls and the threads the calls came from.

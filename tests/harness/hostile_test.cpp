@@ -22,9 +22,7 @@ using shardcheck::testing::shardcheck;
 using shardcheck::testing::small_scenario;
 using shardcheck::testing::TempDir;
 
-bool contains(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
-}
+using shardcheck::testing::has;
 
 std::string slurp(const fs::path& p) {
   std::ifstream f(p);
@@ -54,12 +52,12 @@ TEST(OutputFile, EveryFailureIsNamed) {
     return std::string("no error");
   };
   const std::string missing = message(tmp.path() / "no" / "junit.xml");
-  EXPECT_TRUE(contains(missing, "--junit") && contains(missing, "junit.xml")) << missing;
+  EXPECT_TRUE(has(missing, "--junit") && has(missing, "junit.xml")) << missing;
   fs::create_directory(tmp.path() / "dir");
-  EXPECT_TRUE(contains(message(tmp.path() / "dir"), "directory")) << message(tmp.path() / "dir");
+  EXPECT_TRUE(has(message(tmp.path() / "dir"), "directory")) << message(tmp.path() / "dir");
   if (fs::exists("/dev/full")) {
     const std::string full = message("/dev/full");
-    EXPECT_TRUE(contains(full, "/dev/full") && contains(full, "could not write")) << full;
+    EXPECT_TRUE(has(full, "/dev/full") && has(full, "could not write")) << full;
   }
 }
 
@@ -81,18 +79,18 @@ TEST(HostileOutput, ALostJunitOrReportFailsTheRun) {
   if (fs::exists("/dev/full")) {
     const auto [code, out] = shardcheck("run " + scenario.string() + " --junit /dev/full");
     EXPECT_EQ(code, 3) << out;
-    EXPECT_TRUE(contains(out, "output lost") && contains(out, "/dev/full")) << out;
+    EXPECT_TRUE(has(out, "output lost") && has(out, "/dev/full")) << out;
   }
   // index.html cannot replace a directory of that name: the report is incomplete.
   const fs::path report = tmp.path() / "report";
   fs::create_directories(report / "index.html");
   const auto [code, out] = shardcheck("run " + scenario.string() + " --report " + report.string());
   EXPECT_EQ(code, 3) << out;
-  EXPECT_TRUE(contains(out, "index.html")) << out;
+  EXPECT_TRUE(has(out, "index.html")) << out;
   // What was written is whole JSON, with no temporary file beside it.
   EXPECT_TRUE(nlohmann::json::accept(slurp(report / "report.json")));
   for (const auto& e : fs::directory_iterator(report))
-    EXPECT_FALSE(contains(e.path().filename().string(), ".tmp.")) << e.path();
+    EXPECT_FALSE(has(e.path().filename().string(), ".tmp.")) << e.path();
 }
 
 TEST(HostileOutput, StandardOutputThatCannotBeWrittenFailsTheCommand) {
@@ -118,7 +116,7 @@ TEST(HostileScenario, DrillRefusesWhatItWouldIgnore) {
                                       std::tuple{"f.json", with_faults, "$.faults"}}) {
     const auto [code, out] = shardcheck("drill checkpoint " + tmp.write(file, j).string());
     EXPECT_EQ(code, 2) << out;
-    EXPECT_TRUE(contains(out, path)) << out;
+    EXPECT_TRUE(has(out, path)) << out;
   }
 }
 
@@ -142,7 +140,7 @@ TEST(HostileScenario, ResourceBombsAreRefusedAgainstTheMemoryBudget) {
     const auto [code, out] =
         shardcheck("run " + tmp.write(b.file, j).string() + " --max-memory 2GB");
     EXPECT_EQ(code, 2) << b.file << ": " << out;
-    EXPECT_TRUE(contains(out, b.names) && contains(out, "budget of 2.0 GiB")) << out;
+    EXPECT_TRUE(has(out, b.names) && has(out, "budget of 2.0 GiB")) << out;
   }
   // The same scenario fits a generous budget: the estimate is not a blanket refusal.
   const fs::path ok = tmp.write("ok.json", small_scenario("fits", {{{"dp", 2}}}, 11, 1));
@@ -150,10 +148,10 @@ TEST(HostileScenario, ResourceBombsAreRefusedAgainstTheMemoryBudget) {
   // bench: a terabyte per buffer, and a negative size (which used to wrap to 2^64 - 5).
   const auto [big, big_out] = shardcheck("bench collectives --ranks 4 -e 1TB --max-memory 2GB");
   EXPECT_EQ(big, 2) << big_out;
-  EXPECT_TRUE(contains(big_out, "--max-bytes")) << big_out;
+  EXPECT_TRUE(has(big_out, "--max-bytes")) << big_out;
   const auto [neg, neg_out] = shardcheck("bench collectives --ranks 2 -e -5");
   EXPECT_EQ(neg, 2) << neg_out;
-  EXPECT_TRUE(contains(neg_out, "negative")) << neg_out;
+  EXPECT_TRUE(has(neg_out, "negative")) << neg_out;
 }
 
 }  // namespace

@@ -23,9 +23,7 @@ using shardcheck::testing::read_json;
 using shardcheck::testing::shardcheck;
 using shardcheck::testing::TempDir;
 
-bool has(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
-}
+using shardcheck::testing::has;
 
 nlohmann::json small_scenario(const nlohmann::json& matrix) {
   return shardcheck::testing::small_scenario("nccl-small", matrix, 5, 2);
