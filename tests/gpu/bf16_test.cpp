@@ -134,7 +134,7 @@ TEST_F(GpuBf16, FromBf16IsExactForEveryPattern) {
 
 // ---- GEMMs -------------------------------------------------------------------------------------
 
-ref::Tensor<float> random(ref::Shape shape, std::mt19937_64& g, double scale = 1.0) {
+ref::Tensor<float> random_f32(ref::Shape shape, std::mt19937_64& g, double scale = 1.0) {
   ref::Tensor<float> t(std::move(shape));
   std::normal_distribution<double> d(0.0, scale);
   for (int64_t i = 0; i < t.numel(); ++i) t[i] = static_cast<float>(d(g));
@@ -194,8 +194,8 @@ TEST_F(GpuBf16, LinearWithinStatedBounds) {
   for (const GemmCase s : {GemmCase{37, 64, 48}, GemmCase{5, 129, 33}, GemmCase{96, 1024, 72}}) {
     SCOPED_TRACE("rows " + std::to_string(s.rows) + " in " + std::to_string(s.in) + " out " +
                  std::to_string(s.out));
-    const auto x = random({s.rows, s.in}, gen_), w = random({s.in, s.out}, gen_, 0.2),
-               dy = random({s.rows, s.out}, gen_), dw0 = random({s.in, s.out}, gen_);
+    const auto x = random_f32({s.rows, s.in}, gen_), w = random_f32({s.in, s.out}, gen_, 0.2),
+               dy = random_f32({s.rows, s.out}, gen_), dw0 = random_f32({s.in, s.out}, gen_);
     const auto xr = rounded(x), wr = rounded(w), dyr = rounded(dy);
     DeviceVec<std::uint16_t> bx(bf16_of(xr)), bw(bf16_of(wr)), bdy(bf16_of(dyr));
     DeviceVec<float> y(static_cast<std::size_t>(s.rows * s.out)),
@@ -230,8 +230,8 @@ TEST_F(GpuBf16, LinearTWithinStatedBounds) {
   for (const GemmCase s : {GemmCase{37, 64, 48}, GemmCase{5, 129, 33}, GemmCase{96, 1024, 72}}) {
     SCOPED_TRACE("rows " + std::to_string(s.rows) + " in " + std::to_string(s.in) + " out " +
                  std::to_string(s.out));
-    const auto x = random({s.rows, s.in}, gen_), w = random({s.out, s.in}, gen_, 0.2),
-               dy = random({s.rows, s.out}, gen_), dw0 = random({s.out, s.in}, gen_);
+    const auto x = random_f32({s.rows, s.in}, gen_), w = random_f32({s.out, s.in}, gen_, 0.2),
+               dy = random_f32({s.rows, s.out}, gen_), dw0 = random_f32({s.out, s.in}, gen_);
     const auto xr = rounded(x), wr = rounded(w), dyr = rounded(dy);
     DeviceVec<std::uint16_t> bx(bf16_of(xr)), bw(bf16_of(wr)), bdy(bf16_of(dyr));
     DeviceVec<float> y(static_cast<std::size_t>(s.rows * s.out)),

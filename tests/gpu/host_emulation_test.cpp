@@ -116,7 +116,7 @@ void emulate(const detail::GemmPlan& g, HostBuffers& b) {
     }
 }
 
-ref::Tensor<double> random(ref::Shape shape, std::mt19937_64& g) {
+ref::Tensor<double> random_f64(ref::Shape shape, std::mt19937_64& g) {
   ref::Tensor<double> t(std::move(shape));
   std::normal_distribution<double> d;
   for (int64_t i = 0; i < t.numel(); ++i) t[i] = d(g);
@@ -138,10 +138,10 @@ TEST(HostGemmPlan, LinearOpsThroughEmulatedCublasAreTheReference) {
     const int64_t rows = sh[0], in = sh[1], out = sh[2];
     const std::string where =
         std::to_string(rows) + "x" + std::to_string(in) + "->" + std::to_string(out);
-    const auto x = random({rows, in}, gen), dy = random({rows, out}, gen);
+    const auto x = random_f64({rows, in}, gen), dy = random_f64({rows, out}, gen);
     for (const bool transposed : {false, true}) {
-      const auto w = transposed ? random({out, in}, gen) : random({in, out}, gen);
-      const auto dw0 = random(w.shape(), gen);
+      const auto w = transposed ? random_f64({out, in}, gen) : random_f64({in, out}, gen);
+      const auto dw0 = random_f64(w.shape(), gen);
       std::vector<double> xv = x.vec(), wv = w.vec(), dyv = dy.vec();
       std::vector<double> y(static_cast<std::size_t>(rows * out), NAN),
           dx(static_cast<std::size_t>(rows * in), NAN), dw = dw0.vec();
