@@ -62,6 +62,7 @@ void train_rank(comm::Communicator& c, const Scenario& s, const ref::Dataset& ds
   // Outside the measured steps: the final gather of every rank's view.
   c.begin_step(s.train.steps + 1);
   mine.final_params = engine.full_params();
+  mine.held = engine.held_params();
   if (device) mine.device_ops = device->ops_run();
   const comm::MemoryTracker& m = c.memory();
   memory = RankMemory{c.world_rank(), m.current(), m.at_peak(), m.peak(), m.peak_phase()};

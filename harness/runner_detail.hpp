@@ -28,6 +28,7 @@ struct RankTrace {
   std::vector<ref::StepRecord> steps;
   std::vector<std::vector<parallel::StatePiece>> pieces;  // after each step
   ref::ParamMap<double> final_params;                     // full_params() after the last step
+  std::vector<parallel::StatePiece> held;                 // held_params() after the last step
   std::vector<parallel::StepHealth> health;
   std::vector<double> step_seconds;  // wall time of each step on this rank
   std::string compute = "cpu";       // the name() of the Compute the rank trained on

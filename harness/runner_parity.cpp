@@ -5,12 +5,15 @@
 #include <cmath>
 #include <cstring>
 #include <optional>
+#include <string>
 #include <type_traits>
+#include <utility>
 
 #include "harness/runner_detail.hpp"
 #include "parallel/flops.hpp"
 #include "parallel/mp/mesh_engine.hpp"
 #include "parallel/parity.hpp"
+#include "reference/bf16.hpp"
 #include "reference/compute.hpp"
 #include "reference/model.hpp"
 #include "reference/npy.hpp"
@@ -45,6 +48,35 @@ ref::ParamMap<double> assemble(const std::vector<const std::vector<parallel::Sta
       });
     }
   return out;
+}
+
+// The largest error of the pieces' elements against `want` (each relative to its tensor's largest
+// reference magnitude, as tensor_rel_err), and the tensor it is in.
+std::pair<double, std::string> held_err(const std::vector<parallel::StatePiece>& held,
+                                        const ref::ParamMap<double>& want) {
+  std::pair<double, std::string> worst{0.0, ""};
+  for (const parallel::StatePiece& piece : held) {
+    const std::string name = piece.tensor.substr(piece.tensor.find('/') + 1);
+    const ref::Tensor<double>* w = want.find(name);
+    double err = INFINITY;
+    if (w != nullptr && piece.begin + piece.count <= w->vec().size()) {
+      double scale = 0.0, diff = 0.0;
+      for (const double v : w->vec()) scale = std::max(scale, std::abs(v));
+      comm::visit_dtype(piece.dtype, [&](auto tag) {
+        using E = decltype(tag);
+        if constexpr (std::is_arithmetic_v<E>)
+          for (std::size_t i = 0; i < piece.count; ++i) {
+            E v;
+            std::memcpy(&v, piece.bytes.data() + i * sizeof(E), sizeof(E));
+            const double d = std::abs(static_cast<double>(v) - w->vec()[piece.begin + i]);
+            diff = d == d ? std::max(diff, d) : INFINITY;
+          }
+      });
+      err = scale > 0.0 ? diff / scale : diff;
+    }
+    if (!(err <= worst.first)) worst = {err, name};
+  }
+  return worst;
 }
 
 }  // namespace
@@ -161,13 +193,24 @@ void measure_parity(const Scenario& s, const Trace& want, const std::vector<Rank
       const ref::Tensor<double>* t = params.find(e.name);
       note(t ? parallel::tensor_rel_err(*t, e.value) : INFINITY, 0, e.name + " (owner shards)");
     }
-    if (k + 1 == s.train.steps)  // every rank's own view of the final parameters
+    if (k + 1 == s.train.steps) {  // every rank's own view of the final parameters
       for (std::size_t rank = 0; rank < got.size(); ++rank)
         for (const auto& e : want.params[uk]) {
           const ref::Tensor<double>* t = got[rank].final_params.find(e.name);
           note(t ? parallel::tensor_rel_err(*t, e.value) : INFINITY, rank,
                e.name + " (gathered by the rank)");
         }
+      // ... and every copy each rank computes with (TP, kv, tied and DP replicas), against the
+      // reference's working weights (bf16: its master rounded as its forward reads it).
+      ref::ParamMap<double> working = want.params[uk];
+      if (bf16)
+        for (auto& e : working)
+          for (double& v : e.value.vec()) v = ref::round_to_bf16(static_cast<float>(v));
+      for (std::size_t rank = 0; rank < got.size(); ++rank) {
+        const auto [e, name] = held_err(got[rank].held, working);
+        note(e, rank, name + " (the rank's own copy)");
+      }
+    }
     r.steps.push_back(sp);
     if (!(sp.max_rel_err <= r.max_rel_err)) r.max_rel_err = sp.max_rel_err;
   }

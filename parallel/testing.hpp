@@ -30,6 +30,9 @@ enum class Mutation {
   // Under clipping and AdamW the parameters barely move (the update is nearly scale-invariant);
   // the gradient norm shows it.
   kGradAveragedNotSummed,
+  // TP: ranks other than TP rank 0 leave their copies of the TP-replicated parameters (norms,
+  // router) as they were; the exported copy (TP rank 0's) is right, the others' forward is stale.
+  kReplicaNotUpdated,
 };
 
 }  // namespace shardcheck::parallel::testing

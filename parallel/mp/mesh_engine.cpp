@@ -31,6 +31,7 @@ struct MeshEngine::Impl {
   virtual ref::StepRecord step(const ref::Batch& local) = 0;
   virtual ref::ParamMap<double> full_params() = 0;
   virtual std::vector<StatePiece> export_state() const = 0;
+  virtual std::vector<StatePiece> held_params() const = 0;
   virtual void import_state(const StateReader& read) = 0;
   comm::DeviceMesh mesh;
   comm::MemoryBreakdown model_state;
@@ -242,6 +243,12 @@ class MeshImpl final : public MeshEngine::Impl {
       out.push_back(scalar_piece("train/step", steps_));
       out.push_back(scalar_piece("optimizer/step", zopt_->steps_taken()));
     }
+    return out;
+  }
+
+  std::vector<StatePiece> held_params() const override {
+    std::vector<StatePiece> out;
+    zopt_->export_held(params_, out);
     return out;
   }
 
@@ -592,6 +599,9 @@ ref::ParamMap<double> MeshEngine::full_params() {
 }
 std::vector<StatePiece> MeshEngine::export_state() const {
   return impl_->export_state();
+}
+std::vector<StatePiece> MeshEngine::held_params() const {
+  return impl_->held_params();
 }
 void MeshEngine::import_state(const StateReader& read) {
   impl_->import_state(read);

@@ -125,6 +125,9 @@ class MeshEngine {
   // over the world every element of every logical tensor is written exactly once (a slice held
   // by several ranks is written by its DP/CP/EP/TP rank 0 copy). Not collective.
   std::vector<StatePiece> export_state() const;
+  // Every parameter element this rank's forward reads, replicas included (param/<name>; see
+  // MeshOptimizer::export_held), so a parity check can compare each copy. Not collective.
+  std::vector<StatePiece> held_params() const;
   // Reads the slices this rank holds from any exporter (any mesh of the same precision recipe). Not
   // collective; call on every rank before the next step.
   void import_state(const StateReader& read);

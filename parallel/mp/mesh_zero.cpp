@@ -271,6 +271,10 @@ void MeshOptimizer<T>::update(const ref::ParamMap<T>& grads, double clip_factor,
                               ref::ParamMap<T>& params) {
   ++t_;
   int64_t owned = 0;
+  std::vector<std::pair<std::string, std::vector<T>>> stale;  // kReplicaNotUpdated (tests)
+  if (env_.planted == testing::Mutation::kReplicaNotUpdated && env_.tp_rank != 0)
+    for (const LocalParam& p : specs_)
+      if (p.tp_replicated) stale.emplace_back(p.name, params[p.name].vec());
   for (Class& c : classes_) {
     const int64_t len = c.own_end - c.own_begin;
     std::vector<T> g;
@@ -299,6 +303,7 @@ void MeshOptimizer<T>::update(const ref::ParamMap<T>& grads, double clip_factor,
     c.grad = std::vector<T>{};
     share(c, params);
   }
+  for (auto& [name, v] : stale) params[name].vec() = std::move(v);
   env_.world->compute({.name = "adamw",
                        .flops = adamw_flops(static_cast<double>(owned)),
                        .bytes = static_cast<double>(owned) *
@@ -496,6 +501,21 @@ void MeshOptimizer<T>::export_pieces(const ref::ParamMap<T>& params,
                  out.push_back(piece_of<T>("exp_avg_sq/" + p.name, p, global, k, &c.v[o]));
                });
              });
+  }
+}
+
+template <class T>
+void MeshOptimizer<T>::export_held(const ref::ParamMap<T>& params,
+                                   std::vector<StatePiece>& out) const {
+  for (const Class& c : classes_) {
+    const bool sharded = env_.zero == 3;  // the rest was released (release_class)
+    segments(
+        c, sharded ? c.own_begin : 0, sharded ? c.own_end : c.numel,
+        [&](const LocalParam& p, int64_t local, int64_t n, int64_t) {
+          runs_within(p, local, n, [&](int64_t a, int64_t global, int64_t k) {
+            out.push_back(piece_of<T>("param/" + p.name, p, global, k, params[p.name].data() + a));
+          });
+        });
   }
 }
 

@@ -141,6 +141,10 @@ class MeshOptimizer {
                         const std::function<void(const LocalParam&, int64_t, T)>& fn) const;
   // "param", "master" (bf16), "exp_avg", "exp_avg_sq" pieces of the elements this rank counts.
   void export_pieces(const ref::ParamMap<T>& params, std::vector<StatePiece>& out) const;
+  // Every working-parameter element this rank holds ("param/<name>", the working dtype as f64 or
+  // f32 values), every replica included: TP- and kv-replicated slices, the tied embedding's copy,
+  // DP replicas; ZeRO-3 / FSDP hold only their shards between steps.
+  void export_held(const ref::ParamMap<T>& params, std::vector<StatePiece>& out) const;
   // Reads params (full local slices) and the owned optimizer state; steps_taken from "optimizer/
   // step".
   void import_pieces(const StateReader& read, ref::ParamMap<T>& params);
