@@ -41,25 +41,28 @@ u64 param_count(const ref::ModelConfig& m) {
 }
 
 // One configuration's ranks: the fuller of the first and last rank (the first and last pipeline
-// stages hold the embedding and the head) times the world size; model state (with the gathered
-// units and the per-step exports) apart from activations.
+// stages hold the embedding and the head) times the world size, activations apart from the rest;
+// plus what the parity check keeps: one copy of the model state over the world per step (each
+// element is exported once) and every rank's full f64 view of the final parameters.
 struct RankBytes {
   u64 state = 0, activations = 0;
   u64 total() const { return add(state, activations); }
 };
 
-RankBytes config_bytes(const Scenario& s, const ParallelSpec& p) {
+RankBytes config_bytes(const Scenario& s, const ParallelSpec& p, u64 params) {
   const parallel::MeshOptions o = engine_options(s, p);
   const auto world = static_cast<u64>(p.mesh.world_size());
   RankBytes b;
   for (u64 rank : {u64{0}, world - 1}) {
     const parallel::LedgerRow row =
         parallel::mesh_ledger(s.model, s.train, o, static_cast<int>(rank));
-    const u64 held = row.total() - row.activation_peak;
-    b.state = std::max(b.state, add(held, mul(static_cast<u64>(s.train.steps), row.model_state())));
+    b.state = std::max<u64>(b.state, row.total() - row.activation_peak);
     b.activations = std::max<u64>(b.activations, row.activation_peak);
   }
-  return {mul(world, b.state), mul(world, b.activations)};
+  const parallel::Recipe r = parallel::recipe_of(s.train.precision);
+  const u64 exports = mul(mul(static_cast<u64>(s.train.steps), params), r.param + r.optimizer());
+  return {add(add(mul(world, b.state), exports), mul(mul(world, params), 8)),
+          mul(world, b.activations)};
 }
 
 }  // namespace
@@ -88,7 +91,7 @@ MemoryEstimate estimate_run(const Scenario& s) {
   for (std::size_t i = 0; i < s.configs.size(); ++i) {
     RankBytes b;
     try {
-      b = config_bytes(s, s.configs[i]);
+      b = config_bytes(s, s.configs[i], params);
     } catch (const parallel::MeshConfigError&) {
       continue;  // not built: the row reports why and allocates nothing
     }
@@ -144,7 +147,11 @@ CLI::Option* add_size_option(CLI::App& cmd, const std::string& name, std::uint64
                                                 : "a size cannot be negative, got " + v;
       },
       "SIZE");
-  return cmd.add_option(name, bytes, help)->check(not_negative)->transform(CLI::AsSizeValue(false));
+  // CLI11 runs transforms before checks, the last added first: the sign is looked at before the
+  // size parser could wrap "-5b" to 2^64 - 5.
+  return cmd.add_option(name, bytes, help)
+      ->transform(CLI::AsSizeValue(false))
+      ->transform(not_negative);
 }
 
 void add_max_memory_option(CLI::App& cmd, std::uint64_t& bytes) {

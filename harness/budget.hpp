@@ -30,7 +30,8 @@ std::uint64_t machine_memory_bytes();
 // in five packed arrays), the reference run (its parameters, gradients, optimizer state and the
 // parameters it keeps per step for the parity check) and, for the largest configuration, every
 // rank's model state and activations from the engine's analytic ledger (parallel/mp/mesh_ledger)
-// plus the state each rank exports after every step for the parity check.
+// plus what the parity check keeps (one copy of the model state per step, every rank's final
+// parameters in f64).
 MemoryEstimate estimate_run(const Scenario& s);
 
 // bench collectives on the simulator: every rank's send and receive buffer at the largest size.

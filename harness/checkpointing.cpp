@@ -52,8 +52,10 @@ std::int64_t sampler_int(const nlohmann::json& j, const char* key, std::int64_t 
   if (!j.contains(key)) refuse(field + " is missing");
   const nlohmann::json& v = j.at(key);
   if (!v.is_number_integer()) refuse(field + " is " + v.dump() + ", expected an integer");
+  // JSON's non-negative integers parse as unsigned: both bounds apply to either form.
   const bool fits = v.is_number_unsigned()
-                        ? v.get<std::uint64_t>() <= static_cast<std::uint64_t>(hi)
+                        ? v.get<std::uint64_t>() <= static_cast<std::uint64_t>(hi) &&
+                              (lo <= 0 || v.get<std::uint64_t>() >= static_cast<std::uint64_t>(lo))
                         : v.get<std::int64_t>() >= lo && v.get<std::int64_t>() <= hi;
   if (!fits)
     refuse(field + " is " + v.dump() + ", expected " + std::to_string(lo) + ".." +

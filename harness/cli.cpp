@@ -4,6 +4,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include <csignal>
 #include <cstdio>
 #include <iostream>
 #include <string_view>
@@ -14,6 +15,9 @@
 namespace shardcheck::harness {
 
 int run_cli(int argc, char** argv) {
+  // A closed pipe (`| head`) or a FIFO whose reader left is lost output, reported as such (EPIPE,
+  // exit 3), not a death by signal.
+  std::signal(SIGPIPE, SIG_IGN);
   CLI::App app{
       "shardcheck: deterministic multi-rank simulator and parity harness for distributed training"};
   app.require_subcommand(1);

@@ -183,6 +183,9 @@ int run_scenarios(const RunArgs& a) {
       runs.push_back(run_scenario(sc, o));
     } catch (const ScenarioError& e) {
       throw BadInput(sc.name + ": " + e.what());
+    } catch (const checkpoint::CheckpointError& e) {
+      if (e.reason() != checkpoint::Reason::locked) throw;
+      throw BadInput("--checkpoint-dir: " + e.detail());
     }
     print_summary(out, runs.back());
     out << std::flush;

@@ -18,8 +18,9 @@ class OutputError : public std::runtime_error {
 
 // Writes `text` to `file` whole. A regular file (or a new one) is written to a temporary file
 // beside it and renamed over it once every byte is written and the file is closed, so a reader
-// sees the old content or the new, never half of either. A target that exists and is not a
-// regular file (/dev/stdout, a terminal, a pipe) is written in place with every write checked; a
+// sees the old content or the new, never half of either (a symlink's target is the file
+// replaced). A name for an open descriptor (/dev/stdout, /dev/fd/N) or a target that is not a
+// regular file (a terminal, a pipe) is written in place, appending, with every write checked; a
 // FIFO nobody reads is refused instead of waited on. `what` names the option (e.g. "--junit").
 void write_output(const std::filesystem::path& file, std::string_view text, std::string_view what);
 

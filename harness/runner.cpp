@@ -12,6 +12,7 @@
 #include <numeric>
 #include <optional>
 
+#include "checkpoint/lock.hpp"
 #include "harness/backend.hpp"
 #include "harness/checkpointing.hpp"
 #include "harness/driver.hpp"
@@ -121,6 +122,10 @@ ConfigResult run_config(const Scenario& s, const ref::Dataset& ds, const Trace& 
     ck.every = s.checkpoint.every;
     ck.keep = static_cast<std::size_t>(s.checkpoint.keep);
   }
+  // A matrix saves into DIR/<label>: a run given that folder itself is another writer of it.
+  std::optional<checkpoint::DirLock> config_lock;
+  if (!ck.save_dir.empty() && ck.save_dir != std::filesystem::path(o.checkpoint_dir))
+    config_lock.emplace(ck.save_dir);
   if (!o.resume_dir.empty()) {
     // Validated here, in full, before any rank starts: a committed checkpoint that fails is
     // refused with the shard and reason, and the previous good one named — never skipped.

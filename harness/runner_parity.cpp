@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <optional>
 #include <string>
 #include <type_traits>
@@ -55,24 +56,29 @@ ref::ParamMap<double> assemble(const std::vector<const std::vector<parallel::Sta
 std::pair<double, std::string> held_err(const std::vector<parallel::StatePiece>& held,
                                         const ref::ParamMap<double>& want) {
   std::pair<double, std::string> worst{0.0, ""};
+  std::map<std::string, double> scales;  // per tensor, once: a TP rank holds it as many row pieces
   for (const parallel::StatePiece& piece : held) {
     const std::string name = piece.tensor.substr(piece.tensor.find('/') + 1);
     const ref::Tensor<double>* w = want.find(name);
     double err = INFINITY;
     if (w != nullptr && piece.begin + piece.count <= w->vec().size()) {
-      double scale = 0.0, diff = 0.0;
-      for (const double v : w->vec()) scale = std::max(scale, std::abs(v));
+      auto [it, fresh] = scales.try_emplace(name, 0.0);
+      if (fresh)
+        for (const double v : w->vec()) it->second = std::max(it->second, std::abs(v));
+      double diff = INFINITY;  // a dtype read as no number never passes
       comm::visit_dtype(piece.dtype, [&](auto tag) {
         using E = decltype(tag);
-        if constexpr (std::is_arithmetic_v<E>)
+        if constexpr (std::is_arithmetic_v<E>) {
+          diff = 0.0;
           for (std::size_t i = 0; i < piece.count; ++i) {
             E v;
             std::memcpy(&v, piece.bytes.data() + i * sizeof(E), sizeof(E));
             const double d = std::abs(static_cast<double>(v) - w->vec()[piece.begin + i]);
             diff = d == d ? std::max(diff, d) : INFINITY;
           }
+        }
       });
-      err = scale > 0.0 ? diff / scale : diff;
+      err = it->second > 0.0 ? diff / it->second : diff;
     }
     if (!(err <= worst.first)) worst = {err, name};
   }

@@ -110,7 +110,7 @@ void SimWorld::run(const std::function<void(comm::Communicator&)>& fn) {
         state->finish(r);
       });
     }
-  } catch (const std::system_error& e) {
+  } catch (const std::exception& e) {  // system_error from pthread_create, or bad_alloc
     // The ranks that did start wait for peers that never will: abort them, join, and say so.
     const auto started = static_cast<int>(threads.size());
     {

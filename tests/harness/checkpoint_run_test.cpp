@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 #include <span>
 #include <string>
+#include <utility>
 
 namespace {
 
@@ -159,10 +160,12 @@ TEST_F(CheckpointRun, AnotherRunsOrAnOutOfRangeCursorIsRefusedNamingTheField) {
   EXPECT_EQ(code, 1) << out;
   EXPECT_NE(out.find("training.seed"), std::string::npos) << out;
   // A hand-edited sampler offset, committed consistently (the marker pins the edited manifest).
-  for (const std::int64_t offset : {std::int64_t{-5}, std::int64_t{1} << 62}) {
+  for (const auto& [key, value] : {std::pair<const char*, std::int64_t>{"offset", -5},
+                                   {"offset", std::int64_t{1} << 62},
+                                   {"steps", 0}}) {  // one batch per step: 4 at step 4
     const fs::path step = dir_ / "ck" / "step-4";
     auto manifest = read_json(step / "manifest.json");
-    manifest["sampler"]["offset"] = offset;
+    manifest["sampler"][key] = value;
     const std::string text = manifest.dump(1) + "\n";
     std::ofstream(step / "manifest.json") << text;
     auto marker = read_json(step / "SUCCESS");
@@ -170,7 +173,9 @@ TEST_F(CheckpointRun, AnotherRunsOrAnOutOfRangeCursorIsRefusedNamingTheField) {
     std::ofstream(step / "SUCCESS") << marker.dump() << "\n";
     std::tie(code, out) = shardcheck("run " + s.string() + " --resume " + (dir_ / "ck").string());
     EXPECT_EQ(code, 1) << out;
-    EXPECT_NE(out.find("sampler.offset is " + std::to_string(offset)), std::string::npos) << out;
+    EXPECT_NE(out.find("sampler." + std::string(key) + " is " + std::to_string(value)),
+              std::string::npos)
+        << out;
   }
 }
 
@@ -185,6 +190,17 @@ TEST_F(CheckpointRun, ASecondRunOnTheDirectoryIsRefusedNamingTheHolder) {
   EXPECT_NE(out.find("in use by another run (pid " + std::to_string(::getpid())), std::string::npos)
       << out;
   EXPECT_FALSE(fs::exists(dir_ / "ck" / "step-2"));
+  // A matrix saves each configuration into DIR/<label>: a run holding that folder alone is
+  // another writer of it, refused the same way.
+  auto two = read_json(s);
+  two["matrix"] = {{{"dp", 2}}, {{"dp", 2}, {"zero", 1}}};
+  const fs::path both = dir_ / "two.json";
+  std::ofstream(both) << two.dump(2);
+  const ck::DirLock inner(dir_ / "ck2" / "dp2");
+  const auto [code2, out2] =
+      shardcheck("run " + both.string() + " --checkpoint-dir " + (dir_ / "ck2").string());
+  EXPECT_EQ(code2, 2) << out2;
+  EXPECT_NE(out2.find("in use by another run"), std::string::npos) << out2;
 }
 
 TEST_F(CheckpointRun, BadOptionsExitTwo) {

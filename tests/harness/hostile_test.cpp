@@ -40,6 +40,17 @@ TEST(OutputFile, ReplacesTheFileWholeAndLeavesNoTemporary) {
   EXPECT_EQ(entries, 1);  // no *.tmp.* left beside it
 }
 
+// A symlinked report (a CI workspace often links its artifacts) stays a link; the file it names,
+// existing or not yet, is the one written whole.
+TEST(OutputFile, ASymlinkStaysALinkAndItsTargetIsWritten) {
+  TempDir tmp("shardcheck_output_symlink");
+  fs::create_symlink("real.xml", tmp.path() / "link.xml");
+  write_output(tmp.path() / "link.xml", "first", "--junit");
+  write_output(tmp.path() / "link.xml", "second", "--junit");
+  EXPECT_TRUE(fs::is_symlink(tmp.path() / "link.xml"));
+  EXPECT_EQ(slurp(tmp.path() / "real.xml"), "second");
+}
+
 TEST(OutputFile, EveryFailureIsNamed) {
   TempDir tmp("shardcheck_output_fail");
   // Into a directory that does not exist, over a directory, and onto a full device.
@@ -149,9 +160,11 @@ TEST(HostileScenario, ResourceBombsAreRefusedAgainstTheMemoryBudget) {
   const auto [big, big_out] = shardcheck("bench collectives --ranks 4 -e 1TB --max-memory 2GB");
   EXPECT_EQ(big, 2) << big_out;
   EXPECT_TRUE(has(big_out, "--max-bytes")) << big_out;
-  const auto [neg, neg_out] = shardcheck("bench collectives --ranks 2 -e -5");
-  EXPECT_EQ(neg, 2) << neg_out;
-  EXPECT_TRUE(has(neg_out, "negative")) << neg_out;
+  for (const char* size : {"-5", "-5b", "-1kb"}) {
+    const auto [neg, neg_out] = shardcheck(std::string("bench collectives --ranks 2 -e ") + size);
+    EXPECT_EQ(neg, 2) << size << ": " << neg_out;
+    EXPECT_TRUE(has(neg_out, "negative")) << size << ": " << neg_out;
+  }
 }
 
 }  // namespace
