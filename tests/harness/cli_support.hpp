@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
@@ -30,6 +31,12 @@ inline std::pair<int, std::string> shardcheck(const std::string& args) {
   while (p && std::fgets(buf, sizeof buf, p)) out += buf;
   const int status = p ? pclose(p) : -1;
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+// The whole file as text ("" when it cannot be read).
+inline std::string slurp(const std::filesystem::path& p) {
+  std::ifstream f(p);
+  return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
 }
 
 inline nlohmann::json read_json(const std::filesystem::path& p) {

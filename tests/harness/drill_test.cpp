@@ -31,10 +31,7 @@ using shardcheck::testing::shardcheck;
 
 using shardcheck::testing::read_json;
 
-std::string slurp(const fs::path& p) {
-  std::ifstream f(p);
-  return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
-}
+using shardcheck::testing::slurp;
 
 using shardcheck::testing::TempDir;
 

@@ -24,10 +24,7 @@ using shardcheck::testing::TempDir;
 
 using shardcheck::testing::has;
 
-std::string slurp(const fs::path& p) {
-  std::ifstream f(p);
-  return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
-}
+using shardcheck::testing::slurp;
 
 TEST(OutputFile, ReplacesTheFileWholeAndLeavesNoTemporary) {
   TempDir tmp("shardcheck_output_replace");

@@ -72,16 +72,20 @@ TEST(RunCommand, PlantedBugsFailTheGate) {
   }
 }
 
+// A committed parity scenario run with a bug planted in every configuration's engine.
+RunResult planted_run(const char* file, parallel::testing::Mutation bug) {
+  RunOptions o;
+  o.planted = bug;
+  return run_scenario(load_scenario(kScenarios + "/parity/" + file), o);
+}
+
 // A gradient off by a constant factor (averaged where the loss is already normalised by the
 // global token count) barely moves the parameters under clipping and AdamW, so f32 and bf16 rows
 // would pass on parameters alone; the per-step gradient norm and clip factor fail every
 // data-parallel row, and the verdict names that scalar.
 TEST(RunCommand, AGradientOffByAFactorFailsInEveryPrecision) {
   for (const char* file : {"data_parallel_f32.json", "bf16_recipe.json", "mp_f32.json"}) {
-    const Scenario s = load_scenario(kScenarios + "/parity/" + file);
-    RunOptions o;
-    o.planted = parallel::testing::Mutation::kGradAveragedNotSummed;
-    const RunResult r = run_scenario(s, o);
+    const RunResult r = planted_run(file, parallel::testing::Mutation::kGradAveragedNotSummed);
     int caught = 0;
     for (const ConfigResult& c : r.configs) {
       if (c.spec.mesh.dp * c.spec.mesh.cp == 1) continue;  // no data-parallel reduction
@@ -101,10 +105,7 @@ TEST(RunCommand, AGradientOffByAFactorFailsInEveryPrecision) {
 TEST(RunCommand, AStaleReplicaIsNamedAndFailsF32) {
   for (const char* file : {"mp_f32.json", "mp_bf16.json"}) {
     const bool f32 = std::string(file) == "mp_f32.json";
-    const Scenario s = load_scenario(kScenarios + "/parity/" + file);
-    RunOptions o;
-    o.planted = parallel::testing::Mutation::kReplicaNotUpdated;
-    const RunResult r = run_scenario(s, o);
+    const RunResult r = planted_run(file, parallel::testing::Mutation::kReplicaNotUpdated);
     int tp = 0;
     for (const ConfigResult& c : r.configs) {
       if (c.spec.mesh.tp == 1) continue;
