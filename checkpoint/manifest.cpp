@@ -155,6 +155,7 @@ std::string dump_manifest(const Manifest& m) {
                   {"mesh", s.mesh},
                   {"order", s.order},
                   {"code_version", s.code_version},
+                  {"code_commit", s.code_commit},
                   {"consumed_samples", s.consumed_samples},
                   {"consumed_tokens", s.consumed_tokens},
                   {"data_cursor", s.data_cursor},
@@ -182,10 +183,13 @@ Manifest parse_manifest(std::string_view text) {
   } catch (const std::exception& e) {
     bad("$", std::string("not valid JSON: ") + e.what());
   }
-  only_keys(j, "$",
-            {"format", "format_version", "step", "world_size", "mesh", "order", "code_version",
-             "consumed_samples", "consumed_tokens", "data_cursor", "sampler", "lr_schedule",
-             "loss_scaler", "optimizer", "model", "training", "extra", "ranks", "tensors"});
+  only_keys(j, "$", {"format",          "format_version", "step",
+                     "world_size",      "mesh",           "order",
+                     "code_version",    "code_commit",    "consumed_samples",
+                     "consumed_tokens", "data_cursor",    "sampler",
+                     "lr_schedule",     "loss_scaler",    "optimizer",
+                     "model",           "training",       "extra",
+                     "ranks",           "tensors"});
   if (str(field(j, "$", "format"), "$.format", 64) != kFormatName)
     bad("$.format", std::string("expected \"") + kFormatName + "\"");
   Manifest m;
@@ -203,6 +207,9 @@ Manifest parse_manifest(std::string_view text) {
   s.consumed_tokens = u64(field(j, "$", "consumed_tokens"), "$.consumed_tokens");
   s.order = str(field(j, "$", "order"), "$.order", 256);
   s.code_version = str(field(j, "$", "code_version"), "$.code_version", 256);
+  // Informational, so a manifest written before it was recorded still opens.
+  s.code_commit =
+      j.contains("code_commit") ? str(j["code_commit"], "$.code_commit", 256) : "unknown";
   s.mesh = opaque(j, "mesh");
   s.data_cursor = opaque(j, "data_cursor");
   s.sampler = opaque(j, "sampler");

@@ -46,6 +46,7 @@ struct RunState {
   nlohmann::json mesh{};  // e.g. {"dp":4,"tp":2}
   std::string order{};    // e.g. "tp-cp-ep-dp-pp"
   std::string code_version{};
+  std::string code_commit{};  // the writer's git commit; "unknown" when not recorded
   nlohmann::json data_cursor{}, sampler{}, lr_schedule{}, loss_scaler{}, optimizer{}, model{},
       training{}, extra{};
 };

@@ -4,11 +4,8 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 
+#include "harness/build_info.hpp"
 #include "reference/config.hpp"
-
-#ifndef SHARDCHECK_VERSION
-#define SHARDCHECK_VERSION "unknown"
-#endif
 
 namespace shardcheck::harness {
 
@@ -127,7 +124,8 @@ checkpoint::SaveResult save_training(comm::Communicator& world, const parallel::
   st.mesh = {{"dp", p.mesh.dp}, {"tp", p.mesh.tp}, {"pp", p.mesh.pp},
              {"cp", p.mesh.cp}, {"ep", p.mesh.ep}, {"config", p.label()}};
   st.order = p.order;
-  st.code_version = SHARDCHECK_VERSION;
+  st.code_version = code_version();
+  st.code_commit = code_commit();
   st.data_cursor = {{"consumed_samples", cursor.consumed_samples}, {"step", cursor.step}};
   st.sampler = sampler_json(cursor.sampler);
   const auto& o = s.train.optimizer;

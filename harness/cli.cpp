@@ -9,6 +9,7 @@
 #include <iostream>
 #include <string_view>
 
+#include "harness/build_info.hpp"
 #include "harness/cli_commands.hpp"
 #include "harness/output.hpp"
 
@@ -21,7 +22,8 @@ int run_cli(int argc, char** argv) {
   CLI::App app{
       "shardcheck: deterministic multi-rank simulator and parity harness for distributed training"};
   app.require_subcommand(1);
-  app.set_version_flag("--version", "shardcheck 0.1.0");
+  app.set_version_flag(
+      "--version", std::string("shardcheck ") + code_version() + " (commit " + code_commit() + ")");
   int exit_code = kExitBadInput;
   add_run_commands(app, exit_code);
   add_ledger_command(app, exit_code);

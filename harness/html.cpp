@@ -336,6 +336,7 @@ std::string scenario_body(const Json& r, const std::string& idp, int level) {
                            : str(m, "global_batch_sequences") + " sequences");
   fact("seed", str(m, "seed"));
   fact("code version", str(m, "code_version"));
+  fact("code commit", str(m, "code_commit"));
   o += "</dl>\n";
   if (const Json* groups = array_of(m, "groups")) {
     constexpr std::size_t kMaxRows = 4096;

@@ -8,12 +8,9 @@
 #include <stdexcept>
 
 #include "comm/mesh.hpp"
+#include "harness/build_info.hpp"
 #include "harness/output.hpp"
 #include "sim/recorder.hpp"
-
-#ifndef SHARDCHECK_VERSION
-#define SHARDCHECK_VERSION "unknown"
-#endif
 
 namespace shardcheck::harness {
 
@@ -199,7 +196,8 @@ nlohmann::json manifest_json(const Scenario& s) {
           {"sequences_per_dp_rank", per_rank(s.train.global_batch)},
           {"seq_len", s.model.seq_len},
           {"steps", s.train.steps},
-          {"code_version", SHARDCHECK_VERSION}};
+          {"code_version", code_version()},
+          {"code_commit", code_commit()}};
 }
 
 nlohmann::json report_json(const RunResult& r, const std::string& backend) {

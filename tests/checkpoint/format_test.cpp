@@ -117,6 +117,19 @@ TEST(Manifest, RoundTrips) {
   EXPECT_EQ(ck::find_tensor(back, "param/w")->shards[1].slice, ck::Slice(ck::FlatRange{12, 8}));
 }
 
+// The writer's commit round-trips; a manifest from before it was recorded reads as "unknown", and a
+// commit that is not a string is refused.
+TEST(Manifest, CodeCommitRoundTripsAndIsOptional) {
+  auto m = sample_manifest();
+  m.state.code_commit = "0123456789abcdef0123456789abcdef01234567";
+  auto j = nlohmann::json::parse(ck::dump_manifest(m));
+  EXPECT_EQ(ck::parse_manifest(j.dump()).state.code_commit, m.state.code_commit);
+  j.erase("code_commit");
+  EXPECT_EQ(ck::parse_manifest(j.dump()).state.code_commit, "unknown");
+  j["code_commit"] = 7;
+  EXPECT_EQ(reason_of([&] { ck::parse_manifest(j.dump()); }), Reason::bad_manifest);
+}
+
 Reason manifest_reason(const std::function<void(nlohmann::json&)>& edit) {
   auto j = nlohmann::json::parse(ck::dump_manifest(sample_manifest()));
   edit(j);

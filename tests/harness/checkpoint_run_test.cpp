@@ -1,8 +1,8 @@
 // `shardcheck run --checkpoint-dir / --resume`: a ZeRO-3 run on 4 ranks saves, a DDP run on 2
 // ranks resumes from it with parity; a same-topology resume continues bitwise like an
-// uninterrupted run; a corrupt newest checkpoint is refused naming the shard and the reason
-// (exit 1) and the previous good one is named, as is another run's checkpoint or a cursor out of
-// range; a second run on a held directory and bad options exit 2.
+// uninterrupted run; both manifests carry the code's commit; a corrupt newest checkpoint is refused
+// naming the shard and the reason (exit 1) and the previous good one is named, as is another run's
+// checkpoint or a cursor out of range; a second run on a held directory and bad options exit 2.
 #include <gtest/gtest.h>
 
 #include <sys/wait.h>
@@ -69,6 +69,26 @@ TEST_F(CheckpointRun, ZeroThreeOnFourResumesAsDdpOnTwoWithParity) {
   ASSERT_EQ(row.at("steps").size(), 1u);  // only step 4 runs after the resume
   EXPECT_EQ(row.at("steps")[0].at("step"), 4);
   EXPECT_LE(row.at("max_rel_err").get<double>(), 1e-10);
+}
+
+// The run manifest (report.json) and the checkpoint manifest record the version and the commit
+// the build came from, the same that `shardcheck --version` prints.
+TEST_F(CheckpointRun, ManifestsCarryTheCodeCommit) {
+  const auto [vcode, version] = shardcheck("--version");
+  ASSERT_EQ(vcode, 0) << version;
+  const auto run = scenario("commit", {{"dp", 2}}, 4);
+  const auto [code, out] =
+      shardcheck("run " + run.string() + " --checkpoint-dir " + (dir_ / "ck").string() +
+                 " --report " + (dir_ / "r").string());
+  ASSERT_EQ(code, 0) << out;
+  const auto manifest = read_json(dir_ / "r" / "report.json").at("manifest");
+  const auto saved = read_json(dir_ / "ck" / "step-4" / "manifest.json");
+  const std::string commit = manifest.at("code_commit").get<std::string>();
+  EXPECT_FALSE(commit.empty());
+  EXPECT_EQ(saved.at("code_commit").get<std::string>(), commit);
+  EXPECT_EQ(saved.at("code_version"), manifest.at("code_version"));
+  EXPECT_NE(version.find("commit " + commit), std::string::npos) << version;
+  EXPECT_NE(version.find(manifest.at("code_version").get<std::string>()), std::string::npos);
 }
 
 // Expert parallelism carved out of DP: saved on dp4 with ep2 (expert DP 2), resumed on dp4 with
