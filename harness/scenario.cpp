@@ -381,25 +381,34 @@ Scenario load_scenario(const std::string& file) {
   in.read(text.data(), static_cast<std::streamsize>(text.size()));
   if (!in || in.peek() != std::ifstream::traits_type::eof())
     throw ScenarioError(file, "could not read the whole file (it changed while being read)");
+  return parse_scenario_text(text, file);
+}
+
+Scenario parse_scenario_text(std::string_view text, const std::string& origin) {
+  if (text.size() > kMaxScenarioBytes)
+    throw ScenarioError(origin, std::to_string(text.size()) +
+                                    " bytes; a scenario may have at most " +
+                                    std::to_string(kMaxScenarioBytes));
   // nlohmann's parser reports each value's depth; deeper input is refused as soon as it is seen.
   const auto shallow = [&](int depth, nlohmann::json::parse_event_t, nlohmann::json&) {
     if (depth > kMaxJsonDepth)
-      throw ScenarioError(file, "JSON nested deeper than " + std::to_string(kMaxJsonDepth) +
-                                    " levels; a scenario needs at most a few");
+      throw ScenarioError(origin, "JSON nested deeper than " + std::to_string(kMaxJsonDepth) +
+                                      " levels; a scenario needs at most a few");
     return true;
   };
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(text, shallow);
   } catch (const nlohmann::json::parse_error& e) {
-    throw ScenarioError(file, std::string("not valid JSON: ") + e.what());
+    throw ScenarioError(origin, std::string("not valid JSON: ") + e.what());
   } catch (const nlohmann::json::out_of_range& e) {  // a number past double range, e.g. 1e400
-    throw ScenarioError(file, std::string("a number out of range: ") + e.what());
+    throw ScenarioError(origin, std::string("a number out of range: ") + e.what());
   }
   try {
     return parse_scenario(j);
   } catch (const ScenarioError& e) {
-    throw ScenarioError(file + ": " + e.path(), std::string(e.what()).substr(e.path().size() + 2));
+    throw ScenarioError(origin + ": " + e.path(),
+                        std::string(e.what()).substr(e.path().size() + 2));
   }
 }
 

@@ -5,6 +5,7 @@
 
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "comm/mesh.hpp"
@@ -110,7 +111,11 @@ struct Scenario {
 
 // Throws ScenarioError (JSON path + what was expected) for anything unusable.
 Scenario parse_scenario(const nlohmann::json& j);
-// Reads and parses a file; the error message is prefixed with the file name.
+// Parses scenario text under the input limits of scenarios/README.md (size, JSON depth, number
+// range); errors are prefixed with `origin` (the file name). What load_scenario and the scenario
+// fuzz target (fuzz/scenario_fuzz.cpp) call.
+Scenario parse_scenario_text(std::string_view text, const std::string& origin);
+// Reads and parses a file (regular files only); the error message is prefixed with the file name.
 Scenario load_scenario(const std::string& file);
 
 }  // namespace shardcheck::harness
