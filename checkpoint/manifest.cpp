@@ -171,8 +171,82 @@ std::string dump_manifest(const Manifest& m) {
   return j.dump(1) + "\n";
 }
 
-Manifest parse_manifest(std::string_view text) {
+namespace {
+
+// SAX handler for json_tree_bytes: adds what each event makes nlohmann's tree allocate (with
+// allocator overhead): a value is 16 bytes in its parent's vector (counted twice for the vector's
+// spare capacity), an object member a map node of ~96 bytes, a container its heap object, a
+// string or key past the small-string buffer its characters.
+struct TreeCost {
+  using number_integer_t = json::number_integer_t;
+  using number_unsigned_t = json::number_unsigned_t;
+  using number_float_t = json::number_float_t;
+  using string_t = json::string_t;
+  using binary_t = json::binary_t;
+
+  std::uint64_t bytes = 0;
+  int depth = 0;
+  bool too_deep = false;
+
+  static std::uint64_t chars(const std::string& s) { return s.size() > 15 ? s.size() + 17 : 0; }
+  bool value() {
+    bytes += 32;
+    return true;
+  }
+  bool null() { return value(); }
+  bool boolean(bool) { return value(); }
+  bool number_integer(number_integer_t) { return value(); }
+  bool number_unsigned(number_unsigned_t) { return value(); }
+  bool number_float(number_float_t, const string_t&) { return value(); }
+  bool string(string_t& s) {
+    bytes += chars(s) + 48;
+    return value();
+  }
+  bool binary(binary_t&) { return value(); }
+  bool open() {
+    bytes += 64;
+    if (++depth > kMaxJsonDepth) too_deep = true;
+    return !too_deep && value();
+  }
+  bool start_object(std::size_t) { return open(); }
+  bool start_array(std::size_t) { return open(); }
+  bool key(string_t& k) {
+    bytes += 96 + chars(k);
+    return true;
+  }
+  bool end_object() { return --depth, true; }
+  bool end_array() { return --depth, true; }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) {
+    return false;
+  }
+};
+
+std::string size_text(std::uint64_t bytes) {
+  return bytes >= (std::uint64_t{1} << 20) ? std::to_string(bytes >> 20) + " MiB"
+                                           : std::to_string(bytes) + " bytes";
+}
+
+}  // namespace
+
+std::optional<std::uint64_t> json_tree_bytes(std::string_view text) {
+  TreeCost cost;
+  bool ok = false;
+  try {
+    ok = json::sax_parse(text, &cost);
+  } catch (const json::exception&) {
+    return std::nullopt;
+  }
+  if (!ok || cost.too_deep) return std::nullopt;
+  return cost.bytes;
+}
+
+Manifest parse_manifest(std::string_view text, std::uint64_t max_tree_bytes) {
   if (text.size() > kMaxManifestBytes) bad("$", "manifest larger than the limit");
+  // Streamed first: a manifest whose tree would not fit is refused before the tree is built (an
+  // invalid or too deep one falls through to the parse below, which names what is wrong).
+  if (const auto tree = json_tree_bytes(text); tree && *tree > max_tree_bytes)
+    bad("$", "its JSON tree would take about " + size_text(*tree) +
+                 " in memory; a manifest may take at most " + size_text(max_tree_bytes));
   json j;
   try {
     // Depth is bounded so hostile nesting cannot exhaust the stack of whoever walks the tree.

@@ -19,6 +19,10 @@
 namespace shardcheck::checkpoint {
 
 inline constexpr std::uint64_t kMaxManifestBytes = std::uint64_t{1} << 28;
+// What the parsed JSON tree of a manifest may take in memory, estimated by a streaming pass before
+// the tree is built: small values cost nlohmann's tree up to ~20x their text, so the byte limit
+// alone would admit a 256 MiB file that needs gigabytes. A real manifest's tree is ~5x its text.
+inline constexpr std::uint64_t kMaxManifestTreeBytes = std::uint64_t{1} << 30;
 inline constexpr int kMaxJsonDepth = 64;
 inline constexpr std::uint64_t kMaxWorldSize = std::uint64_t{1} << 20;
 
@@ -61,8 +65,13 @@ struct Manifest {
 
 std::string dump_manifest(const Manifest& m);
 // Strict parse + check_layout(). Throws RestoreError: bad_manifest, version_mismatch, unsafe_path,
-// and the layout reasons (naming the tensor and shard file).
-Manifest parse_manifest(std::string_view text);
+// and the layout reasons (naming the tensor and shard file). max_tree_bytes: the JSON tree's
+// estimated memory ceiling (tests lower it).
+Manifest parse_manifest(std::string_view text,
+                        std::uint64_t max_tree_bytes = kMaxManifestTreeBytes);
+// The streaming estimate of the bytes nlohmann's tree of `text` would allocate (nullopt when the
+// text is not valid JSON or nests deeper than kMaxJsonDepth); the tree is never built.
+std::optional<std::uint64_t> json_tree_bytes(std::string_view text);
 
 // The layout rules shared by the save coordinator and the reader: names valid and unique, dtype
 // sizes consistent, every slice inside its tensor, every element covered exactly once.

@@ -117,6 +117,38 @@ TEST(Manifest, RoundTrips) {
   EXPECT_EQ(ck::find_tensor(back, "param/w")->shards[1].slice, ck::Slice(ck::FlatRange{12, 8}));
 }
 
+// A manifest whose JSON tree would not fit is refused by a streaming estimate before the tree is
+// built: tiny values cost the tree up to 20x their text, so the byte limit alone is not enough.
+TEST(Manifest, ATreeTooLargeForMemoryIsRefusedBeforeItIsBuilt) {
+  const std::string text = ck::dump_manifest(sample_manifest());
+  const auto tree = ck::json_tree_bytes(text);
+  ASSERT_TRUE(tree.has_value());
+  EXPECT_GT(*tree, text.size());
+  EXPECT_LT(*tree, 40 * text.size());
+  EXPECT_NO_THROW(ck::parse_manifest(text, *tree));
+  try {
+    ck::parse_manifest(text, *tree - 1);
+    ADD_FAILURE() << "a manifest over the tree budget was parsed";
+  } catch (const ck::RestoreError& e) {
+    EXPECT_EQ(e.reason(), Reason::bad_manifest);
+    EXPECT_NE(std::string(e.what()).find("JSON tree"), std::string::npos) << e.what();
+  }
+  // 1 MiB of `[{},{},...]`: ~20 MiB of tree, refused against a 16 MiB budget.
+  std::string many = "[";
+  for (int i = 0; i < (1 << 19) - 1; ++i) many += "{},";
+  many += "{}]";
+  EXPECT_GT(*ck::json_tree_bytes(many), 16 * many.size());
+  try {
+    ck::parse_manifest(many, std::uint64_t{16} << 20);
+    ADD_FAILURE() << "parsed";
+  } catch (const ck::RestoreError& e) {
+    EXPECT_NE(std::string(e.what()).find("JSON tree"), std::string::npos) << e.what();
+  }
+  // Invalid or too deep text has no estimate; the parser then names what is wrong.
+  EXPECT_FALSE(ck::json_tree_bytes("{").has_value());
+  EXPECT_FALSE(ck::json_tree_bytes(std::string(100000, '[')).has_value());
+}
+
 // The writer's commit round-trips; a manifest from before it was recorded reads as "unknown", and a
 // commit that is not a string is refused.
 TEST(Manifest, CodeCommitRoundTripsAndIsOptional) {
