@@ -1,4 +1,4 @@
-// Memory estimates and the budget check (budget.hpp).
+// Memory and time estimates and the budget checks (budget.hpp).
 #include "harness/budget.hpp"
 
 #include <sys/resource.h>
@@ -9,9 +9,11 @@
 #include <algorithm>
 #include <cstdio>
 #include <limits>
+#include <thread>
 
 #include "harness/cli_commands.hpp"
 #include "harness/driver.hpp"
+#include "parallel/flops.hpp"
 #include "parallel/ledger.hpp"
 #include "parallel/mp/mesh_ledger.hpp"
 #include "reference/model.hpp"
@@ -162,6 +164,67 @@ void add_max_memory_option(CLI::App& cmd, std::uint64_t& bytes) {
 
 std::uint64_t memory_budget(std::uint64_t max_memory_option) {
   return max_memory_option > 0 ? max_memory_option : machine_memory_bytes();
+}
+
+TimeEstimate estimate_run_time(const Scenario& s, int runs) {
+  const double seq = static_cast<double>(s.model.seq_len);
+  const double forward = parallel::model_forward_flops(s.model, seq);
+  double recompute = 0;  // what the backward repeats
+  if (s.train.recompute == ref::Recompute::kFull)
+    recompute = forward - parallel::head_forward_flops(s.model, seq);
+  else if (s.train.recompute == ref::Recompute::kSelective)
+    recompute = s.model.layers * parallel::attention_core_flops(s.model, seq);
+  const double per_sequence = forward + parallel::backward_flops(forward) + recompute;
+  const double step = per_sequence * s.train.global_batch;
+  const double trainings = 1.0 + static_cast<double>(s.configs.size()) * std::max(runs, 1);
+  const double flops = step * s.train.steps * trainings;
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  TimeEstimate e;
+  e.seconds = flops / (kOptimisticFlopsPerCore * cores);
+  char buf[160];
+  std::snprintf(buf, sizeof buf, "%.3g", flops);
+  e.driver = "$.train.steps, $.train.global_batch, $.model: " + std::to_string(s.train.steps) +
+             " steps of " + std::to_string(s.train.global_batch) + " sequences of " +
+             std::to_string(s.model.seq_len) + " tokens, trained " +
+             std::to_string(static_cast<long long>(trainings)) +
+             " times (the reference and each configuration), are at least " + buf + " FLOPs";
+  return e;
+}
+
+TimeEstimate estimate_bench_time(int ranks, std::uint64_t min_bytes, std::uint64_t max_bytes,
+                                 int warmup, int iters) {
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  double seconds = 0;
+  int sizes = 0;
+  for (double b = static_cast<double>(std::max<u64>(min_bytes, 1));
+       b <= static_cast<double>(max_bytes); b *= 2, ++sizes) {
+    const double per_iter = static_cast<double>(ranks) * b / (kOptimisticBytesPerCore * cores);
+    seconds += per_iter * (warmup + std::max(iters, 1)) + (iters == 0 ? 0.2 : 0.0);
+  }
+  TimeEstimate e;
+  e.seconds = seconds;
+  e.driver = "--iters " + std::to_string(iters) + ", --warmup " + std::to_string(warmup) +
+             " over " + std::to_string(sizes) + " sizes up to " + format_bytes(max_bytes) + " on " +
+             std::to_string(ranks) + " ranks";
+  return e;
+}
+
+void check_time(const TimeEstimate& e, double budget_s, const std::string& what) {
+  if (budget_s <= 0 || e.seconds <= budget_s) return;
+  char buf[160];
+  std::snprintf(buf, sizeof buf, "needs at least %.3g s on this machine's %u cores, more than ",
+                e.seconds, std::max(1u, std::thread::hardware_concurrency()));
+  char budget[64];
+  std::snprintf(budget, sizeof budget, "%.3g s", budget_s);
+  throw BadInput(what + ": " + buf + budget + " (--max-time; 0: no limit); " + e.driver);
+}
+
+void add_max_time_option(CLI::App& cmd, double& seconds) {
+  cmd.add_option("--max-time", seconds,
+                 "Refuse a run whose time estimate (a lower bound, at an optimistic CPU speed) "
+                 "exceeds this many seconds (0: no limit)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
 }
 
 std::string format_bytes(std::uint64_t bytes) {

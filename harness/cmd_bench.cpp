@@ -27,6 +27,7 @@ struct BenchArgs {
   std::uint64_t min_bytes = 4096;
   std::uint64_t max_bytes = std::uint64_t{64} << 20;
   std::uint64_t max_memory = 0;  // 0: the machine's
+  double max_time = kDefaultMaxTimeSeconds;
   int warmup = 2;
   int iters = 0;
   std::string json;
@@ -108,6 +109,8 @@ int bench_collectives_cmd(const BenchArgs& a) {
   } else {
     check_memory(estimate_bench(ranks, a.max_bytes), memory_budget(a.max_memory),
                  "bench collectives");
+    check_time(estimate_bench_time(ranks, a.min_bytes, a.max_bytes, a.warmup, a.iters), a.max_time,
+               "bench collectives");
     world.emplace(ranks);
     runner = [&world](const std::function<void(comm::Communicator&)>& fn) { world->run(fn); };
   }
@@ -153,6 +156,7 @@ void add_bench_commands(CLI::App& app, int& exit_code) {
                   "Largest size; sizes double from min to max")
       ->capture_default_str();
   add_max_memory_option(*coll, ba.max_memory);
+  add_max_time_option(*coll, ba.max_time);
   coll->add_option("--warmup", ba.warmup, "Warm-up iterations per size")
       ->check(CLI::Range(0, 1000))
       ->capture_default_str();

@@ -34,6 +34,7 @@ struct DrillArgs {
   std::string junit;
   std::string keep_dir;
   std::uint64_t max_memory = 0;  // 0: the machine's
+  double max_time = kDefaultMaxTimeSeconds;
 };
 
 // An output directory the user named: created (or refused) before the drills run.
@@ -53,8 +54,10 @@ int drill_cmd(const DrillArgs& a) {
   Scenario s;
   try {
     s = load_scenario(a.scenario);
-    drills_to_run(s);  // refuses an undrillable scenario before anything runs
+    // Refuses an undrillable scenario before anything runs; each drill trains at least once.
+    const auto drills = drills_to_run(s);
     check_memory(estimate_run(s), memory_budget(a.max_memory), s.name);
+    check_time(estimate_run_time(s, static_cast<int>(drills.size())), a.max_time, s.name);
   } catch (const ScenarioError& e) {
     throw BadInput(e.what());
   }
@@ -181,6 +184,7 @@ void add_drill_command(CLI::App& app, int& exit_code) {
                    "Keep the drills' checkpoints in this new or empty directory (default: a "
                    "temporary directory, removed)");
   add_max_memory_option(*ckpt, args->max_memory);
+  add_max_time_option(*ckpt, args->max_time);
   ckpt->callback([args, &exit_code] { exit_code = drill_cmd(*args); });
 }
 

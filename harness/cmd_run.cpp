@@ -35,6 +35,7 @@ struct RunArgs {
   std::string checkpoint_dir;
   std::string resume;
   std::uint64_t max_memory = 0;  // 0: the machine's
+  double max_time = kDefaultMaxTimeSeconds;
 };
 
 // An output directory the user named: created now, so a typo fails before a long run (exit 2).
@@ -143,10 +144,13 @@ int run_scenarios(const RunArgs& a) {
     check_nccl_run(a, scenarios);
     lead = nccl_place().rank == 0;
   }
-  // The simulator holds every rank in this process: a scenario that cannot fit is refused now.
+  // The simulator holds every rank in this process and computes on its CPUs: a scenario that
+  // cannot fit, or cannot finish in --max-time, is refused now.
   if (a.backend == "sim")
-    for (const Scenario& s : scenarios)
+    for (const Scenario& s : scenarios) {
       check_memory(estimate_run(s), memory_budget(a.max_memory), s.name);
+      check_time(estimate_run_time(s), a.max_time, s.name);
+    }
   const ComputeChoice compute = choose_compute(a);
   std::ostream silent(nullptr);
   std::ostream& out = lead ? std::cout : silent;
@@ -249,6 +253,7 @@ void add_run_commands(CLI::App& app, int& exit_code) {
                   "Resume from the newest committed checkpoint in this directory (validated "
                   "first; the scenario may give another mesh)");
   add_max_memory_option(*run, ra.max_memory);
+  add_max_time_option(*run, ra.max_time);
   ma.paths = {"scenarios/parity"};
   auto* matrix =
       app.add_subcommand("matrix", "Run every scenario in the given files or directories");
@@ -261,6 +266,7 @@ void add_run_commands(CLI::App& app, int& exit_code) {
                      "Write manifest.json (at start) and report.json into this directory");
   matrix->add_option("--junit", ma.junit, "Write JUnit XML (one testcase per configuration)");
   add_max_memory_option(*matrix, ma.max_memory);
+  add_max_time_option(*matrix, ma.max_time);
 
   run->callback([ra_ptr, &exit_code] { exit_code = run_scenarios(*ra_ptr); });
   matrix->callback([ma_ptr, &exit_code] { exit_code = run_scenarios(*ma_ptr); });

@@ -164,5 +164,33 @@ TEST(HostileScenario, ResourceBombsAreRefusedAgainstTheMemoryBudget) {
   }
 }
 
+// Inputs that would compute for hours are refused up front against --max-time (default an hour)
+// from a lower bound on their FLOPs or bytes, naming the keys that drive it; the memory budget is
+// raised here so that only the time estimate can refuse.
+TEST(HostileScenario, TimeBombsAreRefusedAgainstTheTimeBudget) {
+  TempDir tmp("shardcheck_hostile_time");
+  const fs::path many =
+      tmp.write("steps.json", small_scenario("steps", {{{"dp", 2}}}, 11, 10000000));
+  const auto [code, out] =
+      shardcheck("run " + many.string() + " --max-memory 1000GB --max-time 60");
+  EXPECT_EQ(code, 2) << out;
+  EXPECT_TRUE(has(out, "$.train.steps") && has(out, "--max-time") && has(out, "FLOPs")) << out;
+  nlohmann::json longseq = small_scenario("seq", {{{"dp", 2}}}, 11, 2000);
+  longseq.merge_patch({{"model", {{"seq_len", 8192}}}, {"data", {{"documents", 200000}}}});
+  const auto [seq_code, seq_out] = shardcheck("run " + tmp.write("seq.json", longseq).string() +
+                                              " --max-memory 1000GB");  // default budget
+  EXPECT_EQ(seq_code, 2) << seq_out;
+  EXPECT_TRUE(has(seq_out, "--max-time")) << seq_out;
+  const auto [bench, bench_out] =
+      shardcheck("bench collectives --ranks 4 -b 1GB -e 1GB --iters 1000000 --max-memory 1000GB");
+  EXPECT_EQ(bench, 2) << bench_out;
+  EXPECT_TRUE(has(bench_out, "--iters 1000000") && has(bench_out, "--max-time")) << bench_out;
+  // The same small scenario with a few steps runs under the default budget.
+  EXPECT_EQ(
+      shardcheck("run " + tmp.write("ok.json", small_scenario("ok", {{{"dp", 2}}}, 11, 2)).string())
+          .first,
+      0);
+}
+
 }  // namespace
 }  // namespace shardcheck::harness

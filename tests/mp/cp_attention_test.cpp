@@ -281,7 +281,11 @@ RC_GTEST_PROP(CpAttention, AnyDocumentsAndShapesMatchTheReference, ()) {
   const Errors e = run_case<double>(c);
   RC_LOG() << describe(c) << " S " << c.seq << " d " << c.head_dim << ": o " << e.o << " dq "
            << e.dq << " dk " << e.dk << " dv " << e.dv;
-  RC_ASSERT(e.max() <= 1e-12);
+  // 1e-10, not the fixed shapes' 1e-12: on random tiny shapes dq can be a difference of terms
+  // far larger than itself (the softmax backward subtracts the row sum of dP*P), so its error
+  // relative to max|dq| reached 1.3e-12 (ring cp2, S 4, d 4, dropout 0.2) with every sum in f64.
+  // A real bug moves it by 1e-2 or more (UnmaskedRingDiagonalBreaksParity).
+  RC_ASSERT(e.max() <= 1e-10);
 }
 
 TEST(CpAttention, UlyssesTimelineShowsTheAllToAlls) {
