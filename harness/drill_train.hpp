@@ -64,12 +64,11 @@ struct Ctx {
   const Scenario& s;
   PlantedBug bug = PlantedBug::none;
   ref::Dataset ds{};
-  Trace want{};
+  Trace want{};  // with its noise floor (the bounds of the parity verdicts)
   ParallelSpec base{};
   std::optional<ParallelSpec> target{};
   int k = 0, k2 = 0;  // restores start at k; crash_before_commit and latest_bad also save at k2
   fs::path root{};
-  double tol = 0;
   std::optional<Trajectory> straight{};  // the uninterrupted run, saving at k and k2
   std::optional<Trajectory> resumed{};   // restored at k on the base mesh, trained to the end
   std::exception_ptr resumed_error{};

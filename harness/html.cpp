@@ -104,7 +104,7 @@ std::string timeline_section(const Json& tl, const std::string& id) {
 std::string parity_section(const Json& parity, const std::string& idp) {
   std::string o =
       "<table class=\"parity\"><tr><th>configuration</th><th>strategy</th><th>ranks</th>"
-      "<th>result</th><th>max rel. error</th><th>tolerance</th><th>per step "
+      "<th>result</th><th>max rel. error</th><th>bound</th><th>per step "
       "(log\xE2\x82\x81\xE2\x82\x80 "
       "error)</th><th>wall</th><th>detail</th></tr>\n";
   std::string extra;  // per-configuration timing/timeline/memory, below the table
@@ -124,7 +124,7 @@ std::string parity_section(const Json& parity, const std::string& idp) {
          "</td><td class=\"result\">" + result + "</td><td class=\"num\">" +
          (has_num(row, "max_rel_err") ? fmt(num(row, "max_rel_err"), "%.3e") : cell(nullptr)) +
          "</td><td class=\"num\">" +
-         (has_num(row, "tolerance") ? fmt(num(row, "tolerance"), "%.0e") : cell(nullptr)) +
+         (has_num(row, "tolerance") ? fmt(num(row, "tolerance"), "%.2e") : cell(nullptr)) +
          "</td><td>";
     if (const Json* steps = array_of(row, "steps")) {
       o += error_sparkline(*steps, num(row, "tolerance", NAN));

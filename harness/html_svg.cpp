@@ -376,7 +376,7 @@ std::string error_sparkline(const Json& steps, double tol) {
   }
   if (std::isfinite(tol) && tol > 0)
     o += "<line class=\"tol\" x1=\"0\" x2=\"" + c(W) + "\" y1=\"" + c(Y(tol)) + "\" y2=\"" +
-         c(Y(tol)) + "\"><title>tolerance " + fmt(tol, "%.0e") + "</title></line>";
+         c(Y(tol)) + "\"><title>bound " + fmt(tol, "%.2e") + "</title></line>";
   return o + "</svg>";
 }
 

@@ -2,6 +2,7 @@
 #include "harness/report.hpp"
 
 #include <array>
+#include <cmath>
 
 #include <cstdio>
 #include <sstream>
@@ -200,6 +201,20 @@ nlohmann::json manifest_json(const Scenario& s) {
           {"code_commit", code_commit()}};
 }
 
+// The noise probe the bounds come from (parity_bound.hpp): per step, its error of each measure.
+nlohmann::json noise_json(const NoiseFloor& n) {
+  nlohmann::json steps = nlohmann::json::array();
+  for (std::size_t k = 0; k < n.probe.size(); ++k) {
+    nlohmann::json row = {{"step", k + 1}};
+    for (int m = 0; m < kMeasures; ++m) row[measure_key(static_cast<Measure>(m))] = n.probe[k][m];
+    steps.push_back(row);
+  }
+  return {{"unit", n.unit},
+          {"margin_factor", kNoiseMargin},
+          {"device_factor", kDeviceFactor},
+          {"probe", steps}};
+}
+
 nlohmann::json report_json(const RunResult& r, const std::string& backend) {
   const Scenario& s = r.scenario;
   nlohmann::json parity = nlohmann::json::array();
@@ -209,28 +224,47 @@ nlohmann::json report_json(const RunResult& r, const std::string& backend) {
       steps.push_back({{"step", sp.step},
                        {"loss", sp.loss},
                        {"ref_loss", sp.ref_loss},
-                       {"max_rel_err", sp.max_rel_err}});
-    parity.push_back({{"config", c.config},
-                      {"mesh", mesh_json(c.spec)},
-                      {"world_size", c.spec.mesh.world_size()},
-                      {"strategy", c.strategy},
-                      {"supported", c.supported},
-                      {"steps", steps},
-                      {"max_rel_err", c.max_rel_err},
-                      {"tolerance", c.tolerance},
-                      {"pass", c.pass},
-                      {"detail", c.detail},
-                      {"wall_s", c.wall_seconds},
-                      {"compute", c.compute},
-                      {"device_ops", c.device_ops},
-                      {"memory", memory_json(c.memory)},
-                      {"parity_pass", c.parity_pass},
-                      {"resumed_from", c.resumed_from},
-                      {"broke", c.broke},
-                      {"faults", faults_json(c.faults)},
-                      {"timing", timing_json(c.timing, c.wall_timing)},
-                      {"pipeline", pipeline_json(c.pipeline)},
-                      {"timeline", timeline_json(c.timeline, c.spec.mesh.world_size())}});
+                       {"max_rel_err", sp.max_rel_err},
+                       {"bound", sp.bound},
+                       {"measure", sp.measure}});
+    parity.push_back(
+        {{"config", c.config},
+         {"mesh", mesh_json(c.spec)},
+         {"world_size", c.spec.mesh.world_size()},
+         {"strategy", c.strategy},
+         {"supported", c.supported},
+         {"steps", steps},
+         {"max_rel_err", c.max_rel_err},
+         {"tolerance", c.tolerance},
+         {"measure", c.measure},
+         {"reference", c.tied_apart_reference ? "tied embedding uses rounded apart" : "the recipe"},
+         {"measures",
+          [&] {
+            nlohmann::json m = nlohmann::json::object();
+            for (int i = 0; i < kMeasures; ++i) {
+              const auto& x = c.measures[static_cast<std::size_t>(i)];
+              if (x.where.empty()) continue;
+              m[measure_key(static_cast<Measure>(i))] = {
+                  {"error", x.err}, {"bound", x.bound}, {"where", x.where}};
+            }
+            return m;
+          }()},
+         // bound / error: null when the error is 0 (or the row did not run)
+         {"margin", std::isfinite(c.margin) && c.margin > 0 ? nlohmann::json(c.margin)
+                                                            : nlohmann::json(nullptr)},
+         {"pass", c.pass},
+         {"detail", c.detail},
+         {"wall_s", c.wall_seconds},
+         {"compute", c.compute},
+         {"device_ops", c.device_ops},
+         {"memory", memory_json(c.memory)},
+         {"parity_pass", c.parity_pass},
+         {"resumed_from", c.resumed_from},
+         {"broke", c.broke},
+         {"faults", faults_json(c.faults)},
+         {"timing", timing_json(c.timing, c.wall_timing)},
+         {"pipeline", pipeline_json(c.pipeline)},
+         {"timeline", timeline_json(c.timeline, c.spec.mesh.world_size())}});
   }
   return {
       {"pass", r.pass()},
@@ -241,6 +275,9 @@ nlohmann::json report_json(const RunResult& r, const std::string& backend) {
       {"world_size", s.parallel.mesh.world_size()},
       {"manifest", manifest_json(s)},
       {"parity", parity},
+      {"noise", noise_json(r.noise)},
+      {"noise_tied_apart",
+       r.noise_tied_apart ? noise_json(*r.noise_tied_apart) : nlohmann::json(nullptr)},
       // The first configuration's ranks (each parity row carries its own).
       {"memory", r.configs.empty() ? nlohmann::json::array() : memory_json(r.configs[0].memory)},
       {"timing", r.configs.empty() ? nlohmann::json(nullptr)
@@ -281,7 +318,7 @@ void write_junit(const std::vector<RunResult>& runs, const std::string& file) {
         << xml_escape(c.config) << "\" time=\"" << c.wall_seconds << "\">";
       if (!c.pass) {
         const std::string msg = c.supported ? "max_rel_err " + std::to_string(c.max_rel_err) +
-                                                  " > tolerance " + std::to_string(c.tolerance)
+                                                  " > bound " + std::to_string(c.tolerance)
                                             : "unsupported: " + c.detail;
         f << "<failure message=\"" << xml_escape(msg) << "\">" << xml_escape(c.detail)
           << "</failure>";
@@ -301,13 +338,16 @@ void print_summary(std::ostream& os, const RunResult& r) {
                             : ", ranks compute on " + r.compute + " (the reference on the CPU)")
      << "\n";
   char line[256];
-  std::snprintf(line, sizeof line, "  %-34s %-7s %6s %12s %10s  %s\n", "config", "strategy",
-                "ranks", "max_rel_err", "tolerance", "result");
+  std::snprintf(line, sizeof line, "  %-34s %-7s %6s %12s %10s %8s  %s\n", "config", "strategy",
+                "ranks", "max_rel_err", "bound", "margin", "result");
   os << line;
   for (const auto& c : r.configs) {
-    std::snprintf(line, sizeof line, "  %-34s %-7s %6d %12.3e %10.0e  %s\n", c.config.c_str(),
+    char margin[32] = "-";
+    if (c.supported && !c.steps.empty())
+      std::snprintf(margin, sizeof margin, std::isfinite(c.margin) ? "%.3gx" : "exact", c.margin);
+    std::snprintf(line, sizeof line, "  %-34s %-7s %6d %12.3e %10.2e %8s  %s\n", c.config.c_str(),
                   c.strategy.empty() ? "-" : c.strategy.c_str(), c.spec.mesh.world_size(),
-                  c.max_rel_err, c.tolerance,
+                  c.max_rel_err, c.tolerance, margin,
                   c.pass        ? "PASS"
                   : c.broke     ? "BROKE"
                   : c.supported ? "FAIL"

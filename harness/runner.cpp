@@ -154,7 +154,7 @@ ConfigResult run_config(const Scenario& s, const ref::Dataset& ds, const Trace& 
   const BuildOptions build{.planted = o.planted};
   SimRun run = simulate(s, ds, sw, p, ck, o.compute.factory, build);
   r.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  detail::note_compute(s, run.got, r);
+  detail::note_compute(run.got, r);
   r.memory = run.memory;
   r.timeline = sw.timeline();
   r.timing = timing_of(sw.step_times(), s.train.steps);
@@ -215,18 +215,6 @@ ConfigResult run_config(const Scenario& s, const ref::Dataset& ds, const Trace& 
 
 }  // namespace
 
-double tolerance_for(ref::Precision p, bool device) {
-  switch (p) {
-    case ref::Precision::kF64:
-      return 1e-10;
-    case ref::Precision::kF32:
-      return device ? 1e-4 : 1e-5;
-    case ref::Precision::kBf16:
-      return 2e-2;
-  }
-  return 0;
-}
-
 bool RunResult::broke() const {
   return std::any_of(configs.begin(), configs.end(), [](const ConfigResult& c) { return c.broke; });
 }
@@ -237,7 +225,7 @@ bool RunResult::pass() const {
 }
 
 RunResult run_scenario(const Scenario& s, const RunOptions& o) {
-  RunResult out{s, {}, o.compute.name};
+  RunResult out{s, {}, {}, {}, o.compute.name};
   const ref::Dataset ds = ref::build_dataset(s.data, s.model, s.seed);
   if (static_cast<int64_t>(ds.samples.size()) < s.train.global_batch)
     throw ScenarioError("$.data.documents",
@@ -246,10 +234,27 @@ RunResult run_scenario(const Scenario& s, const RunOptions& o) {
                             std::to_string(s.train.global_batch) + "); add documents");
   const int total = static_cast<int>(s.configs.size());
   if (o.progress) o.progress("reference", 0, total);
-  const Trace want = detail::reference_run(s, ds, o.dump_tensors);
+  const auto checked = [&](Trace t) {
+    if (const std::string why = t.noise.chaos(); !why.empty())
+      throw ScenarioError("$.train", "the scenario is " + why +
+                                         "; lower the learning rate or weight decay, or run fewer "
+                                         "steps");
+    return t;
+  };
+  const Trace want = checked(detail::reference_run(s, ds, o.dump_tensors));
+  out.noise = want.noise;
+  // Meshes that round the tied embedding's two uses apart (bf16 pipelines) are compared against
+  // the reference of that recipe (ref::Trainer::round_tied_uses_apart).
+  std::optional<Trace> want_apart;
   for (const ParallelSpec& p : s.configs) {
     if (o.progress) o.progress(p.label(), static_cast<int>(out.configs.size()) + 1, total);
-    out.configs.push_back(run_config(s, ds, want, p, o));
+    const bool apart = parallel::rounds_gradient_parts(s.model, s.train, p.mesh);
+    if (apart && !want_apart) {
+      want_apart = checked(detail::reference_run(s, ds, "", true));
+      out.noise_tied_apart = want_apart->noise;
+    }
+    out.configs.push_back(run_config(s, ds, apart ? *want_apart : want, p, o));
+    out.configs.back().tied_apart_reference = apart;
   }
   // Strong scaling (the global batch is fixed): throughput against the smallest world that ran,
   // T_n / (T_0 * n / n_0) with T = tokens/s.

@@ -3,6 +3,7 @@
 // Configurations whose strategies are not built yet are reported as such, never silently passed.
 #pragma once
 
+#include <array>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -12,6 +13,7 @@
 #include "comm/memory.hpp"
 #include "harness/bubble.hpp"
 #include "harness/outcome.hpp"
+#include "harness/parity_bound.hpp"
 #include "harness/scenario.hpp"
 #include "parallel/data_parallel.hpp"
 #include "reference/compute.hpp"
@@ -21,9 +23,11 @@ namespace shardcheck::harness {
 struct StepParity {
   int step = 0;
   double loss = 0, ref_loss = 0;
-  // Max over ranks of the errors of the loss, grad norm, clip factor and LR, and of every
-  // parameter tensor.
+  // The step's error closest to its bound (parity_bound.hpp: over every measure, rank and
+  // tensor), that bound, and the measure it is.
   double max_rel_err = 0;
+  double bound = 0;
+  std::string measure;
 };
 
 // One rank's tracked-allocator books at the end of a configuration's run (bytes).
@@ -40,10 +44,24 @@ struct ConfigResult {
   ParallelSpec spec;
   std::string strategy;  // "ddp", "zero1".. or "" when unsupported
   std::vector<StepParity> steps;
+  // The run's error closest to its bound (over every step and measure), that bound, the measure,
+  // and the margin tolerance / max_rel_err (infinite when the error is 0).
   double max_rel_err = 0;
   double tolerance = 0;
+  std::string measure;
+  double margin = 0;
+  // Per measure (parity_bound.hpp Measure): its error closest to its bound, that bound, where.
+  struct MeasureResult {
+    double err = 0, bound = 0;
+    std::string where;
+    bool exceeds() const { return !(err <= bound); }
+  };
+  std::array<MeasureResult, kMeasures> measures{};
+  // Compared against the bf16 reference that rounds the tied embedding's two uses apart, as this
+  // mesh does (parallel::rounds_gradient_parts), rather than their sum.
+  bool tied_apart_reference = false;
   bool supported = true;
-  bool parity_pass = false;  // every step within tolerance (false when the run did not finish)
+  bool parity_pass = false;  // every measure within its bound (false when the run did not finish)
   bool pass = false;         // the verdict (outcome.hpp: parity, or the expected fault detected)
   bool broke = false;        // an unexpected fault stopped or corrupted the run (exit 3)
   std::string detail;        // why unsupported, or where the largest error was
@@ -68,15 +86,14 @@ struct ConfigResult {
 struct RunResult {
   Scenario scenario;
   std::vector<ConfigResult> configs;
+  NoiseFloor noise;  // the probe the bounds were derived from
+  // ... and that of the reference with the tied embedding's uses rounded apart, when a
+  // configuration was compared against it (ConfigResult::tied_apart_reference)
+  std::optional<NoiseFloor> noise_tied_apart;
   std::string compute = "cpu";  // RunOptions::compute.name
   bool pass() const;
   bool broke() const;
 };
-
-// The parity tolerance of a precision (DESIGN.md): f64 1e-10, f32 1e-5, bf16 2e-2. With
-// `device` (the ranks computed on a ref::Compute, e.g. a GPU: every op sums in another order and
-// AdamW's first steps amplify that) f32 gets 1e-4; f64 and bf16 keep theirs.
-double tolerance_for(ref::Precision p, bool device = false);
 
 // Makes the ref::Compute that strategy rank `rank` (its world rank) computes on while it trains;
 // called on that rank's own thread (or process). nullptr: the CPU loops.

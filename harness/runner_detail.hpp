@@ -20,6 +20,8 @@ namespace shardcheck::harness::detail {
 struct Trace {
   std::vector<ref::StepRecord> steps;
   std::vector<ref::ParamMap<double>> params;  // after each step
+  NoiseFloor noise;  // the noise probe's errors against this run (noise_floor), the bounds' base
+  bool tied_apart = false;  // ref::Trainer::round_tied_uses_apart
 };
 
 // One rank's record of a configuration's run.
@@ -54,8 +56,10 @@ void train_rank(comm::Communicator& c, const Scenario& s, const ref::Dataset& ds
                 const BuildOptions& build = {});
 
 // Where the ranks computed (compute, device_ops; from any rank that started, also for a failed
-// run) and the tolerance that goes with it.
-void note_compute(const Scenario& s, const std::vector<RankTrace>& got, ConfigResult& r);
+// run); a device widens the bounds (parity_bound.hpp).
+void note_compute(const std::vector<RankTrace>& got, ConfigResult& r);
+// Every measure of every step of the ranks' records against the reference, each judged against
+// its bound from want.noise (parity_bound.hpp); fills r's steps, error, bound, margin, verdict.
 void measure_parity(const Scenario& s, const Trace& want, const std::vector<RankTrace>& got,
                     ConfigResult& r);
 std::optional<FaultResult> nan_result(const RankTrace& rank0);
@@ -64,9 +68,15 @@ void decide(const Scenario& s, ConfigResult& r);
 void fill_rates(const Scenario& s, const ParallelSpec& p, const Trace& want, TimingResult& t);
 // The single-device reference over the scenario's steps (the sampler's global batches); with a
 // dump_dir, its tensors as .npy files there. Always on the CPU, whatever Compute the calling
-// thread has installed.
-Trace reference_run(const Scenario& s, const ref::Dataset& ds, const std::string& dump_dir);
-// A configuration's row before it runs: label, spec, tolerance, and, when it cannot run,
+// thread has installed. With its noise floor (noise_floor). `tied_apart`: the bf16 recipe with
+// the tied embedding's two uses rounded apart (ref::Trainer::round_tied_uses_apart), the
+// reference of a mesh that rounds them so (parallel::rounds_gradient_parts).
+Trace reference_run(const Scenario& s, const ref::Dataset& ds, const std::string& dump_dir,
+                    bool tied_apart = false);
+// The noise probe (parity_bound.hpp): the reference trained again under ref::RoundingNoise, its
+// errors against `want` (its recipe, want.tied_apart) per step and measure.
+NoiseFloor noise_floor(const Scenario& s, const ref::Dataset& ds, const Trace& want);
+// A configuration's row before it runs: label, spec, and, when it cannot run,
 // supported = false with the reason in detail.
 ConfigResult config_row(const Scenario& s, const ParallelSpec& p);
 

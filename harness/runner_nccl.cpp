@@ -148,22 +148,42 @@ TimingResult wall_timing(const Scenario& s, const ParallelSpec& p, const Trace& 
 
 }  // namespace
 
+namespace {
+
+void write_pieces(Writer& w, const std::vector<parallel::StatePiece>& pieces) {
+  w.pod<std::uint64_t>(pieces.size());
+  for (const parallel::StatePiece& pc : pieces) {
+    w.str(pc.tensor);
+    w.pods(pc.shape);
+    w.pod(pc.dtype);
+    w.pod<std::uint64_t>(pc.begin);
+    w.pod<std::uint64_t>(pc.count);
+    w.pods(pc.bytes);
+  }
+}
+
+std::vector<parallel::StatePiece> read_pieces(Reader& r) {
+  std::vector<parallel::StatePiece> pieces(r.count());
+  for (parallel::StatePiece& pc : pieces) {
+    pc.tensor = r.str();
+    pc.shape = r.pods<std::int64_t>();
+    pc.dtype = r.pod<comm::DType>();
+    pc.begin = r.count();
+    pc.count = r.count();
+    pc.bytes = r.pods<std::byte>();
+  }
+  return pieces;
+}
+
+}  // namespace
+
 std::vector<std::byte> pack(const RankTrace& t, const RankMemory& m) {
   Writer w;
   w.pod(t.first_step);
   w.pods(t.steps);
   w.pod<std::uint64_t>(t.pieces.size());
-  for (const auto& step : t.pieces) {
-    w.pod<std::uint64_t>(step.size());
-    for (const parallel::StatePiece& pc : step) {
-      w.str(pc.tensor);
-      w.pods(pc.shape);
-      w.pod(pc.dtype);
-      w.pod<std::uint64_t>(pc.begin);
-      w.pod<std::uint64_t>(pc.count);
-      w.pods(pc.bytes);
-    }
-  }
+  for (const auto& step : t.pieces) write_pieces(w, step);
+  write_pieces(w, t.held);
   w.pod<std::uint64_t>(t.final_params.size());
   for (const auto& e : t.final_params) {
     w.str(e.name);
@@ -192,17 +212,8 @@ void unpack(const std::vector<std::byte>& bytes, RankTrace& t, RankMemory& m) {
   t.first_step = r.pod<int>();
   t.steps = r.pods<ref::StepRecord>();
   t.pieces.resize(r.count());
-  for (auto& step : t.pieces) {
-    step.resize(r.count());
-    for (parallel::StatePiece& pc : step) {
-      pc.tensor = r.str();
-      pc.shape = r.pods<std::int64_t>();
-      pc.dtype = r.pod<comm::DType>();
-      pc.begin = r.count();
-      pc.count = r.count();
-      pc.bytes = r.pods<std::byte>();
-    }
-  }
+  for (auto& step : t.pieces) step = read_pieces(r);
+  t.held = read_pieces(r);
   for (std::size_t i = 0, n = r.count(); i < n; ++i) {
     std::string name = r.str();
     ref::Shape shape = r.pods<std::int64_t>();
@@ -271,7 +282,7 @@ ConfigResult run_config_ranks(const Scenario& s, const ref::Dataset& ds, const T
     });
     r.faults.push_back(fault_of(failures.front()));
     r.detail = r.faults.back().message;
-    note_compute(s, got, r);  // this process's ranks
+    note_compute(got, r);  // this process's ranks
   } else {
     if (gather) {
       const auto it = std::find_if(got_copies.begin(), got_copies.end(),
@@ -281,7 +292,7 @@ ConfigResult run_config_ranks(const Scenario& s, const ref::Dataset& ds, const T
       memory = std::move(memory_copies[at]);
     }
     r.memory = memory;
-    note_compute(s, got, r);
+    note_compute(got, r);
     measure_parity(s, want, got, r);
     if (auto f = nan_result(got[0])) r.faults.push_back(*f);
     r.timing = wall_timing(s, p, want, got);

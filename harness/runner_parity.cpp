@@ -17,6 +17,7 @@
 #include "reference/bf16.hpp"
 #include "reference/compute.hpp"
 #include "reference/model.hpp"
+#include "reference/noise.hpp"
 #include "reference/npy.hpp"
 
 namespace shardcheck::harness::detail {
@@ -52,7 +53,8 @@ ref::ParamMap<double> assemble(const std::vector<const std::vector<parallel::Sta
 }
 
 // The largest error of the pieces' elements against `want` (each relative to its tensor's largest
-// reference magnitude, as tensor_rel_err), and the tensor it is in.
+// magnitude in `want`, as tensor_rel_err; a piece that names no tensor of `want` or reads as no
+// number is infinitely wrong), and the tensor it is in.
 std::pair<double, std::string> held_err(const std::vector<parallel::StatePiece>& held,
                                         const ref::ParamMap<double>& want) {
   std::pair<double, std::string> worst{0.0, ""};
@@ -65,7 +67,7 @@ std::pair<double, std::string> held_err(const std::vector<parallel::StatePiece>&
       auto [it, fresh] = scales.try_emplace(name, 0.0);
       if (fresh)
         for (const double v : w->vec()) it->second = std::max(it->second, std::abs(v));
-      double diff = INFINITY;  // a dtype read as no number never passes
+      double diff = INFINITY;
       comm::visit_dtype(piece.dtype, [&](auto tag) {
         using E = decltype(tag);
         if constexpr (std::is_arithmetic_v<E>) {
@@ -80,9 +82,61 @@ std::pair<double, std::string> held_err(const std::vector<parallel::StatePiece>&
       });
       err = it->second > 0.0 ? diff / it->second : diff;
     }
-    if (!(err <= worst.first)) worst = {err, name};
+    if (worst.second.empty() || !(err <= worst.first)) worst = {err, name};
   }
   return worst;
+}
+
+// The reference's parameters as its forward reads them (bf16: the master rounded to bf16).
+ref::ParamMap<double> working_of(const ref::ParamMap<double>& master, bool bf16) {
+  ref::ParamMap<double> working = master;
+  if (bf16)
+    for (auto& e : working)
+      for (double& v : e.value.vec()) v = ref::round_to_bf16(static_cast<float>(v));
+  return working;
+}
+
+// The four step scalars of `got` against `want`, noted under Measure::scalars.
+void note_scalars(StepErrors& se, const ref::StepRecord& g, const ref::StepRecord& w,
+                  const std::string& who) {
+  se.note(Measure::scalars, parallel::rel_err(g.loss, w.loss), who + "loss");
+  se.note(Measure::scalars, parallel::rel_err(g.grad_norm, w.grad_norm),
+          who + "grad norm (before clipping)");
+  se.note(Measure::scalars, parallel::rel_err(g.clip_factor, w.clip_factor), who + "clip factor");
+  se.note(Measure::scalars, parallel::rel_err(g.lr, w.lr), who + "learning rate");
+}
+
+// Every tensor of `got` against `want`, max-abs and norm-wise, under the measures given.
+void note_params(StepErrors& se, const ref::ParamMap<double>& got,
+                 const ref::ParamMap<double>& want, Measure max, Measure norm,
+                 const std::string& who, const std::string& what) {
+  for (const auto& e : want) {
+    const ref::Tensor<double>* t = got.find(e.name);
+    se.note(max, t ? parallel::tensor_rel_err(*t, e.value) : INFINITY, who + e.name + what);
+    se.note(norm, t ? parallel::tensor_norm_err(*t, e.value) : INFINITY, who + e.name + what);
+  }
+}
+
+Trace train_reference(const Scenario& s, const ref::Dataset& ds, const std::string& dump_dir,
+                      ref::Compute* compute, bool tied_apart) {
+  const ref::ComputeScope scope(compute);
+  ref::DistributedSampler sampler(static_cast<int64_t>(ds.samples.size()), s.train.global_batch,
+                                  s.seed, s.data.drop_last);
+  ref::Trainer trainer(s.model, s.train, s.seed);
+  trainer.round_tied_uses_apart(tied_apart);
+  std::optional<ref::TensorDumper> dumper;
+  if (!dump_dir.empty()) {
+    dumper.emplace(dump_dir);
+    trainer.set_observer(
+        [&](const std::string& name, const ref::HostArray& a) { dumper->add(name, a); });
+  }
+  Trace t;
+  for (int n = 1; n <= s.train.steps; ++n) {
+    t.steps.push_back(trainer.step(ref::gather_batch(ds, sampler.next_global_batch())));
+    t.params.push_back(trainer.params());
+  }
+  if (dumper) dumper->write_index();
+  return t;
 }
 
 }  // namespace
@@ -101,31 +155,42 @@ void fill_rates(const Scenario& s, const ParallelSpec& p, const Trace& want, Tim
   t.mfu = t.flops_per_step / (t.step_time_s * p.mesh.world_size() * s.topology.peak_tflops * 1e12);
 }
 
-Trace reference_run(const Scenario& s, const ref::Dataset& ds, const std::string& dump_dir) {
-  const ref::ComputeScope on_cpu(nullptr);  // the oracle, whatever the caller's thread installed
-  ref::DistributedSampler sampler(static_cast<int64_t>(ds.samples.size()), s.train.global_batch,
-                                  s.seed, s.data.drop_last);
-  ref::Trainer trainer(s.model, s.train, s.seed);
-  std::optional<ref::TensorDumper> dumper;
-  if (!dump_dir.empty()) {
-    dumper.emplace(dump_dir);
-    trainer.set_observer(
-        [&](const std::string& name, const ref::HostArray& a) { dumper->add(name, a); });
-  }
-  Trace t;
-  for (int n = 1; n <= s.train.steps; ++n) {
-    t.steps.push_back(trainer.step(ref::gather_batch(ds, sampler.next_global_batch())));
-    t.params.push_back(trainer.params());
-  }
-  if (dumper) dumper->write_index();
+Trace reference_run(const Scenario& s, const ref::Dataset& ds, const std::string& dump_dir,
+                    bool tied_apart) {
+  Trace t = train_reference(s, ds, dump_dir, nullptr, tied_apart);  // the oracle, on the CPU
+  t.tied_apart = tied_apart;
+  t.noise = noise_floor(s, ds, t);
   return t;
+}
+
+// The probe's errors against `want`, per step and measure.
+std::vector<std::array<double, kMeasures>> probe_errors(const Trace& probe, const Trace& want) {
+  std::vector<std::array<double, kMeasures>> out;
+  for (std::size_t k = 0; k < want.steps.size(); ++k) {
+    StepErrors se;
+    note_scalars(se, probe.steps[k], want.steps[k], "");
+    note_params(se, probe.params[k], want.params[k], Measure::master_max, Measure::master_norm, "",
+                "");
+    out.push_back(se.err);
+  }
+  return out;
+}
+
+NoiseFloor noise_floor(const Scenario& s, const ref::Dataset& ds, const Trace& want) {
+  NoiseFloor out;
+  double n_params = 0;
+  for (const auto& e : want.params.front()) n_params += static_cast<double>(e.value.numel());
+  out.floor = noise_floors(s.train.precision, n_params);
+  out.unit = out.floor[static_cast<std::size_t>(Measure::master_max)];
+  ref::RoundingNoise noise(s.seed ^ 0x6e6f697365ULL);
+  out.probe = probe_errors(train_reference(s, ds, "", &noise, want.tied_apart), want);
+  return out;
 }
 
 ConfigResult config_row(const Scenario& s, const ParallelSpec& p) {
   ConfigResult r;
   r.config = p.label();
   r.spec = p;
-  r.tolerance = tolerance_for(s.train.precision);
   r.detail = unsupported(s, p);
   r.supported = r.detail.empty();
   return r;
@@ -156,86 +221,101 @@ void decide(const Scenario& s, ConfigResult& r) {
   r.pass = !r.broke && (r.parity_pass || !s.expect_parity);
 }
 
-void note_compute(const Scenario& s, const std::vector<RankTrace>& got, ConfigResult& r) {
+void note_compute(const std::vector<RankTrace>& got, ConfigResult& r) {
   r.compute = got.empty() ? "" : "cpu";
   r.device_ops = 0;
   for (const RankTrace& t : got) {
     if (t.compute != "cpu" && r.compute == "cpu") r.compute = t.compute;
     r.device_ops += t.device_ops;
   }
-  r.tolerance = tolerance_for(s.train.precision, !r.compute.empty() && r.compute != "cpu");
 }
 
 void measure_parity(const Scenario& s, const Trace& want, const std::vector<RankTrace>& got,
                     ConfigResult& r) {
-  double worst = -1;
+  const NoiseFloor& noise = want.noise;
   const bool bf16 = s.train.precision == ref::Precision::kBf16;
+  const bool device = !r.compute.empty() && r.compute != "cpu";
+  double worst = -1;                         // the largest error / bound of the run
+  std::array<double, kMeasures> worst_of{};  // ... of each measure
+  worst_of.fill(-1);
+  // Judges one step's errors against their bounds: the step's record shows its worst measure.
+  const auto judge = [&](int step, const StepErrors& se, StepParity& sp) {
+    double step_worst = -1;
+    for (int m = 0; m < kMeasures; ++m) {
+      const auto i = static_cast<std::size_t>(m);
+      if (se.where[i].empty()) continue;  // not measured at this step
+      const double b = noise.bound(step, static_cast<Measure>(m), device);
+      const double ratio = se.err[i] == 0.0 ? 0.0 : se.err[i] / b;
+      const double q = ratio == ratio ? ratio : INFINITY;
+      if (q > worst_of[i]) {
+        worst_of[i] = q;
+        r.measures[i] = {se.err[i], b, "step " + std::to_string(step) + " " + se.where[i]};
+      }
+      if (q > step_worst) {
+        step_worst = q;
+        sp.max_rel_err = se.err[i];
+        sp.bound = b;
+        sp.measure = measure_name(static_cast<Measure>(m));
+      }
+      if (q > worst) {
+        worst = q;
+        r.max_rel_err = se.err[i];
+        r.tolerance = b;
+        r.measure = measure_name(static_cast<Measure>(m));
+        r.detail = "largest error for its bound: step " + std::to_string(step) + " " + se.where[i] +
+                   " (" + measure_name(static_cast<Measure>(m)) + ")";
+      }
+    }
+  };
   std::vector<const std::vector<parallel::StatePiece>*> pieces(got.size());
   const int first = got[0].first_step;
   for (int k = first - 1; k < s.train.steps; ++k) {
     const auto uk = static_cast<std::size_t>(k);              // into the reference trace
     const auto ug = static_cast<std::size_t>(k - first + 1);  // into the ranks' traces
-    StepParity sp{k + 1, got[0].steps[ug].loss, want.steps[uk].loss, 0};
-    const auto note = [&](double e, std::size_t rank, const std::string& what) {
-      if (!(e <= sp.max_rel_err)) sp.max_rel_err = e;
-      if (!(e <= worst)) {
-        worst = e;
-        r.detail = "largest error: rank " + std::to_string(rank) + " step " +
-                   std::to_string(k + 1) + " " + what;
-      }
-    };
+    StepParity sp{k + 1, got[0].steps[ug].loss, want.steps[uk].loss, 0, 0, ""};
+    StepErrors se;
     // The step's scalars on every rank: the loss, and what the update was made of (a gradient
     // off by a constant factor barely moves AdamW's parameters under clipping; its norm shows it).
     for (std::size_t rank = 0; rank < got.size(); ++rank) {
-      const ref::StepRecord &g = got[rank].steps[ug], &w = want.steps[uk];
-      note(parallel::rel_err(g.loss, w.loss), rank, "loss");
-      note(parallel::rel_err(g.grad_norm, w.grad_norm), rank, "grad norm (before clipping)");
-      note(parallel::rel_err(g.clip_factor, w.clip_factor), rank, "clip factor");
-      note(parallel::rel_err(g.lr, w.lr), rank, "learning rate");
+      note_scalars(se, got[rank].steps[ug], want.steps[uk], "rank " + std::to_string(rank) + " ");
       pieces[rank] = &got[rank].pieces[ug];
     }
-    const ref::ParamMap<double> params = assemble(pieces, s.model, bf16);
-    for (const auto& e : want.params[uk]) {
-      const ref::Tensor<double>* t = params.find(e.name);
-      note(t ? parallel::tensor_rel_err(*t, e.value) : INFINITY, 0, e.name + " (owner shards)");
-    }
+    const ref::ParamMap<double> owners = assemble(pieces, s.model, bf16);
+    note_params(se, owners, want.params[uk], Measure::master_max, Measure::master_norm, "",
+                " (owner shards)");
     if (k + 1 == s.train.steps) {  // every rank's own view of the final parameters
       for (std::size_t rank = 0; rank < got.size(); ++rank)
-        for (const auto& e : want.params[uk]) {
-          const ref::Tensor<double>* t = got[rank].final_params.find(e.name);
-          note(t ? parallel::tensor_rel_err(*t, e.value) : INFINITY, rank,
-               e.name + " (gathered by the rank)");
-        }
-      // ... and every copy each rank computes with (TP, kv, tied and DP replicas), against the
-      // reference's working weights (bf16: its master rounded as its forward reads it).
-      ref::ParamMap<double> working = want.params[uk];
-      if (bf16)
-        for (auto& e : working)
-          for (double& v : e.value.vec()) v = ref::round_to_bf16(static_cast<float>(v));
+        note_params(se, got[rank].final_params, want.params[uk], Measure::master_max,
+                    Measure::master_norm, "rank " + std::to_string(rank) + " ",
+                    " (gathered by the rank)");
+      // ... and every copy each rank computes with (TP, kv, tied and DP replicas) against the
+      // owner master it derives from (bf16: rounded as the forward reads it): exactly equal.
+      const ref::ParamMap<double> working = working_of(owners, bf16);
       for (std::size_t rank = 0; rank < got.size(); ++rank) {
         const auto [e, name] = held_err(got[rank].held, working);
-        note(e, rank, name + " (the rank's own copy)");
+        se.note(Measure::replicas, e,
+                "rank " + std::to_string(rank) + " " + name + " (the rank's own copy)");
       }
     }
+    judge(k + 1, se, sp);
     r.steps.push_back(sp);
-    if (!(sp.max_rel_err <= r.max_rel_err)) r.max_rel_err = sp.max_rel_err;
   }
   if (first > s.train.steps && first > 1) {
     // Resumed after the last step: nothing left to train, so check that the restored parameters
     // (every rank's gathered view) are the reference's after that step.
     const auto uk = static_cast<std::size_t>(first - 2);
-    StepParity sp{first - 1, NAN, want.steps[uk].loss, 0};
+    StepParity sp{first - 1, NAN, want.steps[uk].loss, 0, 0, ""};
+    StepErrors se;
     for (std::size_t rank = 0; rank < got.size(); ++rank)
-      for (const auto& e : want.params[uk]) {
-        const ref::Tensor<double>* t = got[rank].final_params.find(e.name);
-        const double err = t ? parallel::tensor_rel_err(*t, e.value) : INFINITY;
-        if (!(err <= sp.max_rel_err)) sp.max_rel_err = err;
-      }
+      note_params(se, got[rank].final_params, want.params[uk], Measure::master_max,
+                  Measure::master_norm, "rank " + std::to_string(rank) + " ",
+                  " (gathered by the rank)");
+    judge(first - 1, se, sp);
     r.steps.push_back(sp);
-    r.max_rel_err = sp.max_rel_err;
-    r.detail = "resumed after the last step: restored parameters checked";
+    r.detail = "resumed after the last step: restored parameters checked (" + r.detail + ")";
   }
-  r.parity_pass = r.max_rel_err <= r.tolerance;
+  r.margin = r.max_rel_err > 0 ? r.tolerance / r.max_rel_err : INFINITY;
+  r.parity_pass = worst <= 1.0;
 }
 
 // The health check's verdict (the same on every rank): the first step with non-finite gradients.

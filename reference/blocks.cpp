@@ -171,7 +171,8 @@ void head_forward(const ModelConfig& cfg, const ParamMap<T>& params, const Seque
 
 template <class T>
 Tensor<T> head_backward(const ModelConfig& cfg, const ParamMap<T>& params, const Sequence& seq,
-                        const StepContext& ctx, const HeadCache<T>& c, ParamMap<T>& grads) {
+                        const StepContext& ctx, const HeadCache<T>& c, ParamMap<T>& grads,
+                        Tensor<T>* tied) {
   const size_t s = seq.tokens.size();
   double tw = ctx.token_weight;
   if (testing::mutated(testing::Mutation::kMeanOfSequenceMeans)) {
@@ -183,7 +184,8 @@ Tensor<T> head_backward(const ModelConfig& cfg, const ParamMap<T>& params, const
   const Tensor<T> dlogits = cross_entropy_backward(c.logits, seq.targets, weight);
   const Tensor<T> dy =
       cfg.tie_embeddings
-          ? linear_t_backward(dlogits, c.y, params["embed.weight"], grads["embed.weight"])
+          ? linear_t_backward(dlogits, c.y, params["embed.weight"],
+                              tied != nullptr ? *tied : grads["embed.weight"])
           : linear_backward(dlogits, c.y, params["lm_head.weight"], grads["lm_head.weight"]);
   return rmsnorm_backward(dy, c.x, params["final_norm.weight"], c.rstd, grads["final_norm.weight"]);
 }
@@ -211,7 +213,8 @@ void keep_for_backward(BlockCache<T>& c, Recompute mode) {
   template void head_forward(const ModelConfig&, const ParamMap<T>&, const Sequence&,             \
                              const Tensor<T>&, HeadCache<T>&, SequenceLoss*);                     \
   template Tensor<T> head_backward(const ModelConfig&, const ParamMap<T>&, const Sequence&,       \
-                                   const StepContext&, const HeadCache<T>&, ParamMap<T>&);
+                                   const StepContext&, const HeadCache<T>&, ParamMap<T>&,         \
+                                   Tensor<T>*);
 REF_INSTANTIATE(double)
 REF_INSTANTIATE(float)
 #undef REF_INSTANTIATE

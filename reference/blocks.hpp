@@ -89,9 +89,11 @@ Tensor<T> block_backward(const ModelConfig& cfg, const ParamMap<T>& params, int 
 template <class T>
 void head_forward(const ModelConfig& cfg, const ParamMap<T>& params, const Sequence& seq,
                   const Tensor<T>& x, HeadCache<T>& cache, SequenceLoss* loss);
-// Returns the gradient w.r.t. the head input; token weights from ctx (see StepContext).
+// Returns the gradient w.r.t. the head input; token weights from ctx (see StepContext). With a
+// tied embedding and `tied`, the head's use of it adds into *tied instead of grads["embed.weight"].
 template <class T>
 Tensor<T> head_backward(const ModelConfig& cfg, const ParamMap<T>& params, const Sequence& seq,
-                        const StepContext& ctx, const HeadCache<T>& cache, ParamMap<T>& grads);
+                        const StepContext& ctx, const HeadCache<T>& cache, ParamMap<T>& grads,
+                        Tensor<T>* tied = nullptr);
 
 }  // namespace shardcheck::ref

@@ -106,7 +106,7 @@ namespace {
 template <class T>
 SequenceLoss sequence_forward_backward(const ModelConfig& cfg, const ParamMap<T>& params,
                                        const Sequence& seq, const StepContext& ctx,
-                                       ParamMap<T>* grads) {
+                                       ParamMap<T>* grads, Tensor<T>* tied_head) {
   check_sequence(seq);
   SequenceLoss out;
   Tensor<T> x = embed_forward(params, seq);
@@ -120,7 +120,7 @@ SequenceLoss sequence_forward_backward(const ModelConfig& cfg, const ParamMap<T>
   head_forward(cfg, params, seq, x, head, &out);
   if (!grads) return out;
 
-  Tensor<T> dx = head_backward(cfg, params, seq, ctx, head, *grads);
+  Tensor<T> dx = head_backward(cfg, params, seq, ctx, head, *grads, tied_head);
   for (int i = cfg.layers - 1; i >= 0; --i) {
     BlockCache<T>& c = caches[static_cast<size_t>(i)];
     if (ctx.recompute == Recompute::kFull) {
@@ -141,10 +141,11 @@ SequenceLoss sequence_forward_backward(const ModelConfig& cfg, const ParamMap<T>
 template <class T>
 LossParts forward_backward(const ModelConfig& cfg, const ParamMap<T>& params,
                            std::span<const Sequence> sequences, const StepContext& ctx,
-                           std::type_identity_t<ParamMap<T>>* grads) {
+                           std::type_identity_t<ParamMap<T>>* grads,
+                           std::type_identity_t<Tensor<T>>* tied_head) {
   LossParts parts;
   for (const Sequence& seq : sequences) {
-    SequenceLoss sl = sequence_forward_backward(cfg, params, seq, ctx, grads);
+    SequenceLoss sl = sequence_forward_backward(cfg, params, seq, ctx, grads, tied_head);
     parts.loss_sum += sl.loss_sum;
     parts.tokens += sl.tokens;
     parts.aux_sum += sl.aux;
@@ -162,9 +163,9 @@ template void init_param_slice(const ModelConfig&, uint64_t, std::string_view, i
                                std::span<float>);
 template LossParts forward_backward(const ModelConfig&, const ParamMap<double>&,
                                     std::span<const Sequence>, const StepContext&,
-                                    ParamMap<double>*);
+                                    ParamMap<double>*, Tensor<double>*);
 template LossParts forward_backward(const ModelConfig&, const ParamMap<float>&,
-                                    std::span<const Sequence>, const StepContext&,
-                                    ParamMap<float>*);
+                                    std::span<const Sequence>, const StepContext&, ParamMap<float>*,
+                                    Tensor<float>*);
 
 }  // namespace shardcheck::ref

@@ -54,10 +54,13 @@ struct LossParts {
   double loss() const;
 };
 
-// Forward (and, when grads is non-null, backward, adding into *grads) over the sequences.
+// Forward (and, when grads is non-null, backward, adding into *grads) over the sequences. With a
+// tied embedding and `tied_head`, the head's use of the embedding adds into *tied_head instead of
+// (*grads)["embed.weight"] (the embedding's own use still adds there).
 template <class T>
 LossParts forward_backward(const ModelConfig& cfg, const ParamMap<T>& params,
                            std::span<const Sequence> sequences, const StepContext& ctx,
-                           std::type_identity_t<ParamMap<T>>* grads = nullptr);
+                           std::type_identity_t<ParamMap<T>>* grads = nullptr,
+                           std::type_identity_t<Tensor<T>>* tied_head = nullptr);
 
 }  // namespace shardcheck::ref

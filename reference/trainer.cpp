@@ -3,6 +3,7 @@
 // microbatch's gradients rounded to bf16 before they are accumulated in f32).
 #include "reference/trainer.hpp"
 
+#include <optional>
 #include <string>
 
 #include "reference/bf16.hpp"
@@ -20,6 +21,7 @@ struct Trainer::Engine {
   virtual TrainerState save() const = 0;
   virtual void load(const TrainerState& state) = 0;
   TensorObserver observer;
+  bool tied_uses_apart = false;  // Trainer::round_tied_uses_apart
   int steps_done = 0;
   int total_steps = 0;
 };
@@ -85,9 +87,18 @@ class EngineImpl final : public Trainer::Engine {
       if (n == 1 && observer) observe_batch(k, mb);
       if (bf16) {
         ParamMap<T> mb_grads = master_.zeros_like();
-        parts.merge(forward_backward(model_, weights, mb, ctx, &mb_grads));
-        if constexpr (std::is_same_v<T, float>) round_to_bf16(mb_grads);
+        std::optional<Tensor<T>> head_use;  // the tied embedding's use by the head, apart
+        if (tied_uses_apart && model_.tie_embeddings)
+          head_use.emplace(master_["embed.weight"].shape());
+        parts.merge(
+            forward_backward(model_, weights, mb, ctx, &mb_grads, head_use ? &*head_use : nullptr));
+        if constexpr (std::is_same_v<T, float>) {
+          round_to_bf16(mb_grads);
+          if (head_use)
+            for (T& v : head_use->vec()) v = round_to_bf16(v);
+        }
         for (auto& e : grads_) add_inplace(e.value, mb_grads[e.name]);
+        if (head_use) add_inplace(grads_["embed.weight"], *head_use);
       } else {
         parts.merge(forward_backward(model_, weights, mb, ctx, &grads_));
       }
@@ -171,6 +182,9 @@ Trainer& Trainer::operator=(Trainer&&) noexcept = default;
 
 void Trainer::set_observer(TensorObserver observer) {
   engine_->observer = std::move(observer);
+}
+void Trainer::round_tied_uses_apart(bool apart) {
+  engine_->tied_uses_apart = apart;
 }
 StepRecord Trainer::step(const Batch& global_batch) {
   return engine_->step(global_batch);

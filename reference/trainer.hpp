@@ -59,6 +59,11 @@ class Trainer {
   Trainer& operator=(Trainer&&) noexcept;
 
   void set_observer(TensorObserver observer);
+  // bf16 recipe with a tied embedding: round its two uses' microbatch gradients (the embedding's
+  // and the head's) to bf16 apart and add them in f32, as a pipeline whose first and last stage
+  // each hold one use does (parallel::rounds_gradient_parts), instead of rounding their sum.
+  // No effect in f64 / f32 or without tied embeddings.
+  void round_tied_uses_apart(bool apart);
   // One optimizer step on this global batch: microbatches of micro_batch sequences in order,
   // gradients accumulated, then clip, schedule and AdamW. batch[i].index must equal i (it keys
   // dropout); a batch of the wrong size or with other indices throws std::logic_error.

@@ -44,6 +44,15 @@
 
 namespace shardcheck::parallel {
 
+// Whether the bf16 recipe on this mesh rounds parts of one microbatch gradient to bf16 apart where
+// the reference rounds their sum: the tied embedding's two uses, on the first and the last stage
+// (pp > 1), are summed over the embedding group after the step. (CP, kv and TP replicas are
+// summed per microbatch before the rounding.) Parity widens its bound for such a mesh.
+inline bool rounds_gradient_parts(const ref::ModelConfig& model, const ref::TrainConfig& train,
+                                  const comm::MeshShape& shape) {
+  return train.precision == ref::Precision::kBf16 && model.tie_embeddings && shape.pp > 1;
+}
+
 struct MeshOptions {
   comm::MeshShape shape;
   std::string order = "tp-cp-ep-dp-pp";

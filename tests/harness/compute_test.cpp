@@ -232,9 +232,9 @@ TEST(ComputeOption, WithoutAComputeRanksStayOnTheCpu) {
   EXPECT_EQ(report_json(r, "sim").at("compute"), "cpu");
 }
 
-// f32 on a Compute (every op sums in another order) is judged at the device tolerance, 1e-4; on
-// the CPU at DESIGN.md's 1e-5. The summary says where the ranks computed and how much.
-TEST(ComputeOption, F32OnAComputeIsJudgedAtTheDeviceTolerance) {
+// f32 on a Compute (every op sums in another order, with more terms than one rounding) is judged
+// at kDeviceFactor times the CPU's bound. The summary says where the ranks computed and how much.
+TEST(ComputeOption, F32OnAComputeIsJudgedAtTheDeviceBound) {
   nlohmann::json j = small_scenario("compute-f32", {{{"dp", 2}}});
   j["train"]["precision"] = "f32";
   const Scenario s = parse_scenario(j);
@@ -244,8 +244,18 @@ TEST(ComputeOption, F32OnAComputeIsJudgedAtTheDeviceTolerance) {
   const RunResult on_cpu = run_scenario(s);
   ASSERT_EQ(on_fake.configs.size(), 1u);
   EXPECT_TRUE(on_fake.configs[0].pass) << on_fake.configs[0].detail;
-  EXPECT_EQ(on_fake.configs[0].tolerance, 1e-4);
-  EXPECT_EQ(on_cpu.configs[0].tolerance, 1e-5);
+  const std::string measure = on_cpu.configs[0].measure;
+  EXPECT_FALSE(measure.empty());
+  for (int m = 0; m < kMeasures; ++m)
+    if (measure == measure_name(static_cast<Measure>(m))) {
+      const int last = s.train.steps;
+      EXPECT_DOUBLE_EQ(on_cpu.noise.bound(last, static_cast<Measure>(m)) * kDeviceFactor,
+                       on_fake.noise.bound(last, static_cast<Measure>(m), true));
+    }
+  EXPECT_GT(on_fake.configs[0].steps.back().bound, 0.0);
+  EXPECT_NEAR(on_fake.configs[0].steps.back().bound / on_cpu.configs[0].steps.back().bound,
+              kDeviceFactor, 1e-9)
+      << on_fake.configs[0].steps.back().measure << " / " << on_cpu.configs[0].steps.back().measure;
   std::ostringstream summary;
   print_summary(summary, on_fake);
   EXPECT_TRUE(has(summary.str(), "computed on fake: ")) << summary.str();
@@ -295,7 +305,7 @@ TEST(ComputeOption, TheNcclPathComputesThereAndMeasuresWallTime) {
   }
   expect_every_rank_dispatched(ledger, s);
   // The wall timing reaches report.json, labelled as such.
-  RunResult run{s, {}, "fake"};
+  RunResult run{s, {}, want.noise, {}, "fake"};
   run.configs.push_back(detail::run_config_ranks(
       s, ds, want, s.configs[0], [](const auto& fn) { sim::SimWorld(2).run(fn); }, true, 2, "",
       fake_factory(nullptr)));
@@ -370,7 +380,7 @@ TEST(ComputeOption, CudaOnTheSimulatorKeepsParity) {
   for (const auto& row : report.at("parity")) {
     EXPECT_NE(row.at("compute"), "cpu") << row.dump();
     EXPECT_GT(row.at("device_ops").get<int64_t>(), 0) << "every op fell back: " << row.dump();
-    EXPECT_EQ(row.at("tolerance").get<double>(), tolerance_for(ref::Precision::kF32, true));
+    EXPECT_LE(row.at("max_rel_err").get<double>(), row.at("tolerance").get<double>()) << row.dump();
   }
 }
 

@@ -65,25 +65,13 @@ TEST(NcclBackend, SimulatorOnlyFeaturesAreRefused) {
   }
 }
 
-detail::Trace reference_trace(const Scenario& s, const ref::Dataset& ds) {
-  ref::DistributedSampler sampler(static_cast<int64_t>(ds.samples.size()), s.train.global_batch,
-                                  s.seed, s.data.drop_last);
-  ref::Trainer trainer(s.model, s.train, s.seed);
-  detail::Trace t;
-  for (int n = 1; n <= s.train.steps; ++n) {
-    t.steps.push_back(trainer.step(ref::gather_batch(ds, sampler.next_global_batch())));
-    t.params.push_back(trainer.params());
-  }
-  return t;
-}
-
 // The runner's NCCL path with the simulator as its rank runner, each rank gathering every rank's
 // record as a process under mpirun does: same verdict and figures as the plain simulated run.
 TEST(NcclPath, GatheredRecordsGiveTheSimulatorsVerdict) {
   const Scenario s = parse_scenario(
       small_scenario({{{"dp", 2}}, {{"dp", 2}, {"zero", 3}}, {{"tp", 2}}, {{"dp", 2}, {"pp", 2}}}));
   const ref::Dataset ds = ref::build_dataset(s.data, s.model, s.seed);
-  const detail::Trace want = reference_trace(s, ds);
+  const detail::Trace want = detail::reference_run(s, ds, "");  // with its noise floor
   const RunResult sim = run_scenario(s);
   ASSERT_EQ(sim.configs.size(), s.configs.size());
   for (std::size_t i = 0; i < s.configs.size(); ++i) {
@@ -97,7 +85,8 @@ TEST(NcclPath, GatheredRecordsGiveTheSimulatorsVerdict) {
       ASSERT_TRUE(base.pass) << base.detail;
       EXPECT_TRUE(r.pass) << r.detail;
       EXPECT_EQ(r.strategy, base.strategy);
-      EXPECT_EQ(r.max_rel_err, base.max_rel_err);  // the simulator is bitwise deterministic
+      EXPECT_EQ(r.max_rel_err, base.max_rel_err)  // the simulator is bitwise deterministic
+          << r.detail << " vs " << base.detail;
       ASSERT_EQ(r.steps.size(), base.steps.size());
       for (std::size_t k = 0; k < r.steps.size(); ++k)
         EXPECT_EQ(r.steps[k].loss, base.steps[k].loss);
@@ -114,7 +103,7 @@ TEST(NcclPath, GatheredRecordsGiveTheSimulatorsVerdict) {
 TEST(NcclPath, ConfigurationsBeyondTheMachineAreNotRun) {
   const Scenario s = parse_scenario(small_scenario({{{"dp", 2}}}));
   const ref::Dataset ds = ref::build_dataset(s.data, s.model, s.seed);
-  const detail::Trace want = reference_trace(s, ds);
+  const detail::Trace want = detail::reference_run(s, ds, "");  // with its noise floor
   const detail::Ranks never = [](const auto&) { FAIL() << "must not run"; };
   const ConfigResult few =
       detail::run_config_ranks(s, ds, want, s.configs[0], never, false, 1, "visible GPUs");
@@ -131,7 +120,7 @@ TEST(NcclPath, ConfigurationsBeyondTheMachineAreNotRun) {
 TEST(NcclPath, ARankFailureIsReportedWithItsRank) {
   const Scenario s = parse_scenario(small_scenario({{{"dp", 2}}}));
   const ref::Dataset ds = ref::build_dataset(s.data, s.model, s.seed);
-  const detail::Trace want = reference_trace(s, ds);
+  const detail::Trace want = detail::reference_run(s, ds, "");  // with its noise floor
   const detail::Ranks failing = [](const auto& fn) {
     sim::SimWorld(2).run([&](comm::Communicator& c) {
       if (c.rank() == 1) throw std::runtime_error("device lost");
