@@ -36,8 +36,10 @@ inline constexpr double kNoiseMargin = 100;
 // A configuration whose ranks computed on a device (ref::Compute, e.g. a GPU) sums every op in
 // another order with more terms than one rounding (a GEMM's tiles): its bounds are this much wider.
 inline constexpr double kDeviceFactor = 10;
-// A bound above this cannot tell a strategy bug from the scenario's own noise: the scenario is
-// refused as too chaotic to check (exit 2), never reported as a strategy failure.
+// A bound of the step scalars or the norm-wise parameters above this cannot tell a strategy bug
+// from the scenario's own noise: the scenario is refused as too chaotic to check (exit 2), never
+// reported as a strategy failure. (Max-abs is left out: one element's sign-like first Adam update
+// may flip in a calm scenario.)
 inline constexpr double kChaosCeiling = 1e-2;
 
 // The errors of one step, per measure: the largest, and where it was.

@@ -33,6 +33,12 @@ enum class Mutation {
   // TP: ranks other than TP rank 0 leave their copies of the TP-replicated parameters (norms,
   // router) as they were; the exported copy (TP rank 0's) is right, the others' forward is stale.
   kReplicaNotUpdated,
+  // The gradient norm over the wrong group: every TP rank counts its copy of the TP-replicated
+  // parameters (norms, router; Megatron counts them on TP rank 0 only), so they weigh tp times.
+  kNormOverWrongGroup,
+  // bf16 recipe: the working weights are the f32 master itself, never rounded to bf16 (the model
+  // silently trains in f32); ZeRO-3 / FSDP gathers still round (their all_gather is in bf16).
+  kBf16WorkingLeftInF32,
 };
 
 }  // namespace shardcheck::parallel::testing

@@ -411,10 +411,12 @@ class MeshImpl final : public MeshEngine::Impl {
     }
     if (bf16 || no_shard_) {
       if (no_shard_) {  // FSDP no_shard: each microbatch's gradient summed after its backward
+        const comm::ReduceOptions op = zopt_->sum();         // planted (tests): an average
+        if (opt_.planted != testing::Mutation::kSkipBucket)  // planted: the dense unit left out
+          all_reduce_picked(
+              specs_, *dense_, [](const LocalParam& p) { return !p.expert; }, mb_grads_, op);
         all_reduce_picked(
-            specs_, *dense_, [](const LocalParam& p) { return !p.expert; }, mb_grads_);
-        all_reduce_picked(
-            specs_, *expert_, [](const LocalParam& p) { return p.expert; }, mb_grads_);
+            specs_, *expert_, [](const LocalParam& p) { return p.expert; }, mb_grads_, op);
       }
       for (auto& e : mb_grads_) {
         ref::add_inplace(grads_[e.name], e.value);

@@ -57,7 +57,7 @@ inline HybridGroups hybrid_split(comm::Communicator& world, const comm::DeviceMe
 // The picked parameters' gradients summed over group, in one all_reduce (specs order).
 template <class T, class Pick>
 void all_reduce_picked(const std::vector<LocalParam>& specs, comm::Communicator& group,
-                       const Pick& pick, ref::ParamMap<T>& grads) {
+                       const Pick& pick, ref::ParamMap<T>& grads, comm::ReduceOptions op = {}) {
   if (group.size() == 1) return;
   std::vector<T> flat;
   for (const LocalParam& p : specs) {
@@ -66,7 +66,7 @@ void all_reduce_picked(const std::vector<LocalParam>& specs, comm::Communicator&
     flat.insert(flat.end(), v.begin(), v.end());
   }
   if (flat.empty()) return;
-  group.all_reduce(std::span<T>(flat))->wait();
+  group.all_reduce(std::span<T>(flat), op)->wait();
   std::size_t at = 0;
   for (const LocalParam& p : specs) {
     if (!pick(p)) continue;

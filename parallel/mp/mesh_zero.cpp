@@ -74,7 +74,8 @@ MeshOptimizer<T>::MeshOptimizer(Env env, const std::vector<LocalParam>& specs,
     }
   }
   if constexpr (std::is_same_v<T, float>) {
-    if (env_.bf16) ref::round_to_bf16(params);
+    if (env_.bf16 && env_.planted != testing::Mutation::kBf16WorkingLeftInF32)
+      ref::round_to_bf16(params);
   }
   tracked_ = static_cast<std::size_t>(owned_elems()) * env_.recipe.optimizer();
   mem_->allocate(MemCategory::optimizer, tracked_);
@@ -133,8 +134,9 @@ void MeshOptimizer<T>::unpack(const Class& c, std::span<const T> flat, int64_t b
 }
 
 template <class T>
-bool MeshOptimizer<T>::counts(const LocalParam& p) const {
-  return !p.tied_copy && !(p.tp_replicated && env_.tp_rank != 0) &&
+bool MeshOptimizer<T>::counts(const LocalParam& p, bool norm) const {
+  const bool wrong_group = norm && env_.planted == testing::Mutation::kNormOverWrongGroup;
+  return !p.tied_copy && !(p.tp_replicated && env_.tp_rank != 0 && !wrong_group) &&
          !(p.kv_replicas > 1 && env_.tp_rank % p.kv_replicas != 0);
 }
 
@@ -240,7 +242,7 @@ double MeshOptimizer<T>::sum_squares(const ref::ParamMap<T>& grads) const {
   for (const Class& c : classes_) {
     segments(
         c, c.out_begin, c.out_end, [&](const LocalParam& p, int64_t local, int64_t n, int64_t f) {
-          if (!counts(p)) return;
+          if (!counts(p, true)) return;
           const T* g =
               env_.zero >= 2 ? c.grad.data() + (f - c.own_begin) : grads[p.name].data() + local;
           for (int64_t i = 0; i < n; ++i)
@@ -254,7 +256,7 @@ template <class T>
 double MeshOptimizer<T>::local_sum_squares(const ref::ParamMap<T>& grads) const {
   double sq = 0.0;
   for (const LocalParam& p : specs_) {
-    if (!counts(p)) continue;
+    if (!counts(p, true)) continue;
     for (const T g : grads[p.name].vec()) sq += static_cast<double>(g) * static_cast<double>(g);
   }
   return sq;
@@ -292,7 +294,8 @@ void MeshOptimizer<T>::update(const ref::ParamMap<T>& grads, double clip_factor,
       adam(c, std::span<T>(c.master).first(static_cast<std::size_t>(len)), g, lr);
       std::vector<T> working(c.master.begin(), c.master.begin() + len);
       if constexpr (std::is_same_v<T, float>)
-        for (T& x : working) x = ref::round_to_bf16(x);
+        if (env_.planted != testing::Mutation::kBf16WorkingLeftInF32)
+          for (T& x : working) x = ref::round_to_bf16(x);
       unpack(c, std::span<const T>(working), c.own_begin, params);
     } else {
       std::vector<T> p = pack(c, params, c.own_begin, c.own_end);
@@ -548,7 +551,8 @@ void MeshOptimizer<T>::import_pieces(const StateReader& read, ref::ParamMap<T>& 
         });
   }
   if constexpr (std::is_same_v<T, float>) {
-    if (env_.bf16) ref::round_to_bf16(params);
+    if (env_.bf16 && env_.planted != testing::Mutation::kBf16WorkingLeftInF32)
+      ref::round_to_bf16(params);
   }
   for (const Class& c : classes_) release_class(c, params);
   int64_t n = 0;

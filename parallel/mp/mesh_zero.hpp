@@ -148,6 +148,11 @@ class MeshOptimizer {
   // Reads params (full local slices) and the owned optimizer state; steps_taken from "optimizer/
   // step".
   void import_pieces(const StateReader& read, ref::ParamMap<T>& params);
+  // The gradient reductions' operation: a sum (an average under kGradAveragedNotSummed).
+  comm::ReduceOptions sum() const {
+    return {env_.planted == testing::Mutation::kGradAveragedNotSummed ? comm::ReduceOp::avg
+                                                                      : comm::ReduceOp::sum};
+  }
 
  private:
   struct Class : FlatClass {
@@ -162,15 +167,12 @@ class MeshOptimizer {
   };
   using SegmentFn =
       std::function<void(const LocalParam&, int64_t local, int64_t count, int64_t flat)>;
-  // The gradient reductions' operation: a sum (an average under kGradAveragedNotSummed).
-  comm::ReduceOptions sum() const {
-    return {env_.planted == testing::Mutation::kGradAveragedNotSummed ? comm::ReduceOp::avg
-                                                                      : comm::ReduceOp::sum};
-  }
   void segments(const Class& c, int64_t begin, int64_t end, const SegmentFn& fn) const;
   std::vector<T> pack(const Class& c, const ref::ParamMap<T>& m, int64_t begin, int64_t end) const;
   void unpack(const Class& c, std::span<const T> flat, int64_t begin, ref::ParamMap<T>& m) const;
-  bool counts(const LocalParam& p) const;
+  // Whether this rank counts p's elements (each element once in the world); `norm`: for the
+  // gradient norm (where a test may plant kNormOverWrongGroup).
+  bool counts(const LocalParam& p, bool norm = false) const;
   void adam(Class& c, std::span<T> p, std::span<const T> g, double lr) const;
   void share(Class& c, ref::ParamMap<T>& params);
   // Flat ranges [begin, end) of the picked parameters of c, contiguous ones merged.

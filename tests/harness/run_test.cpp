@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "harness/runner.hpp"
+#include "harness/scenario.hpp"
 #include "parallel/testing.hpp"
 
 namespace shardcheck::harness {
@@ -117,6 +118,39 @@ TEST(RunCommand, AStaleReplicaFailsInEveryPrecision) {
     }
     EXPECT_GT(tp, 0) << file << " has no TP row";
   }
+}
+
+// A valid scenario that amplifies rounding noise (lr 10, weight decay 10): in f64 after 8 steps
+// the clean dp2 row differs from the reference by more than 1e-10 (the old constant bound would
+// have failed a correct strategy), and its bound, scaled by the noise probe, passes it while a
+// gradient averaged over the data ranks still fails; in f32 the same scenario is refused as too
+// chaotic to check (exit 2, naming why), never reported as a strategy failure.
+TEST(RunCommand, ChaoticScenariosAreJudgedByTheirNoiseOrRefused) {
+  std::ifstream in(kScenarios + "/parity/mp_pp.json");
+  nlohmann::json j = nlohmann::json::parse(in);
+  j["name"] = "chaotic";
+  j["train"]["optimizer"]["lr"] = 10;
+  j["train"]["optimizer"]["weight_decay"] = 10;
+  j["train"]["steps"] = 8;
+  j["parallel"] = nlohmann::json::object();
+  j["matrix"] = {{{"dp", 2}}, {{"pp", 2}}};
+  const Scenario s = parse_scenario(j);
+  const RunResult r = run_scenario(s);
+  ASSERT_EQ(r.configs.size(), 2u);
+  for (const ConfigResult& c : r.configs) EXPECT_TRUE(c.pass) << c.config << ": " << c.detail;
+  EXPECT_GT(r.configs[0].max_rel_err, 1e-10) << "the scenario no longer amplifies noise";
+  EXPECT_GT(r.configs[0].margin, 10.0);
+  RunOptions o;
+  o.planted = parallel::testing::Mutation::kGradAveragedNotSummed;
+  EXPECT_FALSE(run_scenario(s, o).configs[0].pass) << "a bound this wide hides a real bug";
+
+  j["train"]["precision"] = "f32";
+  const TempDir tmp("shardcheck_chaotic");
+  const auto [code, out] = shardcheck("run " + tmp.write("f32.json", j).string());
+  EXPECT_EQ(code, 2) << out;
+  EXPECT_TRUE(shardcheck::testing::has(out, "$.train: the scenario is too chaotic to check"))
+      << out;
+  EXPECT_TRUE(shardcheck::testing::has(out, "times the rounding it was given")) << out;
 }
 
 TEST(RunCommand, DesignExamplePassesOnBothEngines) {
