@@ -84,36 +84,51 @@ struct ReferenceError {
   std::string where = "nowhere";
 };
 
-ReferenceError reference_error(const Ctx& x, const Trajectory& t) {
+ReferenceError reference_error(const Ctx& x, const Trace& want, const Trajectory& t) {
   ReferenceError worst;
   const auto note = [&](double e, double bound, const std::string& what) {
-    const double q = e == 0.0 ? 0.0 : e == e ? e / bound : INFINITY;
+    const double q0 = e == 0.0 ? 0.0 : e / bound;
+    const double q = q0 == q0 ? q0 : INFINITY;  // an error that is no number never passes
     if (q > worst.ratio) worst = {e, bound, q, what};
   };
   const int n = x.s.train.steps;
   for (std::size_t i = 0; i < t.steps.size(); ++i) {
     const int step = t.first_step + static_cast<int>(i);
     if (step < 1 || step > n) continue;
-    note(parallel::rel_err(t.steps[i].loss, x.want.steps[static_cast<std::size_t>(step - 1)].loss),
-         x.want.noise.bound(step, Measure::scalars), "step " + std::to_string(step) + " loss");
+    note(parallel::rel_err(t.steps[i].loss, want.steps[static_cast<std::size_t>(step - 1)].loss),
+         want.noise.bound(step, Measure::scalars), "step " + std::to_string(step) + " loss");
   }
-  for (std::size_t r = 0; r < t.final_params.size(); ++r)
-    for (const auto& e : x.want.params.back()) {
+  for (std::size_t r = 0; r < t.final_params.size(); ++r) {
+    double dd = 0, ww = 0;  // the whole model norm-wise, as parity's measure
+    for (const auto& e : want.params.back()) {
       const ref::Tensor<double>* got = t.final_params[r].find(e.name);
       note(got ? parallel::tensor_rel_err(*got, e.value) : INFINITY,
-           x.want.noise.bound(n, Measure::master_max),
-           "rank " + std::to_string(r) + " final " + e.name);
+           want.noise.bound(n, Measure::master_max),
+           "rank " + std::to_string(r) + " final " + e.name + " (max-abs)");
+      if (got == nullptr || got->shape() != e.value.shape()) {
+        dd = INFINITY;
+        continue;
+      }
+      for (int64_t i = 0; i < e.value.numel(); ++i) {
+        const double d = (*got)[i] - e.value[i];
+        dd += d == d ? d * d : INFINITY;
+        ww += e.value[i] * e.value[i];
+      }
     }
+    note(ww > 0 ? std::sqrt(dd / ww) : std::sqrt(dd), want.noise.bound(n, Measure::master_norm),
+         "rank " + std::to_string(r) + " final parameters (norm-wise)");
+  }
   return worst;
 }
 
-DrillResult parity_verdict(const Ctx& x, const Trajectory& t, int from, const std::string& head) {
+DrillResult parity_verdict(const Ctx& x, const Trajectory& t, int from, const std::string& head,
+                           const Trace* want = nullptr) {
   DrillResult d;
   if (std::string gap = coverage(x, t, from); !gap.empty()) {
     d.detail = head + "; " + gap;
     return d;
   }
-  const ReferenceError e = reference_error(x, t);
+  const ReferenceError e = reference_error(x, want != nullptr ? *want : x.want, t);
   d.pass = e.ratio <= 1.0;
   d.detail = head + "; " + steps_text(from, x.s.train.steps) +
              " and every rank's final parameters vs the reference: largest error for its bound " +
@@ -145,7 +160,8 @@ DrillResult restore_into(Ctx& x, bool resharded) {
                 : resumed_same(x);
   return parity_verdict(x, t, x.k + 1,
                         "saved by " + config_text(x.s, x.base) + " at " + step_name(x.k) +
-                            ", restored into a new " + config_text(x.s, q));
+                            ", restored into a new " + config_text(x.s, q),
+                        resharded && x.want_target ? &*x.want_target : nullptr);
 }
 
 // Same mesh: bitwise the uninterrupted run, and the data cursor exact.
@@ -504,9 +520,13 @@ DrillReport run_drills(const Scenario& s, const DrillOptions& o) {
   std::string broke;
   if (not_built(x.s, x.base).empty()) {
     // The reference of the base mesh's recipe (a bf16 pipeline rounds the tied embedding's uses
-    // apart); a restore onto a mesh that rounds otherwise is judged against the same one.
-    x.want = detail::reference_run(s, x.ds, "",
-                                   parallel::rounds_gradient_parts(s.model, s.train, x.base.mesh));
+    // apart); a restore onto a mesh that rounds otherwise is judged against the reference that
+    // switches at the save step, as the restored run does.
+    const bool apart = parallel::rounds_gradient_parts(s.model, s.train, x.base.mesh);
+    x.want = detail::reference_run(s, x.ds, "", {.apart = apart});
+    if (x.target && parallel::rounds_gradient_parts(s.model, s.train, x.target->mesh) != apart)
+      x.want_target = detail::reference_run(
+          s, x.ds, "", {.apart = apart, .switch_after = x.k, .apart_after = !apart});
     if (const std::string why = x.want.noise.chaos(); !why.empty())
       throw ScenarioError("$.train", "the scenario is " + why);
     try {

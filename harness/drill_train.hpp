@@ -65,6 +65,9 @@ struct Ctx {
   PlantedBug bug = PlantedBug::none;
   ref::Dataset ds{};
   Trace want{};  // with its noise floor (the bounds of the parity verdicts)
+  // restore_resharded onto a mesh that rounds the bf16 tied embedding otherwise than the base:
+  // the reference of base's rounding up to the save step and the target's after it
+  std::optional<Trace> want_target{};
   ParallelSpec base{};
   std::optional<ParallelSpec> target{};
   int k = 0, k2 = 0;  // restores start at k; crash_before_commit and latest_bad also save at k2

@@ -3,7 +3,8 @@
 // results may round to a neighbour of the reference's; the scenario's training then amplifies that.
 // The noise probe measures both at once: the reference trained again with every op's result moved
 // by one ulp (ref::RoundingNoise). Each measure of each step is judged against kNoiseMargin times
-// the probe's error of that measure up to that step (never below one unit of the compute dtype).
+// the probe's error of that measure up to that step (never below a floor: one unit of the compute
+// dtype; every copy against its owner is exact, bound 0).
 #pragma once
 
 #include <array>
@@ -18,7 +19,7 @@ namespace shardcheck::harness {
 enum class Measure : int {
   scalars,      // loss, grad norm before clipping, clip factor, LR (relative, every rank)
   master_max,   // parameters (the master in bf16), max |got - want| / max |want| per tensor
-  master_norm,  // the same, norm-wise ||got - want|| / ||want||
+  master_norm,  // the whole model norm-wise: ||got - want|| / ||want|| over every parameter
   // Every copy a rank computes with (TP, kv, tied and DP replicas, ZeRO-3 / FSDP gathers; bf16:
   // the working weights) against the configuration's own owner master it derives from (bf16:
   // rounded as the forward reads it), after the last step. Exact by construction: the bound is 0,

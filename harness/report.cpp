@@ -249,9 +249,9 @@ nlohmann::json report_json(const RunResult& r, const std::string& backend) {
             }
             return m;
           }()},
-         // bound / error: null when the error is 0 (or the row did not run)
-         {"margin", std::isfinite(c.margin) && c.margin > 0 ? nlohmann::json(c.margin)
-                                                            : nlohmann::json(nullptr)},
+         // bound / error: null when exact (or not run); 0: over a bound of 0, or NaN
+         {"margin", c.steps.empty() || !std::isfinite(c.margin) ? nlohmann::json(nullptr)
+                                                                : nlohmann::json(c.margin)},
          {"pass", c.pass},
          {"detail", c.detail},
          {"wall_s", c.wall_seconds},

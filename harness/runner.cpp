@@ -250,7 +250,7 @@ RunResult run_scenario(const Scenario& s, const RunOptions& o) {
     if (o.progress) o.progress(p.label(), static_cast<int>(out.configs.size()) + 1, total);
     const bool apart = parallel::rounds_gradient_parts(s.model, s.train, p.mesh);
     if (apart && !want_apart) {
-      want_apart = checked(detail::reference_run(s, ds, "", true));
+      want_apart = checked(detail::reference_run(s, ds, "", {.apart = true}));
       out.noise_tied_apart = want_apart->noise;
     }
     out.configs.push_back(run_config(s, ds, apart ? *want_apart : want, p, o));

@@ -16,12 +16,23 @@
 
 namespace shardcheck::harness::detail {
 
+// How the bf16 recipe rounds the tied embedding's two uses at each step: apart
+// (ref::Trainer::round_tied_uses_apart, the recipe of a mesh that holds them on two stages:
+// parallel::rounds_gradient_parts) or as their sum; `apart` up to step `switch_after` (0: every
+// step), `apart_after` after it (a restore onto a mesh that rounds otherwise).
+struct TiedRounding {
+  bool apart = false;
+  int switch_after = 0;
+  bool apart_after = false;
+  bool at(int step) const { return switch_after > 0 && step > switch_after ? apart_after : apart; }
+};
+
 // The reference run: its step records and parameters after each step.
 struct Trace {
   std::vector<ref::StepRecord> steps;
   std::vector<ref::ParamMap<double>> params;  // after each step
-  NoiseFloor noise;  // the noise probe's errors against this run (noise_floor), the bounds' base
-  bool tied_apart = false;  // ref::Trainer::round_tied_uses_apart
+  NoiseFloor noise;   // the noise probe's errors against this run (noise_floor), the bounds' base
+  TiedRounding tied;  // the recipe's rounding of the tied embedding's uses
 };
 
 // One rank's record of a configuration's run.
@@ -68,13 +79,12 @@ void decide(const Scenario& s, ConfigResult& r);
 void fill_rates(const Scenario& s, const ParallelSpec& p, const Trace& want, TimingResult& t);
 // The single-device reference over the scenario's steps (the sampler's global batches); with a
 // dump_dir, its tensors as .npy files there. Always on the CPU, whatever Compute the calling
-// thread has installed. With its noise floor (noise_floor). `tied_apart`: the bf16 recipe with
-// the tied embedding's two uses rounded apart (ref::Trainer::round_tied_uses_apart), the
-// reference of a mesh that rounds them so (parallel::rounds_gradient_parts).
+// thread has installed. With its noise floor (noise_floor). `tied`: how the bf16 recipe rounds
+// the tied embedding's two uses, per step (TiedRounding).
 Trace reference_run(const Scenario& s, const ref::Dataset& ds, const std::string& dump_dir,
-                    bool tied_apart = false);
+                    TiedRounding tied = {});
 // The noise probe (parity_bound.hpp): the reference trained again under ref::RoundingNoise, its
-// errors against `want` (its recipe, want.tied_apart) per step and measure.
+// errors against `want` (its recipe, want.tied) per step and measure.
 NoiseFloor noise_floor(const Scenario& s, const ref::Dataset& ds, const Trace& want);
 // A configuration's row before it runs: label, spec, and, when it cannot run,
 // supported = false with the reason in detail.

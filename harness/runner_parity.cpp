@@ -110,20 +110,37 @@ void note_scalars(StepErrors& se, const ref::StepRecord& g, const ref::StepRecor
 void note_params(StepErrors& se, const ref::ParamMap<double>& got,
                  const ref::ParamMap<double>& want, Measure max, Measure norm,
                  const std::string& who, const std::string& what) {
+  // Norm-wise over the whole model: a tensor of a few elements is as noisy as its max-abs (one
+  // near-zero gradient whose sign flips moves Adam's first update by 2 lr); a systematic error in
+  // many elements moves the whole model's norm.
+  double dd = 0, ww = 0, largest = -1;
+  std::string part;
   for (const auto& e : want) {
     const ref::Tensor<double>* t = got.find(e.name);
     se.note(max, t ? parallel::tensor_rel_err(*t, e.value) : INFINITY, who + e.name + what);
-    se.note(norm, t ? parallel::tensor_norm_err(*t, e.value) : INFINITY, who + e.name + what);
+    double d2 = 0;
+    if (t == nullptr || t->shape() != e.value.shape()) {
+      d2 = INFINITY;
+    } else {
+      for (int64_t i = 0; i < e.value.numel(); ++i) {
+        const double d = (*t)[i] - e.value[i];
+        d2 += d == d ? d * d : INFINITY;
+        ww += e.value[i] * e.value[i];
+      }
+    }
+    dd += d2;
+    if (!(d2 <= largest)) largest = d2, part = e.name;
   }
+  const double err = ww > 0 ? std::sqrt(dd / ww) : std::sqrt(dd);
+  se.note(norm, err == err ? err : INFINITY, who + "all parameters" + what + ", most in " + part);
 }
 
 Trace train_reference(const Scenario& s, const ref::Dataset& ds, const std::string& dump_dir,
-                      ref::Compute* compute, bool tied_apart) {
+                      ref::Compute* compute, TiedRounding tied) {
   const ref::ComputeScope scope(compute);
   ref::DistributedSampler sampler(static_cast<int64_t>(ds.samples.size()), s.train.global_batch,
                                   s.seed, s.data.drop_last);
   ref::Trainer trainer(s.model, s.train, s.seed);
-  trainer.round_tied_uses_apart(tied_apart);
   std::optional<ref::TensorDumper> dumper;
   if (!dump_dir.empty()) {
     dumper.emplace(dump_dir);
@@ -132,6 +149,7 @@ Trace train_reference(const Scenario& s, const ref::Dataset& ds, const std::stri
   }
   Trace t;
   for (int n = 1; n <= s.train.steps; ++n) {
+    trainer.round_tied_uses_apart(tied.at(n));
     t.steps.push_back(trainer.step(ref::gather_batch(ds, sampler.next_global_batch())));
     t.params.push_back(trainer.params());
   }
@@ -156,9 +174,9 @@ void fill_rates(const Scenario& s, const ParallelSpec& p, const Trace& want, Tim
 }
 
 Trace reference_run(const Scenario& s, const ref::Dataset& ds, const std::string& dump_dir,
-                    bool tied_apart) {
-  Trace t = train_reference(s, ds, dump_dir, nullptr, tied_apart);  // the oracle, on the CPU
-  t.tied_apart = tied_apart;
+                    TiedRounding tied) {
+  Trace t = train_reference(s, ds, dump_dir, nullptr, tied);  // the oracle, on the CPU
+  t.tied = tied;
   t.noise = noise_floor(s, ds, t);
   return t;
 }
@@ -183,7 +201,7 @@ NoiseFloor noise_floor(const Scenario& s, const ref::Dataset& ds, const Trace& w
   out.floor = noise_floors(s.train.precision, n_params);
   out.unit = out.floor[static_cast<std::size_t>(Measure::master_max)];
   ref::RoundingNoise noise(s.seed ^ 0x6e6f697365ULL);
-  out.probe = probe_errors(train_reference(s, ds, "", &noise, want.tied_apart), want);
+  out.probe = probe_errors(train_reference(s, ds, "", &noise, want.tied), want);
   return out;
 }
 
@@ -277,7 +295,11 @@ void measure_parity(const Scenario& s, const Trace& want, const std::vector<Rank
     // The step's scalars on every rank: the loss, and what the update was made of (a gradient
     // off by a constant factor barely moves AdamW's parameters under clipping; its norm shows it).
     for (std::size_t rank = 0; rank < got.size(); ++rank) {
-      note_scalars(se, got[rank].steps[ug], want.steps[uk], "rank " + std::to_string(rank) + " ");
+      const std::string who = "rank " + std::to_string(rank) + " ";
+      note_scalars(se, got[rank].steps[ug], want.steps[uk], who);
+      // The reference never skips an update (its gradients are finite): a skipped step is wrong.
+      if (ug < got[rank].health.size() && got[rank].health[ug].skipped)
+        se.note(Measure::scalars, INFINITY, who + "skipped-step flag (the reference updated)");
       pieces[rank] = &got[rank].pieces[ug];
     }
     const ref::ParamMap<double> owners = assemble(pieces, s.model, bf16);
@@ -306,15 +328,23 @@ void measure_parity(const Scenario& s, const Trace& want, const std::vector<Rank
     const auto uk = static_cast<std::size_t>(first - 2);
     StepParity sp{first - 1, NAN, want.steps[uk].loss, 0, 0, ""};
     StepErrors se;
-    for (std::size_t rank = 0; rank < got.size(); ++rank)
+    for (std::size_t rank = 0; rank < got.size(); ++rank) {
       note_params(se, got[rank].final_params, want.params[uk], Measure::master_max,
                   Measure::master_norm, "rank " + std::to_string(rank) + " ",
                   " (gathered by the rank)");
+      // every copy the restored rank would compute with, against its own restored master
+      const auto [e, name] = held_err(got[rank].held, working_of(got[rank].final_params, bf16));
+      se.note(Measure::replicas, e,
+              "rank " + std::to_string(rank) + " " + name + " (the rank's own copy)");
+    }
     judge(first - 1, se, sp);
     r.steps.push_back(sp);
     r.detail = "resumed after the last step: restored parameters checked (" + r.detail + ")";
   }
-  r.margin = r.max_rel_err > 0 ? r.tolerance / r.max_rel_err : INFINITY;
+  // Exact (error 0): an infinite margin; an error over a bound of 0, or not a number: 0.
+  r.margin = r.max_rel_err == 0.0                       ? INFINITY
+             : r.max_rel_err > 0.0 && r.tolerance > 0.0 ? r.tolerance / r.max_rel_err
+                                                        : 0.0;
   r.parity_pass = worst <= 1.0;
 }
 

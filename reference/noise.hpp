@@ -1,6 +1,8 @@
 // The rounding noise of a reordered reduction, put everywhere at once: a Compute that runs the CPU
-// loops and then moves every element of every result (and every gradient increment) by one unit in
-// the last place, up or down by a seeded coin per element. A distributed configuration computes the
+// loops of the reductions (matmuls forward and backward, RMSNorm, attention) and then moves every
+// nonzero element of every result, and every gradient they accumulate into, by one unit in the
+// last place, up or down by a seeded coin per element (GELU, cross-entropy and the ops that never
+// go through a Compute are left as they are). A distributed configuration computes the
 // reference's sums in another order (partial sums over TP, CP, DP or microbatches), so each of its
 // results may round to a neighbour of the reference's; this Compute makes every result do so. The
 // reference trained under it shows how far the scenario's training amplifies one rounding per
@@ -14,6 +16,7 @@
 
 namespace shardcheck::ref {
 
+// One per thread and run: the coins follow the order of the calls (not synchronised).
 class RoundingNoise final : public Compute {
  public:
   explicit RoundingNoise(uint64_t seed) : seed_(seed) {}
@@ -42,10 +45,10 @@ class RoundingNoise final : public Compute {
   SHARDCHECK_NOISE_OPS(float)
 #undef SHARDCHECK_NOISE_OPS
 
-  // Moves each element of t one ulp up or down (the coin of this call and element index).
+  // Moves each nonzero element of t one ulp up or down (the coin of this call and element index).
   template <class T>
   void jitter(Tensor<T>& t);
-  // The same for the increment t - before (a gradient the op accumulated into).
+  // The same for each element the op accumulated into (t != before): the sum moves one ulp.
   template <class T>
   void jitter_increment(Tensor<T>& t, const Tensor<T>& before);
 

@@ -88,7 +88,8 @@ TEST_P(DrillScenario, EveryDrillPasses) {
 
 INSTANTIATE_TEST_SUITE_P(Scenarios, DrillScenario,
                          ::testing::Values("ddp", "zero3", "fsdp_full_shard", "bf16_zero2",
-                                           "tp2-pp2"));
+                                           "tp2-pp2", "bf16_pp2_tied", "mesh_zero3_ep",
+                                           "bf16_ddp"));
 
 // Runs `drills` of a scenario in-process with a planted restore bug.
 DrillReport planted(const std::string& scenario, std::vector<std::string> drills, PlantedBug bug) {
