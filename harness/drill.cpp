@@ -99,23 +99,15 @@ ReferenceError reference_error(const Ctx& x, const Trace& want, const Trajectory
          want.noise.bound(step, Measure::scalars), "step " + std::to_string(step) + " loss");
   }
   for (std::size_t r = 0; r < t.final_params.size(); ++r) {
-    double dd = 0, ww = 0;  // the whole model norm-wise, as parity's measure
     for (const auto& e : want.params.back()) {
       const ref::Tensor<double>* got = t.final_params[r].find(e.name);
       note(got ? parallel::tensor_rel_err(*got, e.value) : INFINITY,
            want.noise.bound(n, Measure::master_max),
            "rank " + std::to_string(r) + " final " + e.name + " (max-abs)");
-      if (got == nullptr || got->shape() != e.value.shape()) {
-        dd = INFINITY;
-        continue;
-      }
-      for (int64_t i = 0; i < e.value.numel(); ++i) {
-        const double d = (*got)[i] - e.value[i];
-        dd += d == d ? d * d : INFINITY;
-        ww += e.value[i] * e.value[i];
-      }
     }
-    note(ww > 0 ? std::sqrt(dd / ww) : std::sqrt(dd), want.noise.bound(n, Measure::master_norm),
+    // the whole model norm-wise, as parity's measure
+    note(parallel::model_norm_err(t.final_params[r], want.params.back()),
+         want.noise.bound(n, Measure::master_norm),
          "rank " + std::to_string(r) + " final parameters (norm-wise)");
   }
   return worst;

@@ -113,26 +113,13 @@ void note_params(StepErrors& se, const ref::ParamMap<double>& got,
   // Norm-wise over the whole model: a tensor of a few elements is as noisy as its max-abs (one
   // near-zero gradient whose sign flips moves Adam's first update by 2 lr); a systematic error in
   // many elements moves the whole model's norm.
-  double dd = 0, ww = 0, largest = -1;
-  std::string part;
   for (const auto& e : want) {
     const ref::Tensor<double>* t = got.find(e.name);
     se.note(max, t ? parallel::tensor_rel_err(*t, e.value) : INFINITY, who + e.name + what);
-    double d2 = 0;
-    if (t == nullptr || t->shape() != e.value.shape()) {
-      d2 = INFINITY;
-    } else {
-      for (int64_t i = 0; i < e.value.numel(); ++i) {
-        const double d = (*t)[i] - e.value[i];
-        d2 += d == d ? d * d : INFINITY;
-        ww += e.value[i] * e.value[i];
-      }
-    }
-    dd += d2;
-    if (!(d2 <= largest)) largest = d2, part = e.name;
   }
-  const double err = ww > 0 ? std::sqrt(dd / ww) : std::sqrt(dd);
-  se.note(norm, err == err ? err : INFINITY, who + "all parameters" + what + ", most in " + part);
+  std::string part;
+  const double err = parallel::model_norm_err(got, want, &part);
+  se.note(norm, err, who + "all parameters" + what + ", most in " + part);
 }
 
 Trace train_reference(const Scenario& s, const ref::Dataset& ds, const std::string& dump_dir,
