@@ -232,6 +232,21 @@ std::string ParallelSpec::label() const {
   if (sequence_parallel) s += "-sp";
   if (mesh.pp > 1) s += "-" + pp_schedule + (virtual_stages > 1 ? "x" + num(virtual_stages) : "");
   if (mesh.cp > 1) s += "-" + cp_algo;
+  // An order that lays the ranks out otherwise than the default: "-order_pp_tp_dp" (its axes
+  // of size > 1, fastest first).
+  const auto laid = [&](const std::string& o) {
+    std::string out;
+    std::stringstream in(comm::DeviceMesh(mesh, o).order_string());
+    for (std::string axis; std::getline(in, axis, '-');)
+      for (comm::Axis a : comm::kAllAxes)
+        if (comm::name_of(a) == axis && mesh.size(a) > 1) out += "_" + axis;
+    return out;
+  };
+  try {
+    const std::string mine = laid(order);
+    if (mine != laid(ParallelSpec{}.order)) s += "-order" + mine;
+  } catch (const comm::MeshError&) {  // an invalid mesh or order: validation names it
+  }
   return s;
 }
 

@@ -39,6 +39,9 @@ enum class Mutation {
   // bf16 recipe: the working weights are the f32 master itself, never rounded to bf16 (the model
   // silently trains in f32); ZeRO-3 / FSDP gathers still round (their all_gather is in bf16).
   kBf16WorkingLeftInF32,
+  // bf16 recipe, EP: an expert's microbatch gradient is rounded once over the tokens of every EP
+  // peer, where the reference rounds each data rank's microbatch apart.
+  kBf16ExpertsRoundedTogether,
 };
 
 }  // namespace shardcheck::parallel::testing

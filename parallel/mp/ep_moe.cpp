@@ -9,6 +9,7 @@
 #include <cmath>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "parallel/testing.hpp"
 
@@ -191,6 +192,45 @@ ref::Tensor<T> join_batches(const std::vector<ref::Tensor<T>>& batches, const Re
   return out;
 }
 
+// The rows of local expert j's batch that came from the EP ranks of one part (part_of_source),
+// in source order: taken out of a [rows, c] tensor of the batch, and put back into one.
+struct PartRows {
+  std::vector<std::pair<int64_t, int64_t>> runs;  // (first row in the batch, rows)
+  int64_t total = 0;
+  template <class T>
+  ref::Tensor<T> take(const ref::Tensor<T>& batch) const {
+    const int64_t c = batch.dim(1);
+    ref::Tensor<T> out({total, c});
+    int64_t at = 0;
+    for (const auto& [first, rows] : runs) {
+      copy_rows(batch, first, out, at, rows, c);
+      at += rows;
+    }
+    return out;
+  }
+  template <class T>
+  void put(const ref::Tensor<T>& part, ref::Tensor<T>& batch) const {
+    const int64_t c = batch.dim(1);
+    int64_t at = 0;
+    for (const auto& [first, rows] : runs) {
+      copy_rows(part, at, batch, first, rows, c);
+      at += rows;
+    }
+  }
+};
+PartRows part_rows(const RecvIndex& ix, const std::vector<int64_t>& recv_count,
+                   std::span<const int> part_of_source, int part, int j, int epl) {
+  PartRows r;
+  for (std::size_t src = 0; src < part_of_source.size(); ++src) {
+    if (part_of_source[src] != part) continue;
+    const auto q = src * static_cast<std::size_t>(epl) + static_cast<std::size_t>(j);
+    if (recv_count[q] == 0) continue;
+    r.runs.emplace_back(ix.batch_off[q], recv_count[q]);
+    r.total += recv_count[q];
+  }
+  return r;
+}
+
 }  // namespace
 
 template <class T>
@@ -315,14 +355,22 @@ template <class T>
 ref::Tensor<T> ep_moe_backward(const EpGroups& g, const ref::Tensor<T>& dy, const EpMoeCache<T>& c,
                                double aux_weight, ref::Tensor<T>& drouter,
                                const std::vector<ref::Tensor<T>*>& local_dw_up,
-                               const std::vector<ref::Tensor<T>*>& local_dw_down) {
+                               const std::vector<ref::Tensor<T>*>& local_dw_down,
+                               std::span<const int> part_of_source) {
   if (g.ep == nullptr) throw std::invalid_argument("ep_moe_backward: the ep group is required");
   const int ep = g.ep->size(), e_n = c.spec.experts, k = c.spec.top_k, epl = e_n / ep;
   const int64_t n = c.x.dim(0), h = c.x.dim(1);
   if (dy.dim(0) != n || dy.dim(1) != h)
     throw std::invalid_argument("ep_moe_backward: dy does not match the forward's rows");
-  if (static_cast<int>(local_dw_up.size()) != epl || static_cast<int>(local_dw_down.size()) != epl)
-    throw std::invalid_argument("ep_moe_backward: expected " + std::to_string(epl) +
+  int parts = 1;
+  if (!part_of_source.empty()) {
+    if (static_cast<int>(part_of_source.size()) != ep)
+      throw std::invalid_argument("ep_moe_backward: part_of_source needs one part per EP rank");
+    parts = 1 + *std::max_element(part_of_source.begin(), part_of_source.end());
+  }
+  if (static_cast<int>(local_dw_up.size()) != parts * epl ||
+      static_cast<int>(local_dw_down.size()) != parts * epl)
+    throw std::invalid_argument("ep_moe_backward: expected " + std::to_string(parts * epl) +
                                 " local expert gradients");
 
   // Gate gradients and the expert outputs' gradients (gate_c * dy_t), in send order.
@@ -350,8 +398,21 @@ ref::Tensor<T> ep_moe_backward(const EpGroups& g, const ref::Tensor<T>& dy, cons
   double flops = 0;
   for (int j = 0; j < epl; ++j) {
     const auto ju = static_cast<std::size_t>(j);
-    din[ju] = ref::mlp_backward(dout[ju], c.in[ju], *c.w_up[ju], *c.w_down[ju], c.mlp[ju],
-                                *local_dw_up[ju], *local_dw_down[ju]);
+    if (parts == 1) {
+      din[ju] = ref::mlp_backward(dout[ju], c.in[ju], *c.w_up[ju], *c.w_down[ju], c.mlp[ju],
+                                  *local_dw_up[ju], *local_dw_down[ju]);
+    } else {
+      din[ju] = ref::Tensor<T>({ix.batch_rows[ju], h});
+      for (int part = 0; part < parts; ++part) {
+        const PartRows rows = part_rows(ix, c.recv_count, part_of_source, part, j, epl);
+        if (rows.total == 0) continue;
+        const ref::MlpCache<T> mlp{rows.take(c.mlp[ju].up), rows.take(c.mlp[ju].act)};
+        const auto q = static_cast<std::size_t>(part * epl + j);
+        rows.put(ref::mlp_backward(rows.take(dout[ju]), rows.take(c.in[ju]), *c.w_up[ju],
+                                   *c.w_down[ju], mlp, *local_dw_up[q], *local_dw_down[q]),
+                 din[ju]);
+      }
+    }
     flops += 8.0 * static_cast<double>(ix.batch_rows[ju] * h * c.w_up[ju]->dim(1));
   }
   g.ep->compute({.name = "moe experts backward", .flops = flops});
@@ -403,7 +464,8 @@ ref::Tensor<T> ep_moe_backward(const EpGroups& g, const ref::Tensor<T>& dy, cons
       int64_t*, testing::Mutation);                                                            \
   template ref::Tensor<T> ep_moe_backward(                                                     \
       const EpGroups&, const ref::Tensor<T>&, const EpMoeCache<T>&, double, ref::Tensor<T>&,   \
-      const std::vector<ref::Tensor<T>*>&, const std::vector<ref::Tensor<T>*>&);
+      const std::vector<ref::Tensor<T>*>&, const std::vector<ref::Tensor<T>*>&,                \
+      std::span<const int>);
 SHARDCHECK_EP_MOE(double)
 SHARDCHECK_EP_MOE(float)
 #undef SHARDCHECK_EP_MOE

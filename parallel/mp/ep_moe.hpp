@@ -87,11 +87,15 @@ ref::Tensor<T> ep_moe_forward(const EpGroups& g, const TokenLayout& layout, cons
 // local_dw_down the contributions of every token this rank's experts processed (from all EP
 // peers). Summing drouter over the ranks holding the sequence gives the reference's drouter;
 // expert gradients need no further reduction across EP. Collective over g.ep only.
+// part_of_source (empty, or one entry per EP rank: parts 0..P-1) splits the expert gradients by
+// where their tokens came from: local_dw_*[p * epl + j] gets local expert j's gradient from the
+// rows of the EP ranks of part p (the bf16 recipe rounds each data rank's microbatch apart).
 template <class T>
 ref::Tensor<T> ep_moe_backward(const EpGroups& g, const ref::Tensor<T>& dy,
                                const EpMoeCache<T>& cache, double aux_weight,
                                ref::Tensor<T>& drouter,
                                const std::vector<ref::Tensor<T>*>& local_dw_up,
-                               const std::vector<ref::Tensor<T>*>& local_dw_down);
+                               const std::vector<ref::Tensor<T>*>& local_dw_down,
+                               std::span<const int> part_of_source = {});
 
 }  // namespace shardcheck::parallel

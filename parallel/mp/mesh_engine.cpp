@@ -13,6 +13,7 @@
 #include "parallel/flops.hpp"
 #include "parallel/layerwise.hpp"
 #include "parallel/ledger.hpp"
+#include "parallel/mp/mesh_bf16.hpp"
 #include "parallel/mp/mesh_memory.hpp"
 #include "parallel/mp/mesh_residency.hpp"
 #include "parallel/mp/mesh_rows.hpp"
@@ -80,11 +81,16 @@ class MeshImpl final : public MeshEngine::Impl {
       const int replicas = opt_.shape.tp / model_.kv_heads;
       kv_ = g_.tp->split(g_.tp->rank() / replicas, g_.tp->rank(), {.name = "tp-kv"});
     }
+    if (train_.precision == ref::Precision::kBf16 && model_.moe) {
+      experts_ = std::make_unique<mesh_detail::ExpertParts>(mesh_detail::expert_parts(world, mesh));
+    }
     data_rank = data_->rank();
     data_world = data_->size();
     planted = opt_.planted;
-    env_ = BlockEnv{&model_,  g_.tp.get(),  g_.cp.get(), g_.ep.get(),
-                    &layout_, opt_.cp_algo, opt_.planted};
+    env_ = BlockEnv{&model_,  g_.tp.get(),  g_.cp.get(),  g_.ep.get(),
+                    &layout_, opt_.cp_algo, opt_.planted, {}};
+    if (experts_ && opt_.planted != testing::Mutation::kBf16ExpertsRoundedTogether)
+      env_.ep_part_of_source = experts_->part_of_source;
     stage_ = g_.pp->rank();
     plan_ = stage_plan(model_, opt_.shape.pp, opt_.virtual_stages, stage_);
     specs_ = local_params(model_, mesh, world.rank(), opt_.virtual_stages, opt_.planted);
@@ -141,8 +147,14 @@ class MeshImpl final : public MeshEngine::Impl {
     bucketed_.clear();
     if (bf16 || no_shard_) {
       mb_grads_ = params_.zeros_like();
-      mb_held =
-          comm::TrackedBytes(mem_, comm::MemCategory::grads, local_elems * recipe_.microbatch_grad);
+      expert_parts_.assign(env_.ep_part_of_source.empty() ? 0 : experts_->parts, {});
+      std::size_t part_elems = 0;
+      for (ref::ParamMap<T>& part : expert_parts_)
+        for (const LocalParam& p : specs_)
+          if (p.expert)
+            part_elems += static_cast<std::size_t>(part.add(p.name, p.local_shape).numel());
+      mb_held = comm::TrackedBytes(mem_, comm::MemCategory::grads,
+                                   (local_elems + part_elems) * recipe_.microbatch_grad);
     }
     for (auto& e : grads_) e.value.fill(T{0});
 
@@ -390,7 +402,7 @@ class MeshImpl final : public MeshEngine::Impl {
         dxs[static_cast<std::size_t>(i)] =
             mp_block_backward(env_, weights(), layer, seq(mb, i), ctx_,
                               train_.recompute == ref::Recompute::kFull ? again : bc,
-                              dxs[static_cast<std::size_t>(i)], grads);
+                              dxs[static_cast<std::size_t>(i)], grads, &expert_parts_);
       }
       const std::string prefix = "layers." + std::to_string(layer) + ".";
       complete([&](const LocalParam& p) { return p.name.rfind(prefix, 0) == 0; });
@@ -407,7 +419,8 @@ class MeshImpl final : public MeshEngine::Impl {
     end_uses();
     if (bf16) {
       mesh_detail::round_microbatch_gradient(specs_, *g_.cp, kv_.get(),
-                                             env_.sp() ? g_.tp.get() : nullptr, mb_grads_);
+                                             env_.sp() ? g_.tp.get() : nullptr, mb_grads_,
+                                             experts_.get(), expert_parts_);
     }
     if (bf16 || no_shard_) {
       if (no_shard_) {  // FSDP no_shard: each microbatch's gradient summed after its backward
@@ -470,7 +483,12 @@ class MeshImpl final : public MeshEngine::Impl {
     if (!opt_.grad_hook && !opt_.health.check) return;
     for (const LocalParam& p : specs_) {
       if (!pick(p)) continue;
-      Tensor<T>& g = grads[p.name];
+      Tensor<T> summed;  // an expert's gradient kept in parts: their sum
+      if (p.expert && !expert_parts_.empty()) {
+        summed = Tensor<T>(p.local_shape);
+        for (ref::ParamMap<T>& part : expert_parts_) ref::add_inplace(summed, part[p.name]);
+      }
+      Tensor<T>& g = summed.numel() > 0 ? summed : grads[p.name];
       if (opt_.grad_hook) opt_.grad_hook(steps_, mb, p.name, comm::view(g.span()));
       if (opt_.health.check && !nonfinite_) nonfinite_ = any_nonfinite(std::span<const T>(g.vec()));
     }
@@ -541,6 +559,10 @@ class MeshImpl final : public MeshEngine::Impl {
   std::vector<LocalParam> specs_;
   // params_: the forward weights (f64/f32: the master; bf16: the rounded working copy).
   ref::ParamMap<T> params_, grads_, mb_grads_;
+  // The bf16 recipe with MoE: who rounds which expert gradients together; with parts, the
+  // microbatch's expert gradients per part until they are rounded (mesh_bf16.hpp).
+  std::unique_ptr<mesh_detail::ExpertParts> experts_;
+  std::vector<ref::ParamMap<T>> expert_parts_;
   comm::TrackedBytes params_held_;
   std::unique_ptr<MeshOptimizer<T>> zopt_;
   std::unique_ptr<MeshResidency<T>> residency_;  // zero 3

@@ -1,14 +1,12 @@
 // Internal to the mesh engine (mesh_engine.cpp): the group splits over mesh axes (hybrid shard
-// included), a gradient sum over a group, the bf16 microbatch rounding, checkpoint scalars, the
-// row movers between a microbatch and its sequences, and what a pipeline chunk keeps from forward
-// to backward.
+// included), a gradient sum over a group, checkpoint scalars, the row movers between a microbatch
+// and its sequences, and what a pipeline chunk keeps from forward to backward.
 #pragma once
 
 #include <algorithm>
 #include <cstring>
 #include <memory>
 #include <string>
-#include <type_traits>
 #include <vector>
 
 #include "comm/communicator.hpp"
@@ -17,7 +15,6 @@
 #include "parallel/mp/mesh_params.hpp"
 #include "parallel/mp/tp_block.hpp"
 #include "parallel/state.hpp"
-#include "reference/bf16.hpp"
 #include "reference/tensor.hpp"
 
 namespace shardcheck::parallel::mesh_detail {
@@ -73,30 +70,6 @@ void all_reduce_picked(const std::vector<LocalParam>& specs, comm::Communicator&
     auto& v = grads[p.name].vec();
     std::copy_n(flat.begin() + static_cast<std::ptrdiff_t>(at), v.size(), v.begin());
     at += v.size();
-  }
-}
-
-// The bf16 recipe rounds each microbatch's whole gradient once (ref::Trainer). Row partials of
-// CP ranks (and under SP, tp non-null, of TP ranks for TP-replicated parameters; and of the TP
-// ranks sharing a replicated kv head) are summed first, and one copy carries the sum; rounding
-// the partials instead would differ from the reference by far more than rounding noise where
-// they cancel. Expert gradients under EP mix the tokens of several data ranks' microbatches, so
-// they are rounded per local microbatch (not the reference's grouping; parallel/mp/README.md).
-template <class T>
-void round_microbatch_gradient(const std::vector<LocalParam>& specs, comm::Communicator& cp,
-                               comm::Communicator* kv, comm::Communicator* tp,
-                               ref::ParamMap<T>& grads) {
-  if constexpr (std::is_same_v<T, float>) {
-    const auto carry_once = [&](comm::Communicator& g, const auto& pick) {
-      all_reduce_picked(specs, g, pick, grads);
-      if (g.rank() != 0)
-        for (const LocalParam& p : specs)
-          if (pick(p)) grads[p.name].fill(T{0});
-    };
-    if (cp.size() > 1) carry_once(cp, [](const LocalParam&) { return true; });
-    if (kv != nullptr) carry_once(*kv, [](const LocalParam& p) { return p.kv_replicas > 1; });
-    if (tp != nullptr) carry_once(*tp, [](const LocalParam& p) { return p.tp_replicated; });
-    ref::round_to_bf16(grads);
   }
 }
 

@@ -4,6 +4,7 @@
 #include "parallel/mp/tp_block.hpp"
 
 #include <algorithm>
+#include <stdexcept>
 #include <string>
 
 #include "parallel/testing.hpp"
@@ -195,8 +196,8 @@ Tensor<T> mp_block_forward(const BlockEnv& env, const ref::ParamMap<T>& params, 
 template <class T>
 Tensor<T> mp_block_backward(const BlockEnv& env, const ref::ParamMap<T>& params, int layer,
                             const ref::Sequence& seq, const ref::StepContext& ctx,
-                            const MpBlockCache<T>& c, const Tensor<T>& dy,
-                            ref::ParamMap<T>& grads) {
+                            const MpBlockCache<T>& c, const Tensor<T>& dy, ref::ParamMap<T>& grads,
+                            std::vector<ref::ParamMap<T>>* expert_parts) {
   const std::string p = layer_prefix(layer);
   const int hl = env.local_heads(), kvl = env.local_kv_heads();
   Tensor<T> dx = dy;
@@ -205,9 +206,17 @@ Tensor<T> mp_block_backward(const BlockEnv& env, const ref::ParamMap<T>& params,
     std::vector<const Tensor<T>*> up, down;
     local_experts<const Tensor<T>>(env, params, layer, up, down);
     std::vector<Tensor<T>*> dup, ddown;
-    local_experts<Tensor<T>>(env, grads, layer, dup, ddown);
+    if (env.ep_part_of_source.empty()) {
+      local_experts<Tensor<T>>(env, grads, layer, dup, ddown);
+    } else {
+      if (expert_parts == nullptr)
+        throw std::invalid_argument("mp_block_backward: the expert gradients' parts are needed");
+      for (ref::ParamMap<T>& part : *expert_parts)
+        local_experts<Tensor<T>>(env, part, layer, dup, ddown);
+    }
     const EpGroups g{.ep = env.ep, .cp = env.cp, .tp = env.sp() ? env.tp : nullptr};
-    db = ep_moe_backward(g, dx, c.moe, ctx.sequence_weight, grads[p + "moe.router"], dup, ddown);
+    db = ep_moe_backward(g, dx, c.moe, ctx.sequence_weight, grads[p + "moe.router"], dup, ddown,
+                         env.ep_part_of_source);
   } else {
     const Tensor<T> d_full = reduce_out_backward(env, dx);
     Tensor<T> db_full =
@@ -286,9 +295,10 @@ Tensor<T> mp_head_backward(const BlockEnv& env, const ref::ParamMap<T>& params,
   template Tensor<T> mp_block_forward(const BlockEnv&, const ref::ParamMap<T>&, int,            \
                                       const ref::Sequence&, const ref::StepContext&,            \
                                       const Tensor<T>&, MpBlockCache<T>&, MpSequenceLoss*);     \
-  template Tensor<T> mp_block_backward(                                                         \
-      const BlockEnv&, const ref::ParamMap<T>&, int, const ref::Sequence&,                      \
-      const ref::StepContext&, const MpBlockCache<T>&, const Tensor<T>&, ref::ParamMap<T>&);    \
+  template Tensor<T> mp_block_backward(const BlockEnv&, const ref::ParamMap<T>&, int,           \
+                                       const ref::Sequence&, const ref::StepContext&,           \
+                                       const MpBlockCache<T>&, const Tensor<T>&,                \
+                                       ref::ParamMap<T>&, std::vector<ref::ParamMap<T>>*);      \
   template void mp_head_forward(const BlockEnv&, const ref::ParamMap<T>&, const ref::Sequence&, \
                                 const Tensor<T>&, MpHeadCache<T>&, MpSequenceLoss*);            \
   template Tensor<T> mp_head_backward(const BlockEnv&, const ref::ParamMap<T>&,                 \

@@ -40,6 +40,9 @@ struct BlockEnv {
   CpAlgo cp_algo = CpAlgo::ring;
   // Internal use (tests): a known bug planted in the block (parallel/testing.hpp).
   testing::Mutation planted = testing::Mutation::kNone;
+  // ep_moe_backward's part_of_source (empty: one part). With parts, mp_block_backward adds the
+  // expert gradients into its expert_parts maps, one per part, instead of grads.
+  std::vector<int> ep_part_of_source;
 
   int tp_rank() const { return tp->rank(); }
   int tp_size() const { return tp->size(); }
@@ -97,7 +100,8 @@ template <class T>
 ref::Tensor<T> mp_block_backward(const BlockEnv& env, const ref::ParamMap<T>& params, int layer,
                                  const ref::Sequence& seq, const ref::StepContext& ctx,
                                  const MpBlockCache<T>& cache, const ref::Tensor<T>& dy,
-                                 ref::ParamMap<T>& grads);
+                                 ref::ParamMap<T>& grads,
+                                 std::vector<ref::ParamMap<T>>* expert_parts = nullptr);
 
 template <class T>
 void mp_head_forward(const BlockEnv& env, const ref::ParamMap<T>& params, const ref::Sequence& seq,

@@ -7,9 +7,11 @@
 #include <algorithm>
 #include <cstdio>
 #include <functional>
+#include <set>
 #include <string>
 #include <vector>
 
+#include "comm/mesh.hpp"
 #include "harness/runner.hpp"
 #include "harness/scenario.hpp"
 #include "parallel/testing.hpp"
@@ -49,6 +51,14 @@ bool cp(const Scenario&, const ParallelSpec& p) {
 }
 bool ep(const Scenario& s, const ParallelSpec& p) {
   return s.model.moe && p.mesh.ep > 1;
+}
+
+// Whether an EP group holds ranks of more than one data rank (not only CP ranks of one).
+bool ep_peers_read_several_data_ranks(const ParallelSpec& p) {
+  const comm::DeviceMesh mesh(p.mesh, p.order);
+  std::set<int> data;
+  for (int m : mesh.group(0, comm::Axis::ep)) data.insert(mesh.coord(m, comm::Axis::dp));
+  return data.size() > 1;
 }
 
 // Every planted bug, on one committed scenario (one test per scenario, so the clean run is made
@@ -104,7 +114,7 @@ INSTANTIATE_TEST_SUITE_P(Parity, MutationTable,
                          ::testing::Values("mp_compose.json", "mp_compose_moe.json", "mp_cp.json",
                                            "fsdp_dense.json", "mp_f32.json",
                                            "data_parallel_f32.json", "mp_ep_f32.json",
-                                           "mp_bf16.json", "bf16_recipe.json"),
+                                           "mp_bf16.json", "bf16_recipe.json", "mp_ep_bf16.json"),
                          file_name);
 
 const std::vector<Case>& cases() {
@@ -150,6 +160,11 @@ const std::vector<Case>& cases() {
       Case{"bf16_working_left_in_f32", Mutation::kBf16WorkingLeftInF32,
            [](const Scenario& s, const ParallelSpec& p) {
              return s.train.precision == ref::Precision::kBf16 && p.zero < 3 && !p.fsdp;
+           }},
+      Case{"bf16_experts_rounded_together", Mutation::kBf16ExpertsRoundedTogether,
+           [](const Scenario& s, const ParallelSpec& p) {
+             return s.train.precision == ref::Precision::kBf16 && ep(s, p) &&
+                    ep_peers_read_several_data_ranks(p);
            }}};
   return all;
 }

@@ -1,0 +1,116 @@
+// Internal to the mesh engine (mesh_engine.cpp): the bf16 recipe's microbatch rounding on a mesh,
+// which must round the same sums the reference rounds (ref::Trainer: each microbatch's whole
+// gradient once, then summed in f32), and the expert-gradient parts that makes possible under EP.
+#pragma once
+
+#include <algorithm>
+#include <memory>
+#include <set>
+#include <type_traits>
+#include <vector>
+
+#include "comm/communicator.hpp"
+#include "comm/mesh.hpp"
+#include "parallel/mp/mesh_params.hpp"
+#include "parallel/mp/mesh_rows.hpp"
+#include "reference/bf16.hpp"
+#include "reference/tensor.hpp"
+
+namespace shardcheck::parallel::mesh_detail {
+
+// An expert's microbatch gradient on an EP rank sums the tokens of every EP peer, and the peers
+// read different data ranks' microbatches, which the reference rounds apart. So the expert
+// backward keeps one gradient per data rank of its EP group (a "part", ep_moe_backward's
+// part_of_source); the ranks holding the same experts for the same data ranks (in the edp group:
+// the CP ranks left out of the EP group) form `group`, over which each part is summed before it
+// is rounded. Built (a collective over world) for the bf16 recipe of a model with MoE layers.
+struct ExpertParts {
+  std::vector<int> part_of_source;  // per EP rank; empty where all peers read one data rank
+  int parts = 1;
+  std::unique_ptr<comm::Communicator> group;
+};
+
+inline ExpertParts expert_parts(comm::Communicator& world, const comm::DeviceMesh& mesh) {
+  using comm::Axis;
+  const auto data_ranks = [&](int rank) {
+    std::set<int> d;
+    for (int m : mesh.group(rank, Axis::ep)) d.insert(mesh.coord(m, Axis::dp));
+    return d;
+  };
+  const int r = world.rank();
+  const std::set<int> mine = data_ranks(r);
+  ExpertParts x;
+  x.parts = static_cast<int>(mine.size());
+  if (x.parts > 1)
+    for (int m : mesh.group(r, Axis::ep))
+      x.part_of_source.push_back(
+          static_cast<int>(std::distance(mine.begin(), mine.find(mesh.coord(m, Axis::dp)))));
+  int color = r;
+  for (int m : mesh.group(r, Axis::edp))
+    if (data_ranks(m) == mine) {
+      color = m;
+      break;
+    }
+  x.group = world.split(color, r, {.name = "expert-parts"});
+  return x;
+}
+
+// The summed picked gradients carried by the group's rank 0 alone (zero elsewhere), so a later
+// sum over a group holding them adds them once.
+template <class T, class Pick>
+void carry_once(const std::vector<LocalParam>& specs, comm::Communicator& g, const Pick& pick,
+                ref::ParamMap<T>& grads) {
+  all_reduce_picked(specs, g, pick, grads);
+  if (g.rank() != 0)
+    for (const LocalParam& p : specs)
+      if (pick(p)) grads[p.name].fill(T{0});
+}
+
+// The bf16 recipe rounds each microbatch's whole gradient once (ref::Trainer). Row partials of
+// CP ranks (and under SP, tp non-null, of TP ranks for TP-replicated parameters; and of the TP
+// ranks sharing a replicated kv head) are summed first, and one copy carries the sum; rounding
+// the partials instead would differ from the reference by far more than rounding noise where
+// they cancel. Expert gradients (experts: null without MoE) are summed over experts->group and
+// rounded per part, then added into grads; the parts are left zero.
+template <class T>
+void round_microbatch_gradient(const std::vector<LocalParam>& specs, comm::Communicator& cp,
+                               comm::Communicator* kv, comm::Communicator* tp,
+                               ref::ParamMap<T>& grads, const ExpertParts* experts,
+                               std::vector<ref::ParamMap<T>>& parts) {
+  if constexpr (std::is_same_v<T, float>) {
+    const auto dense = [](const LocalParam& p) { return !p.expert; };
+    const auto expert = [](const LocalParam& p) { return p.expert; };
+    if (cp.size() > 1) carry_once(specs, cp, dense, grads);
+    if (kv != nullptr)
+      carry_once(
+          specs, *kv, [](const LocalParam& p) { return p.kv_replicas > 1; }, grads);
+    if (tp != nullptr)
+      carry_once(
+          specs, *tp, [&](const LocalParam& p) { return p.tp_replicated && !p.expert; }, grads);
+    const auto round = [](ref::Tensor<T>& t) {
+      for (T& v : t.vec()) v = ref::round_to_bf16(v);
+    };
+    for (const LocalParam& p : specs)
+      if (!p.expert) round(grads[p.name]);
+    if (experts == nullptr) return;
+    const auto round_experts = [&](ref::ParamMap<T>& g) {
+      if (experts->group->size() > 1) carry_once(specs, *experts->group, expert, g);
+      if (tp != nullptr) carry_once(specs, *tp, expert, g);
+      for (const LocalParam& p : specs)
+        if (p.expert) round(g[p.name]);
+    };
+    if (parts.empty()) {
+      round_experts(grads);
+      return;
+    }
+    for (ref::ParamMap<T>& part : parts) {
+      round_experts(part);
+      for (auto& e : part) {
+        ref::add_inplace(grads[e.name], e.value);
+        e.value.fill(T{0});
+      }
+    }
+  }
+}
+
+}  // namespace shardcheck::parallel::mesh_detail
