@@ -519,8 +519,9 @@ DrillReport run_drills(const Scenario& s, const DrillOptions& o) {
     if (x.target && parallel::rounds_gradient_parts(s.model, s.train, x.target->mesh) != apart)
       x.want_target = detail::reference_run(
           s, x.ds, "", {.apart = apart, .switch_after = x.k, .apart_after = !apart});
-    if (const std::string why = x.want.noise.chaos(); !why.empty())
-      throw ScenarioError("$.train", "the scenario is " + why);
+    for (const Trace* t : {&x.want, x.want_target ? &*x.want_target : nullptr})
+      if (const std::string why = t ? t->noise.chaos() : ""; !why.empty())
+        throw ScenarioError("$.train", "the scenario is " + why);
     try {
       x.straight = train(x, {.spec = x.base,
                              .last_step = s.train.steps,

@@ -69,7 +69,7 @@ double NoiseFloor::bound(int step, Measure m, bool device) const {
   return kNoiseMargin * e * (device ? kDeviceFactor : 1.0);
 }
 
-std::string NoiseFloor::chaos() const {
+std::string NoiseFloor::chaos(bool device) const {
   for (std::size_t k = 0; k < probe.size(); ++k)
     for (int m = 0; m < kMeasures; ++m) {
       const auto measure = static_cast<Measure>(m);
@@ -77,7 +77,7 @@ std::string NoiseFloor::chaos() const {
       // rounding flips moves that element by 2 lr, in a calm scenario too; the bulk of the
       // parameters (norm-wise) and the scalars say whether training amplifies noise.
       if (measure == Measure::master_max) continue;
-      const double b = bound(static_cast<int>(k) + 1, measure);
+      const double b = bound(static_cast<int>(k) + 1, measure, device);
       if (!(b <= kChaosCeiling)) {
         char buf[320];
         std::snprintf(buf, sizeof buf,

@@ -22,9 +22,10 @@ enum class Measure : int {
   master_norm,  // the whole model norm-wise: ||got - want|| / ||want|| over every parameter
   // Every copy a rank computes with (TP, kv, tied and DP replicas, ZeRO-3 / FSDP gathers; bf16:
   // the working weights) against the configuration's own owner master it derives from (bf16:
-  // rounded as the forward reads it), after the last step. Exact by construction: the bound is 0,
-  // so a replica that stops updating fails in every precision, with no bf16 rounding noise in
-  // the way (its owner master is judged against the reference by the two measures above).
+  // rounded as the forward reads it), by checksum after every step and element by element after
+  // the last. Exact by construction: the bound is 0, so a replica that stops updating fails in
+  // every precision, with no bf16 rounding noise in the way (its owner master is judged against
+  // the reference by the two measures above).
   replicas,
 };
 inline constexpr int kMeasures = 4;
@@ -63,8 +64,9 @@ struct NoiseFloor {
   // The bound of measure m at `step` (1-based): kNoiseMargin x the probe's largest error of m up
   // to that step, at least kNoiseMargin x floor[m]; x kDeviceFactor with `device`.
   double bound(int step, Measure m, bool device = false) const;
-  // Empty, or why the scenario is too chaotic to check (a bound above kChaosCeiling).
-  std::string chaos() const;
+  // Empty, or why the scenario is too chaotic to check: a bound above kChaosCeiling (with
+  // `device`, the bound a device run is judged against).
+  std::string chaos(bool device = false) const;
 };
 
 // The floors of a scenario in precision p with n_params parameters (NoiseFloor::floor).

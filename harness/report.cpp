@@ -1,6 +1,7 @@
 // report.json, JUnit XML and the summary table for scenario runs.
 #include "harness/report.hpp"
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 
@@ -337,17 +338,19 @@ void print_summary(std::ostream& os, const RunResult& r) {
      << (r.compute == "cpu" ? ""
                             : ", ranks compute on " + r.compute + " (the reference on the CPU)")
      << "\n";
-  char line[256];
-  std::snprintf(line, sizeof line, "  %-34s %-7s %6s %12s %10s %8s  %s\n", "config", "strategy",
-                "ranks", "max_rel_err", "bound", "margin", "result");
+  char line[512];
+  int width = 34;  // the config column: the longest label
+  for (const auto& c : r.configs) width = std::max(width, static_cast<int>(c.config.size()));
+  std::snprintf(line, sizeof line, "  %-*s %-7s %6s %12s %10s %8s  %s\n", width, "config",
+                "strategy", "ranks", "max_rel_err", "bound", "margin", "result");
   os << line;
   for (const auto& c : r.configs) {
     char margin[32] = "-";
     if (c.supported && !c.steps.empty())
-      std::snprintf(margin, sizeof margin, std::isfinite(c.margin) ? "%.3gx" : "exact", c.margin);
-    std::snprintf(line, sizeof line, "  %-34s %-7s %6d %12.3e %10.2e %8s  %s\n", c.config.c_str(),
-                  c.strategy.empty() ? "-" : c.strategy.c_str(), c.spec.mesh.world_size(),
-                  c.max_rel_err, c.tolerance, margin,
+      std::snprintf(margin, sizeof margin, c.max_rel_err == 0.0 ? "exact" : "%.3gx", c.margin);
+    std::snprintf(line, sizeof line, "  %-*s %-7s %6d %12.3e %10.2e %8s  %s\n", width,
+                  c.config.c_str(), c.strategy.empty() ? "-" : c.strategy.c_str(),
+                  c.spec.mesh.world_size(), c.max_rel_err, c.tolerance, margin,
                   c.pass        ? "PASS"
                   : c.broke     ? "BROKE"
                   : c.supported ? "FAIL"

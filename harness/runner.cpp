@@ -54,6 +54,7 @@ void train_rank(comm::Communicator& c, const Scenario& s, const ref::Dataset& ds
     mine.step_seconds.push_back(d.seconds);
     mine.pieces.push_back(engine.export_state());
     mine.health.push_back(engine.last_step_health());
+    mine.held_digests.push_back(digest_held(engine.held_params()));
     if (device) mine.device_ops = device->ops_run();  // so far, also if a later step fails
     const int k = d.cursor.step;
     if (!ck.save_dir.empty() && ck.every > 0 && k % ck.every == 0)
@@ -126,6 +127,7 @@ ConfigResult run_config(const Scenario& s, const ref::Dataset& ds, const Trace& 
   std::optional<checkpoint::DirLock> config_lock;
   if (!ck.save_dir.empty() && ck.save_dir != std::filesystem::path(o.checkpoint_dir))
     config_lock.emplace(ck.save_dir);
+  std::optional<Trace> switched;  // the reference of a restore across the tied rounding
   if (!o.resume_dir.empty()) {
     // Validated here, in full, before any rank starts: a committed checkpoint that fails is
     // refused with the shard and reason, and the previous good one named — never skipped.
@@ -135,8 +137,25 @@ ConfigResult run_config(const Scenario& s, const ref::Dataset& ds, const Trace& 
     try {
       const checkpoint::Checkpoint latest = checkpoint::open_latest(dir);
       // Identity, counters and sampler too, before any rank starts: a refusal, never a broken run.
-      (void)resume_cursor(latest.manifest().state, s, static_cast<std::int64_t>(ds.samples.size()));
+      const TrainCursor from =
+          resume_cursor(latest.manifest().state, s, static_cast<std::int64_t>(ds.samples.size()));
       ck.resume_step_dir = latest.path();
+      // Saved by a mesh that rounds the bf16 tied embedding's uses otherwise than this one: the
+      // restored run follows the saver's recipe up to the save, this mesh's after it.
+      const nlohmann::json& m = latest.manifest().state.mesh;
+      const auto axis = [&](const char* k) {
+        return m.is_object() && m.contains(k) && m.at(k).is_number_integer() ? m.at(k).get<int>()
+                                                                             : 1;
+      };
+      const comm::MeshShape saver{axis("dp"), axis("tp"), axis("pp"), axis("cp"), axis("ep")};
+      const bool was = parallel::rounds_gradient_parts(s.model, s.train, saver);
+      const bool now = parallel::rounds_gradient_parts(s.model, s.train, p.mesh);
+      if (was != now) {
+        switched = detail::reference_run(
+            s, ds, "", {.apart = was, .switch_after = from.step, .apart_after = now});
+        if (const std::string why = switched->noise.chaos(o.compute.name != "cpu"); !why.empty())
+          throw ScenarioError("$.train", "the scenario is " + why);
+      }
     } catch (const checkpoint::RestoreError& e) {
       r.detail =
           std::string("cannot resume from ") + dir.string() + ": " + e.what() +
@@ -177,7 +196,7 @@ ConfigResult run_config(const Scenario& s, const ref::Dataset& ds, const Trace& 
     if (!nan_stop && sw.diagnosis()) r.faults.push_back(from_diagnosis(*sw.diagnosis()));
     r.detail = r.faults.empty() ? "the run failed" : r.faults.back().message;
   } else {
-    measure_parity(s, want, run.got, r);
+    measure_parity(s, switched ? *switched : want, run.got, r);
     if (auto f = nan_result(run.got[0])) r.faults.push_back(*f);
     for (const sim::FiredFault& ff : sw.fired_faults())
       if (ff.fault.kind == sim::FaultKind::corrupt_payload) {
@@ -235,7 +254,7 @@ RunResult run_scenario(const Scenario& s, const RunOptions& o) {
   const int total = static_cast<int>(s.configs.size());
   if (o.progress) o.progress("reference", 0, total);
   const auto checked = [&](Trace t) {
-    if (const std::string why = t.noise.chaos(); !why.empty())
+    if (const std::string why = t.noise.chaos(o.compute.name != "cpu"); !why.empty())
       throw ScenarioError("$.train", "the scenario is " + why +
                                          "; lower the learning rate or weight decay, or run fewer "
                                          "steps");

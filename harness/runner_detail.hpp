@@ -2,9 +2,11 @@
 // rank's training loop and record, and the parity measurement and verdict over all ranks' records.
 #pragma once
 
+#include <cstdint>
 #include <filesystem>
 #include <functional>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "comm/communicator.hpp"
@@ -35,6 +37,16 @@ struct Trace {
   TiedRounding tied;  // the recipe's rounding of the tied embedding's uses
 };
 
+// A checksum of one copy a rank computes with (a piece of held_params()): the per-step replica
+// check, cheap where the whole copy is kept only after the last step.
+struct HeldDigest {
+  std::string tensor;
+  comm::DType dtype = comm::DType::f64;
+  std::size_t begin = 0, count = 0;
+  std::uint64_t hash = 0;  // checkpoint::xxh3 of the piece's bytes
+};
+std::vector<HeldDigest> digest_held(const std::vector<parallel::StatePiece>& held);
+
 // One rank's record of a configuration's run.
 struct RankTrace {
   int first_step = 1;  // after a resume from step K: K + 1
@@ -42,6 +54,7 @@ struct RankTrace {
   std::vector<std::vector<parallel::StatePiece>> pieces;  // after each step
   ref::ParamMap<double> final_params;                     // full_params() after the last step
   std::vector<parallel::StatePiece> held;                 // held_params() after the last step
+  std::vector<std::vector<HeldDigest>> held_digests;      // ... digested, after each step
   std::vector<parallel::StepHealth> health;
   std::vector<double> step_seconds;  // wall time of each step on this rank
   std::string compute = "cpu";       // the name() of the Compute the rank trained on

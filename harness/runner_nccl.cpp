@@ -184,6 +184,17 @@ std::vector<std::byte> pack(const RankTrace& t, const RankMemory& m) {
   w.pod<std::uint64_t>(t.pieces.size());
   for (const auto& step : t.pieces) write_pieces(w, step);
   write_pieces(w, t.held);
+  w.pod<std::uint64_t>(t.held_digests.size());
+  for (const auto& step : t.held_digests) {
+    w.pod<std::uint64_t>(step.size());
+    for (const HeldDigest& d : step) {
+      w.str(d.tensor);
+      w.pod(d.dtype);
+      w.pod<std::uint64_t>(d.begin);
+      w.pod<std::uint64_t>(d.count);
+      w.pod(d.hash);
+    }
+  }
   w.pod<std::uint64_t>(t.final_params.size());
   for (const auto& e : t.final_params) {
     w.str(e.name);
@@ -214,6 +225,17 @@ void unpack(const std::vector<std::byte>& bytes, RankTrace& t, RankMemory& m) {
   t.pieces.resize(r.count());
   for (auto& step : t.pieces) step = read_pieces(r);
   t.held = read_pieces(r);
+  t.held_digests.resize(r.count());
+  for (auto& step : t.held_digests) {
+    step.resize(r.count());
+    for (HeldDigest& d : step) {
+      d.tensor = r.str();
+      d.dtype = r.pod<comm::DType>();
+      d.begin = r.count();
+      d.count = r.count();
+      d.hash = r.pod<std::uint64_t>();
+    }
+  }
   for (std::size_t i = 0, n = r.count(); i < n; ++i) {
     std::string name = r.str();
     ref::Shape shape = r.pods<std::int64_t>();

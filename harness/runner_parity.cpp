@@ -6,10 +6,12 @@
 #include <cstring>
 #include <map>
 #include <optional>
+#include <span>
 #include <string>
 #include <type_traits>
 #include <utility>
 
+#include "checkpoint/shard_file.hpp"
 #include "harness/runner_detail.hpp"
 #include "parallel/flops.hpp"
 #include "parallel/mp/mesh_engine.hpp"
@@ -85,6 +87,32 @@ std::pair<double, std::string> held_err(const std::vector<parallel::StatePiece>&
     if (worst.second.empty() || !(err <= worst.first)) worst = {err, name};
   }
   return worst;
+}
+
+// The first copy of `digests` whose checksum is not that of the same elements of `want` in the
+// copy's dtype (a copy that names no tensor of `want`, or holds no numbers, differs): error
+// INFINITY there (the size of the difference is known only where the copy is kept whole), else 0.
+std::pair<double, std::string> digest_err(const std::vector<HeldDigest>& digests,
+                                          const ref::ParamMap<double>& want) {
+  for (const HeldDigest& d : digests) {
+    const std::string name = d.tensor.substr(d.tensor.find('/') + 1);
+    const ref::Tensor<double>* w = want.find(name);
+    bool same = false;
+    if (w != nullptr && d.begin + d.count <= w->vec().size()) {
+      comm::visit_dtype(d.dtype, [&](auto tag) {
+        using E = decltype(tag);
+        if constexpr (std::is_arithmetic_v<E>) {
+          std::vector<E> v(d.count);
+          for (std::size_t i = 0; i < d.count; ++i) v[i] = static_cast<E>(w->vec()[d.begin + i]);
+          same = checkpoint::xxh3(std::as_bytes(std::span<const E>(v))) == d.hash;
+        }
+      });
+    }
+    if (!same) return {INFINITY, name};
+  }
+  return {0.0, digests.empty()
+                   ? ""
+                   : digests.front().tensor.substr(digests.front().tensor.find('/') + 1)};
 }
 
 // The reference's parameters as its forward reads them (bf16: the master rounded to bf16).
@@ -226,6 +254,14 @@ void decide(const Scenario& s, ConfigResult& r) {
   r.pass = !r.broke && (r.parity_pass || !s.expect_parity);
 }
 
+std::vector<HeldDigest> digest_held(const std::vector<parallel::StatePiece>& held) {
+  std::vector<HeldDigest> out;
+  out.reserve(held.size());
+  for (const parallel::StatePiece& p : held)
+    out.push_back({p.tensor, p.dtype, p.begin, p.count, checkpoint::xxh3(p.bytes)});
+  return out;
+}
+
 void note_compute(const std::vector<RankTrace>& got, ConfigResult& r) {
   r.compute = got.empty() ? "" : "cpu";
   r.device_ops = 0;
@@ -292,6 +328,18 @@ void measure_parity(const Scenario& s, const Trace& want, const std::vector<Rank
     const ref::ParamMap<double> owners = assemble(pieces, s.model, bf16);
     note_params(se, owners, want.params[uk], Measure::master_max, Measure::master_norm, "",
                 " (owner shards)");
+    if (k + 1 < s.train.steps && ug < got[0].held_digests.size()) {
+      // every copy each rank computes with against its owner master (bf16: as the forward reads
+      // it), by checksum: a replica that stops updating is caught at the step it goes stale
+      const ref::ParamMap<double> working = working_of(owners, bf16);
+      for (std::size_t rank = 0; rank < got.size(); ++rank) {
+        const auto [e, name] = digest_err(got[rank].held_digests[ug], working);
+        se.note(Measure::replicas, e,
+                "rank " + std::to_string(rank) + " " + name +
+                    (e == 0.0 ? " (the rank's own copy, checksum)"
+                              : " (the rank's own copy: its checksum differs from the owner's)"));
+      }
+    }
     if (k + 1 == s.train.steps) {  // every rank's own view of the final parameters
       for (std::size_t rank = 0; rank < got.size(); ++rank)
         note_params(se, got[rank].final_params, want.params[uk], Measure::master_max,
@@ -328,10 +376,12 @@ void measure_parity(const Scenario& s, const Trace& want, const std::vector<Rank
     r.steps.push_back(sp);
     r.detail = "resumed after the last step: restored parameters checked (" + r.detail + ")";
   }
-  // Exact (error 0): an infinite margin; an error over a bound of 0, or not a number: 0.
-  r.margin = r.max_rel_err == 0.0                       ? INFINITY
-             : r.max_rel_err > 0.0 && r.tolerance > 0.0 ? r.tolerance / r.max_rel_err
-                                                        : 0.0;
+  // Exact (error 0): an infinite margin; an error over a bound of 0, an infinite error, or not a
+  // number: 0.
+  r.margin = r.max_rel_err == 0.0 ? INFINITY
+             : r.max_rel_err > 0.0 && r.max_rel_err < INFINITY && r.tolerance > 0.0
+                 ? r.tolerance / r.max_rel_err
+                 : 0.0;
   r.parity_pass = worst <= 1.0;
 }
 

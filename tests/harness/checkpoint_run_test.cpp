@@ -2,7 +2,8 @@
 // ranks resumes from it with parity; a same-topology resume continues bitwise like an
 // uninterrupted run; both manifests carry the code's commit; a corrupt newest checkpoint is refused
 // naming the shard and the reason (exit 1) and the previous good one is named, as is another run's
-// checkpoint or a cursor out of range; a second run on a held directory and bad options exit 2.
+// checkpoint or a cursor out of range; a second run on a held directory and bad options exit 2;
+// a bf16 resume across the tied embedding's rounding follows each mesh's recipe.
 #include <gtest/gtest.h>
 
 #include <sys/wait.h>
@@ -114,6 +115,29 @@ TEST_F(CheckpointRun, MoeReshardsBetweenExpertParallelSizes) {
     EXPECT_EQ(row.at("steps").size(), 2u) << target.dump();
     EXPECT_EQ(row.at("world_size"), target.at("dp").get<int>() * target.value("cp", 1));
     EXPECT_LE(row.at("max_rel_err").get<double>(), 1e-10) << target.dump();
+  }
+}
+
+// The bf16 recipe rounds a tied embedding's two uses apart on a pipeline (they live on two
+// stages) and as their sum on one stage: a pp2 checkpoint resumed on dp2 (and back) is judged
+// against the reference that rounds as the saver did up to the save and as the new mesh after it.
+TEST_F(CheckpointRun, Bf16TiedResumeAcrossThePipelineFollowsEachMeshsRecipe) {
+  for (const auto& [from, to] :
+       {std::pair{nlohmann::json{{"pp", 2}, {"pp_schedule", "1f1b"}}, nlohmann::json{{"dp", 2}}},
+        std::pair{nlohmann::json{{"dp", 2}}, nlohmann::json{{"pp", 2}, {"pp_schedule", "1f1b"}}}}) {
+    fs::remove_all(dir_ / "ck");
+    const auto save = scenario("save", from, 2, "mp_bf16.json");
+    auto [code, out] =
+        shardcheck("run " + save.string() + " --checkpoint-dir " + (dir_ / "ck").string());
+    ASSERT_EQ(code, 0) << out;
+    fs::remove_all(dir_ / "ck" / "step-4");  // resume from step 2: steps 3 and 4 on the new mesh
+    const auto resume = scenario("resume", to, 2, "mp_bf16.json");
+    std::tie(code, out) = shardcheck("run " + resume.string() + " --resume " +
+                                     (dir_ / "ck").string() + " --report " + (dir_ / "r").string());
+    EXPECT_EQ(code, 0) << from.dump() << " -> " << to.dump() << ": " << out;
+    const auto row = read_json(dir_ / "r" / "report.json").at("parity")[0];
+    EXPECT_EQ(row.at("steps").size(), 2u);
+    EXPECT_GT(row.at("margin").get<double>(), 10.0) << out;
   }
 }
 
