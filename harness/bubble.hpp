@@ -21,7 +21,11 @@ struct PipelineResult {
   int virtual_stages = 1;
   int microbatches = 1;  // per data-parallel rank and step
   double formula = 0;
-  double measured = 0;               // mean over stages and steps
+  double measured = 0;  // mean over stages and steps
+  // The same measure on the run replayed with free links (RunOptions::schedule_bubble): the
+  // schedule's own bubble, which is (p-1)/(v*m+p-1) for equal stage costs; measured - schedule is
+  // the compute stream's wait on communication. Negative when not measured.
+  double schedule_bubble = -1;
   std::vector<double> stage_bubble;  // per stage, mean over steps and its ranks
 };
 

@@ -20,6 +20,7 @@
 #include "harness/report.hpp"
 #include "harness/runner.hpp"
 #include "harness/scenario.hpp"
+#include "harness/trace.hpp"
 
 namespace shardcheck::harness {
 
@@ -62,15 +63,53 @@ void write_json(const std::string& dir, const char* file, const nlohmann::json& 
   write_output(std::filesystem::path(dir) / file, j.dump(2) + "\n", "--report");
 }
 
-// report.json and its human view, index.html.
-void write_report(const std::string& dir, const nlohmann::json& j) {
-  write_json(dir, "report.json", j);
-  write_output(std::filesystem::path(dir) / "index.html", render_html(j), "--report");
+// report.json and its human view, index.html (rendered from `view`: the report with each
+// configuration's one-step timeline).
+void write_report(const std::string& dir, const nlohmann::json& j, const nlohmann::json& view) {
+  write_output(std::filesystem::path(dir) / "report.json", j.dump() + "\n", "--report");
+  write_output(std::filesystem::path(dir) / "index.html", render_html(view), "--report");
 }
 
-// The run manifest, written before anything runs so that a run that breaks still leaves it.
-void write_manifest(const std::string& dir, const Scenario& s) {
-  write_json(dir, "manifest.json", manifest_json(s));
+// Each configuration's trace file under dir (trace.hpp), and `report` made into its HTML view:
+// every parity row gets the one-step timeline the page draws.
+nlohmann::json write_traces(const std::string& dir, const RunResult& r,
+                            const nlohmann::json& report) {
+  nlohmann::json view = report;
+  for (std::size_t i = 0; i < r.configs.size(); ++i) {
+    const ConfigResult& c = r.configs[i];
+    if (c.timeline.empty()) continue;
+    const std::string file = trace_file(r.scenario.name, c.config);
+    const std::filesystem::path path = std::filesystem::path(dir) / file;
+    std::error_code ec;
+    std::filesystem::create_directories(path.parent_path(), ec);
+    if (ec)
+      throw BadInput("--report: cannot create " + path.parent_path().string() + ": " +
+                     ec.message());
+    write_output(path, chrome_trace(c, r.scenario.name, r.scenario.train.steps).dump() + "\n", "--report");
+    view["parity"][i]["timeline"] = step_timeline(c, file, r.scenario.train.steps);
+  }
+  for (std::size_t i = 0; i < r.configs.size(); ++i) {
+    const StepPhases& ph = r.configs[i].phases;
+    if (!ph.valid) continue;
+    nlohmann::json rows = nlohmann::json::array();
+    for (std::size_t rank = 0; rank < ph.per_rank.size() && rank < 64; ++rank) {
+      nlohmann::json row = {{"rank", rank}};
+      for (int p = 0; p < kPhases; ++p)
+        row[phase_key(static_cast<Phase>(p))] = ph.per_rank[rank][static_cast<std::size_t>(p)];
+      rows.push_back(row);
+    }
+    view["parity"][i]["phases_per_rank"] = rows;
+  }
+  return view;
+}
+
+// The run manifest, written before anything runs so that a run that breaks still leaves it: one
+// scenario's, or {"scenarios": [...]} with every scenario's of a matrix.
+void write_manifest(const std::string& dir, const std::vector<Scenario>& scenarios) {
+  nlohmann::json all = nlohmann::json::array();
+  for (const Scenario& s : scenarios) all.push_back(manifest_json(s));
+  write_json(dir, "manifest.json",
+             scenarios.size() == 1 ? all[0] : nlohmann::json{{"scenarios", all}});
 }
 
 // Scenario files named on the command line: files as given, directories searched for *.json.
@@ -155,8 +194,11 @@ int run_scenarios(const RunArgs& a) {
   std::ostream silent(nullptr);
   std::ostream& out = lead ? std::cout : silent;
   std::vector<RunResult> runs;
-  nlohmann::json all = nlohmann::json::array();
-  if (lead && !a.report.empty()) prepare_dir("--report", a.report);
+  nlohmann::json all = nlohmann::json::array(), views = nlohmann::json::array();
+  if (lead && !a.report.empty()) {
+    prepare_dir("--report", a.report);
+    write_manifest(a.report, scenarios);
+  }
   if (lead && !a.dump_tensors.empty()) prepare_dir("--dump-tensors", a.dump_tensors);
   // One writer per checkpoint directory, for the whole run: a second run is refused at once.
   std::optional<checkpoint::DirLock> lock;
@@ -182,7 +224,6 @@ int run_scenarios(const RunArgs& a) {
                      ": --checkpoint-dir needs $.checkpoint.every > 0 in the scenario "
                      "(how often to save), got 0");
     if (lead) o.progress = progress_reporter(sc.name);
-    if (lead && !a.report.empty()) write_manifest(a.report, sc);
     try {
       runs.push_back(run_scenario(sc, o));
     } catch (const ScenarioError& e) {
@@ -194,12 +235,14 @@ int run_scenarios(const RunArgs& a) {
     print_summary(out, runs.back());
     out << std::flush;
     all.push_back(report_json(runs.back(), a.backend));
+    if (lead && !a.report.empty()) views.push_back(write_traces(a.report, runs.back(), all.back()));
   }
   bool pass = true;
   for (const auto& r : runs) pass = pass && r.pass();
   if (lead && !a.report.empty())
-    write_report(a.report,
-                 runs.size() == 1 ? all[0] : nlohmann::json{{"pass", pass}, {"scenarios", all}});
+    write_report(
+        a.report, runs.size() == 1 ? all[0] : nlohmann::json{{"pass", pass}, {"scenarios", all}},
+        runs.size() == 1 ? views[0] : nlohmann::json{{"pass", pass}, {"scenarios", views}});
   if (lead && !a.junit.empty()) write_junit(runs, a.junit);
   std::size_t configs = 0, failed = 0;
   for (const auto& r : runs)

@@ -3,6 +3,7 @@
 // report JSON, so it renders old reports (fewer fields) and matrix reports alike.
 #include "harness/html.hpp"
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdint>
@@ -150,12 +151,24 @@ std::string parity_section(const Json& parity, const std::string& idp) {
     const Json* t = object_of(row, "timing");
     const Json* tl = object_of(row, "timeline");
     const Json* mem = array_of(row, "memory");
+    const Json* good = object_of(row, "goodput");
+    const Json* phases = array_of(row, "phases_per_rank");
     if (t || tl || mem) {
       const std::string cid = idp + "cfg" + std::to_string(i);
       extra += "<details class=\"config\" id=\"" + cid + "\"><summary>" +
                cell(field(row, "config")) + ": " + (t ? "timing " : "") + (tl ? "timeline " : "") +
                (mem ? "memory" : "") + "</summary>\n";
       if (t) extra += "<h4>Timing</h4>\n" + timing_table(*t);
+      if (good)
+        extra +=
+            "<h4>Goodput</h4>\n" +
+            kv_table(
+                *good,
+                {{"fraction", "goodput (tokens that advanced training)", pct},
+                 {"good_tokens_per_s", "good tokens/s", [](double v) { return fmt(v, "%.4g"); }},
+                 {"tokens_per_s", "tokens/s processed", [](double v) { return fmt(v, "%.4g"); }}},
+                {});
+      if (phases) extra += "<h4>Step phases</h4>\n" + phases_svg(*phases, cid + "-phases");
       if (tl) extra += "<h4>Timeline</h4>\n" + timeline_section(*tl, cid + "-timeline");
       if (mem) extra += "<h4>Memory</h4>\n" + memory_section(*mem, cid + "-memory");
       extra += "</details>\n";
@@ -327,9 +340,24 @@ std::string scenario_body(const Json& r, const std::string& idp, int level) {
   // Where the strategies' ranks computed, when not the CPU (the reference is always on the CPU).
   if (const std::string c = str(r, "compute"); !c.empty() && c != "cpu")
     fact("compute", c + " (strategy ranks; the reference on the CPU)");
-  fact("world size", str(r, "world_size"));
-  if (const Json* mesh = field(m, "mesh")) fact("mesh", fmt_mesh(*mesh));
-  fact("order", str(m, "order"));
+  // A matrix is described by its configurations, not by the base block they inherit from.
+  const Json* configs = array_of(m, "configs");
+  if (configs && configs->front().is_object()) {
+    double lo = INFINITY, hi = 0;
+    for (const Json& c : *configs)
+      if (c.is_object() && has_num(c, "world_size")) {
+        lo = std::min(lo, num(c, "world_size"));
+        hi = std::max(hi, num(c, "world_size"));
+      }
+    fact("configurations", std::to_string(configs->size()) +
+                               (hi > 0 ? ", world size " + fmt(lo, "%.0f") +
+                                             (hi > lo ? "\xE2\x80\x93" + fmt(hi, "%.0f") : "")
+                                       : ""));
+  } else {
+    fact("world size", str(r, "world_size"));
+    if (const Json* mesh = field(m, "mesh")) fact("mesh", fmt_mesh(*mesh));
+    fact("order", str(m, "order"));
+  }
   fact("precision", str(m, "precision"));
   fact("global batch", str(m, "global_batch_sequences").empty()
                            ? ""

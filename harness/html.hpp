@@ -42,6 +42,7 @@ std::string colour_for(const std::string& kind);
 // SVG figures (html_svg.cpp). `id` must be unique within the page.
 std::string timeline_svg(const Json& timeline, const std::string& id);
 std::string memory_svg(const Json& memory_rows, const std::string& id);
+std::string phases_svg(const Json& phase_rows, const std::string& id);
 std::string scaling_svg(const Json& scaling, const std::string& id);
 std::string error_sparkline(const Json& steps, double tolerance);
 

@@ -69,6 +69,9 @@ std::string timeline_svg(const Json& tl, const std::string& id) {
                    kLane = 2 * kRow + kGap, kAxis = 36;
 
   const Json* evs = array_of(tl, "events");
+  // "tooltips": false (a report's one-step figure): no per-block details, which are in its trace.
+  const Json* tips_field = field(tl, "tooltips");
+  const bool tips = !(tips_field && tips_field->is_boolean() && !tips_field->get<bool>());
   std::vector<Event> events;
   std::size_t skipped = 0;
   double max_rank = -1;
@@ -136,7 +139,13 @@ std::string timeline_svg(const Json& tl, const std::string& id) {
     std::vector<const Event*> rows[2];
     for (const Event* e : lanes[r]) rows[e->stream].push_back(e);
     const double idle_c = idle_fraction(rows[0], t0, t1), idle_m = idle_fraction(rows[1], t0, t1);
-    const std::string rs = std::to_string(r);
+    // Lane r shows world rank lane_ranks[r] where the report picked the ranks (one per stage).
+    const Json* picked = array_of(tl, "lane_ranks");
+    const std::string rs =
+        picked && static_cast<std::size_t>(r) < picked->size() &&
+                (*picked)[static_cast<std::size_t>(r)].is_number_integer()
+            ? std::to_string((*picked)[static_cast<std::size_t>(r)].get<long long>())
+            : std::to_string(r);
     o += "<g class=\"lane\" data-rank=\"" + rs + "\"><title>rank " + rs + ": compute idle " +
          fmt(idle_c * 100, "%.1f") + " %, comm idle " + fmt(idle_m * 100, "%.1f") + " %</title>\n";
     o += "<text x=\"" + c(kLeft - 6) + "\" y=\"" + c(y0 + kRow + 3) +
@@ -167,7 +176,8 @@ std::string timeline_svg(const Json& tl, const std::string& id) {
       tip += "\n" + fmt(e->start * 1e3, "%.6g") + "\xE2\x80\x93" + fmt(e->end * 1e3, "%.6g") +
              " ms (" + fmt_seconds(e->end - e->start) + ")";
       o += "<rect x=\"" + c(x) + "\" y=\"" + c(y) + "\" width=\"" + c(w) + "\" height=\"" +
-           c(kRow - 1) + "\" fill=\"" + colour + "\"><title>" + escape(tip) + "</title></rect>";
+           c(kRow - 1) + "\" fill=\"" + colour +
+           (tips ? "\"><title>" + escape(tip) + "</title></rect>" : "\"/>");
       // Label when it fits (about 5.6 px per character at 10 px).
       const std::string label = 5.6 * name.size() + 6 <= w  ? name
                                 : 5.6 * key.size() + 6 <= w ? key
@@ -196,6 +206,7 @@ std::string timeline_svg(const Json& tl, const std::string& id) {
     o += " Showing the first " + std::to_string(events.size()) + " of " + std::to_string(in_shown) +
          " events (up to " + fmt(t1 * 1e3, "%.6g") + " ms).";
   if (skipped) o += " " + std::to_string(skipped) + " event(s) without rank/start/end skipped.";
+  if (const std::string note = str(tl, "note"); !note.empty()) o += " " + escape(note);
   return o + "</p>\n";
 }
 
@@ -273,6 +284,55 @@ std::string memory_svg(const Json& rows, const std::string& id) {
     o += "<p class=\"note\">Showing the first " + std::to_string(bars.size()) + " of " +
          std::to_string(rows.size()) + " ranks.</p>\n";
   return o;
+}
+
+std::string phases_svg(const Json& rows, const std::string& id) {
+  // The step partitioned: compute by phase, communication compute waited for, idle (bubble).
+  static constexpr const char* kParts[] = {"forward",   "backward",     "recompute",
+                                           "optimizer", "exposed_comm", "idle"};
+  constexpr std::size_t kMaxBars = 64;
+  std::vector<const Json*> bars;
+  for (const Json& r : rows)
+    if (r.is_object() && bars.size() < kMaxBars) bars.push_back(&r);
+  if (bars.empty()) return "<p class=\"note\">phases: not recorded</p>\n";
+  double top = 0;
+  for (const Json* r : bars) {
+    double sum = 0;
+    for (const char* k : kParts) sum += std::max(0.0, num(*r, k, 0));
+    if (std::isfinite(sum)) top = std::max(top, sum);
+  }
+  if (!(top > 0)) top = 1;
+  constexpr double kLeft = 64, kPlotW = 700, kTop = 8, kBar = 12, kGap = 4;
+  const double W = kLeft + kPlotW + 90, H = kTop + bars.size() * (kBar + kGap) + 30;
+  const auto X = [&](double v) { return kLeft + v / top * kPlotW; };
+  std::string o = svg_open(id, "phases", W, H, "step phases per rank");
+  for (std::size_t i = 0; i < bars.size(); ++i) {
+    const Json& r = *bars[i];
+    const std::string rank = str(r, "rank").empty() ? std::to_string(i) : str(r, "rank");
+    const double y = kTop + i * (kBar + kGap);
+    o += "<g class=\"phasebar\" data-rank=\"" + escape(rank) + "\"><text x=\"" + c(kLeft - 6) +
+         "\" y=\"" + c(y + kBar - 2) + "\" text-anchor=\"end\">rank " + escape(rank) + "</text>";
+    double acc = 0;
+    for (const char* k : kParts) {
+      const double v = std::max(0.0, num(r, k, 0));
+      if (!(v > 0) || !std::isfinite(v)) continue;
+      o += "<rect x=\"" + c(X(acc)) + "\" y=\"" + c(y) + "\" width=\"" + c(X(acc + v) - X(acc)) +
+           "\" height=\"" + c(kBar) + "\" fill=\"" + colour_for(k) + "\"><title>rank " +
+           escape(rank) + " " + k + ": " + fmt_seconds(v) + " per step</title></rect>";
+      acc += v;
+    }
+    o += "<text class=\"muted\" x=\"" + c(X(acc) + 4) + "\" y=\"" + c(y + kBar - 2) + "\">" +
+         escape(fmt_seconds(acc)) + "</text></g>\n";
+  }
+  o += "</svg></div>\n<div class=\"legend\">";
+  for (const char* k : kParts) o += swatch(colour_for(k), k);
+  o += "</div>\n<p class=\"note\">Each rank's step (mean over steps): its compute by phase, the "
+       "communication its compute stream waited for (exposed), and the time neither stream was "
+       "busy (idle: on a pipeline, mostly its bubble).";
+  if (rows.size() > bars.size())
+    o += " Showing the first " + std::to_string(bars.size()) + " of " +
+         std::to_string(rows.size()) + " ranks.";
+  return o + "</p>\n";
 }
 
 std::string scaling_svg(const Json& scaling, const std::string& id) {

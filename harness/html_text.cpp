@@ -189,14 +189,14 @@ std::string fmt_mesh(const Json& mesh) {
 }
 
 std::string colour_for(const std::string& kind) {
-  static constexpr std::array<std::pair<std::string_view, const char*>, 19> kKnown{{
+  static constexpr std::array<std::pair<std::string_view, const char*>, 20> kKnown{{
       {"forward", "#4e79a7"},     {"backward", "#2b5c8a"},       {"optimizer", "#59a14f"},
       {"compute", "#4e79a7"},     {"recompute", "#76b7b2"},      {"all_reduce", "#f28e2b"},
       {"all_gather", "#e15759"},  {"reduce_scatter", "#b07aa1"}, {"all_to_all", "#d4a017"},
       {"broadcast", "#9c755f"},   {"send", "#ff9da7"},           {"recv", "#e377c2"},
       {"barrier", "#bab0ac"},     {"params", "#4e79a7"},         {"grads", "#f28e2b"},
       {"activations", "#e15759"}, {"temporary", "#b07aa1"},      {"comm", "#f28e2b"},
-      {"idle", "#eef1f4"},
+      {"idle", "#eef1f4"},        {"exposed_comm", "#c0392b"},
   }};
   for (const auto& [k, c] : kKnown)
     if (k == kind) return c;

@@ -43,6 +43,20 @@ struct TimingResult {
   std::string scaling_baseline;
 };
 
+// Goodput (DESIGN.md): the tokens that advanced training, beside all the tokens processed. A
+// step skipped by the non-finite policy processed its tokens for nothing; tokens replayed after
+// a resume (steps trained again because they were lost) and discarded work (steps run after the
+// last checkpoint of a run that crashed) count the same way. Rates over the run's time.
+struct GoodputResult {
+  bool valid = false;
+  double tokens_processed = 0;  // non-padding tokens of every step the ranks ran
+  double tokens_skipped = 0, tokens_replayed = 0, tokens_discarded = 0;
+  double tokens_good = 0;  // processed - skipped - replayed - discarded
+  double fraction = 0;     // good / processed
+  double seconds = 0;      // the run's time (virtual on the simulator)
+  double tokens_per_s = 0, good_tokens_per_s = 0;
+};
+
 // The expect-vocabulary name of a simulator diagnosis.
 std::string fault_kind(sim::DiagnosisKind k);
 FaultResult from_diagnosis(const sim::Diagnosis& d);

@@ -12,7 +12,9 @@
 #include "comm/mesh.hpp"
 #include "harness/build_info.hpp"
 #include "harness/output.hpp"
+#include "harness/trace.hpp"
 #include "sim/recorder.hpp"
+#include "sim/topology.hpp"
 
 namespace shardcheck::harness {
 
@@ -88,6 +90,36 @@ nlohmann::json faults_json(const std::vector<FaultResult>& faults) {
   return out;
 }
 
+nlohmann::json goodput_json(const GoodputResult& g) {
+  if (!g.valid) return nullptr;
+  return {{"tokens_processed", g.tokens_processed},
+          {"tokens_skipped", g.tokens_skipped},
+          {"tokens_replayed", g.tokens_replayed},
+          {"tokens_discarded", g.tokens_discarded},
+          {"tokens_good", g.tokens_good},
+          {"fraction", g.fraction},
+          {"seconds", g.seconds},
+          {"tokens_per_s", g.tokens_per_s},
+          {"good_tokens_per_s", g.good_tokens_per_s}};
+}
+
+// Per phase: p50 / p95 / max over ranks of its seconds per step, and the rank with the most.
+nlohmann::json phases_json(const StepPhases& ph) {
+  if (!ph.valid) return nullptr;
+  nlohmann::json j = nlohmann::json::object();
+  for (int p = 0; p < kPhases; ++p) {
+    const PhaseStats& s = ph.stats[static_cast<std::size_t>(p)];
+    j[phase_key(static_cast<Phase>(p))] = {
+        {"p50", s.p50}, {"p95", s.p95}, {"max", s.max}, {"slowest_rank", s.slowest_rank}};
+  }
+  return j;
+}
+
+double bubble_of(const ConfigResult& c) {
+  if (!c.pipeline) return 0.0;
+  return c.pipeline->schedule_bubble >= 0 ? c.pipeline->schedule_bubble : c.pipeline->measured;
+}
+
 nlohmann::json pipeline_json(const std::optional<PipelineResult>& p) {
   if (!p) return nullptr;
   return {{"schedule", p->schedule},
@@ -95,11 +127,19 @@ nlohmann::json pipeline_json(const std::optional<PipelineResult>& p) {
           {"virtual_stages", p->virtual_stages},
           {"microbatches", p->microbatches},
           {"bubble_formula", p->formula},
+          // the schedule's own bubble (the run replayed with free links), and what the compute
+          // stream idled beyond it as the run went (waiting on p2p and collectives)
+          {"bubble_schedule",
+           p->schedule_bubble >= 0 ? nlohmann::json(p->schedule_bubble) : nlohmann::json(nullptr)},
           {"bubble_measured", p->measured},
+          {"exposed_comm_wait", p->schedule_bubble >= 0
+                                    ? nlohmann::json(p->measured - p->schedule_bubble)
+                                    : nlohmann::json(nullptr)},
           {"stage_bubble", p->stage_bubble}};
 }
 
-nlohmann::json timing_json(const TimingResult& t, bool wall) {
+// bubble: the pipeline's bubble (pp > 1: the schedule's, else as measured on the run), else 0.
+nlohmann::json timing_json(const TimingResult& t, bool wall, double bubble = 0.0) {
   if (!t.valid) return nullptr;
   nlohmann::json j{{"step_time_s", t.step_time_s},
                    {"rank_step_time_s", {{"p50", t.p50}, {"p95", t.p95}, {"max", t.max}}},
@@ -112,7 +152,7 @@ nlohmann::json timing_json(const TimingResult& t, bool wall) {
                     "3 x forward FLOPs (matmuls + attention products, backward = 2 x forward) over "
                     "every position of the global batch, recomputation not counted, / (step time "
                     "x ranks x device peak)"},
-                   {"bubble_fraction", 0.0},
+                   {"bubble_fraction", bubble},
                    {"time", wall ? "wall (measured on each rank: its step() from batch to "
                                    "updated parameters)"
                                  : "virtual (simulator cost model over the scenario's topology)"}};
@@ -123,27 +163,6 @@ nlohmann::json timing_json(const TimingResult& t, bool wall) {
     j["scaling_efficiency"] = nullptr;
   }
   return j;
-}
-
-// At most this many timeline events per configuration go into report.json.
-constexpr std::size_t kMaxEvents = 20000;
-
-nlohmann::json timeline_json(const std::vector<sim::TimelineEvent>& events, int ranks) {
-  nlohmann::json ev = nlohmann::json::array();
-  for (std::size_t i = 0; i < events.size() && i < kMaxEvents; ++i) {
-    const sim::TimelineEvent& e = events[i];
-    ev.push_back({{"rank", e.rank},
-                  {"stream", std::string(sim::name_of(e.stream))},
-                  {"kind", e.kind},
-                  {"name", e.name},
-                  {"step", e.step},
-                  {"start", e.start},
-                  {"end", e.end},
-                  {"bytes", e.bytes},
-                  {"group", e.group},
-                  {"seq", e.seq}});
-  }
-  return {{"ranks", ranks}, {"events", ev}, {"truncated", events.size() > kMaxEvents}};
 }
 
 }  // namespace
@@ -188,7 +207,10 @@ nlohmann::json manifest_json(const Scenario& s) {
           {"configs",
            [&] {
              nlohmann::json c = nlohmann::json::array();
-             for (const ParallelSpec& p : s.configs) c.push_back(p.label());
+             for (const ParallelSpec& p : s.configs)
+               c.push_back({{"config", p.label()},
+                            {"world_size", p.mesh.world_size()},
+                            {"mesh", mesh_json(p)}});
              return c;
            }()},
           {"seed", s.seed},
@@ -263,9 +285,14 @@ nlohmann::json report_json(const RunResult& r, const std::string& backend) {
          {"resumed_from", c.resumed_from},
          {"broke", c.broke},
          {"faults", faults_json(c.faults)},
-         {"timing", timing_json(c.timing, c.wall_timing)},
+         {"timing", timing_json(c.timing, c.wall_timing, bubble_of(c))},
+         {"goodput", goodput_json(c.goodput)},
+         {"phases", phases_json(c.phases)},
          {"pipeline", pipeline_json(c.pipeline)},
-         {"timeline", timeline_json(c.timeline, c.spec.mesh.world_size())}});
+         {"trace", c.timeline.empty() ? nlohmann::json(nullptr)
+                                      : nlohmann::json{{"file", trace_file(s.name, c.config)},
+                                                       {"events", c.timeline.size()},
+                                                       {"format", "Chrome Trace Event Format"}}}});
   }
   return {
       {"pass", r.pass()},
@@ -282,7 +309,8 @@ nlohmann::json report_json(const RunResult& r, const std::string& backend) {
       // The first configuration's ranks (each parity row carries its own).
       {"memory", r.configs.empty() ? nlohmann::json::array() : memory_json(r.configs[0].memory)},
       {"timing", r.configs.empty() ? nlohmann::json(nullptr)
-                                   : timing_json(r.configs[0].timing, r.configs[0].wall_timing)},
+                                   : timing_json(r.configs[0].timing, r.configs[0].wall_timing,
+                                                 bubble_of(r.configs[0]))},
       {"faults",
        [&] {
          nlohmann::json all = nlohmann::json::array();
@@ -370,14 +398,36 @@ void print_summary(std::ostream& os, const RunResult& r) {
                     c.timing.tokens_per_s, 100 * c.timing.mfu);
       os << line;
     }
+    if (c.phases.valid && c.spec.mesh.world_size() > 1) {
+      // Where the step went on its slowest rank for each phase (seconds per step, max over ranks).
+      std::string ph = "      phases per step, max over ranks:";
+      for (const Phase p : {Phase::forward, Phase::backward, Phase::recompute, Phase::optimizer,
+                            Phase::exposed_comm, Phase::idle}) {
+        const PhaseStats& st = c.phases.stats[static_cast<std::size_t>(p)];
+        if (!(st.max > 0)) continue;
+        ph += std::string(" ") + phase_key(p) + " " + sim::format_seconds(st.max) + " (rank " +
+              std::to_string(st.slowest_rank) + "),";
+      }
+      ph.back() = '\n';
+      os << ph;
+    }
     if (c.pipeline) {
-      std::snprintf(line, sizeof line,
-                    "      pipeline %s pp%d%s m%d: bubble %.3f measured, %.3f by (p-1)/(v*m+p-1)\n",
-                    c.pipeline->schedule.c_str(), c.pipeline->stages,
-                    c.pipeline->virtual_stages > 1
-                        ? (" v" + std::to_string(c.pipeline->virtual_stages)).c_str()
-                        : "",
-                    c.pipeline->microbatches, c.pipeline->measured, c.pipeline->formula);
+      const PipelineResult& pl = *c.pipeline;
+      const std::string v = pl.virtual_stages > 1 ? " v" + std::to_string(pl.virtual_stages) : "";
+      if (pl.schedule_bubble >= 0)
+        std::snprintf(line, sizeof line,
+                      "      pipeline %s pp%d%s m%d: bubble %.3f (schedule, free links; %.3f by "
+                      "(p-1)/(v*m+p-1)), compute idle %.3f as run (%.3f waiting on "
+                      "communication)\n",
+                      pl.schedule.c_str(), pl.stages, v.c_str(), pl.microbatches,
+                      pl.schedule_bubble, pl.formula, pl.measured,
+                      pl.measured - pl.schedule_bubble);
+      else
+        std::snprintf(line, sizeof line,
+                      "      pipeline %s pp%d%s m%d: compute idle %.3f as run, %.3f by "
+                      "(p-1)/(v*m+p-1)\n",
+                      pl.schedule.c_str(), pl.stages, v.c_str(), pl.microbatches, pl.measured,
+                      pl.formula);
       os << line;
     }
     for (const FaultResult& f : c.faults) {

@@ -177,7 +177,20 @@ ConfigResult run_config(const Scenario& s, const ref::Dataset& ds, const Trace& 
   r.memory = run.memory;
   r.timeline = sw.timeline();
   r.timing = timing_of(sw.step_times(), s.train.steps);
+  r.phases = step_phases(r.timeline, sw.step_times(), world, s.train.steps);
   if (!run.failed) r.pipeline = pipeline_bubble(s, p, r.timeline, sw.step_times());
+  if (r.pipeline && o.schedule_bubble && s.faults.empty() && ck.resume_step_dir.empty()) {
+    // The schedule's own bubble: the same training with free links, so the compute stream idles
+    // only where the schedule leaves it nothing to do (and where stage costs differ).
+    sim::SimOptions free = sim_options(s, world);
+    free.topology.intra_node = free.topology.inter_node = {1e15, 0.0};
+    sim::SimWorld fw(world, free);
+    // (on the CPU: virtual time comes from the cost model, not from where the ops ran)
+    const SimRun again = simulate(s, ds, fw, p, {}, {}, build);
+    if (!again.failed)
+      if (auto f = pipeline_bubble(s, p, fw.timeline(), fw.step_times()))
+        r.pipeline->schedule_bubble = f->measured;
+  }
   if (run.failed) {
     r.memory.clear();
     bool nan_stop = false;
@@ -197,6 +210,9 @@ ConfigResult run_config(const Scenario& s, const ref::Dataset& ds, const Trace& 
     r.detail = r.faults.empty() ? "the run failed" : r.faults.back().message;
   } else {
     measure_parity(s, switched ? *switched : want, run.got, r);
+    r.goodput = detail::goodput_of(
+        want, run.got[0],
+        r.timing.valid ? r.timing.step_time_s * static_cast<double>(run.got[0].steps.size()) : 0.0);
     if (auto f = nan_result(run.got[0])) r.faults.push_back(*f);
     for (const sim::FiredFault& ff : sw.fired_faults())
       if (ff.fault.kind == sim::FaultKind::corrupt_payload) {

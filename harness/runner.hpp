@@ -14,6 +14,7 @@
 #include "harness/bubble.hpp"
 #include "harness/outcome.hpp"
 #include "harness/parity_bound.hpp"
+#include "harness/phases.hpp"
 #include "harness/scenario.hpp"
 #include "parallel/data_parallel.hpp"
 #include "reference/compute.hpp"
@@ -77,6 +78,8 @@ struct ConfigResult {
   std::vector<RankMemory> memory;  // one per rank (empty when unsupported)
   std::vector<FaultResult> faults;
   TimingResult timing;
+  GoodputResult goodput;
+  StepPhases phases;  // where each rank's step went (simulator: from the timeline)
   std::vector<sim::TimelineEvent> timeline;
   std::optional<PipelineResult> pipeline;  // pp > 1: measured bubble beside the formula
   std::string resumed_from;                // the step directory a --resume started from
@@ -121,6 +124,10 @@ struct RunOptions {
   // straggler baseline, the nccl ranks). The single-device reference run always stays on the
   // CPU: it is the oracle, and a broken device op computed on both sides would be invisible.
   ComputeChoice compute;
+  // pp > 1 on the simulator: train each configuration once more with free links (no latency, no
+  // bandwidth limit) to measure its schedule's own bubble (PipelineResult::schedule_bubble). Tests
+  // that only judge parity leave it off.
+  bool schedule_bubble = true;
   // Internal use (tests): a known bug planted in every configuration's engine (the gate must fail).
   parallel::testing::Mutation planted = parallel::testing::Mutation::kNone;
   // Called before each configuration starts ("reference", then each config label).

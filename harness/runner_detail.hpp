@@ -88,6 +88,9 @@ void measure_parity(const Scenario& s, const Trace& want, const std::vector<Rank
                     ConfigResult& r);
 std::optional<FaultResult> nan_result(const RankTrace& rank0);
 void decide(const Scenario& s, ConfigResult& r);
+// The goodput of the ranks' run (rank 0's steps and health; the tokens of each step from the
+// reference) over `seconds`.
+GoodputResult goodput_of(const Trace& want, const RankTrace& rank0, double seconds);
 // Tokens, FLOPs and MFU of t's step time (parallel/flops.hpp), against the scenario's device peak.
 void fill_rates(const Scenario& s, const ParallelSpec& p, const Trace& want, TimingResult& t);
 // The single-device reference over the scenario's steps (the sampler's global batches); with a

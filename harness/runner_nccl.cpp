@@ -319,6 +319,13 @@ ConfigResult run_config_ranks(const Scenario& s, const ref::Dataset& ds, const T
     if (auto f = nan_result(got[0])) r.faults.push_back(*f);
     r.timing = wall_timing(s, p, want, got);
     r.wall_timing = true;
+    double seconds = 0;  // the slowest rank's wall time over its steps
+    for (const RankTrace& t : got) {
+      double mine = 0;
+      for (const double x : t.step_seconds) mine += x;
+      seconds = std::max(seconds, mine);
+    }
+    r.goodput = goodput_of(want, got[0], seconds);
   }
   decide(s, r);
   return r;

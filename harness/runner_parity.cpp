@@ -177,6 +177,26 @@ Trace train_reference(const Scenario& s, const ref::Dataset& ds, const std::stri
 // Tokens, FLOPs and MFU of a step. FLOPs = 3 x forward (parallel/flops.hpp: matmuls and attention
 // products, backward 2x forward) over every position of the global batch, padding included as
 // dense kernels compute it; recomputation under activation checkpointing is not counted.
+GoodputResult goodput_of(const Trace& want, const RankTrace& rank0, double seconds) {
+  GoodputResult g;
+  for (std::size_t i = 0; i < rank0.steps.size(); ++i) {
+    const auto k = static_cast<std::size_t>(rank0.first_step - 1) + i;  // into the reference
+    if (k >= want.steps.size()) break;
+    const auto tokens = static_cast<double>(want.steps[k].non_padding_tokens);
+    g.tokens_processed += tokens;
+    if (i < rank0.health.size() && rank0.health[i].skipped) g.tokens_skipped += tokens;
+  }
+  g.valid = g.tokens_processed > 0;
+  g.tokens_good = g.tokens_processed - g.tokens_skipped - g.tokens_replayed - g.tokens_discarded;
+  g.fraction = g.valid ? g.tokens_good / g.tokens_processed : 0.0;
+  g.seconds = seconds;
+  if (seconds > 0) {
+    g.tokens_per_s = g.tokens_processed / seconds;
+    g.good_tokens_per_s = g.tokens_good / seconds;
+  }
+  return g;
+}
+
 void fill_rates(const Scenario& s, const ParallelSpec& p, const Trace& want, TimingResult& t) {
   if (!t.valid || t.step_time_s <= 0) return;
   double tokens = 0;

@@ -69,7 +69,9 @@ class MutationTable : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(MutationTable, EveryPlantedBugThatRunsFails) {
   const std::string file = GetParam();
-  const RunResult base = run_scenario(load_scenario(kScenarios + "/parity/" + file));
+  RunOptions clean;
+  clean.schedule_bubble = false;  // parity only
+  const RunResult base = run_scenario(load_scenario(kScenarios + "/parity/" + file), clean);
   const std::string precision = ref::to_string(base.scenario.train.precision);
   for (const ConfigResult& b : base.configs)
     EXPECT_TRUE(b.pass) << file << " " << b.config << " fails clean: " << b.detail;
@@ -79,7 +81,7 @@ TEST_P(MutationTable, EveryPlantedBugThatRunsFails) {
     for (const ParallelSpec& p : base.scenario.configs) any = any || c.exercised(base.scenario, p);
     if (!any) continue;
     ++ran;
-    RunOptions o;
+    RunOptions o = clean;
     o.planted = c.mutation;
     const RunResult bad = run_scenario(base.scenario, o);
     ASSERT_EQ(bad.configs.size(), base.configs.size());

@@ -52,6 +52,21 @@ TEST(RunCommand, ParityMatrixPassesAndWritesReports) {
     }
   }
   EXPECT_GE(rows, 20u);
+  // Summaries and links: small enough for a CI artifact store and a review page; the events are
+  // in one trace file per configuration.
+  EXPECT_LT(fs::file_size(dir / "report.json"), 1u << 20);
+  EXPECT_LT(fs::file_size(dir / "index.html"), 5u << 20);
+  for (const auto& sc : j.at("scenarios"))
+    for (const auto& row : sc.at("parity"))
+      if (row.at("supported").get<bool>()) {
+        EXPECT_TRUE(fs::exists(dir / row.at("trace").at("file").get<std::string>()))
+            << row.at("config");
+      }
+  // manifest.json describes every scenario of the matrix and each configuration's world size.
+  const auto manifest = read_json(dir / "manifest.json");
+  ASSERT_EQ(manifest.at("scenarios").size(), j.at("scenarios").size());
+  for (const auto& m : manifest.at("scenarios"))
+    for (const auto& c : m.at("configs")) EXPECT_GE(c.at("world_size").get<int>(), 1);
   std::ifstream x(dir / "junit.xml");
   std::stringstream xs;
   xs << x.rdbuf();
@@ -77,6 +92,7 @@ TEST(RunCommand, PlantedBugsFailTheGate) {
 RunResult planted_run(const char* file, parallel::testing::Mutation bug) {
   RunOptions o;
   o.planted = bug;
+  o.schedule_bubble = false;  // parity only
   return run_scenario(load_scenario(kScenarios + "/parity/" + file), o);
 }
 
@@ -300,8 +316,9 @@ namespace shardcheck::harness {
 namespace {
 
 // DDP's bucket all_reduces, issued during the last backward, overlap that backward's compute in
-// the virtual timeline (the rank's comm and compute streams run at the same time), and the report
-// carries timing fields computed from that timeline.
+// the virtual timeline (the rank's comm and compute streams run at the same time), as each
+// configuration's trace file shows, and the report carries timing fields computed from that
+// timeline.
 TEST(RunCommand, DdpBucketsOverlapBackwardInTheTimeline) {
   const fs::path dir = fs::temp_directory_path() / "shardcheck_overlap_test";
   fs::remove_all(dir);
@@ -311,16 +328,19 @@ TEST(RunCommand, DdpBucketsOverlapBackwardInTheTimeline) {
   const auto j = read_json(dir / "report.json");
   for (const auto& row : j.at("parity")) {
     double overlap = 0, comm = 0;
-    std::vector<nlohmann::json> compute;
-    for (const auto& e : row.at("timeline").at("events"))
-      if (e.at("rank") == 0 && e.at("stream") == "compute") compute.push_back(e);
-    for (const auto& c : row.at("timeline").at("events")) {
-      if (c.at("rank") != 0 || c.at("stream") != "comm") continue;
-      comm += c.at("end").get<double>() - c.at("start").get<double>();
-      for (const auto& k : compute)
-        overlap +=
-            std::max(0.0, std::min(c.at("end").get<double>(), k.at("end").get<double>()) -
-                              std::max(c.at("start").get<double>(), k.at("start").get<double>()));
+    const auto trace = read_json(dir / row.at("trace").at("file").get<std::string>());
+    std::vector<nlohmann::json> compute, reduce;
+    for (const auto& e : trace.at("traceEvents")) {
+      if (e.at("ph") != "X" || e.at("pid") != 0) continue;
+      (e.at("cat") == "compute" ? compute : reduce).push_back(e);
+    }
+    for (const auto& c : reduce) {
+      const double c0 = c.at("ts").get<double>(), c1 = c0 + c.at("dur").get<double>();
+      comm += c1 - c0;
+      for (const auto& k : compute) {
+        const double k0 = k.at("ts").get<double>(), k1 = k0 + k.at("dur").get<double>();
+        overlap += std::max(0.0, std::min(c1, k1) - std::max(c0, k0));
+      }
     }
     EXPECT_GT(overlap, 0.0) << row.at("config");
     EXPECT_GT(comm, overlap) << row.at("config");

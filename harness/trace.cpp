@@ -1,0 +1,274 @@
+// Chrome Trace Event Format files and the one-step timeline of index.html (trace.hpp).
+#include "harness/trace.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <map>
+#include <optional>
+#include <vector>
+
+#include "comm/mesh.hpp"
+#include "sim/recorder.hpp"
+
+namespace shardcheck::harness {
+namespace {
+
+// Letters, digits, '-', '_' and '.' as they are; anything else '_' (no separators, no "..").
+std::string file_safe(const std::string& s) {
+  std::string o;
+  for (char c : s) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                    c == '-' || c == '_';
+    o += ok ? c : '_';
+  }
+  return o.empty() ? "_" : o;
+}
+
+bool is_p2p(const std::string& kind) {
+  return kind == "send" || kind == "recv";
+}
+
+// The trace's thread of an event: 0 compute, 1 collectives, 2 point-to-point.
+int thread_of(const sim::TimelineEvent& e) {
+  if (e.stream == sim::Stream::compute) return 0;
+  return is_p2p(e.kind) ? 2 : 1;
+}
+
+constexpr const char* kThreads[] = {"compute", "collectives (comm stream)", "p2p (comm stream)"};
+constexpr const char* kCategories[] = {"compute", "collective", "p2p"};
+
+double us(double seconds) {
+  return seconds * 1e6;
+}
+
+}  // namespace
+
+std::string trace_file(const std::string& scenario, const std::string& config) {
+  return "traces/" + file_safe(scenario) + "/" + file_safe(config) + ".json";
+}
+
+nlohmann::json chrome_trace(const ConfigResult& c, const std::string& scenario, int steps) {
+  nlohmann::json ev = nlohmann::json::array();
+  const int world = c.spec.mesh.world_size();
+  std::optional<comm::DeviceMesh> mesh;
+  try {
+    mesh.emplace(c.spec.mesh, c.spec.order);
+  } catch (const comm::MeshError&) {
+  }
+  for (int r = 0; r < world; ++r) {
+    std::string name = "rank " + std::to_string(r);
+    nlohmann::json coords = nlohmann::json::object();
+    if (mesh) {
+      std::string at;
+      for (comm::Axis a : comm::kAllAxes) {
+        if (mesh->size(a) == 1) continue;
+        const int k = mesh->coord(r, a);
+        coords[std::string(comm::name_of(a))] = k;
+        at += (at.empty() ? "" : ", ") + std::string(comm::name_of(a)) + " " + std::to_string(k);
+      }
+      if (!at.empty()) name += " (" + at + ")";
+    }
+    ev.push_back({{"name", "process_name"},
+                  {"ph", "M"},
+                  {"pid", r},
+                  {"tid", 0},
+                  {"args", {{"name", name}}}});
+    ev.push_back({{"name", "process_sort_index"},
+                  {"ph", "M"},
+                  {"pid", r},
+                  {"tid", 0},
+                  {"args", {{"sort_index", r}}}});
+    ev.push_back({{"name", "process_labels"},
+                  {"ph", "M"},
+                  {"pid", r},
+                  {"tid", 0},
+                  {"args", {{"labels", coords.dump()}}}});
+    for (int t = 0; t < 3; ++t)
+      ev.push_back({{"name", "thread_name"},
+                    {"ph", "M"},
+                    {"pid", r},
+                    {"tid", t},
+                    {"args", {{"name", kThreads[t]}}}});
+  }
+  // Each rank's step starts: its first event of the step.
+  std::map<std::pair<int, int>, double> step_start;  // (rank, step)
+  std::map<int, double> rank_end;
+  for (const sim::TimelineEvent& e : c.timeline) {
+    const int t = thread_of(e);
+    nlohmann::json args = {{"step", e.step}, {"stream", std::string(sim::name_of(e.stream))}};
+    if (t == 0) {
+      args["bytes_moved"] = e.bytes;
+    } else {
+      args["op"] = e.kind;
+      args["group"] = e.group;
+      args["seq"] = e.seq;
+      args["bytes"] = e.bytes;
+      args["state"] = "completed";
+    }
+    ev.push_back({{"name", t == 0 ? e.name : e.kind},
+                  {"cat", kCategories[t]},
+                  {"ph", "X"},
+                  {"ts", us(e.start)},
+                  {"dur", us(std::max(0.0, e.end - e.start))},
+                  {"pid", e.rank},
+                  {"tid", t},
+                  {"args", args}});
+    if (e.step >= 1) {
+      auto [it, fresh] = step_start.try_emplace({e.rank, e.step}, e.start);
+      if (!fresh) it->second = std::min(it->second, e.start);
+    }
+    rank_end[e.rank] = std::max(rank_end[e.rank], e.end);
+  }
+  for (const auto& [key, t] : step_start)
+    ev.push_back({{"name", key.second > steps ? std::string("after the last step: the harness "
+                                                            "gathers every rank's parameters")
+                                              : "step " + std::to_string(key.second)},
+                  {"cat", "step"},
+                  {"ph", "i"},
+                  {"s", "p"},
+                  {"ts", us(t)},
+                  {"pid", key.first},
+                  {"tid", 0},
+                  {"args", {{"step", key.second}}}});
+  double last = 0;
+  for (const auto& [r, t] : rank_end) last = std::max(last, t);
+  for (const FaultResult& f : c.faults) {
+    const nlohmann::json args = {
+        {"kind", f.kind}, {"op", f.op},       {"group", f.group},     {"seq", f.seq},
+        {"step", f.step}, {"ranks", f.ranks}, {"message", f.message}, {"detected", f.detected}};
+    const std::vector<int> at = f.ranks.empty() ? std::vector<int>{0} : f.ranks;
+    for (int r : at)  // where the rank stopped: its last event's end
+      ev.push_back({{"name", "fault: " + f.kind},
+                    {"cat", "fault"},
+                    {"ph", "i"},
+                    {"s", f.ranks.empty() ? "g" : "p"},
+                    {"ts", us(rank_end.count(r) ? rank_end[r] : last)},
+                    {"pid", r},
+                    {"tid", 0},
+                    {"args", args}});
+    for (std::size_t r = 0; r < f.flight_records.size(); ++r)
+      for (const sim::FlightRecord& fr : f.flight_records[r]) {
+        if (fr.state == sim::OpState::completed) continue;
+        ev.push_back({{"name", fr.op + " (" + std::string(sim::name_of(fr.state)) + ")"},
+                      {"cat", "flight recorder"},
+                      {"ph", "i"},
+                      {"s", "t"},
+                      {"ts", us(fr.v_issued)},
+                      {"pid", static_cast<int>(r)},
+                      {"tid", 1},
+                      {"args",
+                       {{"op", fr.op},
+                        {"group", fr.group},
+                        {"seq", fr.seq},
+                        {"state", std::string(sim::name_of(fr.state))},
+                        {"dtype", std::string(comm::name_of(fr.dtype))},
+                        {"count", fr.count},
+                        {"step", fr.step}}}});
+      }
+  }
+  return {{"traceEvents", ev},
+          {"displayTimeUnit", "ms"},
+          {"otherData",
+           {{"scenario", scenario},
+            {"config", c.config},
+            {"world_size", world},
+            {"clock", "virtual (the simulator's cost model over the scenario's topology)"}}}};
+}
+
+nlohmann::json step_timeline(const ConfigResult& c, const std::string& trace, int steps,
+                             int max_ranks, std::size_t max_events) {
+  if (c.timeline.empty()) return nullptr;
+  int step = 0;
+  for (const sim::TimelineEvent& e : c.timeline)
+    if (e.step <= steps) step = std::max(step, e.step);
+  // The ranks shown: one per pipeline stage (the ranks of one TP / DP / CP / EP group do alike
+  // work; stages do not), else the first two.
+  std::vector<int> shown;
+  try {
+    const comm::DeviceMesh mesh(c.spec.mesh, c.spec.order);
+    shown = c.spec.mesh.pp > 1 ? mesh.group(0, comm::Axis::pp) : std::vector<int>{0};
+  } catch (const comm::MeshError&) {
+    shown = {0};
+  }
+  if (shown.size() == 1 && c.spec.mesh.world_size() > 1) shown.push_back(1);
+  if (shown.size() > static_cast<std::size_t>(max_ranks))
+    shown.resize(static_cast<std::size_t>(max_ranks));
+  std::map<int, int> lane_of;
+  for (std::size_t i = 0; i < shown.size(); ++i) lane_of[shown[i]] = static_cast<int>(i);
+  std::vector<const sim::TimelineEvent*> pick;
+  double t0 = std::numeric_limits<double>::infinity(), t1 = -t0;
+  for (const sim::TimelineEvent& e : c.timeline)
+    if (e.step == step && lane_of.count(e.rank)) {
+      pick.push_back(&e);
+      t0 = std::min(t0, e.start);
+      t1 = std::max(t1, e.end);
+    }
+  std::stable_sort(pick.begin(), pick.end(), [](const auto* a, const auto* b) {
+    if (a->rank != b->rank) return a->rank < b->rank;
+    if (a->stream != b->stream) return a->stream < b->stream;
+    return a->start < b->start;
+  });
+  struct Block {
+    const sim::TimelineEvent* first;
+    double start, end;
+    std::size_t bytes;
+    int merged;
+  };
+  // Two pixels of the 1000-pixel figure: merged blocks still show every idle gap one can see.
+  const double gap = (t1 - t0) / 500;
+  std::vector<Block> blocks;
+  for (const sim::TimelineEvent* e : pick) {
+    if (!blocks.empty()) {
+      Block& b = blocks.back();
+      if (b.first->rank == e->rank && b.first->stream == e->stream && b.first->kind == e->kind &&
+          e->start - b.end <= gap) {
+        b.end = std::max(b.end, e->end);
+        b.bytes += e->bytes;
+        ++b.merged;
+        continue;
+      }
+    }
+    blocks.push_back({e, e->start, e->end, e->bytes, 1});
+  }
+  const std::size_t all_blocks = blocks.size();
+  if (blocks.size() > max_events) {  // the earliest, over every lane
+    std::stable_sort(blocks.begin(), blocks.end(),
+                     [](const Block& a, const Block& b) { return a.start < b.start; });
+    blocks.resize(max_events);
+  }
+  nlohmann::json events = nlohmann::json::array();
+  for (const Block& b : blocks) {
+    nlohmann::json e = {
+        {"rank", lane_of.at(b.first->rank)},
+        {"stream", std::string(sim::name_of(b.first->stream))},
+        {"kind", b.first->kind},
+        {"name",
+         b.merged > 1 ? b.first->kind + " \xC3\x97" + std::to_string(b.merged) : b.first->name},
+        {"step", step},
+        {"start", b.start},
+        {"end", b.end},
+        {"bytes", b.bytes}};
+    if (b.first->stream == sim::Stream::comm && b.merged == 1) {
+      e["group"] = b.first->group;
+      e["seq"] = b.first->seq;
+    }
+    events.push_back(e);
+  }
+  std::string note = "Step " + std::to_string(step) + " only, " +
+                     (c.spec.mesh.pp > 1 ? "one rank per pipeline stage" : "two ranks") + ": " +
+                     std::to_string(pick.size()) +
+                     " events, neighbours of one kind closer than two pixels drawn as one block";
+  if (all_blocks > blocks.size())
+    note += ", the first " + std::to_string(blocks.size()) + " of " + std::to_string(all_blocks) +
+            " blocks";
+  note += ". The whole run of every rank: " + trace + " (Perfetto, chrome://tracing).";
+  return {{"ranks", static_cast<int>(shown.size())},
+          {"lane_ranks", shown},
+          {"tooltips", false},
+          {"events", events},
+          {"note", note}};
+}
+
+}  // namespace shardcheck::harness
