@@ -118,6 +118,7 @@ nlohmann::json drill_report_json(const DrillReport& r) {
           {"work_dir",
            r.work_dir.empty() ? nlohmann::json(nullptr) : nlohmann::json(r.work_dir.string())},
           {"manifest", manifest_json(s)},
+          {"goodput", goodput_json(r.goodput)},
           {"drills", drills}};
 }
 

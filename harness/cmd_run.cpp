@@ -85,7 +85,8 @@ nlohmann::json write_traces(const std::string& dir, const RunResult& r,
     if (ec)
       throw BadInput("--report: cannot create " + path.parent_path().string() + ": " +
                      ec.message());
-    write_output(path, chrome_trace(c, r.scenario.name, r.scenario.train.steps).dump() + "\n", "--report");
+    write_output(path, chrome_trace(c, r.scenario.name, r.scenario.train.steps).dump() + "\n",
+                 "--report");
     view["parity"][i]["timeline"] = step_timeline(c, file, r.scenario.train.steps);
   }
   for (std::size_t i = 0; i < r.configs.size(); ++i) {

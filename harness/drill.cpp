@@ -522,6 +522,18 @@ DrillReport run_drills(const Scenario& s, const DrillOptions& o) {
     for (const Trace* t : {&x.want, x.want_target ? &*x.want_target : nullptr})
       if (const std::string why = t ? t->noise.chaos() : ""; !why.empty())
         throw ScenarioError("$.train", "the scenario is " + why);
+    GoodputResult& g = r.goodput;
+    for (std::size_t k = 0; k < x.want.steps.size(); ++k) {
+      const auto tokens = static_cast<double>(x.want.steps[k].non_padding_tokens);
+      g.tokens_processed += tokens;
+      if (static_cast<int>(k) + 1 > x.k) {  // trained again after the restore
+        g.tokens_processed += tokens;
+        g.tokens_replayed += tokens;
+      }
+    }
+    g.valid = g.tokens_processed > 0;
+    g.tokens_good = g.tokens_processed - g.tokens_replayed;
+    g.fraction = g.valid ? g.tokens_good / g.tokens_processed : 0.0;
     try {
       x.straight = train(x, {.spec = x.base,
                              .last_step = s.train.steps,

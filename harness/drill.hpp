@@ -10,6 +10,7 @@
 #include <string_view>
 #include <vector>
 
+#include "harness/outcome.hpp"
 #include "harness/scenario.hpp"
 
 namespace shardcheck::harness {
@@ -49,6 +50,9 @@ struct DrillReport {
   int steps = 0;
   std::filesystem::path work_dir;  // empty when it was temporary (removed)
   std::vector<DrillResult> drills;
+  // Goodput of the failure a restore drill stands for: a run that lost everything after its last
+  // step and resumed from save_step replays steps save_step + 1 .. steps (tokens only; no rates).
+  GoodputResult goodput;
   bool pass() const;
   bool broke() const;
 };

@@ -80,6 +80,14 @@ std::string timing_table(const Json& t) {
       {"rank_step_time_s"}, rank_rows);
 }
 
+std::string goodput_table(const Json& g) {
+  return kv_table(g,
+                  {{"fraction", "goodput (tokens that advanced training)", pct},
+                   {"good_tokens_per_s", "good tokens/s", [](double v) { return fmt(v, "%.4g"); }},
+                   {"tokens_per_s", "tokens/s processed", [](double v) { return fmt(v, "%.4g"); }}},
+                  {});
+}
+
 std::string memory_section(const Json& rows, const std::string& id) {
   std::string o = memory_svg(rows, id);
   o += "<details><summary>bytes per rank</summary><table><tr><th>rank</th>";
@@ -159,15 +167,7 @@ std::string parity_section(const Json& parity, const std::string& idp) {
                cell(field(row, "config")) + ": " + (t ? "timing " : "") + (tl ? "timeline " : "") +
                (mem ? "memory" : "") + "</summary>\n";
       if (t) extra += "<h4>Timing</h4>\n" + timing_table(*t);
-      if (good)
-        extra +=
-            "<h4>Goodput</h4>\n" +
-            kv_table(
-                *good,
-                {{"fraction", "goodput (tokens that advanced training)", pct},
-                 {"good_tokens_per_s", "good tokens/s", [](double v) { return fmt(v, "%.4g"); }},
-                 {"tokens_per_s", "tokens/s processed", [](double v) { return fmt(v, "%.4g"); }}},
-                {});
+      if (good) extra += "<h4>Goodput</h4>\n" + goodput_table(*good);
       if (phases) extra += "<h4>Step phases</h4>\n" + phases_svg(*phases, cid + "-phases");
       if (tl) extra += "<h4>Timeline</h4>\n" + timeline_section(*tl, cid + "-timeline");
       if (mem) extra += "<h4>Memory</h4>\n" + memory_section(*mem, cid + "-memory");
@@ -404,7 +404,11 @@ std::string scenario_body(const Json& r, const std::string& idp, int level) {
   if (const Json* f = field(r, "faults"); f && f->is_array())
     sections.push_back({"faults", "Faults and diagnosis", faults_section(*f)});
   if (const Json* d = array_of(r, "drills"))
-    sections.push_back({"drills", "Drills", drills_section(*d)});
+    sections.push_back(
+        {"drills", "Drills",
+         drills_section(*d) + (object_of(r, "goodput") ? "<h3>Goodput of a restore</h3>\n" +
+                                                             goodput_table(*object_of(r, "goodput"))
+                                                       : "")});
   if (const Json* p = object_of(r, "plan"))
     sections.push_back({"plan", "Plan", plan_section(*p, idp)});
 

@@ -90,6 +90,8 @@ nlohmann::json faults_json(const std::vector<FaultResult>& faults) {
   return out;
 }
 
+}  // namespace
+
 nlohmann::json goodput_json(const GoodputResult& g) {
   if (!g.valid) return nullptr;
   return {{"tokens_processed", g.tokens_processed},
@@ -102,6 +104,8 @@ nlohmann::json goodput_json(const GoodputResult& g) {
           {"tokens_per_s", g.tokens_per_s},
           {"good_tokens_per_s", g.good_tokens_per_s}};
 }
+
+namespace {
 
 // Per phase: p50 / p95 / max over ranks of its seconds per step, and the rank with the most.
 nlohmann::json phases_json(const StepPhases& ph) {

@@ -15,6 +15,9 @@ namespace shardcheck::harness {
 // seed, code version. Also the "manifest" field of report.json.
 nlohmann::json manifest_json(const Scenario& s);
 nlohmann::json report_json(const RunResult& r, const std::string& backend);
+// {tokens_processed, tokens_skipped, tokens_replayed, tokens_discarded, tokens_good, fraction,
+// seconds, tokens_per_s, good_tokens_per_s}; null when not measured.
+nlohmann::json goodput_json(const GoodputResult& g);
 // Text for XML attributes and content (JUnit files): & < > " ' escaped, control characters other
 // than tab and newlines replaced by spaces (XML 1.0 forbids them).
 std::string xml_escape(const std::string& s);

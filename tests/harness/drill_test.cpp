@@ -48,6 +48,12 @@ TEST_P(DrillScenario, EveryDrillPasses) {
   const auto report = read_json(tmp.path() / "report" / "report.json");
   EXPECT_TRUE(report.at("pass").get<bool>());
   EXPECT_EQ(report.at("manifest").at("scenario"), report.at("scenario"));
+  // The restore's cost in goodput: the steps after the save are trained twice.
+  const auto& g = report.at("goodput");
+  EXPECT_GT(g.at("tokens_replayed").get<double>(), 0.0);
+  EXPECT_EQ(g.at("tokens_good").get<double>(),
+            g.at("tokens_processed").get<double>() - g.at("tokens_replayed").get<double>());
+  EXPECT_LT(g.at("fraction").get<double>(), 1.0);
   std::set<std::string> want;
   const auto scenario = read_json(file);
   for (const auto& d : scenario.at("drills")) want.insert(d.get<std::string>());
