@@ -78,7 +78,7 @@ nlohmann::json write_traces(const std::string& dir, const RunResult& r,
   for (std::size_t i = 0; i < r.configs.size(); ++i) {
     const ConfigResult& c = r.configs[i];
     if (c.timeline.empty()) continue;
-    const std::string file = trace_file(r.scenario.name, c.config);
+    const std::string file = trace_file(r.scenario.name, i, c.config);
     const std::filesystem::path path = std::filesystem::path(dir) / file;
     std::error_code ec;
     std::filesystem::create_directories(path.parent_path(), ec);

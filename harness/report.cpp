@@ -245,7 +245,8 @@ nlohmann::json noise_json(const NoiseFloor& n) {
 nlohmann::json report_json(const RunResult& r, const std::string& backend) {
   const Scenario& s = r.scenario;
   nlohmann::json parity = nlohmann::json::array();
-  for (const ConfigResult& c : r.configs) {
+  for (std::size_t index = 0; index < r.configs.size(); ++index) {
+    const ConfigResult& c = r.configs[index];
     nlohmann::json steps = nlohmann::json::array();
     for (const StepParity& sp : c.steps)
       steps.push_back({{"step", sp.step},
@@ -293,10 +294,11 @@ nlohmann::json report_json(const RunResult& r, const std::string& backend) {
          {"goodput", goodput_json(c.goodput)},
          {"phases", phases_json(c.phases)},
          {"pipeline", pipeline_json(c.pipeline)},
-         {"trace", c.timeline.empty() ? nlohmann::json(nullptr)
-                                      : nlohmann::json{{"file", trace_file(s.name, c.config)},
-                                                       {"events", c.timeline.size()},
-                                                       {"format", "Chrome Trace Event Format"}}}});
+         {"trace", c.timeline.empty()
+                       ? nlohmann::json(nullptr)
+                       : nlohmann::json{{"file", trace_file(s.name, index, c.config)},
+                                        {"events", c.timeline.size()},
+                                        {"format", "Chrome Trace Event Format"}}}});
   }
   return {
       {"pass", r.pass()},

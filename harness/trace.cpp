@@ -15,7 +15,7 @@
 namespace shardcheck::harness {
 namespace {
 
-// Letters, digits, '-', '_' and '.' as they are; anything else '_' (no separators, no "..").
+// Letters, digits, '-' and '_' as they are; anything else '_' (no separators, no "..").
 std::string file_safe(const std::string& s) {
   std::string o;
   for (char c : s) {
@@ -30,13 +30,43 @@ bool is_p2p(const std::string& kind) {
   return kind == "send" || kind == "recv";
 }
 
-// The trace's thread of an event: 0 compute, 1 collectives, 2 point-to-point.
-int thread_of(const sim::TimelineEvent& e) {
-  if (e.stream == sim::Stream::compute) return 0;
-  return is_p2p(e.kind) ? 2 : 1;
+// The trace's threads: 0 compute, 1 collectives (each runs after the last on the comm stream),
+// 2.. point-to-point: sends and receives in flight at once (a stage receives from one neighbour
+// while it sends to the other) go on lanes of their own, so no two events of a thread overlap.
+// trace_tids[i] is the thread of timeline event i; p2p_lanes[rank] how many p2p threads it has.
+struct TraceThreads {
+  std::vector<int> tid;
+  std::map<int, int> p2p_lanes;
+};
+TraceThreads trace_threads(const std::vector<sim::TimelineEvent>& timeline) {
+  TraceThreads t;
+  t.tid.assign(timeline.size(), 0);
+  std::vector<std::size_t> p2p;
+  for (std::size_t i = 0; i < timeline.size(); ++i) {
+    const sim::TimelineEvent& e = timeline[i];
+    if (e.stream == sim::Stream::compute) continue;
+    if (is_p2p(e.kind))
+      p2p.push_back(i);
+    else
+      t.tid[i] = 1;
+  }
+  std::stable_sort(p2p.begin(), p2p.end(), [&](std::size_t a, std::size_t b) {
+    if (timeline[a].rank != timeline[b].rank) return timeline[a].rank < timeline[b].rank;
+    return timeline[a].start < timeline[b].start;
+  });
+  std::map<int, std::vector<double>> lane_end;  // per rank: where each lane is free again
+  for (const std::size_t i : p2p) {
+    std::vector<double>& ends = lane_end[timeline[i].rank];
+    std::size_t lane = 0;
+    while (lane < ends.size() && ends[lane] > timeline[i].start) ++lane;
+    if (lane == ends.size()) ends.push_back(0);
+    ends[lane] = timeline[i].end;
+    t.tid[i] = 2 + static_cast<int>(lane);
+  }
+  for (const auto& [rank, ends] : lane_end) t.p2p_lanes[rank] = static_cast<int>(ends.size());
+  return t;
 }
 
-constexpr const char* kThreads[] = {"compute", "collectives (comm stream)", "p2p (comm stream)"};
 constexpr const char* kCategories[] = {"compute", "collective", "p2p"};
 
 double us(double seconds) {
@@ -45,13 +75,16 @@ double us(double seconds) {
 
 }  // namespace
 
-std::string trace_file(const std::string& scenario, const std::string& config) {
-  return "traces/" + file_safe(scenario) + "/" + file_safe(config) + ".json";
+std::string trace_file(const std::string& scenario, std::size_t index, const std::string& config) {
+  char n[24];
+  std::snprintf(n, sizeof n, "%02zu-", index);
+  return "traces/" + file_safe(scenario) + "/" + n + file_safe(config) + ".json";
 }
 
 nlohmann::json chrome_trace(const ConfigResult& c, const std::string& scenario, int steps) {
   nlohmann::json ev = nlohmann::json::array();
   const int world = c.spec.mesh.world_size();
+  const TraceThreads threads = trace_threads(c.timeline);
   std::optional<comm::DeviceMesh> mesh;
   try {
     mesh.emplace(c.spec.mesh, c.spec.order);
@@ -85,18 +118,24 @@ nlohmann::json chrome_trace(const ConfigResult& c, const std::string& scenario, 
                   {"pid", r},
                   {"tid", 0},
                   {"args", {{"labels", coords.dump()}}}});
-    for (int t = 0; t < 3; ++t)
+    const int lanes = std::max(1, threads.p2p_lanes.count(r) ? threads.p2p_lanes.at(r) : 0);
+    for (int t = 0; t < 2 + lanes; ++t)
       ev.push_back({{"name", "thread_name"},
                     {"ph", "M"},
                     {"pid", r},
                     {"tid", t},
-                    {"args", {{"name", kThreads[t]}}}});
+                    {"args",
+                     {{"name", t == 0   ? std::string("compute")
+                               : t == 1 ? std::string("collectives (comm stream)")
+                                        : "p2p (comm stream)" +
+                                              (t > 2 ? " " + std::to_string(t - 1) : "")}}}});
   }
   // Each rank's step starts: its first event of the step.
   std::map<std::pair<int, int>, double> step_start;  // (rank, step)
   std::map<int, double> rank_end;
-  for (const sim::TimelineEvent& e : c.timeline) {
-    const int t = thread_of(e);
+  for (std::size_t i = 0; i < c.timeline.size(); ++i) {
+    const sim::TimelineEvent& e = c.timeline[i];
+    const int tid = threads.tid[i], t = std::min(tid, 2);  // t: the category
     nlohmann::json args = {{"step", e.step}, {"stream", std::string(sim::name_of(e.stream))}};
     if (t == 0) {
       args["bytes_moved"] = e.bytes;
@@ -113,7 +152,7 @@ nlohmann::json chrome_trace(const ConfigResult& c, const std::string& scenario, 
                   {"ts", us(e.start)},
                   {"dur", us(std::max(0.0, e.end - e.start))},
                   {"pid", e.rank},
-                  {"tid", t},
+                  {"tid", tid},
                   {"args", args}});
     if (e.step >= 1) {
       auto [it, fresh] = step_start.try_emplace({e.rank, e.step}, e.start);

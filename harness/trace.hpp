@@ -12,8 +12,10 @@
 
 namespace shardcheck::harness {
 
-// "traces/<scenario>/<config>.json", relative to the report directory (names made file-safe).
-std::string trace_file(const std::string& scenario, const std::string& config);
+// "traces/<scenario>/<index>-<config>.json" for the index-th configuration of the scenario,
+// relative to the report directory (names made file-safe; the index keeps two configurations
+// whose labels read alike apart).
+std::string trace_file(const std::string& scenario, std::size_t index, const std::string& config);
 
 // The Trace Event Format document of c's run: a process per rank (named with its mesh
 // coordinates), a thread per stream (compute, collectives, p2p), a complete ("X") event per

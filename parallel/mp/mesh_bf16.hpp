@@ -4,6 +4,7 @@
 #pragma once
 
 #include <algorithm>
+#include <iterator>
 #include <memory>
 #include <set>
 #include <type_traits>
@@ -30,13 +31,23 @@ struct ExpertParts {
   std::unique_ptr<comm::Communicator> group;
 };
 
+// The data ranks `rank`'s EP group reads (its members' dp coordinates).
+inline std::set<int> ep_data_ranks(const comm::DeviceMesh& mesh, int rank) {
+  std::set<int> d;
+  for (int m : mesh.group(rank, comm::Axis::ep)) d.insert(mesh.coord(m, comm::Axis::dp));
+  return d;
+}
+
+// How many expert-gradient parts `rank` keeps in the bf16 recipe: 0 where its EP peers read one
+// data rank (the gradients stay whole), else one per data rank.
+inline int expert_part_count(const comm::DeviceMesh& mesh, int rank) {
+  const auto n = static_cast<int>(ep_data_ranks(mesh, rank).size());
+  return n > 1 ? n : 0;
+}
+
 inline ExpertParts expert_parts(comm::Communicator& world, const comm::DeviceMesh& mesh) {
   using comm::Axis;
-  const auto data_ranks = [&](int rank) {
-    std::set<int> d;
-    for (int m : mesh.group(rank, Axis::ep)) d.insert(mesh.coord(m, Axis::dp));
-    return d;
-  };
+  const auto data_ranks = [&](int rank) { return ep_data_ranks(mesh, rank); };
   const int r = world.rank();
   const std::set<int> mine = data_ranks(r);
   ExpertParts x;

@@ -489,7 +489,14 @@ class MeshImpl final : public MeshEngine::Impl {
         for (ref::ParamMap<T>& part : expert_parts_) ref::add_inplace(summed, part[p.name]);
       }
       Tensor<T>& g = summed.numel() > 0 ? summed : grads[p.name];
-      if (opt_.grad_hook) opt_.grad_hook(steps_, mb, p.name, comm::view(g.span()));
+      if (opt_.grad_hook) {
+        const Tensor<T> before = summed;
+        opt_.grad_hook(steps_, mb, p.name, comm::view(g.span()));
+        // what the hook wrote into the sum goes into the first part, so it reaches the gradient
+        for (int64_t i = 0; i < summed.numel(); ++i)
+          if (std::memcmp(&summed[i], &before[i], sizeof(T)) != 0)
+            expert_parts_.front()[p.name][i] += summed[i] - before[i];
+      }
       if (opt_.health.check && !nonfinite_) nonfinite_ = any_nonfinite(std::span<const T>(g.vec()));
     }
   }

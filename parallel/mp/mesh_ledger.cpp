@@ -10,6 +10,7 @@
 
 #include "comm/memory.hpp"
 #include "parallel/layerwise.hpp"
+#include "parallel/mp/mesh_bf16.hpp"
 #include "parallel/mp/mesh_residency.hpp"
 #include "parallel/mp/mesh_zero.hpp"
 
@@ -122,8 +123,17 @@ LedgerRow mesh_ledger(const ref::ModelConfig& model, const ref::TrainConfig& tra
   row.optimizer = static_cast<std::size_t>(shards) * r.optimizer();
   const bool microbatch_grads = train.precision == ref::Precision::kBf16 ||
                                 (o.fsdp && f.sharding == ShardingStrategy::no_shard);
+  // bf16 with MoE: the microbatch's expert gradients kept per data rank until rounded
+  // (mesh_bf16.hpp), as many as the engine's parts.
+  int64_t part_elems = 0;
+  if (train.precision == ref::Precision::kBf16 && model.moe)
+    for (const LocalParam& p : specs)
+      if (p.expert)
+        part_elems +=
+            mesh_detail::expert_part_count(mesh, world_rank) * ref::numel_of(p.local_shape);
   row.grad_peak =
-      static_cast<std::size_t>(numel) * (r.grad + (microbatch_grads ? r.microbatch_grad : 0));
+      static_cast<std::size_t>(numel) * (r.grad + (microbatch_grads ? r.microbatch_grad : 0)) +
+      static_cast<std::size_t>(part_elems) * r.microbatch_grad;
 
   // The pipeline schedule replayed: units gathered and freed, activations kept from each
   // (microbatch, chunk) forward to its backward.

@@ -2,7 +2,9 @@
 // written once. The scenario loader (with the JSON path of field()), the engine, the ledger and
 // the CLI's "not built" rows all call it. Each message names the value and what it must divide.
 #include <algorithm>
+#include <iterator>
 #include <string>
+#include <vector>
 
 #include "comm/mesh.hpp"
 #include "parallel/mp/mesh_engine.hpp"
@@ -55,6 +57,37 @@ void validate_mesh(const ref::ModelConfig& m, const ref::TrainConfig& t, const M
   }
   try {
     const comm::DeviceMesh mesh(s, o.order);
+    // The bf16 recipe rounds an expert's gradient once per data rank (mesh_bf16.hpp): the ranks
+    // holding an expert must split the data ranks into groups of equal sets (the EP groups of an
+    // expert-DP group read the same data ranks, or none of one another's). Checked on one TP/PP
+    // slice (the others repeat it), for the meshes small enough to run.
+    if (t.precision == ref::Precision::kBf16 && m.moe && s.ep > 1 && s.dp * s.cp <= 4096) {
+      const auto data_ranks = [&](int rank) {
+        std::vector<int> d;
+        for (int r : mesh.group(rank, comm::Axis::ep)) d.push_back(mesh.coord(r, comm::Axis::dp));
+        std::sort(d.begin(), d.end());
+        d.erase(std::unique(d.begin(), d.end()), d.end());
+        return d;
+      };
+      for (int r : mesh.group(0, std::vector<comm::Axis>{comm::Axis::ep, comm::Axis::edp})) {
+        const std::vector<int> mine = data_ranks(r);
+        for (int other : mesh.group(r, comm::Axis::edp)) {
+          const std::vector<int> theirs = data_ranks(other);
+          std::vector<int> both;
+          std::set_intersection(mine.begin(), mine.end(), theirs.begin(), theirs.end(),
+                                std::back_inserter(both));
+          if (!both.empty() && theirs != mine)
+            throw MeshConfigError(
+                "ep",
+                "in the bf16 recipe the EP groups of ranks " + n(r) + " and " + n(other) +
+                    " read overlapping but different data ranks (cp " + n(s.cp) + ", ep " +
+                    n(s.ep) + ", order " + o.order +
+                    "), so an expert's gradient of one data rank would be rounded in two pieces "
+                    "(not built); make ep a multiple of cp, or let the order put ep over dp",
+                /*not_built=*/true);
+        }
+      }
+    }
   } catch (const comm::MeshError& e) {
     require(false, "order", e.what());
   }

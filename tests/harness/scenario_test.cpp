@@ -76,6 +76,39 @@ TEST(Scenario, LoadsWhatTheEngineAcceptsAndWhatIsNotBuiltYet) {
   }
 }
 
+// The bf16 recipe rounds an expert's gradient once per data rank: a mesh whose EP groups read
+// overlapping but different data ranks (dp 2 x cp 3 with ep 2: groups read {0}, {0,1}, {1}) is
+// reported as not built there, and runs in f32.
+TEST(Scenario, Bf16ExpertsRefuseEpGroupsThatSplitADataRank) {
+  nlohmann::json j = base();
+  j.merge_patch(nlohmann::json::parse(R"({"model": {"moe": {"experts": 4}, "seq_len": 12},
+    "parallel": {"dp": 2, "cp": 3, "ep": 2}})"));
+  for (const char* precision : {"bf16", "f32"}) {
+    j["train"]["precision"] = precision;
+    const Scenario s = parse_scenario(j);
+    const auto o = mesh_options(s.configs[0], 8);
+    if (std::string(precision) == "f32") {
+      EXPECT_NO_THROW(parallel::validate_mesh(s.model, s.train, o));
+      continue;
+    }
+    try {
+      parallel::validate_mesh(s.model, s.train, o);
+      ADD_FAILURE() << "accepted";
+    } catch (const parallel::MeshConfigError& e) {
+      EXPECT_TRUE(e.not_built()) << e.what();
+      EXPECT_NE(std::string(e.what()).find("overlapping but different data ranks"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+  // EP over the CP ranks of each data rank (ep a multiple of cp) is fine.
+  j["parallel"] = {{"dp", 2}, {"cp", 2}, {"ep", 2}};
+  j["model"]["seq_len"] = 16;
+  j["train"]["precision"] = "bf16";
+  const Scenario ok = parse_scenario(j);
+  EXPECT_NO_THROW(parallel::validate_mesh(ok.model, ok.train, mesh_options(ok.configs[0], 8)));
+}
+
 // train.activation_checkpointing: false, true (= full), or the mode by name.
 TEST(Scenario, ActivationCheckpointingTakesABooleanOrTheMode) {
   const std::pair<nlohmann::json, ref::Recompute> cases[] = {

@@ -92,5 +92,20 @@ TEST(MeshLedger, BoundsMoeActivations) {
   }
 }
 
+// The bf16 recipe with EP keeps each microbatch's expert gradients per data rank until it rounds
+// them: the ledger's gradient peak counts those parts as the tracker does.
+TEST(MeshLedger, Bf16ExpertPartsInTheGradientPeak) {
+  Scenario s = mesh_moe();
+  s.train.precision = ref::Precision::kBf16;
+  for (const MeshOptions& o : {mesh({.dp = 2, .ep = 2}), mesh({.dp = 4, .ep = 4}),
+                               mesh({.dp = 2, .cp = 2, .ep = 2}), mesh({.dp = 2})}) {
+    const std::vector<RankMemory> got = mesh_memory(s, o);
+    const std::vector<LedgerRow> want = mesh_ledger_ranks(s.model, s.train, o);
+    for (std::size_t r = 0; r < got.size(); ++r)
+      EXPECT_EQ(of(got[r].peaks, comm::MemCategory::grads), want[r].grad_peak)
+          << "dp" << o.shape.dp << " cp" << o.shape.cp << " ep" << o.shape.ep << " rank " << r;
+  }
+}
+
 }  // namespace
 }  // namespace shardcheck::parallel

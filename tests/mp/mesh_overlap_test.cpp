@@ -63,11 +63,12 @@ TEST(MeshOverlap, GradientSumsOverlapTheBackwardWithTheSameBits) {
   MeshOptions interleaved = mesh({.dp = 2, .pp = 2});
   interleaved.schedule = PipeSchedule::interleaved;
   interleaved.virtual_stages = 2;
-  const OverlapCase cases[] = {{"dp2-pp2", mesh({.dp = 2, .pp = 2}), false},
-                        {"dp2-tp2-pp2 sp", sp, false},
-                        {"dp4-ep2-pp2 zero1 moe", zero(mesh({.dp = 4, .pp = 2, .ep = 2}), 1), true},
-                        // bf16 issues each chunk's sums at its end, after the rounding.
-                        {"dp2-pp2 interleaved bf16", interleaved, false, ref::Precision::kBf16}};
+  const OverlapCase cases[] = {
+      {"dp2-pp2", mesh({.dp = 2, .pp = 2}), false},
+      {"dp2-tp2-pp2 sp", sp, false},
+      {"dp4-ep2-pp2 zero1 moe", zero(mesh({.dp = 4, .pp = 2, .ep = 2}), 1), true},
+      // bf16 issues each chunk's sums at its end, after the rounding.
+      {"dp2-pp2 interleaved bf16", interleaved, false, ref::Precision::kBf16}};
   for (const OverlapCase& c : cases) {
     Scenario s = c.moe ? mesh_moe() : mesh_dense();
     s.train.steps = 2;
