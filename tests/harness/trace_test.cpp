@@ -78,6 +78,12 @@ std::map<std::pair<std::string, int>, int> check_format(const nlohmann::json& tr
   return seen;
 }
 
+// How many events of category `cat` rank `pid` has in check_format's count (0 when none).
+int count_of(const std::map<std::pair<std::string, int>, int>& seen, const char* cat, int pid) {
+  const auto it = seen.find({cat, pid});
+  return it == seen.end() ? 0 : it->second;
+}
+
 TEST(Trace, APipelineRunWritesOneWellFormedTracePerConfiguration) {
   TempDir dir("trace_pp");
   const auto [code, out] =
@@ -94,12 +100,11 @@ TEST(Trace, APipelineRunWritesOneWellFormedTracePerConfiguration) {
     EXPECT_EQ(complete, row.at("trace").at("events").get<std::size_t>()) << row.at("config");
     for (int r = 0; r < ranks; ++r) {
       // each step's start, and the harness's final gather after the last
-      EXPECT_EQ(seen.count({"step", r}) ? seen.at({"step", r}) : 0,
-                report.at("manifest").at("steps").get<int>() + 1)
+      EXPECT_EQ(count_of(seen, "step", r), report.at("manifest").at("steps").get<int>() + 1)
           << row.at("config") << " rank " << r;
-      EXPECT_GT(seen.count({"compute", r}) ? seen.at({"compute", r}) : 0, 0);
+      EXPECT_GT(count_of(seen, "compute", r), 0);
       if (row.at("mesh").at("pp").get<int>() > 1) {
-        EXPECT_GT(seen.count({"p2p", r}) ? seen.at({"p2p", r}) : 0, 0) << row.at("config");
+        EXPECT_GT(count_of(seen, "p2p", r), 0) << row.at("config");
       }
     }
   }
@@ -116,7 +121,7 @@ TEST(Trace, AnInjectedHangIsAFaultEventOnTheRankItNames) {
   const auto seen = check_format(trace, row.at("world_size").get<int>());
   ASSERT_FALSE(row.at("faults").empty());
   for (int r : row.at("faults")[0].at("ranks"))
-    EXPECT_GT(seen.count({"fault", r}) ? seen.at({"fault", r}) : 0, 0) << "rank " << r;
+    EXPECT_GT(count_of(seen, "fault", r), 0) << "rank " << r;
 }
 
 // Goodput beside the raw throughput: the step the non-finite policy skips processed its tokens
