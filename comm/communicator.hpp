@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <span>
 #include <string>
@@ -46,11 +47,24 @@ struct SplitOptions {
 
 // Local work a rank did (or, in a timing-only run, would have done) between collectives. The
 // simulator advances the rank's virtual compute stream by its cost model (max of flops over the
-// device rate and bytes over memory bandwidth); a real backend, whose time is real, only records it.
+// device rate and bytes over memory bandwidth); a real backend, whose time is real, only records
+// it.
 struct ComputeCost {
   std::string_view name;  // "forward layers.0", "adamw", ... (timeline label)
   double flops = 0;
   double bytes = 0;  // memory traffic
+};
+
+// What a rank is working on, for timelines and step phases only (no effect on any result): the
+// pass, microbatch and model chunk (virtual pipeline stage index on this rank) of the pipeline
+// action being run; none / -1 outside the pipeline (gradient sums, the optimizer). A forward
+// computed inside a backward pass is a recomputation (full activation checkpointing).
+struct WorkScope {
+  enum class Pass : std::uint8_t { none, forward, backward };
+  Pass pass = Pass::none;
+  int microbatch = -1;
+  int chunk = -1;
+  bool operator==(const WorkScope&) const = default;
 };
 
 class Communicator {
@@ -136,6 +150,9 @@ class Communicator {
   void compute(const ComputeCost& c) { do_compute(c); }
   void begin_step(int step) { do_begin_step(step); }
   MemoryTracker& memory() { return do_memory(); }
+  // set_scope(): this rank's WorkScope from now on, shared by every group the rank belongs to.
+  // Backends without timelines ignore it.
+  void set_scope(const WorkScope& s) { do_set_scope(s); }
 
   // Typed-span conveniences (element counts and dtype come from the span).
   template <class T>
@@ -163,6 +180,7 @@ class Communicator {
   virtual void do_compute(const ComputeCost& c) = 0;
   virtual void do_begin_step(int step) = 0;
   virtual MemoryTracker& do_memory() = 0;
+  virtual void do_set_scope(const WorkScope& /*s*/) {}
 };
 
 }  // namespace shardcheck::comm

@@ -7,11 +7,16 @@ namespace shardcheck::comm {
 
 std::string_view name_of(MemCategory c) {
   switch (c) {
-    case MemCategory::params: return "params";
-    case MemCategory::grads: return "grads";
-    case MemCategory::optimizer: return "optimizer";
-    case MemCategory::activations: return "activations";
-    case MemCategory::temporary: return "temporary";
+    case MemCategory::params:
+      return "params";
+    case MemCategory::grads:
+      return "grads";
+    case MemCategory::optimizer:
+      return "optimizer";
+    case MemCategory::activations:
+      return "activations";
+    case MemCategory::temporary:
+      return "temporary";
   }
   return "?";
 }
@@ -64,6 +69,7 @@ void MemoryTracker::allocate(MemCategory c, std::size_t bytes) {
     at_peak_ = current_;
     peak_phase_ = phase_;
   }
+  sample();
 }
 
 void MemoryTracker::release(MemCategory c, std::size_t bytes) {
@@ -71,6 +77,7 @@ void MemoryTracker::release(MemCategory c, std::size_t bytes) {
   SC_CHECK(current_.bytes[i] >= bytes, "releasing " << bytes << " B of " << name_of(c)
                                                     << " while holding " << current_.bytes[i]);
   current_.bytes[i] -= bytes;
+  sample();
 }
 
 void MemoryTracker::reset_peaks() {

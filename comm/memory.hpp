@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "comm/errors.hpp"
 
@@ -48,6 +49,14 @@ class OutOfMemoryError : public std::runtime_error {
   std::string phase_;
 };
 
+// The total a rank held just after one allocate or release, at the time and step its owner's clock
+// gave (MemoryTracker::record_series).
+struct MemorySample {
+  double t = 0;
+  int step = 0;
+  std::size_t bytes = 0;
+};
+
 class MemoryTracker {
  public:
   static constexpr std::size_t kUnlimited = SIZE_MAX;
@@ -75,7 +84,22 @@ class MemoryTracker {
   // Forgets peaks (not current holdings): a new measurement window.
   void reset_peaks();
 
+  // Memory over time: from now on every allocate and release appends a sample stamped with *now
+  // and *step (the owner's clock: the simulator's virtual compute clock of the rank). Both must
+  // outlive the recording; stop_series() ends it and keeps the samples (for a copy that outlives
+  // the clock).
+  void record_series(const double* now, const int* step) {
+    now_ = now;
+    step_ = step;
+  }
+  void stop_series() { record_series(nullptr, nullptr); }
+  const std::vector<MemorySample>& series() const { return series_; }
+
  private:
+  void sample() {
+    if (now_ != nullptr)
+      series_.push_back({*now_, step_ != nullptr ? *step_ : 0, current_.total()});
+  }
   int rank_;
   std::size_t budget_ = kUnlimited;
   std::string phase_;
@@ -83,6 +107,9 @@ class MemoryTracker {
   MemoryBreakdown current_;
   MemoryBreakdown at_peak_;
   MemoryBreakdown category_peaks_;
+  const double* now_ = nullptr;
+  const int* step_ = nullptr;
+  std::vector<MemorySample> series_;
 };
 
 // RAII: holds `bytes` of category c in a tracker for its lifetime (a temporary buffer).

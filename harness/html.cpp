@@ -107,7 +107,9 @@ std::string memory_section(const Json& rows, const std::string& id) {
 
 std::string timeline_section(const Json& tl, const std::string& id) {
   std::string svg = timeline_svg(tl, id);
-  return svg.empty() ? "<p class=\"note\">timeline: not recorded</p>\n" : svg;
+  if (svg.empty()) return "<p class=\"note\">timeline: not recorded</p>\n";
+  if (const Json* m = object_of(tl, "memory")) svg += memory_step_svg(*m, id + "-mem");
+  return svg;
 }
 
 std::string parity_section(const Json& parity, const std::string& idp) {
@@ -166,6 +168,8 @@ std::string parity_section(const Json& parity, const std::string& idp) {
       extra += "<details class=\"config\" id=\"" + cid + "\"><summary>" +
                cell(field(row, "config")) + ": " + (t ? "timing " : "") + (tl ? "timeline " : "") +
                (mem ? "memory" : "") + "</summary>\n";
+      if (const Json* steps = array_of(row, "steps"); steps && !steps->empty())
+        extra += "<h4>Loss and error per step</h4>\n" + loss_svg(*steps, cid + "-loss");
       if (t) extra += "<h4>Timing</h4>\n" + timing_table(*t);
       if (good) extra += "<h4>Goodput</h4>\n" + goodput_table(*good);
       if (phases) extra += "<h4>Step phases</h4>\n" + phases_svg(*phases, cid + "-phases");

@@ -45,6 +45,12 @@ std::string memory_svg(const Json& memory_rows, const std::string& id);
 std::string phases_svg(const Json& phase_rows, const std::string& id);
 std::string scaling_svg(const Json& scaling, const std::string& id);
 std::string error_sparkline(const Json& steps, double tolerance);
+// Loss of the run and of the reference per step (report.json's `steps`), and each step's error
+// against its bound on a log scale.
+std::string loss_svg(const Json& steps, const std::string& id);
+// Memory over one step of one rank (step_timeline's `memory`: equal buckets of the step, the most
+// held in each).
+std::string memory_step_svg(const Json& memory, const std::string& id);
 
 }  // namespace html
 }  // namespace shardcheck::harness

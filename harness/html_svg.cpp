@@ -440,4 +440,124 @@ std::string error_sparkline(const Json& steps, double tol) {
   return o + "</svg>";
 }
 
+namespace {
+
+// A polyline through (X(i), Y(v_i)) of the finite values.
+std::string polyline(const std::vector<double>& xs, const std::vector<double>& ys,
+                     const std::string& colour, const std::string& extra = "") {
+  std::string pts;
+  for (std::size_t i = 0; i < xs.size() && i < ys.size(); ++i)
+    if (std::isfinite(xs[i]) && std::isfinite(ys[i])) pts += c(xs[i]) + "," + c(ys[i]) + " ";
+  return "<polyline fill=\"none\" stroke=\"" + colour + "\" stroke-width=\"1.5\" " + extra +
+         "points=\"" + pts + "\"/>";
+}
+
+}  // namespace
+
+std::string loss_svg(const Json& steps, const std::string& id) {
+  constexpr std::size_t kMaxSteps = 500;
+  std::vector<double> step, loss, ref, err, bound;
+  for (const Json& s : steps) {
+    if (!s.is_object() || step.size() >= kMaxSteps) continue;
+    step.push_back(num(s, "step", NAN));
+    loss.push_back(num(s, "loss", NAN));
+    ref.push_back(num(s, "ref_loss", NAN));
+    err.push_back(num(s, "max_rel_err", NAN));
+    bound.push_back(num(s, "bound", NAN));
+  }
+  if (step.empty()) return "";
+  double lo = INFINITY, hi = -INFINITY, elo = INFINITY, ehi = -INFINITY;
+  for (std::size_t i = 0; i < step.size(); ++i) {
+    for (double v : {loss[i], ref[i]})
+      if (std::isfinite(v)) lo = std::min(lo, v), hi = std::max(hi, v);
+    for (double v : {err[i], bound[i]})
+      if (std::isfinite(v) && v > 0) elo = std::min(elo, v), ehi = std::max(ehi, v);
+  }
+  if (!(hi >= lo)) lo = 0, hi = 1;
+  if (hi - lo < 1e-12 * std::max(1.0, std::fabs(hi))) lo -= 0.5, hi += 0.5;
+  if (!(ehi >= elo)) elo = 1e-16, ehi = 1;
+  elo = std::floor(std::log10(elo)), ehi = std::max(std::ceil(std::log10(ehi)), elo + 1);
+  constexpr double kLeft = 56, kW = 300, kH = 110, kTop = 10, kGap = 90;
+  const double W = kLeft + kW + kGap + kW + 16, H = kTop + kH + 34;
+  const double s0 = step.front(), s1 = std::max(step.back(), s0 + 1);
+  const auto X = [&](double x0, double s) { return x0 + (s - s0) / (s1 - s0) * kW; };
+  const auto YL = [&](double v) { return kTop + kH - (v - lo) / (hi - lo) * kH; };
+  const auto YE = [&](double v) -> double {
+    if (!(v > 0) || !std::isfinite(v)) return NAN;
+    return kTop + kH - (std::clamp(std::log10(v), elo, ehi) - elo) / (ehi - elo) * kH;
+  };
+  std::string o = svg_open(id, "loss", W, H, "loss and error per step");
+  const double x2 = kLeft + kW + kGap;
+  for (double x0 : {kLeft, x2})
+    o += "<rect class=\"frame\" x=\"" + c(x0) + "\" y=\"" + c(kTop) + "\" width=\"" + c(kW) +
+         "\" height=\"" + c(kH) + "\" fill=\"none\" stroke=\"#d0d7de\"/>";
+  std::vector<double> xs1, xs2, yl, yr, ye, yb;
+  for (std::size_t i = 0; i < step.size(); ++i) {
+    xs1.push_back(X(kLeft, step[i]));
+    xs2.push_back(X(x2, step[i]));
+    yl.push_back(YL(loss[i]));
+    yr.push_back(YL(ref[i]));
+    ye.push_back(YE(err[i]));
+    yb.push_back(YE(bound[i]));
+  }
+  o += polyline(xs1, yr, "#8c959f", "stroke-dasharray=\"5 3\" class=\"ref\" ");
+  o += polyline(xs1, yl, "#0969da", "class=\"run\" ");
+  o += polyline(xs2, yb, "#cf222e", "stroke-dasharray=\"5 3\" class=\"bound\" ");
+  o += polyline(xs2, ye, "#1a7f37", "class=\"err\" ");
+  const auto label = [&](double x, double y, const std::string& t, const char* anchor) {
+    return "<text x=\"" + c(x) + "\" y=\"" + c(y) + "\" text-anchor=\"" + anchor + "\">" +
+           escape(t) + "</text>";
+  };
+  o += label(kLeft - 4, kTop + 8, fmt(hi, "%.6g"), "end");
+  o += label(kLeft - 4, kTop + kH, fmt(lo, "%.6g"), "end");
+  o += label(x2 - 4, kTop + 8, "1e" + fmt(ehi, "%.0f"), "end");
+  o += label(x2 - 4, kTop + kH, "1e" + fmt(elo, "%.0f"), "end");
+  for (double x0 : {kLeft, x2}) {
+    o += label(x0, kTop + kH + 14, "step " + fmt(s0, "%.0f"), "start");
+    o += label(x0 + kW, kTop + kH + 14, "step " + fmt(step.back(), "%.0f"), "end");
+  }
+  o +=
+      label(kLeft + kW / 2, kTop + kH + 28, "loss: run (blue), reference (grey, dashed)", "middle");
+  o += label(x2 + kW / 2, kTop + kH + 28, "max rel. error (green), bound (red, dashed), log",
+             "middle");
+  return o + "</svg></div>\n";
+}
+
+std::string memory_step_svg(const Json& m, const std::string& id) {
+  const Json* b = field(m, "buckets");
+  if (!b || !b->is_array() || b->empty()) return "";
+  std::vector<double> v;
+  for (const Json& x : *b) v.push_back(x.is_number() ? x.get<double>() : NAN);
+  double top = 0;
+  for (double x : v)
+    if (std::isfinite(x)) top = std::max(top, x);
+  if (!(top > 0)) top = 1;
+  constexpr double kLeft = 64, kW = 700, kH = 80, kTop = 8;
+  const double W = kLeft + kW + 16, H = kTop + kH + 30, dx = kW / static_cast<double>(v.size());
+  std::string o = svg_open(id, "memstep", W, H, "memory over the step");
+  o += "<rect x=\"" + c(kLeft) + "\" y=\"" + c(kTop) + "\" width=\"" + c(kW) + "\" height=\"" +
+       c(kH) + "\" fill=\"none\" stroke=\"#d0d7de\"/>";
+  std::string path;
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    if (!std::isfinite(v[i])) continue;
+    const double y = kTop + kH - v[i] / top * kH;
+    path +=
+        (path.empty() ? "M" : "L") + c(kLeft + i * dx) + "," + c(y) + "H" + c(kLeft + (i + 1) * dx);
+  }
+  o += "<path fill=\"none\" stroke=\"" + colour_for("activations") +
+       "\" stroke-width=\"1.5\" d=\"" + path + "\"><title>rank " + escape(str(m, "rank")) +
+       ", peak " + escape(fmt_bytes(num(m, "peak", 0))) + "</title></path>";
+  o += "<text x=\"" + c(kLeft - 4) + "\" y=\"" + c(kTop + 8) + "\" text-anchor=\"end\">" +
+       escape(fmt_bytes(top)) + "</text><text x=\"" + c(kLeft - 4) + "\" y=\"" + c(kTop + kH) +
+       "\" text-anchor=\"end\">0</text>";
+  o += "<text x=\"" + c(kLeft) + "\" y=\"" + c(kTop + kH + 14) + "\">0</text><text x=\"" +
+       c(kLeft + kW) + "\" y=\"" + c(kTop + kH + 14) + "\" text-anchor=\"end\">" +
+       escape(fmt_seconds(num(m, "span_s", 0))) + "</text>";
+  o += "<text x=\"" + c(kLeft + kW / 2) + "\" y=\"" + c(kTop + kH + 28) +
+       "\" text-anchor=\"middle\">tracked memory of rank " + escape(str(m, "rank")) +
+       " over step " + escape(str(m, "step")) + " (the most held in each 1/" +
+       std::to_string(v.size()) + " of it)</text>";
+  return o + "</svg></div>\n";
+}
+
 }  // namespace shardcheck::harness::html

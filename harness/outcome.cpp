@@ -57,8 +57,21 @@ TimingResult timing_of(const std::vector<sim::StepTime>& steps, int max_step) {
   return t;
 }
 
-FaultResult straggler_result(const std::vector<sim::TimelineEvent>& timeline, int ranks,
-                             const FaultSpec& injected, double with_s, double without_s) {
+namespace {
+
+// The median over ranks of one phase's per-step seconds.
+double median_of(const StepPhases& ph, Phase p) {
+  std::vector<double> v;
+  for (const auto& row : ph.per_rank) v.push_back(row[static_cast<std::size_t>(p)]);
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+}  // namespace
+
+FaultResult straggler_result(const std::vector<sim::TimelineEvent>& timeline,
+                             const StepPhases& phases, int ranks, const FaultSpec& injected,
+                             double with_s, double without_s) {
   std::vector<double> busy(static_cast<std::size_t>(ranks), 0.0);
   for (const auto& e : timeline)
     if (e.stream == sim::Stream::compute && e.rank >= 0 && e.rank < ranks)
@@ -84,6 +97,25 @@ FaultResult straggler_result(const std::vector<sim::TimelineEvent>& timeline, in
     char pct[32];
     std::snprintf(pct, sizeof pct, " (+%.1f%%)", 100.0 * (with_s / without_s - 1.0));
     os << pct;
+  }
+  if (phases.valid && static_cast<std::size_t>(slow) < phases.per_rank.size()) {
+    const auto& mine = phases.per_rank[static_cast<std::size_t>(slow)];
+    Phase worst = Phase::forward;
+    double excess = -1;
+    for (Phase p : {Phase::forward, Phase::backward, Phase::recompute, Phase::optimizer}) {
+      const double d = mine[static_cast<std::size_t>(p)] - median_of(phases, p);
+      if (d > excess) {
+        excess = d;
+        worst = p;
+      }
+    }
+    f.phase = phase_key(worst);
+    os << "; most of it in " << f.phase << ": "
+       << sim::format_seconds(mine[static_cast<std::size_t>(worst)])
+       << " per step against a median of " << sim::format_seconds(median_of(phases, worst))
+       << "; the other ranks wait for it in exposed communication (median "
+       << sim::format_seconds(median_of(phases, Phase::exposed_comm)) << " per step, its own "
+       << sim::format_seconds(mine[static_cast<std::size_t>(Phase::exposed_comm)]) << ")";
   }
   os << "; injected: rank " << injected.rank << " slowed " << injected.slowdown << "x from step "
      << injected.step;

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "harness/phases.hpp"
 #include "harness/scenario.hpp"
 #include "sim/diagnosis.hpp"
 #include "sim/timeline.hpp"
@@ -27,6 +28,7 @@ struct FaultResult {
   std::uint64_t seq = 0;
   int step = 0;
   std::string message;
+  std::string phase;  // straggler: the step phase (phases.hpp) its extra time went to
   std::vector<std::vector<sim::FlightRecord>> flight_records;  // per rank, oldest first
 };
 
@@ -65,9 +67,13 @@ FaultResult from_diagnosis(const sim::Diagnosis& d);
 // parameter gather, are left out).
 TimingResult timing_of(const std::vector<sim::StepTime>& steps, int max_step);
 
-// The straggler verdict: the rank with the most compute time in the timeline, and the cost of it
-// (step time with the straggler against the same run without it).
-FaultResult straggler_result(const std::vector<sim::TimelineEvent>& timeline, int ranks,
-                             const FaultSpec& injected, double with_s, double without_s);
+// The straggler verdict: the rank with the most compute time in the timeline, the compute phase
+// in which it is furthest above the median rank (its per-step seconds against the median's, as
+// Megatron's straggler detector compares ranks' compute), what the other ranks wait for it in
+// exposed communication, and the cost of it (step time with the straggler against the same run
+// without it).
+FaultResult straggler_result(const std::vector<sim::TimelineEvent>& timeline,
+                             const StepPhases& phases, int ranks, const FaultSpec& injected,
+                             double with_s, double without_s);
 
 }  // namespace shardcheck::harness

@@ -47,10 +47,14 @@ double minus(const std::vector<Span>& a, const std::vector<Span>& b) {
   return n;
 }
 
-Phase compute_phase(const std::string& name) {
+// By the op's name, and by the pass it ran in: a forward op inside a backward pass recomputes
+// what the forward did not keep (full activation checkpointing re-runs the block).
+Phase compute_phase(const sim::TimelineEvent& e) {
+  const std::string& name = e.name;
   if (name.find("recompute") != std::string::npos) return Phase::recompute;
   if (name.find("backward") != std::string::npos) return Phase::backward;
   if (name == "adamw" || name.find("optimizer") != std::string::npos) return Phase::optimizer;
+  if (e.scope.pass == comm::WorkScope::Pass::backward) return Phase::recompute;
   return Phase::forward;
 }
 
@@ -82,7 +86,7 @@ StepPhases step_phases(const std::vector<sim::TimelineEvent>& timeline,
     if (e.step < 1 || e.step > max_step || e.rank < 0 || e.rank >= ranks) continue;
     Acc& a = by[{e.rank, e.step}];
     if (e.stream == sim::Stream::compute) {
-      a.sum[static_cast<std::size_t>(compute_phase(e.name))] += e.end - e.start;
+      a.sum[static_cast<std::size_t>(compute_phase(e))] += e.end - e.start;
       a.compute.emplace_back(e.start, e.end);
     } else {
       a.comm.emplace_back(e.start, e.end);

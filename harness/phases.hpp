@@ -1,6 +1,7 @@
 // Per-rank step phases from a run's timeline (virtual time on the simulator): where each rank's
-// step went. Compute is split by what the op computes (its ComputeCost name): forward, backward,
-// recompute, optimizer; communication by whether compute waited for it: exposed (the comm stream
+// step went. Compute is split by what the op computes (its ComputeCost name) and the pass it ran
+// in (a forward op inside a backward pass is full recompute): forward, backward, recompute,
+// optimizer; communication by whether compute waited for it: exposed (the comm stream
 // busy while the compute stream is idle) or hidden under compute; the rest of the step, with
 // neither stream busy, is idle (on a pipeline: its bubble). Each phase is a rank's mean per step;
 // report.json gives p50 / p95 / max over ranks and the slowest rank of each.

@@ -86,6 +86,7 @@ nlohmann::json faults_json(const std::vector<FaultResult>& faults) {
                    {"seq", f.seq},
                    {"step", f.step},
                    {"message", f.message},
+                   {"phase", f.phase},
                    {"flight_records", flight_json(f.flight_records)}});
   return out;
 }

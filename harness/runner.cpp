@@ -176,6 +176,7 @@ ConfigResult run_config(const Scenario& s, const ref::Dataset& ds, const Trace& 
   detail::note_compute(run.got, r);
   r.memory = run.memory;
   r.timeline = sw.timeline();
+  for (const comm::MemoryTracker& m : sw.memory()) r.memory_series.push_back(m.series());
   r.timing = timing_of(sw.step_times(), s.train.steps);
   r.phases = step_phases(r.timeline, sw.step_times(), world, s.train.steps);
   if (!run.failed) r.pipeline = pipeline_bubble(s, p, r.timeline, sw.step_times());
@@ -240,7 +241,8 @@ ConfigResult run_config(const Scenario& s, const ref::Dataset& ds, const Trace& 
       sim::SimWorld base(world, sim_options(calm, world));
       simulate(calm, ds, base, p, {}, o.compute.factory, build);
       const double without = timing_of(base.step_times(), s.train.steps).step_time_s;
-      r.faults.push_back(straggler_result(sw.timeline(), world, f, r.timing.step_time_s, without));
+      r.faults.push_back(
+          straggler_result(sw.timeline(), r.phases, world, f, r.timing.step_time_s, without));
       break;
     }
   detail::fill_rates(s, p, want, r.timing);

@@ -81,6 +81,9 @@ struct ConfigResult {
   GoodputResult goodput;
   StepPhases phases;  // where each rank's step went (simulator: from the timeline)
   std::vector<sim::TimelineEvent> timeline;
+  // Per world rank, the tracked total after each allocate / release on the virtual clock
+  // (simulator; empty elsewhere): the trace's memory counters and the HTML's memory over the step.
+  std::vector<std::vector<comm::MemorySample>> memory_series;
   std::optional<PipelineResult> pipeline;  // pp > 1: measured bubble beside the formula
   std::string resumed_from;                // the step directory a --resume started from
   bool resume_refused = false;             // the newest committed checkpoint failed validation

@@ -69,6 +69,47 @@ TraceThreads trace_threads(const std::vector<sim::TimelineEvent>& timeline) {
 
 constexpr const char* kCategories[] = {"compute", "collective", "p2p"};
 
+// Memory over one step of the shown rank that holds the most in it: the step's span [t0, t1] in
+// kBuckets equal parts, each the highest total held in it (the value carried from the last change
+// where nothing changes). Null without samples.
+nlohmann::json step_memory(const ConfigResult& c, const std::vector<int>& shown, int step,
+                           double t0, double t1) {
+  constexpr int kBuckets = 100;
+  if (!(t1 > t0)) return nullptr;
+  int best = -1;
+  std::size_t best_peak = 0;
+  for (int r : shown) {
+    if (r < 0 || static_cast<std::size_t>(r) >= c.memory_series.size()) continue;
+    for (const comm::MemorySample& m : c.memory_series[static_cast<std::size_t>(r)])
+      if (m.step == step && (best < 0 || m.bytes > best_peak)) {
+        best = r;
+        best_peak = m.bytes;
+      }
+  }
+  if (best < 0) return nullptr;
+  const std::vector<comm::MemorySample>& s = c.memory_series[static_cast<std::size_t>(best)];
+  std::size_t held = 0;  // what the rank holds: at first the last value before the step
+  for (const comm::MemorySample& m : s)
+    if (m.step < step) held = m.bytes;
+  std::vector<std::size_t> bucket(kBuckets, 0);
+  int at = 0;  // the bucket reached; each new one starts with what is held (the clock only grows)
+  bucket[0] = held;
+  for (const comm::MemorySample& m : s) {
+    if (m.step != step) continue;
+    const int b = std::clamp(static_cast<int>((m.t - t0) / (t1 - t0) * kBuckets), 0, kBuckets - 1);
+    while (at < b) bucket[static_cast<std::size_t>(++at)] = held;
+    bucket[static_cast<std::size_t>(b)] = std::max(bucket[static_cast<std::size_t>(b)], m.bytes);
+    held = m.bytes;
+  }
+  while (at + 1 < kBuckets) bucket[static_cast<std::size_t>(++at)] = held;
+  return {{"lane", static_cast<int>(std::find(shown.begin(), shown.end(), best) - shown.begin())},
+          {"rank", best},
+          {"peak", best_peak},
+          {"step", step},
+          {"span_s", t1 - t0},
+          {"buckets", bucket}};
+}
+
 double us(double seconds) {
   return seconds * 1e6;
 }
@@ -137,6 +178,12 @@ nlohmann::json chrome_trace(const ConfigResult& c, const std::string& scenario, 
     const sim::TimelineEvent& e = c.timeline[i];
     const int tid = threads.tid[i], t = std::min(tid, 2);  // t: the category
     nlohmann::json args = {{"step", e.step}, {"stream", std::string(sim::name_of(e.stream))}};
+    if (mesh) args["stage"] = mesh->coord(e.rank, comm::Axis::pp);
+    if (e.scope.pass != comm::WorkScope::Pass::none) {
+      args["pass"] = e.scope.pass == comm::WorkScope::Pass::forward ? "forward" : "backward";
+      args["microbatch"] = e.scope.microbatch;
+      args["chunk"] = e.scope.chunk;
+    }
     if (t == 0) {
       args["bytes_moved"] = e.bytes;
     } else {
@@ -171,6 +218,30 @@ nlohmann::json chrome_trace(const ConfigResult& c, const std::string& scenario, 
                   {"pid", key.first},
                   {"tid", 0},
                   {"args", {{"step", key.second}}}});
+  // Memory per rank as a counter track: the tracked total after each allocate and release; where
+  // several change it at one instant, the highest value and then the last.
+  for (std::size_t r = 0; r < c.memory_series.size(); ++r) {
+    const std::vector<comm::MemorySample>& s = c.memory_series[r];
+    std::size_t shown = std::numeric_limits<std::size_t>::max();  // the value drawn last
+    const auto counter = [&](double t, std::size_t bytes, int step) {
+      if (bytes == shown) return;
+      shown = bytes;
+      ev.push_back({{"name", "memory"},
+                    {"cat", "memory"},
+                    {"ph", "C"},
+                    {"ts", us(t)},
+                    {"pid", static_cast<int>(r)},
+                    {"tid", 0},
+                    {"args", {{"bytes", bytes}, {"step", step}}}});
+    };
+    for (std::size_t i = 0; i < s.size();) {
+      std::size_t j = i, hi = s[i].bytes;
+      while (j + 1 < s.size() && s[j + 1].t == s[i].t) hi = std::max(hi, s[++j].bytes);
+      counter(s[i].t, hi, s[i].step);
+      counter(s[i].t, s[j].bytes, s[j].step);
+      i = j + 1;
+    }
+  }
   double last = 0;
   for (const auto& [r, t] : rank_end) last = std::max(last, t);
   for (const FaultResult& f : c.faults) {
@@ -303,11 +374,13 @@ nlohmann::json step_timeline(const ConfigResult& c, const std::string& trace, in
     note += ", the first " + std::to_string(blocks.size()) + " of " + std::to_string(all_blocks) +
             " blocks";
   note += ". The whole run of every rank: " + trace + " (Perfetto, chrome://tracing).";
-  return {{"ranks", static_cast<int>(shown.size())},
-          {"lane_ranks", shown},
-          {"tooltips", false},
-          {"events", events},
-          {"note", note}};
+  nlohmann::json out = {{"ranks", static_cast<int>(shown.size())},
+                        {"lane_ranks", shown},
+                        {"tooltips", false},
+                        {"events", events},
+                        {"note", note}};
+  if (nlohmann::json m = step_memory(c, shown, step, t0, t1); !m.is_null()) out["memory"] = m;
+  return out;
 }
 
 }  // namespace shardcheck::harness

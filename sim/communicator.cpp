@@ -306,7 +306,8 @@ std::shared_ptr<Slot> SimCommunicator::collective(const OpDesc& desc, comm::Cons
   if (desc.kind == OpKind::split) l.compute = std::max(l.compute, slot->v_end);  // it blocks
   if (opt.record_timeline)
     l.events.push_back({me, Stream::comm, op_name, op_name, l.step, slot->v_start, slot->v_end,
-                        static_cast<std::size_t>(slot->cost_bytes), group_->name, slot->seq});
+                        static_cast<std::size_t>(slot->cost_bytes), group_->name, slot->seq,
+                        l.scope});
   return slot;
 }
 
@@ -324,7 +325,8 @@ void SimCommunicator::do_compute(const comm::ComputeCost& c) {
                         l.compute + dt,
                         static_cast<std::size_t>(c.bytes),
                         {},
-                        0});
+                        0,
+                        l.scope});
   l.compute += dt;
 }
 
@@ -344,6 +346,10 @@ void SimCommunicator::do_begin_step(int step) {
   WorldState::WaitInfo info{"-", "at the start of step " + std::to_string(step), 0, {}, true};
   world_->block(lk, world_rank(), info, [] { return false; });
   SC_CHECK(false, "an injected hang never resumes");
+}
+
+void SimCommunicator::do_set_scope(const comm::WorkScope& s) {
+  local().scope = s;
 }
 
 comm::MemoryTracker& SimCommunicator::do_memory() {

@@ -63,6 +63,7 @@ class SimCommunicator final : public comm::Communicator {
   void do_compute(const comm::ComputeCost& c) override;
   void do_begin_step(int step) override;
   comm::MemoryTracker& do_memory() override;
+  void do_set_scope(const comm::WorkScope& s) override;
 
  private:
   using Register = std::function<void(Slot&)>;

@@ -143,7 +143,8 @@ comm::WorkPtr SimCommunicator::post_p2p(OpKind k, comm::ConstBuffer send, comm::
   if (opt.record_timeline) {
     op->event = l.events.size();
     l.events.push_back({op->world_rank, Stream::comm, std::string(name_of(k)), op->ctx.op, l.step,
-                        0, 0, is_send ? send.bytes() : recv.bytes(), group_->name, op->ctx.seq});
+                        0, 0, is_send ? send.bytes() : recv.bytes(), group_->name, op->ctx.seq,
+                        l.scope});
     l.p2p.push_back(op);
   }
   const int src = is_send ? rank_ : peer;

@@ -85,6 +85,8 @@ WorldState::WorldState(int n, const SimOptions& opts)
     ri.memory = comm::MemoryTracker(r);
     ri.local.faults = RankFaults(opts.faults, r);
     if (auto budget = ri.local.faults.memory_budget()) ri.memory.set_budget(*budget);
+    // ranks_ is never resized, so the rank's clock stays where the tracker points
+    if (opts.record_timeline) ri.memory.record_series(&ri.local.compute, &ri.local.step);
   }
 }
 

@@ -108,6 +108,7 @@ struct RankLocal {
   std::vector<TimelineEvent> events;
   std::vector<std::shared_ptr<P2POp>> p2p;  // posted p2p ops, resolved into `events` after the run
   std::vector<StepTime> steps;
+  comm::WorkScope scope;  // the rank's Communicator::set_scope, stamped on its timeline events
   // Both streams drained: where the rank's last step ends.
   double now() const { return compute > comm_free ? compute : comm_free; }
 };

@@ -9,6 +9,8 @@
 #include <string_view>
 #include <vector>
 
+#include "comm/communicator.hpp"
+
 namespace shardcheck::sim {
 
 enum class Stream : std::uint8_t { compute, comm };
@@ -22,9 +24,10 @@ struct TimelineEvent {
   int step = 0;      // 0 before the first begin_step
   double start = 0;  // virtual seconds since the run started
   double end = 0;
-  std::size_t bytes = 0;  // compute: memory traffic; comm: the S of the op's cost formula
-  std::string group;      // comm only
-  std::uint64_t seq = 0;  // comm only
+  std::size_t bytes = 0;    // compute: memory traffic; comm: the S of the op's cost formula
+  std::string group;        // comm only
+  std::uint64_t seq = 0;    // comm only
+  comm::WorkScope scope{};  // what the rank was working on when it issued the op
 };
 
 // One step of one rank: from its begin_step(step) to its next begin_step, or to the end of the

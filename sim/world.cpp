@@ -142,6 +142,7 @@ void SimWorld::run(const std::function<void(comm::Communicator&)>& fn) {
     end_times_.push_back(l.now());
     last_step.push_back(l.step);
     memory_.push_back(state->memory(r));
+    memory_.back().stop_series();  // the clock it read goes with the run's state
   }
 
   int chosen = -1;

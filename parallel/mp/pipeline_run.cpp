@@ -73,6 +73,10 @@ class Executor {
     const int depth = p_ * v_;
     for (const PipeAction& a : actions_) {
       const int vs = a.chunk * p_ + stage_;
+      scope_ = {a.kind == PipeAction::Kind::forward ? comm::WorkScope::Pass::forward
+                                                    : comm::WorkScope::Pass::backward,
+                a.microbatch, a.chunk};
+      pp_.set_scope(scope_);
       if (a.kind == PipeAction::Kind::forward) {
         ref::Tensor<T> in;
         if (vs > 0) in = take({a.kind, a.microbatch, vs}, (stage_ + p_ - 1) % p_);
@@ -91,6 +95,7 @@ class Executor {
         }
       }
     }
+    pp_.set_scope({});
     for (auto& [tensor, work] : sends_) work->wait();
   }
 
@@ -149,7 +154,12 @@ class Executor {
       const Key& next = in->order[in->posted++];
       auto [it, fresh] = posted_.emplace(next, Pending{ref::Tensor<T>(shape_of(next)), nullptr});
       if (!fresh) throw PipelineError("run_pipeline: internal: message received twice");
+      // The receive is timed under the action that consumes it (its microbatch and chunk).
+      pp_.set_scope({next.kind == PipeAction::Kind::forward ? comm::WorkScope::Pass::forward
+                                                            : comm::WorkScope::Pass::backward,
+                     next.mb, next.vs / p_});
       it->second.work = pp_.recv(comm::view(it->second.tensor.span()), src);
+      pp_.set_scope(scope_);
     }
     auto it = posted_.find(k);
     if (it == posted_.end()) throw PipelineError("run_pipeline: internal: input never sent");
@@ -162,6 +172,7 @@ class Executor {
   comm::Communicator& pp_;
   const PipeStage<T>& cb_;
   int p_, stage_, v_;
+  comm::WorkScope scope_;  // the action being run
   std::vector<PipeAction> actions_;
   std::vector<Inbox> inboxes_;
   std::map<Key, Pending> posted_;        // receives posted, not yet consumed

@@ -2,8 +2,9 @@
 // Event Format's required fields (name, ph, pid, tid; ts and dur on complete events; the scope of
 // instant events), a process per rank and a thread per stream are named, each rank's steps are
 // marked, a pipeline's sends and receives are on their own thread, and an injected hang shows as
-// a fault event on the rank it names. nlohmann::json parses each file whole. Goodput leaves out a
-// skipped step's tokens; the step phases name a straggler.
+// a fault event on the rank it names, events name their stage, pass, microbatch and chunk, and each
+// rank's memory counter peaks where its tracker did. nlohmann::json parses each file whole. Goodput
+// leaves out a skipped step's tokens; the step phases name a straggler.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -13,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "harness/trace.hpp"
 #include "tests/harness/cli_support.hpp"
 
 namespace shardcheck::harness {
@@ -49,6 +51,8 @@ std::map<std::pair<std::string, int>, int> check_format(const nlohmann::json& tr
     if (ph == "X") {
       EXPECT_GE(e.at("dur").get<double>(), 0.0) << e.dump();
       EXPECT_TRUE(e.at("args").contains("step")) << e.dump();
+    } else if (ph == "C") {  // a counter: its series are the numbers in args
+      EXPECT_TRUE(e.at("args").at("bytes").is_number_unsigned()) << e.dump();
     } else {
       EXPECT_EQ(ph, "i") << e.dump();
       const std::string scope = e.at("s").get<std::string>();
@@ -84,6 +88,53 @@ int count_of(const std::map<std::pair<std::string, int>, int>& seen, const char*
   return it == seen.end() ? 0 : it->second;
 }
 
+// Each rank's events name its pipeline stage (its pp coordinate, from process_labels); inside
+// the schedule each compute event names its pass, microbatch (every one of the rank's) and chunk
+// (below the virtual stages), and a forward pass computes no backward; the optimizer, after the
+// schedule, is in no pass.
+void check_pipeline_args(const nlohmann::json& trace, const nlohmann::json& row) {
+  ASSERT_TRUE(row.at("pipeline").is_object()) << row.at("config");
+  const int microbatches = row.at("pipeline").at("microbatches").get<int>();
+  const int chunks = row.at("pipeline").at("virtual_stages").get<int>();
+  std::map<int, int> stage_of;
+  for (const auto& e : trace.at("traceEvents"))
+    if (e.at("name") == "process_labels") {
+      const auto labels = nlohmann::json::parse(e.at("args").at("labels").get<std::string>());
+      stage_of[e.at("pid").get<int>()] = labels.value("pp", 0);
+    }
+  std::map<int, std::set<int>> microbatches_of;
+  std::map<int, std::set<std::string>> passes_of;
+  for (const auto& e : trace.at("traceEvents")) {
+    if (e.at("ph") != "X") continue;
+    const int pid = e.at("pid").get<int>();
+    const auto& args = e.at("args");
+    EXPECT_EQ(args.at("stage"), stage_of.at(pid)) << e.dump();
+    if (e.at("cat") != "compute") continue;
+    const std::string name = e.at("name").get<std::string>();
+    if (name == "adamw") {
+      EXPECT_FALSE(args.contains("pass")) << e.dump();
+      continue;
+    }
+    if (!args.contains("pass")) continue;  // the harness's final gather, after the last step
+    const int mb = args.at("microbatch").get<int>(), chunk = args.at("chunk").get<int>();
+    EXPECT_GE(mb, 0) << e.dump();
+    EXPECT_LT(mb, microbatches) << e.dump();
+    EXPECT_GE(chunk, 0) << e.dump();
+    EXPECT_LT(chunk, chunks) << e.dump();
+    microbatches_of[pid].insert(mb);
+    passes_of[pid].insert(args.at("pass").get<std::string>());
+    if (args.at("pass") == "forward") {
+      EXPECT_EQ(name.find("backward"), std::string::npos) << e.dump();
+    }
+  }
+  for (const auto& [pid, stage] : stage_of) {
+    EXPECT_EQ(microbatches_of[pid].size(), static_cast<std::size_t>(microbatches))
+        << row.at("config") << " rank " << pid;
+    EXPECT_EQ(passes_of[pid], (std::set<std::string>{"forward", "backward"}))
+        << row.at("config") << " rank " << pid;
+  }
+}
+
 TEST(Trace, APipelineRunWritesOneWellFormedTracePerConfiguration) {
   TempDir dir("trace_pp");
   const auto [code, out] =
@@ -96,7 +147,8 @@ TEST(Trace, APipelineRunWritesOneWellFormedTracePerConfiguration) {
     const auto seen = check_format(trace, ranks);
     std::size_t complete = 0;
     for (const auto& [key, n] : seen)
-      if (key.first != "step" && key.first != "fault") complete += static_cast<std::size_t>(n);
+      if (key.first != "step" && key.first != "fault" && key.first != "memory")
+        complete += static_cast<std::size_t>(n);
     EXPECT_EQ(complete, row.at("trace").at("events").get<std::size_t>()) << row.at("config");
     for (int r = 0; r < ranks; ++r) {
       // each step's start, and the harness's final gather after the last
@@ -107,7 +159,59 @@ TEST(Trace, APipelineRunWritesOneWellFormedTracePerConfiguration) {
         EXPECT_GT(count_of(seen, "p2p", r), 0) << row.at("config");
       }
     }
+    check_pipeline_args(trace, row);
+    // The memory counter of each rank reaches the peak its tracker reports, and no more.
+    std::map<int, std::size_t> highest;
+    for (const auto& e : trace.at("traceEvents"))
+      if (e.at("ph") == "C" && e.at("name") == "memory")
+        highest[e.at("pid").get<int>()] =
+            std::max(highest[e.at("pid").get<int>()], e.at("args").at("bytes").get<std::size_t>());
+    for (const auto& m : row.at("memory"))
+      EXPECT_EQ(highest[m.at("rank").get<int>()], m.at("peak").get<std::size_t>())
+          << row.at("config") << " rank " << m.at("rank");
   }
+}
+
+// The HTML's memory over the step: the shown rank that holds the most in the step, the step in
+// 100 equal buckets, each the most held in it (at least what it began with), carried where nothing
+// changes; samples of other steps only give the value at the start.
+TEST(Trace, MemoryOverTheStepKeepsEachBucketsHighestValue) {
+  ConfigResult c;
+  c.spec.mesh.dp = 2;
+  for (int r = 0; r < 2; ++r) {
+    sim::TimelineEvent e;
+    e.rank = r;
+    e.step = 1;
+    e.start = 0;
+    e.end = 1;
+    e.name = e.kind = "compute";
+    c.timeline.push_back(e);
+  }
+  c.memory_series = {
+      {{0.0, 1, 100}, {0.5, 1, 300}, {0.5, 1, 200}, {0.9, 1, 50}, {1.5, 2, 5000}},
+      {{0.0, 0, 120}, {0.2, 1, 150}},
+  };
+  auto tl = step_timeline(c, "trace.json", 1);
+  ASSERT_TRUE(tl.contains("memory")) << tl.dump();
+  const auto& m = tl.at("memory");
+  EXPECT_EQ(m.at("rank"), 0);
+  EXPECT_EQ(m.at("peak"), 300);  // step 2's 5000 is not this step
+  const auto b = m.at("buckets").get<std::vector<std::size_t>>();
+  ASSERT_EQ(b.size(), 100u);
+  EXPECT_EQ(b[0], 100u);
+  EXPECT_EQ(b[49], 100u);
+  EXPECT_EQ(b[50], 300u);
+  EXPECT_EQ(b[51], 200u);
+  EXPECT_EQ(b[90], 200u);
+  EXPECT_EQ(b[99], 50u);
+  c.memory_series[1].push_back({0.7, 1, 400});  // now rank 1 holds the most; 120 before the step
+  tl = step_timeline(c, "trace.json", 1);
+  const auto b1 = tl.at("memory").at("buckets").get<std::vector<std::size_t>>();
+  EXPECT_EQ(tl.at("memory").at("rank"), 1);
+  EXPECT_EQ(b1[0], 120u);
+  EXPECT_EQ(b1[20], 150u);
+  EXPECT_EQ(b1[70], 400u);
+  EXPECT_EQ(b1[99], 400u);
 }
 
 TEST(Trace, AnInjectedHangIsAFaultEventOnTheRankItNames) {
@@ -164,6 +268,43 @@ TEST(StepPhases, AStragglerIsTheSlowestRankOfItsComputePhases) {
   }
   EXPECT_NE(ph.at("exposed_comm").at("slowest_rank"), 3);
   EXPECT_NE(out.find("phases per step"), std::string::npos) << out;
+  // The diagnosis names the rank and the phase its time went to (backward is twice the forward).
+  const auto report = read_json(dir.path() / "report.json");  // outlives `fault`
+  const auto& fault = report.at("parity")[0].at("faults")[0];
+  EXPECT_EQ(fault.at("ranks"), nlohmann::json::array({3}));
+  EXPECT_EQ(fault.at("phase"), "backward");
+  EXPECT_NE(fault.at("message").get<std::string>().find("most of it in backward"),
+            std::string::npos)
+      << fault.dump();
+}
+
+// Full activation checkpointing re-runs each block's forward inside its backward: that is
+// recompute, not forward (the ops are the forward's, the pass says otherwise). Without
+// recomputation there is none.
+TEST(StepPhases, FullRecomputeIsCountedAsRecompute) {
+  TempDir dir("phases_recompute");
+  const auto [code, out] = shardcheck(
+      "run " + kScenarios + "/parity/mp_recompute_full.json --report " + dir.path().string());
+  ASSERT_EQ(code, 0) << out;
+  const auto report = read_json(dir.path() / "report.json");
+  for (const auto& row : report.at("parity")) {
+    const auto& ph = row.at("phases");
+    const double forward = ph.at("forward").at("p50").get<double>();
+    const double recompute = ph.at("recompute").at("p50").get<double>();
+    EXPECT_GT(forward, 0.0) << row.at("config");
+    // every block again (on a stage without the head, all of its forward), but not the head
+    EXPECT_GT(recompute, 0.5 * forward) << row.at("config");
+    EXPECT_LE(recompute, forward * (1 + 1e-9)) << row.at("config");  // summed in another order
+    EXPECT_LT(ph.at("recompute").at("max").get<double>(), ph.at("forward").at("max").get<double>())
+        << row.at("config");
+  }
+  TempDir none("phases_no_recompute");
+  const auto [code2, out2] =
+      shardcheck("run " + kScenarios + "/parity/mp_pp.json --report " + none.path().string());
+  ASSERT_EQ(code2, 0) << out2;
+  const auto plain = read_json(none.path() / "report.json");
+  for (const auto& row : plain.at("parity"))
+    EXPECT_EQ(row.at("phases").at("recompute").at("max").get<double>(), 0.0) << row.at("config");
 }
 
 }  // namespace
