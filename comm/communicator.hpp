@@ -64,7 +64,6 @@ struct WorkScope {
   Pass pass = Pass::none;
   int microbatch = -1;
   int chunk = -1;
-  bool operator==(const WorkScope&) const = default;
 };
 
 class Communicator {

@@ -57,18 +57,6 @@ TimingResult timing_of(const std::vector<sim::StepTime>& steps, int max_step) {
   return t;
 }
 
-namespace {
-
-// The median over ranks of one phase's per-step seconds.
-double median_of(const StepPhases& ph, Phase p) {
-  std::vector<double> v;
-  for (const auto& row : ph.per_rank) v.push_back(row[static_cast<std::size_t>(p)]);
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0.0 : v[v.size() / 2];
-}
-
-}  // namespace
-
 FaultResult straggler_result(const std::vector<sim::TimelineEvent>& timeline,
                              const StepPhases& phases, int ranks, const FaultSpec& injected,
                              double with_s, double without_s) {
@@ -103,7 +91,8 @@ FaultResult straggler_result(const std::vector<sim::TimelineEvent>& timeline,
     Phase worst = Phase::forward;
     double excess = -1;
     for (Phase p : {Phase::forward, Phase::backward, Phase::recompute, Phase::optimizer}) {
-      const double d = mine[static_cast<std::size_t>(p)] - median_of(phases, p);
+      const double d =
+          mine[static_cast<std::size_t>(p)] - phases.stats[static_cast<std::size_t>(p)].p50;
       if (d > excess) {
         excess = d;
         worst = p;
@@ -112,9 +101,11 @@ FaultResult straggler_result(const std::vector<sim::TimelineEvent>& timeline,
     f.phase = phase_key(worst);
     os << "; most of it in " << f.phase << ": "
        << sim::format_seconds(mine[static_cast<std::size_t>(worst)])
-       << " per step against a median of " << sim::format_seconds(median_of(phases, worst))
+       << " per step against a median of "
+       << sim::format_seconds(phases.stats[static_cast<std::size_t>(worst)].p50)
        << "; the other ranks wait for it in exposed communication (median "
-       << sim::format_seconds(median_of(phases, Phase::exposed_comm)) << " per step, its own "
+       << sim::format_seconds(phases.stats[static_cast<std::size_t>(Phase::exposed_comm)].p50)
+       << " per step, its own "
        << sim::format_seconds(mine[static_cast<std::size_t>(Phase::exposed_comm)]) << ")";
   }
   os << "; injected: rank " << injected.rank << " slowed " << injected.slowdown << "x from step "

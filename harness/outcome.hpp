@@ -68,7 +68,7 @@ FaultResult from_diagnosis(const sim::Diagnosis& d);
 TimingResult timing_of(const std::vector<sim::StepTime>& steps, int max_step);
 
 // The straggler verdict: the rank with the most compute time in the timeline, the compute phase
-// in which it is furthest above the median rank (its per-step seconds against the median's, as
+// in which it is furthest above the median rank (its per-step seconds against the phase's p50, as
 // Megatron's straggler detector compares ranks' compute), what the other ranks wait for it in
 // exposed communication, and the cost of it (step time with the straggler against the same run
 // without it).

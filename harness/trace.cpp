@@ -102,8 +102,7 @@ nlohmann::json step_memory(const ConfigResult& c, const std::vector<int>& shown,
     held = m.bytes;
   }
   while (at + 1 < kBuckets) bucket[static_cast<std::size_t>(++at)] = held;
-  return {{"lane", static_cast<int>(std::find(shown.begin(), shown.end(), best) - shown.begin())},
-          {"rank", best},
+  return {{"rank", best},
           {"peak", best_peak},
           {"step", step},
           {"span_s", t1 - t0},

@@ -20,8 +20,8 @@ std::string trace_file(const std::string& scenario, std::size_t index, const std
 // The Trace Event Format document of c's run: a process per rank (named with its mesh
 // coordinates), a thread per stream (compute, collectives, p2p), a complete ("X") event per
 // timeline event with its op, group, seq, bytes, step, pipeline stage and, inside the pipeline
-// schedule, its pass (forward / backward), microbatch and chunk; an instant event at each rank's step
-// starts; the faults (and their ranks' unfinished flight records) as instant events. Times in
+// schedule, its pass (forward / backward), microbatch and chunk; an instant event at each rank's
+// step starts; the faults (and their ranks' unfinished flight records) as instant events. Times in
 // microseconds of the simulator's virtual clock.
 // Events after the scenario's `steps` (the harness's final gather of every rank's parameters) are
 // marked as such.

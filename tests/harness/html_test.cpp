@@ -202,6 +202,9 @@ TEST(Html, EverySectionAppearsWhenItsDataIsPresent) {
   EXPECT_NE(h.find("<tr class=\"fail\"><td>dp2-zero3</td>"), std::string::npos);
   EXPECT_NE(h.find("UNSUPPORTED"), std::string::npos);
   EXPECT_NE(h.find("class=\"spark\""), std::string::npos);
+  // dp2's loss against the reference and its error per step
+  EXPECT_NE(h.find("<svg id=\"cfg0-loss\" class=\"loss\""), std::string::npos);
+  EXPECT_EQ(count(h, "class=\"run\" points="), 1u);
   EXPECT_NE(h.find("mfu_formula"), std::string::npos);  // unknown timing fields still shown
   EXPECT_NE(h.find("dp16 \xC3\x97 tp8 \xC3\x97 pp8"), std::string::npos);
   EXPECT_NE(h.find("<tr class=\"nofit\">"), std::string::npos);
@@ -209,6 +212,24 @@ TEST(Html, EverySectionAppearsWhenItsDataIsPresent) {
   EXPECT_NE(h.find("step 3"), std::string::npos);            // step boundaries marked
   EXPECT_NE(h.find(">20.0 MiB</text>"), std::string::npos);  // byte axis in binary units
   EXPECT_NE(h.find("rank \xE2\x86\x92 group table (4 ranks)"), std::string::npos);
+}
+
+// A step timeline with step_timeline's `memory` draws the memory over the step under it.
+TEST(Html, MemoryOverTheStepIsDrawnUnderItsTimeline) {
+  json r = sample_report(2);
+  json tl = r.at("timeline");
+  tl["memory"] = {{"rank", 1},
+                  {"peak", 3 << 20},
+                  {"step", 2},
+                  {"span_s", 0.01},
+                  {"buckets", json::array({1 << 20, 3 << 20, 2 << 20})}};
+  r["parity"][0]["timeline"] = tl;
+  const std::string h = render_html(r);
+  EXPECT_NE(h.find("class=\"memstep\""), std::string::npos);
+  EXPECT_NE(h.find("tracked memory of rank 1 over step 2"), std::string::npos);
+  EXPECT_NE(h.find(">3.00 MiB</text>"), std::string::npos);  // the axis' top: the highest bucket
+  r["parity"][0]["timeline"].erase("memory");
+  EXPECT_EQ(render_html(r).find("class=\"memstep\""), std::string::npos);
 }
 
 TEST(Html, OneLanePerRank) {
