@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <limits>
 #include <map>
@@ -109,8 +110,18 @@ nlohmann::json step_memory(const ConfigResult& c, const std::vector<int>& shown,
           {"buckets", bucket}};
 }
 
+// Trace times are microseconds at whole nanoseconds: Perfetto's JSON importer reads a number's
+// fraction digits into an int64 (more than about 18 overflow it) and keeps ns. Start and end are
+// rounded, and a duration is the difference of the two, so events that do not overlap on the
+// virtual clock do not overlap in the file either.
+int64_t ns(double seconds) {
+  return std::llround(seconds * 1e9);
+}
 double us(double seconds) {
-  return seconds * 1e6;
+  return static_cast<double>(ns(seconds)) / 1e3;
+}
+double us_between(double start, double end) {
+  return static_cast<double>(std::max<int64_t>(0, ns(end) - ns(start))) / 1e3;
 }
 
 }  // namespace
@@ -196,7 +207,7 @@ nlohmann::json chrome_trace(const ConfigResult& c, const std::string& scenario, 
                   {"cat", kCategories[t]},
                   {"ph", "X"},
                   {"ts", us(e.start)},
-                  {"dur", us(std::max(0.0, e.end - e.start))},
+                  {"dur", us_between(e.start, e.end)},
                   {"pid", e.rank},
                   {"tid", tid},
                   {"args", args}});

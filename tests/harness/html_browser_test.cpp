@@ -2,19 +2,15 @@
 // holds the timeline SVG with one lane per rank, and the console stays silent (no script errors, no
 // blocked network loads). Skips with a message where no chromium is installed.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
-#include <chrono>
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
-#include <sstream>
 #include <string>
-#include <vector>
 
 #include "harness/html.hpp"
+#include "tests/harness/browser_support.hpp"
 
 namespace shardcheck::harness {
 
@@ -24,76 +20,21 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// $CHROMIUM, else the first of chromium, chromium-browser, google-chrome on PATH; "" if none.
-std::string find_chromium() {
-  if (const char* env = std::getenv("CHROMIUM"); env && *env) return env;
-  const char* path = std::getenv("PATH");
-  std::stringstream dirs(path ? path : "/usr/bin:/bin");
-  std::vector<std::string> list;
-  for (std::string d; std::getline(dirs, d, ':');) list.push_back(d);
-  for (const char* name : {"chromium", "chromium-browser", "google-chrome"})
-    for (const auto& d : list) {
-      const fs::path p = fs::path(d.empty() ? "." : d) / name;
-      if (::access(p.c_str(), X_OK) == 0) return p.string();
-    }
-  return "";
-}
+using shardcheck::testing::BrowserRun;
+using shardcheck::testing::console_errors;
+using shardcheck::testing::find_chromium;
+using shardcheck::testing::occurrences;
 
-std::string slurp(const fs::path& p) {
-  std::ifstream f(p);
-  std::stringstream s;
-  s << f.rdbuf();
-  return s.str();
-}
-
-struct BrowserRun {
-  int exit_code = -1;
-  std::string dom, log;
-  double seconds = 0;
-};
-
-// Loads `html` from a file in a fresh profile, bounded by `timeout 60` so a stuck browser fails
-// the test instead of hanging ctest.
+// Writes `html` to a scratch directory and loads it there.
 BrowserRun load(const std::string& chromium, const std::string& html, const std::string& tag) {
   const fs::path dir =
       fs::temp_directory_path() / ("shardcheck_html_" + tag + "_" + std::to_string(::getpid()));
   fs::remove_all(dir);
   fs::create_directories(dir);
   std::ofstream(dir / "index.html") << html;
-  const std::string cmd = "timeout 60 '" + chromium +
-                          "' --headless=new --disable-gpu --no-sandbox --no-first-run "
-                          "--user-data-dir='" +
-                          (dir / "profile").string() +
-                          "' --enable-logging=stderr --v=0 --dump-dom 'file://" +
-                          (dir / "index.html").string() + "' >'" + (dir / "dom.html").string() +
-                          "' 2>'" + (dir / "log.txt").string() + "'";
-  const auto t0 = std::chrono::steady_clock::now();
-  const int status = std::system(cmd.c_str());
-  BrowserRun r;
-  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  r.dom = slurp(dir / "dom.html");
-  r.log = slurp(dir / "log.txt");
+  BrowserRun r = shardcheck::testing::load_page(chromium, dir / "index.html", dir / "browser");
   fs::remove_all(dir);
   return r;
-}
-
-// Console messages (chromium logs them as "INFO:CONSOLE:<line>]" or "CONSOLE(<line>)") and
-// uncaught exceptions. Our page has no script, so any console message is a defect.
-std::vector<std::string> console_errors(const std::string& log) {
-  std::vector<std::string> out;
-  std::stringstream s(log);
-  for (std::string line; std::getline(s, line);)
-    if (line.find(":CONSOLE") != std::string::npos || line.find("CONSOLE(") != std::string::npos ||
-        line.find("Uncaught") != std::string::npos)
-      out.push_back(line);
-  return out;
-}
-
-std::size_t occurrences(const std::string& hay, const std::string& needle) {
-  std::size_t n = 0;
-  for (auto p = hay.find(needle); p != std::string::npos; p = hay.find(needle, p + 1)) ++n;
-  return n;
 }
 
 TEST(HtmlBrowser, RendersWithOneLanePerRankAndNoConsoleErrors) {

@@ -4,12 +4,14 @@
 #include <gtest/gtest.h>
 
 #include <sys/wait.h>
+#include "tests/harness/browser_support.hpp"
 #include "tests/harness/cli_support.hpp"
 
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <map>
 #include <set>
 #include <sstream>
@@ -72,6 +74,27 @@ TEST(RunCommand, ParityMatrixPassesAndWritesReports) {
   xs << x.rdbuf();
   EXPECT_NE(xs.str().find("<testsuites tests=\"" + std::to_string(rows) + "\" failures=\"0\">"),
             std::string::npos);
+  // The main job's index.html in a real browser: it loads, every scenario's section and every
+  // configuration's details are in the rendered DOM, and the console stays silent. The load time
+  // is printed, not asserted (reports/ compares it with the small sample page's).
+  if (const std::string chromium = shardcheck::testing::find_chromium(); !chromium.empty()) {
+    const auto r =
+        shardcheck::testing::load_page(chromium, dir / "index.html", dir / "browser_scratch");
+    ASSERT_EQ(r.exit_code, 0) << "chromium failed or timed out after " << r.seconds << " s\n"
+                              << r.log;
+    ASSERT_NE(r.dom.find("</html>"), std::string::npos) << "no DOM dumped\n" << r.log;
+    std::size_t configs = 0;
+    for (const auto& sc : j.at("scenarios"))
+      for (const auto& row : sc.at("parity"))
+        configs += row.contains("timing") || row.contains("timeline") || row.contains("memory");
+    EXPECT_GE(configs, rows / 2);
+    EXPECT_EQ(shardcheck::testing::occurrences(r.dom, "<details class=\"config\""), configs);
+    EXPECT_TRUE(shardcheck::testing::console_errors(r.log).empty()) << r.log;
+    std::cerr << "[ chromium ] rendered the main job's index.html ("
+              << fs::file_size(dir / "index.html") << " bytes) in " << r.seconds << " s\n";
+  } else {
+    std::cerr << "[ chromium ] not found: the main job's index.html was not loaded in a browser\n";
+  }
   fs::remove_all(dir);
 }
 

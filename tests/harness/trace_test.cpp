@@ -3,11 +3,18 @@
 // instant events), a process per rank and a thread per stream are named, each rank's steps are
 // marked, a pipeline's sends and receives are on their own thread, and an injected hang shows as
 // a fault event on the rank it names, events name their stage, pass, microbatch and chunk, and each
-// rank's memory counter peaks where its tracker did. nlohmann::json parses each file whole. Goodput
-// leaves out a skipped step's tokens; the step phases name a straggler.
+// rank's memory counter peaks where its tracker did. nlohmann::json parses each file whole, and
+// the events keep the rules of Perfetto's JSON importer (src/trace_processor/importers/json/ of
+// google/perfetto, read for reports/2026-12-02-perfetto-and-browser-checks.md): numeric ts and dur
+// at whole nanoseconds (the importer reads fraction digits into an int64 and rounds to ns), named
+// processes and threads with non-empty names, numeric counter values, and no two complete events
+// of one thread partly overlapping once rounded to ns as the importer rounds them. Goodput leaves
+// out a skipped step's tokens; the step phases name a straggler.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstdint>
 #include <filesystem>
 #include <map>
 #include <set>
@@ -26,12 +33,24 @@ using shardcheck::testing::read_json;
 using shardcheck::testing::shardcheck;
 using shardcheck::testing::TempDir;
 
+// A timestamp or duration in microseconds as Perfetto's importer stores it: whole nanoseconds
+// (llround(us * 1000)). Expects the value to be whole nanoseconds already, so nothing is lost and
+// the printed number has at most three fraction digits.
+int64_t perfetto_ns(const nlohmann::json& us, const nlohmann::json& e) {
+  EXPECT_TRUE(us.is_number()) << e.dump();
+  const double v = us.get<double>() * 1000.0;
+  const auto ns = std::llround(v);
+  EXPECT_NEAR(v, static_cast<double>(ns), 1e-6) << "not whole nanoseconds: " << e.dump();
+  return ns;
+}
+
 // Checks the format of every event of `trace`; returns the events per (category, pid).
 std::map<std::pair<std::string, int>, int> check_format(const nlohmann::json& trace, int ranks) {
   std::map<std::pair<std::string, int>, int> seen;
   std::set<std::pair<int, int>> named_threads;
   std::set<int> named_processes;
   EXPECT_EQ(trace.at("displayTimeUnit"), "ms");
+  EXPECT_TRUE(trace.at("traceEvents").is_array());
   for (const auto& e : trace.at("traceEvents")) {
     EXPECT_TRUE(e.at("name").is_string()) << e.dump();
     const std::string ph = e.at("ph").get<std::string>();
@@ -43,16 +62,25 @@ std::map<std::pair<std::string, int>, int> check_format(const nlohmann::json& tr
       if (e.at("name") == "process_name") named_processes.insert(pid);
       if (e.at("name") == "thread_name") named_threads.insert({pid, e.at("tid").get<int>()});
       EXPECT_TRUE(e.at("args").is_object()) << e.dump();
+      const std::string name = e.at("name").get<std::string>();
+      if (name == "process_name" || name == "thread_name") {  // else the importer rejects it
+        EXPECT_TRUE(e.at("args").at("name").is_string()) << e.dump();
+        EXPECT_FALSE(e.at("args").at("name").get<std::string>().empty()) << e.dump();
+      }
+      if (name.ends_with("_sort_index")) {
+        EXPECT_TRUE(e.at("args").at("sort_index").is_number_integer()) << e.dump();
+      }
       continue;
     }
-    EXPECT_TRUE(e.at("ts").is_number()) << e.dump();
-    EXPECT_GE(e.at("ts").get<double>(), 0.0) << e.dump();
+    EXPECT_GE(perfetto_ns(e.at("ts"), e), 0) << e.dump();
     EXPECT_TRUE(e.at("cat").is_string()) << e.dump();
     if (ph == "X") {
-      EXPECT_GE(e.at("dur").get<double>(), 0.0) << e.dump();
+      EXPECT_GE(perfetto_ns(e.at("dur"), e), 0) << e.dump();
       EXPECT_TRUE(e.at("args").contains("step")) << e.dump();
-    } else if (ph == "C") {  // a counter: its series are the numbers in args
+    } else if (ph == "C") {  // a counter: one track per arg, each value a number
       EXPECT_TRUE(e.at("args").at("bytes").is_number_unsigned()) << e.dump();
+      for (const auto& [key, value] : e.at("args").items())
+        EXPECT_TRUE(value.is_number()) << key << " in " << e.dump();
     } else {
       EXPECT_EQ(ph, "i") << e.dump();
       const std::string scope = e.at("s").get<std::string>();
@@ -62,22 +90,24 @@ std::map<std::pair<std::string, int>, int> check_format(const nlohmann::json& tr
   }
   EXPECT_EQ(named_processes.size(), static_cast<std::size_t>(ranks));
   EXPECT_GE(named_threads.size(), static_cast<std::size_t>(3 * ranks));
-  // Every event on a named thread; a thread's complete events never overlap (Perfetto would
-  // report them as misnested slices).
-  std::map<std::pair<int, int>, std::vector<std::pair<double, double>>> slices;
+  // Every event on a named thread; a thread's complete events never overlap, in the importer's
+  // nanoseconds (a partial overlap is an import error, slice_spill_overlapping_complete_event;
+  // a stream runs one thing at a time, so not even nesting is expected).
+  std::map<std::pair<int, int>, std::vector<std::pair<int64_t, int64_t>>> slices;
   for (const auto& e : trace.at("traceEvents")) {
     if (e.at("ph") == "M") continue;
     const std::pair<int, int> thread{e.at("pid").get<int>(), e.at("tid").get<int>()};
     EXPECT_TRUE(named_threads.count(thread)) << e.dump();
-    if (e.at("ph") == "X")
-      slices[thread].emplace_back(e.at("ts").get<double>(),
-                                  e.at("ts").get<double>() + e.at("dur").get<double>());
+    if (e.at("ph") == "X") {
+      const int64_t ts = perfetto_ns(e.at("ts"), e);
+      slices[thread].emplace_back(ts, ts + perfetto_ns(e.at("dur"), e));
+    }
   }
   for (auto& [thread, v] : slices) {
     std::sort(v.begin(), v.end());
     for (std::size_t i = 1; i < v.size(); ++i)
-      EXPECT_GE(v[i].first, v[i - 1].second - 1e-6)
-          << "pid " << thread.first << " tid " << thread.second << " event at " << v[i].first;
+      EXPECT_GE(v[i].first, v[i - 1].second) << "pid " << thread.first << " tid " << thread.second
+                                             << " event at " << v[i].first << " ns";
   }
   return seen;
 }
