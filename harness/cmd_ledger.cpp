@@ -76,17 +76,8 @@ struct Row {
 Mode fullest(const Scenario& s, const ParallelSpec& p, ref::Recompute recompute) {
   ref::TrainConfig t = s.train;
   t.recompute = recompute;
-  const parallel::MeshOptions o = engine_options(s, p);
-  const comm::DeviceMesh mesh(o.shape, o.order);
-  Mode best{recompute, 0, {}, 0};
-  bool first = true;
-  for (int r = 0; r < o.shape.world_size(); ++r) {
-    if (mesh.coord(r, comm::Axis::dp) != 0) continue;
-    const parallel::LedgerRow l = parallel::mesh_ledger(s.model, t, o, r);
-    if (first || total_of(l) > best.total) best = {recompute, r, l, total_of(l)};
-    first = false;
-  }
-  return best;
+  const parallel::RankLedger f = parallel::mesh_ledger_fullest(s.model, t, engine_options(s, p));
+  return {recompute, f.rank, f.row, total_of(f.row)};
 }
 
 int ledger_cmd(const LedgerArgs& a) {

@@ -73,7 +73,9 @@ void print_scaling(std::ostream& os, const ConfigPlan& c) {
 
 void print_table(std::ostream& os, const Scenario& s, const PlanResult& r, const PlanOptions& o) {
   const TopologySpec& t = s.topology;
-  os << "# plan " << r.scenario << ": data-parallel step skeletons on the symmetric clock\n"
+  os << "# plan " << r.scenario
+     << ": memory (the mesh engine's ledger, fullest rank) and group placement of every "
+        "configuration; data-parallel step skeletons timed on the symmetric clock\n"
      << "# cluster: " << t.ranks_per_node << " ranks/node, intra " << t.intra_node.bandwidth_gbps
      << " GB/s " << t.intra_node.latency_us << " us, inter " << t.inter_node.bandwidth_gbps
      << " GB/s " << t.inter_node.latency_us << " us, " << t.peak_tflops << " TFLOP/s x "
@@ -88,8 +90,10 @@ void print_table(std::ostream& os, const Scenario& s, const PlanResult& r, const
   os << line << (o.simulate_ranks > 0 ? "   simulated (rel diff)\n" : "\n");
   for (const ConfigPlan& c : r.configs) {
     if (!c.modelled) {
-      std::snprintf(line, sizeof line, "  %-34s %-20s %5d  not modelled yet\n", c.config.c_str(),
-                    "-", c.world_size);
+      std::snprintf(line, sizeof line, "  %-34s %-20s %5d %10s %10s %10s %10s %4s  not timed yet\n",
+                    c.config.c_str(), "mesh", c.world_size, "-", "-", "-",
+                    human_bytes(static_cast<double>(c.memory_per_rank_bytes)).c_str(),
+                    c.fits ? "yes" : "NO");
       os << line;
       continue;
     }
@@ -115,6 +119,12 @@ void print_table(std::ostream& os, const Scenario& s, const PlanResult& r, const
   os << "\n# ranking\n";
   for (const ConfigPlan& c : r.configs) os << "  " << c.config << ": " << c.note << "\n";
   if (r.best < 0) os << "  no data-parallel candidate fits in device memory\n";
+  os << "\n# placement: the link each axis's collectives cross (a group spanning two nodes is "
+        "priced at the inter-node link)\n";
+  for (const ConfigPlan& c : r.configs) {
+    const std::string p = placement_text(c.placement);
+    os << "  " << c.config << ": " << (p.empty() ? "one rank, no groups" : p) << "\n";
+  }
   if (r.scaling_config >= 0) {
     const ConfigPlan& c = r.configs[static_cast<std::size_t>(r.scaling_config)];
     print_scaling(os, c);

@@ -15,6 +15,7 @@
 #include "harness/plan_skeleton.hpp"
 #include "harness/runner.hpp"
 #include "harness/sim_options.hpp"
+#include "parallel/mp/mesh_ledger.hpp"
 #include "sim/world.hpp"
 
 namespace shardcheck::harness {
@@ -38,9 +39,18 @@ std::string fmt(const char* spec, double v) {
   return buf;
 }
 
-parallel::LedgerRow ledger_at(const Scenario& s, const ParallelSpec& p, int dp) {
+// Memory of the configuration's fullest rank at DP size dp. A data-parallel configuration is
+// timed by the skeleton, which reduce-scatters each unit's gradient in its backward as PyTorch
+// FSDP and DeepSpeed ZeRO-2 do; its memory is the data-parallel ledger of that same step
+// (parallel/ledger.hpp). Every other mesh: the mesh engine's own ledger. (The mesh engine keeps
+// the full local gradient until the step's reduction under ZeRO-2/3 and FSDP too, so its ledger
+// is higher there; issue 17 moves the data-parallel rows onto it once the engine reduces per
+// unit.)
+parallel::RankLedger ledger_at(const Scenario& s, const ParallelSpec& p, int dp) {
   ParallelSpec q = p;
   q.mesh.dp = dp;
+  if (!data_parallel_only(q))
+    return parallel::mesh_ledger_fullest(s.model, s.train, engine_options(s, q));
   parallel::LedgerInput in;
   in.model = s.model;
   in.recipe = parallel::recipe_of(s.train.precision);
@@ -48,11 +58,7 @@ parallel::LedgerRow ledger_at(const Scenario& s, const ParallelSpec& p, int dp) 
   in.dp = dp;
   in.micro_batch = s.train.micro_batch;
   in.recompute = s.train.recompute;
-  return parallel::ledger(in);
-}
-
-std::size_t total_bytes(const parallel::LedgerRow& l) {
-  return l.model_state() + l.gather_peak + l.activation_peak;
+  return {0, parallel::ledger(in)};
 }
 
 Goodput goodput_of(const PlanSpec& f, int world, double step_s, double tokens_per_s) {
@@ -111,7 +117,7 @@ void scale(const Scenario& s, const PlanOptions& o, double device, ConfigPlan& c
       }
       if (pt.valid) {
         pt.tokens_per_s = pt.global_batch * tokens_per_seq / pt.eval.step_time_s;
-        pt.memory_per_rank_bytes = total_bytes(ledger_at(s, c.spec, n));
+        pt.memory_per_rank_bytes = ledger_at(s, c.spec, n).row.total();
         pt.fits = static_cast<double>(pt.memory_per_rank_bytes) <= device;
       }
       out.push_back(pt);
@@ -134,8 +140,15 @@ void explain(PlanResult& r) {
   const double dev = r.device_memory_bytes;
   for (std::size_t i = 0; i < r.configs.size(); ++i) {
     ConfigPlan& c = r.configs[i];
-    if (!c.modelled) continue;
     const double mem = static_cast<double>(c.memory_per_rank_bytes);
+    if (!c.modelled) {
+      c.note =
+          "not timed yet: the planner times data parallelism only (DDP, ZeRO-1/2/3, FSDP); "
+          "memory " +
+          gib(mem) + " GiB of " + gib(dev) + " on rank " + std::to_string(c.memory_rank) +
+          (c.fits ? ", fits" : ", does not fit");
+      continue;
+    }
     const std::string exposed = "; communication exposed " +
                                 fmt("%.0f", 100.0 * c.eval.exposed_comm_s / c.eval.step_time_s) +
                                 "% of the step";
@@ -156,7 +169,9 @@ void explain(PlanResult& r) {
           r.configs[static_cast<std::size_t>(r.best)].config;
     } else {
       n = "does not fit: needs " + gib(mem) + " GiB of " + gib(dev) + " (model state " +
-          gib(static_cast<double>(c.ledger.model_state())) + ", all-gather peak " +
+          gib(static_cast<double>(c.ledger.model_state() - c.ledger.grads +
+                                  std::max(c.ledger.grads, c.ledger.grad_peak))) +
+          " with the gradients at their peak, all-gather peak " +
           gib(static_cast<double>(c.ledger.gather_peak)) + ", activations " +
           gib(static_cast<double>(c.ledger.activation_peak)) + ")";
       if (r.best >= 0) {
@@ -228,10 +243,13 @@ PlanResult plan_scenario(const Scenario& s, const PlanOptions& o) {
     c.config = p.label();
     c.spec = p;
     c.world_size = p.mesh.world_size();
+    c.placement = placement_of(s, p);
+    const parallel::RankLedger fullest = ledger_at(s, p, p.mesh.dp);
+    c.ledger = fullest.row;
+    c.memory_rank = fullest.rank;
+    c.memory_per_rank_bytes = c.ledger.total();
+    c.fits = static_cast<double>(c.memory_per_rank_bytes) <= r.device_memory_bytes;
     if (!data_parallel_only(p)) {
-      c.note =
-          "not modelled yet: the planner times data parallelism only (DDP, ZeRO-1/2/3, "
-          "FSDP); tensor/pipeline/context/expert parallelism are not built";
       r.configs.push_back(c);
       continue;
     }
@@ -246,9 +264,6 @@ PlanResult plan_scenario(const Scenario& s, const PlanOptions& o) {
     r.reduce_dtype = std::string(comm::name_of(spec.grad_dtype));
     const Skeleton k(spec);
     c.eval = evaluate(s, p, n, s.train.global_batch, o);
-    c.ledger = ledger_at(s, p, n);
-    c.memory_per_rank_bytes = total_bytes(c.ledger);
-    c.fits = static_cast<double>(c.memory_per_rank_bytes) <= r.device_memory_bytes;
     c.tokens_per_step = static_cast<double>(s.train.global_batch) * s.model.seq_len;
     c.tokens_per_s = c.tokens_per_step / c.eval.step_time_s;
     c.model_flops_per_step = k.model_flops_per_step();
@@ -337,10 +352,32 @@ nlohmann::json plan_json(const PlanResult& r) {
                      {"world_size", c.world_size},
                      {"modelled", c.modelled},
                      {"note", c.note}};
+    j["memory_per_rank_bytes"] = c.memory_per_rank_bytes;
+    j["memory"] = {
+        {"source", data_parallel_only(c.spec) ? "data-parallel ledger (the skeleton's step)"
+                                              : "mesh engine ledger"},
+        {"rank", c.memory_rank},
+        {"params", c.ledger.params},
+        {"grads", c.ledger.grads},
+        {"grad_peak", std::max(c.ledger.grads, c.ledger.grad_peak)},
+        {"optimizer", c.ledger.optimizer},
+        {"gather_peak", c.ledger.gather_peak},
+        {"activation_peak", c.ledger.activation_peak},
+        {"total", c.memory_per_rank_bytes}};
+    j["fits"] = c.fits;
+    nlohmann::json place = nlohmann::json::array();
+    for (const AxisPlacement& x : c.placement)
+      place.push_back({{"axis", comm::name_of(x.axis)},
+                       {"size", x.size},
+                       {"groups", x.groups},
+                       {"groups_crossing_nodes", x.crossing},
+                       {"nodes_spanned", x.nodes_spanned},
+                       {"link", x.inter_node() ? "inter_node" : "intra_node"},
+                       {"bandwidth_gbps", x.bandwidth_gbps},
+                       {"latency_us", x.latency_us}});
+    j["placement"] = place;
     if (!c.modelled) {
-      for (const char* k :
-           {"step_time_s", "memory_per_rank_bytes", "fits", "tokens_per_s", "mfu", "goodput"})
-        j[k] = nullptr;
+      for (const char* k : {"step_time_s", "tokens_per_s", "mfu", "goodput"}) j[k] = nullptr;
       cands.push_back(j);
       continue;
     }
@@ -348,13 +385,6 @@ nlohmann::json plan_json(const PlanResult& r) {
     j["best"] = static_cast<int>(i) == r.best;
     j.update(eval_json(c.eval));
     j["bubble_fraction"] = c.bubble_fraction;
-    j["memory_per_rank_bytes"] = c.memory_per_rank_bytes;
-    j["memory"] = {{"params", c.ledger.params},
-                   {"grads", c.ledger.grads},
-                   {"optimizer", c.ledger.optimizer},
-                   {"gather_peak", c.ledger.gather_peak},
-                   {"activation_peak", c.ledger.activation_peak}};
-    j["fits"] = c.fits;
     j["tokens_per_step"] = c.tokens_per_step;
     j["tokens_per_s"] = c.tokens_per_s;
     j["model_flops_per_step"] = c.model_flops_per_step;
@@ -407,8 +437,13 @@ nlohmann::json plan_json(const PlanResult& r) {
        "(mtbf_gpu_hours*3600), tau = checkpoint_every_steps * step time, delta = "
        "checkpoint_save_s, R = restart_s; Young's interval sqrt(2*delta/lambda)"},
       {"memory_per_rank",
-       "ledger model state + all-gather peak + activation peak "
-       "(parallel/ledger.hpp)"}};
+       "the fullest rank's params + max(grads, gradient peak) + optimizer + all-gather peak + "
+       "activation peak; data-parallel rows: the ledger of the skeleton's step "
+       "(parallel/ledger.hpp), other meshes: the mesh engine's ledger "
+       "(parallel/mp/mesh_ledger.hpp)"},
+      {"placement",
+       "per axis, the groups of the order string's mesh against ranks_per_node; a group "
+       "spanning two nodes is priced at the inter-node link"}};
   out["assumptions"] = {{"compute_efficiency", r.compute_efficiency},
                         {"gradient_reduce_dtype", r.reduce_dtype},
                         {"evaluation",

@@ -1,9 +1,10 @@
-// The planner behind `shardcheck plan`: for each data-parallel configuration of a scenario, the
-// step skeleton (plan_skeleton.hpp) timed on the symmetric clock (plan_clock.hpp), memory per rank
-// from parallel::ledger, tokens/s, MFU, strong and weak scaling over plan.world_sizes, goodput
-// under the scenario's failure model, and a ranking of the candidates with a reason. Formulas are
-// in harness/PLANNER.md. Tensor/pipeline/context/expert parallel configurations are reported as
-// not modelled, never guessed.
+// The planner behind `shardcheck plan`: for every configuration of a scenario, memory on its
+// fullest rank from the mesh engine's own ledger (parallel/mp/mesh_ledger.hpp) and where its
+// groups sit (placement.hpp); for the data-parallel ones also the step skeleton
+// (plan_skeleton.hpp) timed on the symmetric clock (plan_clock.hpp), tokens/s, MFU, strong and
+// weak scaling over plan.world_sizes, goodput under the scenario's failure model, and a ranking
+// of the candidates with a reason. Formulas are in harness/PLANNER.md. Tensor/pipeline/context/
+// expert parallel configurations are not timed yet (reported so, never guessed).
 #pragma once
 
 #include <cstddef>
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "comm/dtype.hpp"
+#include "harness/placement.hpp"
 #include "harness/scenario.hpp"
 #include "parallel/ledger.hpp"
 
@@ -67,12 +69,14 @@ struct ConfigPlan {
   ParallelSpec spec;
   std::string strategy;
   int world_size = 0;
-  bool modelled = false;
-  std::string note;  // the ranking's one-line why (or why not modelled)
+  bool modelled = false;                 // timed (data parallel only, for now)
+  std::string note;                      // the ranking's one-line why (or why not timed)
+  std::vector<AxisPlacement> placement;  // every configuration
   StepEval eval;
-  double bubble_fraction = 0;  // pure data parallelism has no pipeline bubble
-  parallel::LedgerRow ledger;
-  std::size_t memory_per_rank_bytes = 0;  // model state + gather peak + activation peak
+  double bubble_fraction = 0;             // pure data parallelism has no pipeline bubble
+  parallel::LedgerRow ledger;             // the fullest rank's, every configuration
+  int memory_rank = 0;                    // that rank
+  std::size_t memory_per_rank_bytes = 0;  // its LedgerRow::total()
   bool fits = false;
   double tokens_per_step = 0;  // train.global_batch * model.seq_len
   double tokens_per_s = 0;

@@ -186,6 +186,20 @@ LedgerRow mesh_ledger(const ref::ModelConfig& model, const ref::TrainConfig& tra
   return row;
 }
 
+RankLedger mesh_ledger_fullest(const ref::ModelConfig& model, const ref::TrainConfig& train,
+                               const MeshOptions& options) {
+  const comm::DeviceMesh mesh(options.shape, options.order);
+  RankLedger best;
+  bool first = true;
+  for (int r = 0; r < options.shape.world_size(); ++r) {
+    if (mesh.coord(r, comm::Axis::dp) != 0) continue;
+    LedgerRow l = mesh_ledger(model, train, options, r);
+    if (first || l.total() > best.row.total()) best = {r, l};
+    first = false;
+  }
+  return best;
+}
+
 std::vector<LedgerRow> mesh_ledger_ranks(const ref::ModelConfig& model,
                                          const ref::TrainConfig& train,
                                          const MeshOptions& options) {

@@ -25,6 +25,15 @@ namespace shardcheck::parallel {
 LedgerRow mesh_ledger(const ref::ModelConfig& model, const ref::TrainConfig& train,
                       const MeshOptions& options, int world_rank);
 
+// The rank holding the most at once (LedgerRow::total) and its row. Ranks at data-parallel
+// position 0 stand for the others, which hold the same amounts (their shards are padded alike).
+struct RankLedger {
+  int rank = 0;
+  LedgerRow row;
+};
+RankLedger mesh_ledger_fullest(const ref::ModelConfig& model, const ref::TrainConfig& train,
+                               const MeshOptions& options);
+
 // Every rank's row, in world-rank order.
 std::vector<LedgerRow> mesh_ledger_ranks(const ref::ModelConfig& model,
                                          const ref::TrainConfig& train, const MeshOptions& options);

@@ -15,10 +15,12 @@
 #include <utility>
 
 #include "cli_support.hpp"
+#include "harness/driver.hpp"
 #include "harness/plan.hpp"
 #include "harness/scenario.hpp"
 #include "parallel/flops.hpp"
 #include "parallel/ledger.hpp"
+#include "parallel/mp/mesh_ledger.hpp"
 #include "reference/model.hpp"
 
 namespace shardcheck::harness {
@@ -144,14 +146,13 @@ TEST(Plan, ACandidateThatCannotFitIsReportedSo) {
   json j = small_json();
   j["matrix"] = json::array({{{"zero", 0}}, {{"zero", 3}}});
   Scenario s = parse_scenario(j);
-  const auto total = [&](parallel::Strategy st) {
+  const auto total = [&](parallel::Strategy st) {  // the skeleton's step: the data-parallel ledger
     parallel::LedgerInput in{.model = s.model,
                              .recipe = parallel::recipe_of(s.train.precision),
                              .options = {.strategy = st},
                              .dp = 8,
                              .micro_batch = s.train.micro_batch};
-    const parallel::LedgerRow l = parallel::ledger(in);
-    return static_cast<double>(l.model_state() + l.gather_peak + l.activation_peak);
+    return static_cast<double>(parallel::ledger(in).total());
   };
   const double ddp = total(parallel::Strategy::ddp), z3 = total(parallel::Strategy::zero3);
   ASSERT_LT(z3, ddp);
@@ -163,6 +164,49 @@ TEST(Plan, ACandidateThatCannotFitIsReportedSo) {
   EXPECT_EQ(r.best, 1);
   EXPECT_NE(r.configs[0].note.find("does not fit"), std::string::npos) << r.configs[0].note;
   EXPECT_NE(r.configs[1].note.find("fastest that fits"), std::string::npos) << r.configs[1].note;
+}
+
+// Placement follows the order string against ranks_per_node: with TP innermost ("tp-..."),
+// each TP group of 4 sits in one node of 4 and every DP group spans both nodes; with DP
+// innermost, the other way round. A model-parallel mesh's memory is its fullest rank's in the
+// mesh engine's ledger: the most any rank holds (each rank's row computed, not only the ranks at
+// data-parallel position 0 the planner reads).
+TEST(Plan, PlacementNamesTheLinkEachGroupCrossesAndMeshMemoryIsTheFullestRank) {
+  json j = small_json();
+  j["topology"]["ranks_per_node"] = 4;
+  j["matrix"] = json::array({{{"dp", 2}, {"tp", 4}, {"pp", 1}},
+                             {{"dp", 2}, {"tp", 4}, {"order", "dp-tp-cp-ep-pp"}},
+                             {{"dp", 2}, {"pp", 2}, {"tp", 2}, {"zero", 1}}});
+  const Scenario s = parse_scenario(j);
+  const PlanResult r = plan_scenario(s);
+  ASSERT_EQ(r.configs.size(), 3u);
+  const auto axis = [](const ConfigPlan& c, comm::Axis a) {
+    for (const AxisPlacement& x : c.placement)
+      if (x.axis == a) return x;
+    ADD_FAILURE() << c.config << " has no " << comm::name_of(a) << " placement";
+    return AxisPlacement{};
+  };
+  const AxisPlacement tp0 = axis(r.configs[0], comm::Axis::tp),
+                      dp0 = axis(r.configs[0], comm::Axis::dp);
+  EXPECT_EQ(tp0.groups, 2);
+  EXPECT_EQ(tp0.crossing, 0);
+  EXPECT_EQ(tp0.bandwidth_gbps, s.topology.intra_node.bandwidth_gbps);
+  EXPECT_EQ(dp0.groups, 4);
+  EXPECT_EQ(dp0.crossing, 4);
+  EXPECT_EQ(dp0.bandwidth_gbps, s.topology.inter_node.bandwidth_gbps);
+  const AxisPlacement tp1 = axis(r.configs[1], comm::Axis::tp),
+                      dp1 = axis(r.configs[1], comm::Axis::dp);
+  EXPECT_EQ(tp1.crossing, 2);
+  EXPECT_EQ(tp1.nodes_spanned, 2);
+  EXPECT_EQ(dp1.crossing, 0);
+  for (const ConfigPlan& c : r.configs) {
+    EXPECT_FALSE(c.modelled) << c.config;
+    std::size_t most = 0;
+    for (const parallel::LedgerRow& row :
+         parallel::mesh_ledger_ranks(s.model, s.train, engine_options(s, c.spec)))
+      most = std::max(most, row.total());
+    EXPECT_EQ(c.memory_per_rank_bytes, most) << c.config;
+  }
 }
 
 TEST(Plan, GoodputFollowsTheStatedFormula) {
@@ -213,9 +257,15 @@ TEST(Plan, JsonAndReportFields) {
     for (const char* k : {"config", "mesh", "step_time_s", "memory_per_rank_bytes", "fits",
                           "tokens_per_s", "mfu", "goodput", "note"})
       EXPECT_TRUE(c.contains(k)) << k << " in " << c.dump();
-    if (!c.at("modelled").get<bool>()) {
-      EXPECT_NE(c.at("note").get<std::string>().find("not modelled yet"), std::string::npos);
+    EXPECT_TRUE(c.at("placement").is_array()) << c.dump();
+    EXPECT_EQ(c.at("memory").at("total"), c.at("memory_per_rank_bytes")) << c.dump();
+    if (!c.at("modelled").get<bool>()) {  // not timed, but its memory and placement are known
+      EXPECT_NE(c.at("note").get<std::string>().find("not timed yet"), std::string::npos);
       EXPECT_TRUE(c.at("step_time_s").is_null());
+      EXPECT_GT(c.at("memory_per_rank_bytes").get<double>(), 0) << c.dump();
+      EXPECT_TRUE(c.at("fits").is_boolean()) << c.dump();
+      EXPECT_EQ(c.at("memory").at("source"), "mesh engine ledger") << c.dump();
+      EXPECT_EQ(c.at("placement").size(), 2u) << c.dump();  // dp 4, tp 2
       continue;
     }
     ++modelled;
