@@ -279,11 +279,26 @@ std::string scaling_table(const Json& series, const char* title) {
   return o + "</table>\n";
 }
 
+// A candidate's placement, compact: "tp 8 intra, dp 128 inter (16 nodes)".
+std::string placement_cell(const Json& c) {
+  const Json* place = array_of(c, "placement");
+  if (!place) return cell(nullptr);
+  std::string o;
+  for (const Json& x : *place) {
+    if (!o.empty()) o += ", ";
+    o += str(x, "axis") + " " + fmt(num(x, "size"), "%.0f") + " " +
+         (str(x, "link") == "inter_node"
+              ? "inter (" + fmt(num(x, "nodes_spanned"), "%.0f") + " nodes)"
+              : std::string("intra"));
+  }
+  return o.empty() ? "one rank" : escape(o);
+}
+
 std::string plan_section(const Json& plan, const std::string& idp) {
   std::string o;
   if (const Json* cands = array_of(plan, "candidates")) {
     o += "<h3>Candidate meshes</h3><table><tr><th>mesh</th><th>step time</th><th>memory/rank</th>"
-         "<th>fits</th><th>tokens/s</th><th>MFU</th><th>note</th></tr>\n";
+         "<th>fits</th><th>tokens/s</th><th>MFU</th><th>links</th><th>note</th></tr>\n";
     for (const Json& c : *cands) {
       const Json* fits = field(c, "fits");
       const bool nofit = fits && fits->is_boolean() && !fits->get<bool>();
@@ -303,7 +318,8 @@ std::string plan_section(const Json& plan, const std::string& idp) {
           (has_num(c, "tokens_per_s") ? fmt(num(c, "tokens_per_s"), "%.4g") : cell(nullptr)) +
           "</td><td class=\"num\">" +
           (has_num(c, "mfu") ? escape(pct(num(c, "mfu"))) : cell(nullptr)) + "</td><td>" +
-          (str(c, "note").empty() ? "" : escape(str(c, "note"))) + "</td></tr>\n";
+          placement_cell(c) + "</td><td>" + (str(c, "note").empty() ? "" : escape(str(c, "note"))) +
+          "</td></tr>\n";
     }
     o += "</table>\n";
   }

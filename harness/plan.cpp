@@ -249,6 +249,8 @@ PlanResult plan_scenario(const Scenario& s, const PlanOptions& o) {
     c.memory_rank = fullest.rank;
     c.memory_per_rank_bytes = c.ledger.total();
     c.fits = static_cast<double>(c.memory_per_rank_bytes) <= r.device_memory_bytes;
+    if (p.mesh.pp > 1)
+      c.stages = parallel::mesh_ledger_stages(s.model, s.train, engine_options(s, p));
     if (!data_parallel_only(p)) {
       r.configs.push_back(c);
       continue;
@@ -341,6 +343,17 @@ nlohmann::json goodput_json(const Goodput& g) {
   return j;
 }
 
+nlohmann::json memory_json(int rank, const parallel::LedgerRow& l) {
+  return {{"rank", rank},
+          {"params", l.params},
+          {"grads", l.grads},
+          {"grad_peak", std::max(l.grads, l.grad_peak)},
+          {"optimizer", l.optimizer},
+          {"gather_peak", l.gather_peak},
+          {"activation_peak", l.activation_peak},
+          {"total", l.total()}};
+}
+
 }  // namespace
 
 nlohmann::json plan_json(const PlanResult& r) {
@@ -353,17 +366,18 @@ nlohmann::json plan_json(const PlanResult& r) {
                      {"modelled", c.modelled},
                      {"note", c.note}};
     j["memory_per_rank_bytes"] = c.memory_per_rank_bytes;
-    j["memory"] = {
-        {"source", data_parallel_only(c.spec) ? "data-parallel ledger (the skeleton's step)"
-                                              : "mesh engine ledger"},
-        {"rank", c.memory_rank},
-        {"params", c.ledger.params},
-        {"grads", c.ledger.grads},
-        {"grad_peak", std::max(c.ledger.grads, c.ledger.grad_peak)},
-        {"optimizer", c.ledger.optimizer},
-        {"gather_peak", c.ledger.gather_peak},
-        {"activation_peak", c.ledger.activation_peak},
-        {"total", c.memory_per_rank_bytes}};
+    j["memory"] = memory_json(c.memory_rank, c.ledger);
+    j["memory"]["source"] = data_parallel_only(c.spec)
+                                ? "data-parallel ledger (the skeleton's step)"
+                                : "mesh engine ledger";
+    if (!c.stages.empty()) {
+      nlohmann::json st = nlohmann::json::array();
+      for (std::size_t k = 0; k < c.stages.size(); ++k) {
+        st.push_back(memory_json(c.stages[k].rank, c.stages[k].row));
+        st.back()["stage"] = k;
+      }
+      j["memory_per_stage"] = st;
+    }
     j["fits"] = c.fits;
     nlohmann::json place = nlohmann::json::array();
     for (const AxisPlacement& x : c.placement)

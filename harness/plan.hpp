@@ -17,6 +17,7 @@
 #include "harness/placement.hpp"
 #include "harness/scenario.hpp"
 #include "parallel/ledger.hpp"
+#include "parallel/mp/mesh_ledger.hpp"
 
 namespace shardcheck::harness {
 
@@ -73,10 +74,11 @@ struct ConfigPlan {
   std::string note;                      // the ranking's one-line why (or why not timed)
   std::vector<AxisPlacement> placement;  // every configuration
   StepEval eval;
-  double bubble_fraction = 0;             // pure data parallelism has no pipeline bubble
-  parallel::LedgerRow ledger;             // the fullest rank's, every configuration
-  int memory_rank = 0;                    // that rank
-  std::size_t memory_per_rank_bytes = 0;  // its LedgerRow::total()
+  double bubble_fraction = 0;                // pure data parallelism has no pipeline bubble
+  parallel::LedgerRow ledger;                // the fullest rank's, every configuration
+  int memory_rank = 0;                       // that rank
+  std::size_t memory_per_rank_bytes = 0;     // its LedgerRow::total()
+  std::vector<parallel::RankLedger> stages;  // pp > 1: each pipeline stage's fullest rank
   bool fits = false;
   double tokens_per_step = 0;  // train.global_batch * model.seq_len
   double tokens_per_s = 0;

@@ -186,18 +186,28 @@ LedgerRow mesh_ledger(const ref::ModelConfig& model, const ref::TrainConfig& tra
   return row;
 }
 
-RankLedger mesh_ledger_fullest(const ref::ModelConfig& model, const ref::TrainConfig& train,
-                               const MeshOptions& options) {
+std::vector<RankLedger> mesh_ledger_stages(const ref::ModelConfig& model,
+                                           const ref::TrainConfig& train,
+                                           const MeshOptions& options) {
   const comm::DeviceMesh mesh(options.shape, options.order);
-  RankLedger best;
-  bool first = true;
+  std::vector<RankLedger> best(static_cast<std::size_t>(options.shape.pp));
+  std::vector<bool> seen(best.size(), false);
   for (int r = 0; r < options.shape.world_size(); ++r) {
     if (mesh.coord(r, comm::Axis::dp) != 0) continue;
+    const auto stage = static_cast<std::size_t>(mesh.coord(r, comm::Axis::pp));
     LedgerRow l = mesh_ledger(model, train, options, r);
-    if (first || l.total() > best.row.total()) best = {r, l};
-    first = false;
+    if (!seen[stage] || l.total() > best[stage].row.total()) best[stage] = {r, l};
+    seen[stage] = true;
   }
   return best;
+}
+
+RankLedger mesh_ledger_fullest(const ref::ModelConfig& model, const ref::TrainConfig& train,
+                               const MeshOptions& options) {
+  const std::vector<RankLedger> stages = mesh_ledger_stages(model, train, options);
+  return *std::max_element(stages.begin(), stages.end(), [](const auto& a, const auto& b) {
+    return a.row.total() < b.row.total();
+  });
 }
 
 std::vector<LedgerRow> mesh_ledger_ranks(const ref::ModelConfig& model,

@@ -33,6 +33,11 @@ struct RankLedger {
 };
 RankLedger mesh_ledger_fullest(const ref::ModelConfig& model, const ref::TrainConfig& train,
                                const MeshOptions& options);
+// The fullest rank of each pipeline stage, in stage order (stages hold different layers, the
+// embedding and the head, and keep different numbers of microbatches in flight).
+std::vector<RankLedger> mesh_ledger_stages(const ref::ModelConfig& model,
+                                           const ref::TrainConfig& train,
+                                           const MeshOptions& options);
 
 // Every rank's row, in world-rank order.
 std::vector<LedgerRow> mesh_ledger_ranks(const ref::ModelConfig& model,

@@ -161,6 +161,9 @@ json sample_report(int ranks) {
            {"fits", true},
            {"tokens_per_s", 4.4e5},
            {"mfu", 0.45},
+           {"placement",
+            {{{"axis", "tp"}, {"size", 8}, {"link", "intra_node"}},
+             {{"axis", "dp"}, {"size", 16}, {"link", "inter_node"}, {"nodes_spanned", 16}}}},
            {"note", "fastest that fits"}},
           {{"mesh", {{"dp", 128}, {"tp", 8}}},
            {"step_time_s", 7.0},
@@ -208,6 +211,7 @@ TEST(Html, EverySectionAppearsWhenItsDataIsPresent) {
   EXPECT_NE(h.find("mfu_formula"), std::string::npos);  // unknown timing fields still shown
   EXPECT_NE(h.find("dp16 \xC3\x97 tp8 \xC3\x97 pp8"), std::string::npos);
   EXPECT_NE(h.find("<tr class=\"nofit\">"), std::string::npos);
+  EXPECT_NE(h.find("<td>tp 8 intra, dp 16 inter (16 nodes)</td>"), std::string::npos);  // links
   EXPECT_NE(h.find("<details class=\"config\" id=\"cfg0\">"), std::string::npos);
   EXPECT_NE(h.find("step 3"), std::string::npos);            // step boundaries marked
   EXPECT_NE(h.find(">20.0 MiB</text>"), std::string::npos);  // byte axis in binary units

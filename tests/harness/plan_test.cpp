@@ -199,6 +199,10 @@ TEST(Plan, PlacementNamesTheLinkEachGroupCrossesAndMeshMemoryIsTheFullestRank) {
   EXPECT_EQ(tp1.crossing, 2);
   EXPECT_EQ(tp1.nodes_spanned, 2);
   EXPECT_EQ(dp1.crossing, 0);
+  ASSERT_EQ(r.configs[2].stages.size(), 2u);  // pp 2: one fullest rank per stage
+  EXPECT_EQ(std::max(r.configs[2].stages[0].row.total(), r.configs[2].stages[1].row.total()),
+            r.configs[2].memory_per_rank_bytes);
+  EXPECT_NE(r.configs[2].stages[0].row.total(), r.configs[2].stages[1].row.total());
   for (const ConfigPlan& c : r.configs) {
     EXPECT_FALSE(c.modelled) << c.config;
     std::size_t most = 0;
