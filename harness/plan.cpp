@@ -181,6 +181,14 @@ void explain(PlanResult& r) {
       }
     }
     if (c.eval.asymmetric) n += "; groups differ in size or link, times are an upper bound";
+    if (c.strategy == "fsdp:no_shard")
+      n += "; timed with one all_reduce per unit and microbatch; the mesh engine all_reduces the "
+           "whole gradient once per microbatch, and its step differs "
+           "(reports/2026-12-02-planner-against-engine-cpu.md)";
+    else if (c.strategy != "ddp" && c.strategy != "zero1")
+      n += "; timed as PyTorch FSDP reduces (each unit's gradient reduce-scattered in every "
+           "microbatch's backward); the mesh engine reduces once per step after the pipeline "
+           "flush, and its step differs (reports/2026-12-02-planner-against-engine-cpu.md)";
     c.note = n + exposed;
   }
 }
