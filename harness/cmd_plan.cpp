@@ -74,7 +74,8 @@ void print_scaling(std::ostream& os, const ConfigPlan& c) {
 void print_table(std::ostream& os, const Scenario& s, const PlanResult& r, const PlanOptions& o) {
   const TopologySpec& t = s.topology;
   os << "# plan " << r.scenario
-     << ": memory (the mesh engine's ledger, fullest rank) and group placement of every "
+     << ": memory on the fullest rank (model-parallel meshes: the mesh engine's ledger) and group "
+        "placement of every "
         "configuration; data-parallel step skeletons timed on the symmetric clock\n"
      << "# cluster: " << t.ranks_per_node << " ranks/node, intra " << t.intra_node.bandwidth_gbps
      << " GB/s " << t.intra_node.latency_us << " us, inter " << t.inter_node.bandwidth_gbps
@@ -89,6 +90,12 @@ void print_table(std::ostream& os, const Scenario& s, const PlanResult& r, const
                 "tokens/s", "MFU", "goodput");
   os << line << (o.simulate_ranks > 0 ? "   simulated (rel diff)\n" : "\n");
   for (const ConfigPlan& c : r.configs) {
+    if (!c.not_built.empty()) {
+      std::snprintf(line, sizeof line, "  %-34s %-20s %5d  not built by the engine yet\n",
+                    c.config.c_str(), "mesh", c.world_size);
+      os << line;
+      continue;
+    }
     if (!c.modelled) {
       std::snprintf(line, sizeof line, "  %-34s %-20s %5d %10s %10s %10s %10s %4s  not timed yet\n",
                     c.config.c_str(), "mesh", c.world_size, "-", "-", "-",
@@ -120,8 +127,9 @@ void print_table(std::ostream& os, const Scenario& s, const PlanResult& r, const
   for (const ConfigPlan& c : r.configs) os << "  " << c.config << ": " << c.note << "\n";
   if (r.best < 0) os << "  no data-parallel candidate fits in device memory\n";
   os << "\n# placement: the link each axis's collectives cross (a group spanning two nodes is "
-        "priced at the inter-node link)\n";
+        "priced at the inter-node link; pp sends are priced by their own pair)\n";
   for (const ConfigPlan& c : r.configs) {
+    if (!c.not_built.empty()) continue;
     const std::string p = placement_text(c.placement);
     os << "  " << c.config << ": " << (p.empty() ? "one rank, no groups" : p) << "\n";
   }
@@ -144,7 +152,8 @@ void print_table(std::ostream& os, const Scenario& s, const PlanResult& r, const
   }
   os << "\n# MFU = 3 x forward FLOPs (parallel/flops.hpp: matmuls and attention, recompute not "
         "counted) x batch / (step time x ranks x peak); exposed = step - compute busy; bubble 0 "
-        "(no pipeline); memory = ledger model state + all-gather peak + activations\n"
+        "(no pipeline); memory = params + max(grads, gradient peak) + optimizer + all-gather peak "
+        "+ activations\n"
      << "# planned in " << r.wall_s << " s wall\n";
 }
 

@@ -1,8 +1,11 @@
 // Where a configuration's process groups sit on the cluster: for each parallel axis of size > 1,
 // its groups' world ranks (comm::DeviceMesh over the order string, as the engine builds them)
 // against the nodes (topology.ranks_per_node), and the link each group's collectives cross — the
-// slowest, as the simulator prices them (sim::group_link): inter-node as soon as a group's ranks
-// span two nodes. What `plan` says about "which collective goes on which link".
+// slowest, as the simulator prices a collective (sim::group_link): inter-node as soon as a group's
+// ranks span two nodes. What `plan` says about "which collective goes on which link". Two
+// qualifications: pp's traffic is sends between neighbouring stages, each priced by its own pair
+// (a pp group marked inter-node may have intra-node neighbours), and under hybrid_shard the dp
+// collectives run in shard and replica subgroups, not over the whole dp group.
 #pragma once
 
 #include <string>
@@ -26,8 +29,8 @@ struct AxisPlacement {
 // The axes tp, cp, ep, edp (expert data parallel, when ep > 1), dp, pp of size > 1, in that order.
 std::vector<AxisPlacement> placement_of(const Scenario& s, const ParallelSpec& p);
 
-// One line: "tp 8 intra-node (450 GB/s); dp 128 inter-node (50 GB/s, 128 of 128 groups span 16
-// nodes)"; "" for a single rank.
+// One line: "tp 8 intra-node (450 GB/s); dp 128 inter-node (50 GB/s; 8 of 8 groups span up to
+// 128 nodes)"; "" for a single rank.
 std::string placement_text(const std::vector<AxisPlacement>& v);
 
 }  // namespace shardcheck::harness

@@ -141,6 +141,10 @@ void explain(PlanResult& r) {
   for (std::size_t i = 0; i < r.configs.size(); ++i) {
     ConfigPlan& c = r.configs[i];
     const double mem = static_cast<double>(c.memory_per_rank_bytes);
+    if (!c.not_built.empty()) {
+      c.note = "not built by the engine yet: " + c.not_built;
+      continue;
+    }
     if (!c.modelled) {
       c.note =
           "not timed yet: the planner times data parallelism only (DDP, ZeRO-1/2/3, FSDP); "
@@ -251,6 +255,11 @@ PlanResult plan_scenario(const Scenario& s, const PlanOptions& o) {
     c.config = p.label();
     c.spec = p;
     c.world_size = p.mesh.world_size();
+    if (!data_parallel_only(p)) c.not_built = unsupported(s, p);
+    if (!c.not_built.empty()) {  // a valid mesh the engine does not build: no ledger to read
+      r.configs.push_back(c);
+      continue;
+    }
     c.placement = placement_of(s, p);
     const parallel::RankLedger fullest = ledger_at(s, p, p.mesh.dp);
     c.ledger = fullest.row;
@@ -373,6 +382,13 @@ nlohmann::json plan_json(const PlanResult& r) {
                      {"world_size", c.world_size},
                      {"modelled", c.modelled},
                      {"note", c.note}};
+    if (!c.not_built.empty()) {
+      for (const char* k : {"step_time_s", "memory_per_rank_bytes", "memory", "fits", "placement",
+                            "tokens_per_s", "mfu", "goodput"})
+        j[k] = nullptr;
+      cands.push_back(j);
+      continue;
+    }
     j["memory_per_rank_bytes"] = c.memory_per_rank_bytes;
     j["memory"] = memory_json(c.memory_rank, c.ledger);
     j["memory"]["source"] = data_parallel_only(c.spec)

@@ -1,6 +1,6 @@
 // The planner behind `shardcheck plan`: for every configuration of a scenario, memory on its
-// fullest rank from the mesh engine's own ledger (parallel/mp/mesh_ledger.hpp) and where its
-// groups sit (placement.hpp); for the data-parallel ones also the step skeleton
+// fullest rank (model-parallel meshes: the mesh engine's own ledger, parallel/mp/mesh_ledger.hpp)
+// and where its groups sit (placement.hpp); for the data-parallel ones also the step skeleton
 // (plan_skeleton.hpp) timed on the symmetric clock (plan_clock.hpp), tokens/s, MFU, strong and
 // weak scaling over plan.world_sizes, goodput under the scenario's failure model, and a ranking
 // of the candidates with a reason. Formulas are in harness/PLANNER.md. Tensor/pipeline/context/
@@ -72,7 +72,8 @@ struct ConfigPlan {
   int world_size = 0;
   bool modelled = false;                 // timed (data parallel only, for now)
   std::string note;                      // the ranking's one-line why (or why not timed)
-  std::vector<AxisPlacement> placement;  // every configuration
+  std::vector<AxisPlacement> placement;  // every configuration the engine builds
+  std::string not_built;                 // why the engine does not build this mesh ("" if it does)
   StepEval eval;
   double bubble_fraction = 0;                // pure data parallelism has no pipeline bubble
   parallel::LedgerRow ledger;                // the fullest rank's, every configuration

@@ -248,6 +248,23 @@ TEST(Plan, StepTimeAgreesWithTheEngineWhereTheyReduceAlike) {
     }
 }
 
+// A mesh the scenario accepts but the engine does not build yet (FSDP no_shard with TP) is
+// reported so, with no memory or placement, and the other candidates are still planned.
+TEST(Plan, AMeshTheEngineDoesNotBuildIsReportedNotBuilt) {
+  json j = small_json();
+  j["matrix"] = json::array({{{"dp", 4}, {"tp", 2}, {"fsdp", "no_shard"}}, {{"zero", 1}}});
+  const Scenario s = parse_scenario(j);
+  const PlanResult r = plan_scenario(s);
+  ASSERT_EQ(r.configs.size(), 2u);
+  EXPECT_FALSE(r.configs[0].not_built.empty());
+  EXPECT_NE(r.configs[0].note.find("not built by the engine yet"), std::string::npos)
+      << r.configs[0].note;
+  EXPECT_TRUE(r.configs[0].placement.empty());
+  EXPECT_TRUE(r.configs[1].modelled);
+  const json out = plan_json(r);
+  EXPECT_TRUE(out.at("candidates").at(0).at("memory_per_rank_bytes").is_null());
+}
+
 TEST(Plan, GoodputFollowsTheStatedFormula) {
   const Scenario s = parse_scenario(small_json());
   const PlanResult r = plan_scenario(s);

@@ -40,7 +40,8 @@ int64_t perfetto_ns(const nlohmann::json& us, const nlohmann::json& e) {
   EXPECT_TRUE(us.is_number()) << e.dump();
   const double v = us.get<double>() * 1000.0;
   const auto ns = std::llround(v);
-  EXPECT_NEAR(v, static_cast<double>(ns), 1e-6) << "not whole nanoseconds: " << e.dump();
+  EXPECT_NEAR(v, static_cast<double>(ns), 1e-9 * std::max(1.0, std::abs(v)))
+      << "not whole nanoseconds: " << e.dump();
   return ns;
 }
 
