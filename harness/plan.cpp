@@ -261,13 +261,14 @@ PlanResult plan_scenario(const Scenario& s, const PlanOptions& o) {
       continue;
     }
     c.placement = placement_of(s, p);
-    const parallel::RankLedger fullest = ledger_at(s, p, p.mesh.dp);
+    if (p.mesh.pp > 1)  // each stage's fullest rank, and the fullest of them
+      c.stages = parallel::mesh_ledger_stages(s.model, s.train, engine_options(s, p));
+    const parallel::RankLedger fullest =
+        c.stages.empty() ? ledger_at(s, p, p.mesh.dp) : parallel::fullest_of(c.stages);
     c.ledger = fullest.row;
     c.memory_rank = fullest.rank;
     c.memory_per_rank_bytes = c.ledger.total();
     c.fits = static_cast<double>(c.memory_per_rank_bytes) <= r.device_memory_bytes;
-    if (p.mesh.pp > 1)
-      c.stages = parallel::mesh_ledger_stages(s.model, s.train, engine_options(s, p));
     if (!data_parallel_only(p)) {
       r.configs.push_back(c);
       continue;

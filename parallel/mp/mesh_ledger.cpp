@@ -204,7 +204,10 @@ std::vector<RankLedger> mesh_ledger_stages(const ref::ModelConfig& model,
 
 RankLedger mesh_ledger_fullest(const ref::ModelConfig& model, const ref::TrainConfig& train,
                                const MeshOptions& options) {
-  const std::vector<RankLedger> stages = mesh_ledger_stages(model, train, options);
+  return fullest_of(mesh_ledger_stages(model, train, options));
+}
+
+RankLedger fullest_of(const std::vector<RankLedger>& stages) {
   return *std::max_element(stages.begin(), stages.end(), [](const auto& a, const auto& b) {
     return a.row.total() < b.row.total();
   });

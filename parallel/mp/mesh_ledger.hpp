@@ -38,6 +38,8 @@ RankLedger mesh_ledger_fullest(const ref::ModelConfig& model, const ref::TrainCo
 std::vector<RankLedger> mesh_ledger_stages(const ref::ModelConfig& model,
                                            const ref::TrainConfig& train,
                                            const MeshOptions& options);
+// The fullest of mesh_ledger_stages' rows (the first of equals); `stages` not empty.
+RankLedger fullest_of(const std::vector<RankLedger>& stages);
 
 // Every rank's row, in world-rank order.
 std::vector<LedgerRow> mesh_ledger_ranks(const ref::ModelConfig& model,
