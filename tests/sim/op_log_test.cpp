@@ -1,0 +1,81 @@
+// comm::RecordingCommunicator over the simulator: what it records (splits' groups included, waits
+// once), the cost view (one-rank groups and splits dropped, waits renumbered), and
+// first_difference finding a changed count.
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "comm/op_log.hpp"
+#include "sim/world.hpp"
+
+namespace shardcheck {
+namespace {
+
+using K = comm::OpRecord::Kind;
+
+// Every rank: step 1, a world all_reduce of `count` f32 waited twice, two computes, a split into
+// one-rank groups and an all_reduce there, a send / recv ring.
+std::vector<comm::OpLog> record(std::size_t count) {
+  sim::SimOptions o;
+  o.meta = true;
+  sim::SimWorld w(2, o);
+  std::vector<comm::OpLog> logs(2);
+  w.run([&](comm::Communicator& c) {
+    comm::RecordingCommunicator rec(c, logs[static_cast<std::size_t>(c.rank())]);
+    rec.begin_step(1);
+    comm::WorkPtr a = rec.all_reduce(comm::Buffer{nullptr, count, comm::DType::f32, {}});
+    a->wait();
+    a->wait();
+    rec.compute({.name = "forward", .flops = 1e6});
+    rec.compute({.name = "backward", .flops = 2e6, .bytes = 8});
+    auto alone = rec.split(c.rank(), 0, {.name = "alone"});
+    alone->all_reduce(comm::Buffer{nullptr, 4, comm::DType::f64, {}})->wait();
+    const int peer = 1 - c.rank();
+    comm::WorkPtr s = rec.send(comm::ConstBuffer{nullptr, 3, comm::DType::bf16}, peer);
+    rec.recv(comm::Buffer{nullptr, 3, comm::DType::bf16, {}}, peer)->wait();
+    s->wait();
+  });
+  return logs;
+}
+
+TEST(OpLog, RecordsEveryCallAndTheFirstWait) {
+  const comm::OpLog l = record(16).front();
+  std::vector<K> kinds;
+  for (const comm::OpRecord& r : l.records) kinds.push_back(r.kind);
+  EXPECT_EQ(kinds,
+            (std::vector<K>{K::begin_step, K::all_reduce, K::wait, K::compute, K::compute, K::split,
+                            K::all_reduce, K::wait, K::send, K::recv, K::wait, K::wait}));
+  ASSERT_EQ(l.groups.size(), 2u);
+  EXPECT_EQ(l.groups[1].name, "alone[0]");  // the simulator names a split group by its color
+  EXPECT_EQ(l.groups[1].members, std::vector<int>{0});
+  EXPECT_EQ(l.records[1].send_count, 16u);
+  EXPECT_EQ(l.records[2].op, 1u);
+  EXPECT_EQ(l.records[6].group, 1);
+  EXPECT_EQ(l.records[8].root_or_peer, 1);
+  EXPECT_EQ(l.records[11].op, 8u);
+  EXPECT_EQ(l.records[4].step, 1);
+}
+
+TEST(OpLog, CostViewKeepsWhatACostModelReads) {
+  const comm::OpLog v = comm::cost_view(record(16).front());
+  std::vector<K> kinds;
+  for (const comm::OpRecord& r : v.records) kinds.push_back(r.kind);
+  EXPECT_EQ(kinds, (std::vector<K>{K::begin_step, K::all_reduce, K::wait, K::compute, K::compute,
+                                   K::send, K::recv, K::wait, K::wait}));
+  EXPECT_DOUBLE_EQ(v.records[4].flops, 2e6);
+  EXPECT_DOUBLE_EQ(v.records[4].bytes, 8);
+  EXPECT_EQ(v.records[8].op, 5u);  // renumbered: the send's index in the view
+}
+
+TEST(OpLog, FirstDifferenceNamesTheRecord) {
+  const std::vector<comm::OpLog> a = record(16), b = record(17);
+  EXPECT_EQ(comm::first_difference(comm::cost_view(a[0]), comm::cost_view(a[0])), "");
+  const std::string d = comm::first_difference(comm::cost_view(a[0]), comm::cost_view(b[0]));
+  EXPECT_NE(d.find("record 1 differs"), std::string::npos) << d;
+  EXPECT_NE(d.find("f32 x 17"), std::string::npos) << d;
+  // The two ranks' sends go to different peers.
+  EXPECT_NE(comm::first_difference(comm::cost_view(a[0]), comm::cost_view(a[1])), "");
+}
+
+}  // namespace
+}  // namespace shardcheck
