@@ -265,11 +265,17 @@ bool near(double a, double b, double rel) {
   return std::fabs(a - b) <= rel * std::max(std::fabs(a), std::fabs(b));
 }
 
-bool same(const OpLog& la, const OpRecord& a, const OpLog& lb, const OpRecord& b, double rel) {
+bool same(const OpLog& la, const OpRecord& a, const OpLog& lb, const OpRecord& b,
+          const CompareOptions& o) {
   using K = OpRecord::Kind;
+  const double rel = o.rel_tol;
   if (a.kind != b.kind) return false;
-  if (a.kind == K::compute)
-    return a.name == b.name && near(a.flops, b.flops, rel) && near(a.bytes, b.bytes, rel);
+  if (a.kind == K::compute) {
+    if (a.name != b.name || !near(a.bytes, b.bytes, rel)) return false;
+    if (std::find(o.upper_bounds.begin(), o.upper_bounds.end(), a.name) != o.upper_bounds.end())
+      return b.flops >= a.flops * (1 - rel);
+    return near(a.flops, b.flops, rel);
+  }
   if (a.kind == K::wait) return a.op == b.op;
   if (a.kind == K::begin_step) return a.step == b.step;
   const auto members = [](const OpLog& l, const OpRecord& r) -> const std::vector<int>& {
@@ -290,11 +296,10 @@ void context(std::ostringstream& os, const char* side, const OpLog& l, std::size
 
 }  // namespace
 
-std::string first_difference(const OpLog& a, const OpLog& b, double rel_tol) {
+std::string first_difference(const OpLog& a, const OpLog& b, const CompareOptions& o) {
   const std::size_t n = std::max(a.records.size(), b.records.size());
   for (std::size_t i = 0; i < n; ++i) {
-    if (i < a.records.size() && i < b.records.size() &&
-        same(a, a.records[i], b, b.records[i], rel_tol))
+    if (i < a.records.size() && i < b.records.size() && same(a, a.records[i], b, b.records[i], o))
       continue;
     std::ostringstream os;
     os << "record " << i << " differs (" << a.records.size() << " and " << b.records.size()

@@ -106,10 +106,16 @@ class RecordingCommunicator final : public Communicator {
 // are compared by their members).
 OpLog cost_view(const OpLog& log, int first_step = 1);
 
+struct CompareOptions {
+  double rel_tol = 1e-9;  // relative, for FLOPs and bytes
+  // Compute reports whose FLOPs depend on the data (MoE experts: what the router kept), where the
+  // second log states an assumption that bounds the first from above.
+  std::vector<std::string> upper_bounds;
+};
 // The first difference between two cost views, "" when equal: communication ops must agree in
 // kind, members, dtype, counts, reduction, root or peer and tag; waits in what they wait on;
-// compute reports in name, and FLOPs and bytes within `rel_tol` (relative). Each side is described
-// with a few records around it.
-std::string first_difference(const OpLog& a, const OpLog& b, double rel_tol = 1e-9);
+// compute in name, and FLOPs and bytes within rel_tol (an upper_bounds name: b's FLOPs at least
+// a's). Each side is described with a few records around it.
+std::string first_difference(const OpLog& a, const OpLog& b, const CompareOptions& o = {});
 
 }  // namespace shardcheck::comm

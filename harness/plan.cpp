@@ -39,26 +39,12 @@ std::string fmt(const char* spec, double v) {
   return buf;
 }
 
-// Memory of the configuration's fullest rank at DP size dp. A data-parallel configuration is
-// timed by the skeleton, which reduce-scatters each unit's gradient in its backward as PyTorch
-// FSDP and DeepSpeed ZeRO-2 do; its memory is the data-parallel ledger of that same step
-// (parallel/ledger.hpp). Every other mesh: the mesh engine's own ledger. (The mesh engine keeps
-// the full local gradient until the step's reduction under ZeRO-2/3 and FSDP too, so its ledger
-// is higher there; issue 17 moves the data-parallel rows onto it once the engine reduces per
-// unit.)
+// Memory of the configuration's fullest rank at DP size dp: the mesh engine's own ledger, for
+// every configuration (the skeleton times that engine's step).
 parallel::RankLedger ledger_at(const Scenario& s, const ParallelSpec& p, int dp) {
   ParallelSpec q = p;
   q.mesh.dp = dp;
-  if (!data_parallel_only(q))
-    return parallel::mesh_ledger_fullest(s.model, s.train, engine_options(s, q));
-  parallel::LedgerInput in;
-  in.model = s.model;
-  in.recipe = parallel::recipe_of(s.train.precision);
-  in.options = data_parallel_view(engine_options(s, q));
-  in.dp = dp;
-  in.micro_batch = s.train.micro_batch;
-  in.recompute = s.train.recompute;
-  return {0, parallel::ledger(in)};
+  return parallel::mesh_ledger_fullest(s.model, s.train, engine_options(s, q));
 }
 
 Goodput goodput_of(const PlanSpec& f, int world, double step_s, double tokens_per_s) {
@@ -185,14 +171,10 @@ void explain(PlanResult& r) {
       }
     }
     if (c.eval.asymmetric) n += "; groups differ in size or link, times are an upper bound";
-    if (c.strategy == "fsdp:no_shard")
-      n += "; timed with one all_reduce per unit and microbatch; the mesh engine all_reduces the "
-           "whole gradient once per microbatch, and its step differs "
-           "(reports/2026-12-02-planner-against-engine-cpu.md)";
-    else if (c.strategy != "ddp" && c.strategy != "zero1")
-      n += "; timed as PyTorch FSDP reduces (each unit's gradient reduce-scattered in every "
-           "microbatch's backward); the mesh engine reduces once per step after the pipeline "
-           "flush, and its step differs (reports/2026-12-02-planner-against-engine-cpu.md)";
+    if (c.strategy != "ddp" && c.strategy != "zero1" && c.strategy != "fsdp:no_shard")
+      n += "; gradients accumulate in a full local buffer and are reduce-scattered once per step "
+           "(the engine's, as Megatron's grad buffer; PyTorch FSDP reduce-scatters each "
+           "microbatch and holds shards only)";
     c.note = n + exposed;
   }
 }
@@ -392,9 +374,7 @@ nlohmann::json plan_json(const PlanResult& r) {
     }
     j["memory_per_rank_bytes"] = c.memory_per_rank_bytes;
     j["memory"] = memory_json(c.memory_rank, c.ledger);
-    j["memory"]["source"] = data_parallel_only(c.spec)
-                                ? "data-parallel ledger (the skeleton's step)"
-                                : "mesh engine ledger";
+    j["memory"]["source"] = "mesh engine ledger";
     if (!c.stages.empty()) {
       nlohmann::json st = nlohmann::json::array();
       for (std::size_t k = 0; k < c.stages.size(); ++k) {
@@ -477,9 +457,7 @@ nlohmann::json plan_json(const PlanResult& r) {
        "checkpoint_save_s, R = restart_s; Young's interval sqrt(2*delta/lambda)"},
       {"memory_per_rank",
        "the fullest rank's params + max(grads, gradient peak) + optimizer + all-gather peak + "
-       "activation peak; data-parallel rows: the ledger of the skeleton's step "
-       "(parallel/ledger.hpp), other meshes: the mesh engine's ledger "
-       "(parallel/mp/mesh_ledger.hpp)"},
+       "activation peak, from the mesh engine's ledger (parallel/mp/mesh_ledger.hpp)"},
       {"placement",
        "per axis, the groups of the order string's mesh against ranks_per_node; a group "
        "spanning two nodes is priced at the inter-node link"}};

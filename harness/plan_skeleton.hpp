@@ -1,45 +1,48 @@
-// The step skeleton of a data-parallel configuration: the communication pattern the former
-// data-parallel engine issued (per-microbatch reduce_scatters; the mesh engine that replaced it
-// reduces once per step, issue 17) with its compute() costs
-// (parallel/flops.hpp), sized for the real model, issued with null buffers and real counts. It runs
-// on any comm::Communicator that moves no data: sim::SimWorld in meta mode (every rank a thread)
-// or the planner's SymmetricClock (one representative rank). Timing only: no numerics, no memory
-// books (the planner takes memory from parallel::ledger).
+// The step skeleton of a data-parallel configuration: what the mesh engine (parallel/mp/
+// mesh_engine.cpp) issues on a mesh with dp ranks only, sized for the real model, with null
+// buffers and real counts. Its layout and order come from the engine's own pieces: its parameters
+// (local_params), flat buffers and shards (flat_classes), ZeRO-3 / FSDP residency (Residency over
+// chunk_uses), pipeline order (pipeline_schedule), and its compute reports (parallel/costs.hpp);
+// what it writes itself (the bucket fill, the reductions' order) is checked against the engine by
+// the conformance test (harness/conformance.hpp: the op logs of both runs are equal for every
+// data-parallel configuration of the parity matrix). It runs on any comm::Communicator that moves
+// no data: sim::SimWorld in meta mode (every rank a thread) or the planner's SymmetricClock (one
+// representative rank). Timing only: no numerics, no memory books.
+// Stated assumption: MoE experts keep every top-k assignment (no capacity drops; an upper bound).
 #pragma once
 
 #include <cstddef>
+#include <map>
 #include <string>
 #include <vector>
 
 #include "comm/communicator.hpp"
 #include "harness/plan_clock.hpp"
 #include "harness/scenario.hpp"
-#include "parallel/data_parallel.hpp"
-#include "parallel/flat.hpp"
-#include "parallel/fsdp.hpp"
 #include "parallel/ledger.hpp"
+#include "parallel/mp/mesh_engine.hpp"
+#include "parallel/mp/mesh_params.hpp"
+#include "parallel/mp/mesh_zero.hpp"
 #include "reference/config.hpp"
 
 namespace shardcheck::harness {
 
 struct SkeletonSpec {
   ref::ModelConfig model;
+  ref::TrainConfig train;      // precision, micro batch, recompute
+  parallel::MeshOptions mesh;  // the engine's options (zero, fsdp, buckets, overlap, health)
   parallel::Recipe recipe;
-  parallel::DataParallelOptions options;        // strategy, buckets, overlap, FSDP details
   comm::DType param_dtype = comm::DType::bf16;  // what parameter all_gathers move
   comm::DType grad_dtype = comm::DType::f32;    // what gradient reductions move
   int dp = 1;                                   // ranks in the data-parallel group (the world)
   int local_batch = 1;                          // sequences per rank per step
-  int micro_batch = 1;                          // sequences per microbatch
-  ref::Recompute recompute = ref::Recompute::kNone;
-  bool health_check = true;  // the one-i32-per-rank all_gather `shardcheck run` turns on
   int steps = 2;
 };
 
 // The skeleton of configuration p at DP size dp with this global batch (sequences per step).
-// reduce_dtype overrides the recipe's gradient reduction dtype (a what-if: the engine reduces in
-// the recipe's grad dtype, f32 in the bf16 recipe). Throws ScenarioError when the batch does not
-// split into whole microbatches per rank.
+// reduce_dtype overrides the gradient reduction dtype (a what-if: the engine reduces in its
+// numeric type, f32 in the bf16 recipe). Throws ScenarioError when the batch does not split into
+// whole microbatches per rank.
 SkeletonSpec skeleton_spec(const Scenario& s, const ParallelSpec& p, int dp, int global_batch,
                            const comm::DType* reduce_dtype = nullptr);
 
@@ -58,31 +61,16 @@ class Skeleton {
   double model_flops_per_step() const;
   double hardware_flops_per_step() const;
 
-  struct Unit {              // one wrap unit's flat buffer
-    std::vector<int> units;  // layerwise units
-    std::size_t padded = 0;  // elements of the padded buffer (P_u)
-    std::size_t shard = 0;   // elements each rank owns (S_u)
-  };
-
  private:
   friend class SkeletonRun;
   SkeletonSpec spec_;
-  bool full_buckets_ = false;    // DDP / ZeRO-1: bucketed all_reduce in the last microbatch
-  bool sharded_params_ = false;  // ZeRO-3 / FSDP (not no_shard)
-  bool sharded_grads_ = false;   // norm all_reduce over the shard group
-  bool no_shard_ = false;
-  bool gather_after_update_ = false;  // ZeRO-1/2
-  int shard_size_ = 1;                // members of the sharding group
-  std::vector<Unit> groups_;
-  std::vector<int> group_of_;  // layerwise unit -> group
-  std::vector<parallel::Range> buckets_;
-  std::vector<std::vector<int>> bucket_units_;
-  std::vector<int> uses_;  // for the residency plan
-  parallel::ResidencyPlan plan_{{}, false, 0, 0, -1};
-  std::size_t owned_elems_ = 0;      // optimizer elements per rank
-  std::vector<double> block_flops_;  // forward FLOPs of one microbatch per block
-  double head_flops_ = 0;
-  std::vector<std::string> names_;  // timeline labels
+  int zero_ = 0;           // the engine's stage (FSDP other than no_shard: 3)
+  bool no_shard_ = false;  // FSDP no_shard: each microbatch's gradient all_reduced
+  int shard_size_ = 1;     // members of each class's sharding group (hybrid: the shard group)
+  double elem_ = 4;        // bytes of the engine's numeric type
+  std::vector<parallel::LocalParam> specs_;
+  std::vector<parallel::FlatClass> classes_;
+  std::map<int, int> wrap_of_;  // layerwise unit -> wrap unit
 };
 
 }  // namespace shardcheck::harness

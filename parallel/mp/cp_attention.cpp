@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <string>
 
+#include "parallel/costs.hpp"
 #include "parallel/mp/cp_ring.hpp"
 
 namespace shardcheck::parallel {
@@ -115,8 +116,9 @@ ref::Tensor<T> heads_to_rows(comm::Communicator& cp, const CpAttentionCache<T>& 
 }
 
 // Causal attention of `heads` heads over s rows: about half of the s*s score matrix.
-double attention_flops(int64_t s, int heads, int64_t d, double per_element) {
-  return per_element * static_cast<double>(s * (s + 1) / 2 * heads * d);
+template <class T>
+costs::UlyssesShape ulysses_shape(const CpAttentionCache<T>& c) {
+  return {c.seq_len, c.sub_shape.heads, c.sub_shape.kv_heads, c.head_dim};
 }
 
 }  // namespace
@@ -151,11 +153,7 @@ ref::Tensor<T> cp_attention_forward(comm::Communicator& cp, CpAlgo algo, const T
   cache.v = rows_to_heads(cp, cache, v);
   const ref::Tensor<T> o = ref::attention_forward(cache.q, cache.k, cache.v, doc_ids,
                                                   cache.sub_shape, cache.sub_dropout, &cache.probs);
-  const double bytes = static_cast<double>(
-      (2 * cache.q.numel() + 2 * cache.k.numel() + cache.probs.numel()) * sizeof(T));
-  cp.compute({.name = "cp ulysses attention forward",
-              .flops = attention_flops(cache.seq_len, cache.sub_shape.heads, cache.head_dim, 4),
-              .bytes = bytes});
+  cp.compute(costs::ulysses_forward(ulysses_shape(cache), sizeof(T)));
   return heads_to_rows(cp, cache, o);
 }
 
@@ -180,20 +178,13 @@ void cp_attention_backward(comm::Communicator& cp, const ref::Tensor<T>& dout,
   if (cache.probs.numel() == 0) {
     ref::attention_forward(cache.q, cache.k, cache.v, cache.doc_ids, cache.sub_shape,
                            cache.sub_dropout, &recomputed);
-    cp.compute({.name = "cp ulysses attention recompute",
-                .flops = attention_flops(cache.seq_len, cache.sub_shape.heads, cache.head_dim, 4),
-                .bytes = static_cast<double>(
-                    (2 * cache.q.numel() + 2 * cache.k.numel() + recomputed.numel()) * sizeof(T))});
+    cp.compute(costs::ulysses_recompute(ulysses_shape(cache), sizeof(T)));
   }
   const ref::Tensor<T>& probs = cache.probs.numel() == 0 ? recomputed : cache.probs;
   ref::Tensor<T> dqf, dkf, dvf;
   ref::attention_backward(dfull, cache.q, cache.k, cache.v, cache.sub_shape, cache.sub_dropout,
                           probs, dqf, dkf, dvf);
-  const double bytes = static_cast<double>(
-      (3 * cache.q.numel() + 4 * cache.k.numel() + cache.probs.numel()) * sizeof(T));
-  cp.compute({.name = "cp ulysses attention backward",
-              .flops = attention_flops(cache.seq_len, cache.sub_shape.heads, cache.head_dim, 10),
-              .bytes = bytes});
+  cp.compute(costs::ulysses_backward(ulysses_shape(cache), cache.probs.numel() > 0, sizeof(T)));
   dq = heads_to_rows(cp, cache, dqf);
   dk = heads_to_rows(cp, cache, dkf);
   dv = heads_to_rows(cp, cache, dvf);

@@ -11,6 +11,7 @@
 #include <string>
 #include <utility>
 
+#include "parallel/costs.hpp"
 #include "parallel/testing.hpp"
 
 namespace shardcheck::parallel {
@@ -273,9 +274,8 @@ ref::Tensor<T> ep_moe_forward(const EpGroups& g, const TokenLayout& layout, cons
 
   // Router on the local rows, then the whole sequence's probabilities and routing.
   c.probs = softmax_rows(ref::linear_forward(x, router));
-  g.ep->compute({.name = "moe router",
-                 .flops = 2.0 * static_cast<double>(n * h * e_n),
-                 .bytes = static_cast<double>((n * h + h * e_n + 2 * n * e_n) * sizeof(T))});
+  g.ep->compute(costs::moe_router(static_cast<double>(n), static_cast<double>(h),
+                                  static_cast<double>(e_n), sizeof(T)));
   ref::Tensor<T> full;
   if (layout.cp() > 1)
     full = gather_sequence(layout, *g.cp, g.tp, c.probs);
@@ -329,13 +329,14 @@ ref::Tensor<T> ep_moe_forward(const EpGroups& g, const TokenLayout& layout, cons
   c.in = split_batches(recv, ix, c.recv_count, ep, epl, h);
   c.mlp.assign(static_cast<std::size_t>(epl), {});
   std::vector<ref::Tensor<T>> outs(static_cast<std::size_t>(epl));
-  double flops = 0;
+  int64_t kept = 0;
   for (int j = 0; j < epl; ++j) {
     const auto ju = static_cast<std::size_t>(j);
     outs[ju] = ref::mlp_forward(c.in[ju], *local_w_up[ju], *local_w_down[ju], &c.mlp[ju]);
-    flops += 4.0 * static_cast<double>(ix.batch_rows[ju] * h * local_w_up[ju]->dim(1));
+    kept += ix.batch_rows[ju];
   }
-  g.ep->compute({.name = "moe experts forward", .flops = flops});
+  g.ep->compute(costs::moe_experts_forward(static_cast<double>(kept), static_cast<double>(h),
+                                           static_cast<double>(local_w_up.front()->dim(1))));
 
   // Combine: outputs back to the senders, then y_t = sum of kept choices in choice order.
   c.out = exchange(*g.ep, join_batches(outs, ix, c.recv_count, ep, epl, h), from_peer, to_peer, h);
@@ -395,7 +396,7 @@ ref::Tensor<T> ep_moe_backward(const EpGroups& g, const ref::Tensor<T>& dy, cons
   const RecvIndex ix = recv_index(c.recv_count, ep, epl);
   const std::vector<ref::Tensor<T>> dout = split_batches(drecv, ix, c.recv_count, ep, epl, h);
   std::vector<ref::Tensor<T>> din(static_cast<std::size_t>(epl));
-  double flops = 0;
+  int64_t kept = 0;
   for (int j = 0; j < epl; ++j) {
     const auto ju = static_cast<std::size_t>(j);
     if (parts == 1) {
@@ -413,9 +414,10 @@ ref::Tensor<T> ep_moe_backward(const EpGroups& g, const ref::Tensor<T>& dy, cons
                  din[ju]);
       }
     }
-    flops += 8.0 * static_cast<double>(ix.batch_rows[ju] * h * c.w_up[ju]->dim(1));
+    kept += ix.batch_rows[ju];
   }
-  g.ep->compute({.name = "moe experts backward", .flops = flops});
+  g.ep->compute(costs::moe_experts_backward(static_cast<double>(kept), static_cast<double>(h),
+                                            static_cast<double>(c.w_up.front()->dim(1))));
   const ref::Tensor<T> dx_rows =
       exchange(*g.ep, join_batches(din, ix, c.recv_count, ep, epl, h), from_peer, to_peer, h);
   // Send order is expert order, so each row adds its experts' parts in expert order (as the
@@ -452,7 +454,8 @@ ref::Tensor<T> ep_moe_backward(const EpGroups& g, const ref::Tensor<T>& dy, cons
     for (int e = 0; e < e_n; ++e) dlogits.at(i, e) = c.probs.at(i, e) * (dprobs.at(i, e) - dot);
   }
   ref::add_inplace(dx, ref::linear_backward(dlogits, c.x, *c.router, drouter));
-  g.ep->compute({.name = "moe router backward", .flops = 4.0 * static_cast<double>(n * h * e_n)});
+  g.ep->compute(costs::moe_router_backward(static_cast<double>(n), static_cast<double>(h),
+                                           static_cast<double>(e_n)));
   return dx;
 }
 

@@ -10,6 +10,7 @@
 #include <type_traits>
 
 #include "parallel/adamw.hpp"
+#include "parallel/costs.hpp"
 #include "parallel/flops.hpp"
 #include "parallel/testing.hpp"
 #include "reference/bf16.hpp"
@@ -307,11 +308,7 @@ void MeshOptimizer<T>::update(const ref::ParamMap<T>& grads, double clip_factor,
     share(c, params);
   }
   for (auto& [name, v] : stale) params[name].vec() = std::move(v);
-  env_.world->compute({.name = "adamw",
-                       .flops = adamw_flops(static_cast<double>(owned)),
-                       .bytes = static_cast<double>(owned) *
-                                static_cast<double>(env_.recipe.param + env_.recipe.grad +
-                                                    env_.recipe.optimizer())});
+  env_.world->compute(costs::adamw(static_cast<double>(owned), env_.recipe));
 }
 
 // ZeRO >= 1: every rank updated its shard of the replicated working parameters; all_gather them

@@ -7,6 +7,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "parallel/costs.hpp"
 #include "parallel/testing.hpp"
 #include "reference/attention.hpp"
 #include "reference/moe.hpp"
@@ -20,13 +21,17 @@ std::string layer_prefix(int layer) {
   return "layers." + std::to_string(layer) + ".";
 }
 
-void cost(const BlockEnv& env, const char* name, double flops, double bytes = 0) {
-  env.tp->compute({.name = name, .flops = flops, .bytes = bytes});
+void cost(const BlockEnv& env, const comm::ComputeCost& c) {
+  env.tp->compute(c);
+}
+// Rows of an activation [rows, features], and a weight's columns other than its h-wide side.
+template <class T>
+double rows_of(const Tensor<T>& x) {
+  return static_cast<double>(x.numel() / x.shape().back());
 }
 template <class T>
-double matmul_flops(const Tensor<T>& x, const Tensor<T>& w) {
-  return 2.0 * static_cast<double>(x.numel() / x.shape().back()) * static_cast<double>(w.dim(0)) *
-         static_cast<double>(w.dim(1));
+double cols_of(const Tensor<T>& w, int64_t h) {
+  return static_cast<double>(w.numel() / h);
 }
 
 // The CP rank's rows from this rank's rows (SP: all_gather over TP; else the same tensor).
@@ -155,7 +160,8 @@ Tensor<T> mp_block_forward(const BlockEnv& env, const ref::ParamMap<T>& params, 
   c.q = ref::linear_forward(c.a_full, wq);
   c.k = ref::linear_forward(c.a_full, wk);
   c.v = ref::linear_forward(c.a_full, wv);
-  cost(env, "qkv", matmul_flops(c.a_full, wq) + 2 * matmul_flops(c.a_full, wk));
+  const int64_t h = env.model->hidden;
+  cost(env, costs::qkv(rows_of(c.a_full), static_cast<double>(h), cols_of(wq, h), cols_of(wk, h)));
   const std::vector<int32_t> pos = cp_positions(env, seq);
   ref::rope_apply(c.q, std::span<const int32_t>(pos), hl, false);
   ref::rope_apply(c.k, std::span<const int32_t>(pos), kvl, false);
@@ -163,7 +169,7 @@ Tensor<T> mp_block_forward(const BlockEnv& env, const ref::ParamMap<T>& params, 
                              std::span<const int32_t>(seq.doc_ids), ref::AttentionShape{hl, kvl},
                              dropout_of(env, ctx, layer, seq), c.attn, env.planted);
   Tensor<T> part = ref::linear_forward(c.o, wo);
-  cost(env, "wo", matmul_flops(c.o, wo));
+  cost(env, costs::wo(rows_of(c.o), cols_of(wo, h), static_cast<double>(h)));
   c.x_mid = x;
   ref::add_inplace(c.x_mid, reduce_out(env, std::move(part), true));
   c.b = ref::rmsnorm_forward(c.x_mid, params[p + "mlp_norm.weight"], &c.rstd2);
@@ -187,7 +193,7 @@ Tensor<T> mp_block_forward(const BlockEnv& env, const ref::ParamMap<T>& params, 
     const Tensor<T>& w_up = params[p + "mlp.w_up"];
     const Tensor<T>& w_down = params[p + "mlp.w_down"];
     Tensor<T> mlp_part = ref::mlp_forward(c.b_full, w_up, w_down, &c.mlp);
-    cost(env, "mlp", matmul_flops(c.b_full, w_up) + matmul_flops(c.mlp.act, w_down));
+    cost(env, costs::mlp(rows_of(c.b_full), static_cast<double>(h), cols_of(w_up, h)));
     ref::add_inplace(x_out, reduce_out(env, std::move(mlp_part), true));
   }
   return x_out;
@@ -200,6 +206,7 @@ Tensor<T> mp_block_backward(const BlockEnv& env, const ref::ParamMap<T>& params,
                             std::vector<ref::ParamMap<T>>* expert_parts) {
   const std::string p = layer_prefix(layer);
   const int hl = env.local_heads(), kvl = env.local_kv_heads();
+  const int64_t h = env.model->hidden;
   Tensor<T> dx = dy;
   Tensor<T> db;
   if (env.model->is_moe_layer(layer)) {
@@ -222,9 +229,8 @@ Tensor<T> mp_block_backward(const BlockEnv& env, const ref::ParamMap<T>& params,
     Tensor<T> db_full =
         ref::mlp_backward(d_full, c.b_full, params[p + "mlp.w_up"], params[p + "mlp.w_down"], c.mlp,
                           grads[p + "mlp.w_up"], grads[p + "mlp.w_down"]);
-    cost(env, "mlp backward",
-         2 * (matmul_flops(c.b_full, params[p + "mlp.w_up"]) +
-              matmul_flops(c.mlp.act, params[p + "mlp.w_down"])));
+    cost(env, costs::mlp_backward(rows_of(c.b_full), static_cast<double>(h),
+                                  cols_of(params[p + "mlp.w_up"], h)));
     db = gather_in_backward(env, std::move(db_full));
   }
   ref::add_inplace(dx, ref::rmsnorm_backward(db, c.x_mid, params[p + "mlp_norm.weight"], c.rstd2,
@@ -243,10 +249,9 @@ Tensor<T> mp_block_backward(const BlockEnv& env, const ref::ParamMap<T>& params,
                    ref::linear_backward(dk, c.a_full, params[p + "attn.wk"], grads[p + "attn.wk"]));
   ref::add_inplace(da_full,
                    ref::linear_backward(dv, c.a_full, params[p + "attn.wv"], grads[p + "attn.wv"]));
-  cost(env, "attention projections backward",
-       2 * (matmul_flops(c.a_full, params[p + "attn.wq"]) +
-            2 * matmul_flops(c.a_full, params[p + "attn.wk"]) +
-            matmul_flops(c.o, params[p + "attn.wo"])));
+  cost(env, costs::projections_backward(rows_of(c.a_full), static_cast<double>(h),
+                                        cols_of(params[p + "attn.wq"], h),
+                                        cols_of(params[p + "attn.wk"], h)));
   const Tensor<T> da = gather_in_backward(env, std::move(da_full));
   ref::add_inplace(dx, ref::rmsnorm_backward(da, c.x_in, params[p + "attn_norm.weight"], c.rstd1,
                                              grads[p + "attn_norm.weight"]));

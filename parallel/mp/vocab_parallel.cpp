@@ -4,6 +4,7 @@
 #include <cmath>
 #include <string>
 
+#include "parallel/costs.hpp"
 #include "parallel/testing.hpp"
 #include "reference/ops.hpp"
 
@@ -98,9 +99,8 @@ std::vector<double> vocab_head_forward(comm::Communicator& tp, const ref::Tensor
   // column is the full logits' column computed the same way.
   cache.logits =
       tied ? ref::linear_t_forward(y, weight_local) : ref::linear_forward(y, weight_local);
-  tp.compute({.name = "vocab head forward",
-              .flops = 2.0 * static_cast<double>(n * h * vl),
-              .bytes = kBytes<T> * static_cast<double>(n * h + h * vl + n * vl)});
+  tp.compute(costs::vocab_head_forward(static_cast<double>(n), static_cast<double>(h),
+                                       static_cast<double>(vl), kBytes<T>));
   cache.targets.assign(targets.begin(), targets.end());
   cache.vocab_offset = vocab_offset;
 
@@ -170,9 +170,8 @@ ref::Tensor<T> vocab_head_backward(comm::Communicator& tp, const ref::Tensor<T>&
   }
   ref::Tensor<T> dy = tied ? ref::linear_t_backward(dlogits, y, weight_local, dweight_local)
                            : ref::linear_backward(dlogits, y, weight_local, dweight_local);
-  tp.compute({.name = "vocab head backward",
-              .flops = 4.0 * static_cast<double>(n * h * vl),
-              .bytes = kBytes<T> * static_cast<double>(2 * n * h + 2 * h * vl + n * vl)});
+  tp.compute(costs::vocab_head_backward(static_cast<double>(n), static_cast<double>(h),
+                                        static_cast<double>(vl), kBytes<T>));
   all_reduce_sum(tp, dy);
   return dy;
 }

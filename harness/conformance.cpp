@@ -1,0 +1,75 @@
+// The conformance check of conformance.hpp.
+#include "harness/conformance.hpp"
+
+#include "harness/driver.hpp"
+#include "harness/plan_skeleton.hpp"
+#include "harness/sim_options.hpp"
+#include "reference/data.hpp"
+#include "sim/world.hpp"
+
+namespace shardcheck::harness {
+
+namespace {
+
+Scenario calm(const Scenario& s) {
+  Scenario c = s;
+  c.faults.clear();
+  return c;
+}
+
+}  // namespace
+
+std::vector<comm::OpLog> engine_op_logs(const Scenario& scenario, const ParallelSpec& p,
+                                        parallel::testing::Mutation planted) {
+  const Scenario s = calm(scenario);
+  const int n = p.mesh.world_size();
+  const ref::Dataset ds = ref::build_dataset(s.data, s.model, s.seed);
+  sim::SimOptions o = sim_options(s, n);
+  o.record_timeline = false;
+  sim::SimWorld world(n, o);
+  std::vector<comm::OpLog> logs(static_cast<std::size_t>(n));
+  world.run([&](comm::Communicator& c) {
+    comm::RecordingCommunicator rec(c, logs[static_cast<std::size_t>(c.rank())]);
+    const auto engine = build_engine(rec, s, p, {.inject_faults = false, .planted = planted});
+    drive(s, ds, *engine);
+  });
+  return logs;
+}
+
+std::vector<comm::OpLog> planner_op_logs(const Scenario& scenario, const ParallelSpec& p) {
+  if (model_parallel(p))
+    throw ScenarioError("$.parallel", p.label() +
+                                          " is model-parallel: the planner times data "
+                                          "parallelism only so far");
+  const Scenario s = calm(scenario);
+  const int n = p.mesh.world_size();
+  SkeletonSpec spec = skeleton_spec(s, p, n, s.train.global_batch);
+  spec.steps = s.train.steps;
+  const Skeleton k(spec);
+  sim::SimOptions o = sim_options(s, n);
+  o.meta = true;
+  o.record_timeline = false;
+  sim::SimWorld world(n, o);
+  std::vector<comm::OpLog> logs(static_cast<std::size_t>(n));
+  world.run([&](comm::Communicator& c) {
+    comm::RecordingCommunicator rec(c, logs[static_cast<std::size_t>(c.rank())]);
+    k.run(rec);
+  });
+  return logs;
+}
+
+std::string conformance(const Scenario& s, const ParallelSpec& p,
+                        parallel::testing::Mutation planted) {
+  const std::vector<comm::OpLog> engine = engine_op_logs(s, p, planted);
+  const std::vector<comm::OpLog> planner = planner_op_logs(s, p);
+  // The planner's routing assumption: every top-k assignment kept (plan_skeleton.hpp).
+  const comm::CompareOptions o{.upper_bounds = {"moe experts forward", "moe experts backward"}};
+  for (std::size_t r = 0; r < engine.size(); ++r) {
+    const std::string d =
+        comm::first_difference(comm::cost_view(engine[r]), comm::cost_view(planner[r]), o);
+    if (!d.empty()) return p.label() + ", rank " + std::to_string(r) + ": " + d;
+  }
+  return "";
+}
+
+}  // namespace shardcheck::harness

@@ -1,0 +1,117 @@
+// The compute reports (comm::Communicator::compute) of the mesh engine's pieces, as functions of
+// shapes only: the one description of what a sublayer costs, called by the numeric pieces with
+// their tensors' shapes (parallel/mp/) and by the planner's timing-only run with the shapes it
+// derives from the model and mesh (harness/plan_skeleton.cpp), so the two report the same. A matmul
+// [m,k]·[k,n] is 2·m·k·n FLOPs; a backward is twice its forward; attention counts the causal half
+// (s·(s+1)/2 query-key pairs per head), as a causal kernel computes it (parallel/flops.hpp's MFU
+// counts the full s², as the usual model-FLOPs formulas do). `elem` is the bytes of one element of
+// the numeric type, for the memory traffic of the bandwidth-bound pieces.
+#pragma once
+
+#include <cstdint>
+
+#include "comm/communicator.hpp"
+#include "parallel/flops.hpp"
+#include "parallel/ledger.hpp"
+
+namespace shardcheck::parallel::costs {
+
+inline double matmul(double m, double k, double n) {
+  return 2.0 * m * k * n;
+}
+
+// The attention block's projections over `rows` tokens of width h: q (q_cols = local heads · d),
+// k and v (kv_cols each), and the output projection.
+inline comm::ComputeCost qkv(double rows, double h, double q_cols, double kv_cols) {
+  return {.name = "qkv", .flops = matmul(rows, h, q_cols) + 2 * matmul(rows, h, kv_cols)};
+}
+inline comm::ComputeCost wo(double rows, double q_cols, double h) {
+  return {.name = "wo", .flops = matmul(rows, q_cols, h)};
+}
+inline comm::ComputeCost projections_backward(double rows, double h, double q_cols,
+                                              double kv_cols) {
+  return {.name = "attention projections backward",
+          .flops = 2 * (matmul(rows, h, q_cols) + 2 * matmul(rows, h, kv_cols) +
+                        matmul(rows, q_cols, h))};
+}
+// The dense MLP (up, activation, down) over `rows` tokens, f = the local ffn width.
+inline comm::ComputeCost mlp(double rows, double h, double f) {
+  return {.name = "mlp", .flops = matmul(rows, h, f) + matmul(rows, f, h)};
+}
+inline comm::ComputeCost mlp_backward(double rows, double h, double f) {
+  return {.name = "mlp backward", .flops = 2 * (matmul(rows, h, f) + matmul(rows, f, h))};
+}
+
+// Causal attention over s tokens, `heads` heads of width d: per_element FLOPs per (pair, channel).
+inline double causal_attention_flops(int64_t s, int heads, int64_t d, double per_element) {
+  return per_element * static_cast<double>(s * (s + 1) / 2 * heads * d);
+}
+// Ulysses attention on a CP rank after the all_to_all: the whole sequence of s tokens for its
+// `heads` query and `kv_heads` key/value heads of width d. The forward reads q, k, v and writes o
+// and the probabilities; the recompute (selective) the same; the backward reads dout, q, k, v, the
+// probabilities it kept (`kept_probs`: false when selective recompute dropped them) and writes
+// dq, dk, dv.
+struct UlyssesShape {
+  int64_t s = 0;
+  int heads = 0, kv_heads = 0;
+  int64_t d = 0;
+  double q_elems() const { return static_cast<double>(s * heads * d); }
+  double kv_elems() const { return static_cast<double>(s * kv_heads * d); }
+  double prob_elems() const { return static_cast<double>(heads) * static_cast<double>(s * s); }
+};
+inline comm::ComputeCost ulysses_forward(const UlyssesShape& a, double elem) {
+  return {.name = "cp ulysses attention forward",
+          .flops = causal_attention_flops(a.s, a.heads, a.d, 4),
+          .bytes = (2 * a.q_elems() + 2 * a.kv_elems() + a.prob_elems()) * elem};
+}
+inline comm::ComputeCost ulysses_recompute(const UlyssesShape& a, double elem) {
+  return {.name = "cp ulysses attention recompute",
+          .flops = causal_attention_flops(a.s, a.heads, a.d, 4),
+          .bytes = (2 * a.q_elems() + 2 * a.kv_elems() + a.prob_elems()) * elem};
+}
+inline comm::ComputeCost ulysses_backward(const UlyssesShape& a, bool kept_probs, double elem) {
+  return {.name = "cp ulysses attention backward",
+          .flops = causal_attention_flops(a.s, a.heads, a.d, 10),
+          .bytes = (3 * a.q_elems() + 4 * a.kv_elems() + (kept_probs ? a.prob_elems() : 0)) * elem};
+}
+
+// The vocab-parallel head over n tokens of width h, vl = the local vocabulary slice.
+inline comm::ComputeCost vocab_head_forward(double n, double h, double vl, double elem) {
+  return {.name = "vocab head forward",
+          .flops = 2.0 * n * h * vl,
+          .bytes = elem * (n * h + h * vl + n * vl)};
+}
+inline comm::ComputeCost vocab_head_backward(double n, double h, double vl, double elem) {
+  return {.name = "vocab head backward",
+          .flops = 4.0 * n * h * vl,
+          .bytes = elem * (2 * n * h + 2 * h * vl + n * vl)};
+}
+
+// The MoE router over n tokens of width h and E experts (logits, softmax), and the experts' MLPs
+// over the `rows` (token, choice) assignments they keep (f: an expert's ffn width). The rows depend
+// on the routing: the numeric run counts what its router kept; a timing-only run states an
+// assumption (the planner: every top-k assignment kept, an upper bound when capacity drops some).
+inline comm::ComputeCost moe_router(double n, double h, double experts, double elem) {
+  return {.name = "moe router",
+          .flops = 2.0 * n * h * experts,
+          .bytes = (n * h + h * experts + 2 * n * experts) * elem};
+}
+inline comm::ComputeCost moe_router_backward(double n, double h, double experts) {
+  return {.name = "moe router backward", .flops = 4.0 * n * h * experts};
+}
+inline comm::ComputeCost moe_experts_forward(double rows, double h, double f) {
+  return {.name = "moe experts forward", .flops = 4.0 * rows * h * f};
+}
+inline comm::ComputeCost moe_experts_backward(double rows, double h, double f) {
+  return {.name = "moe experts backward", .flops = 8.0 * rows * h * f};
+}
+
+// AdamW over the `owned` elements this rank updates (adamw_flops); reads and writes the parameter,
+// gradient and optimizer state of the recipe.
+inline comm::ComputeCost adamw(double owned, const Recipe& r) {
+  return {.name = "adamw",
+          .flops = adamw_flops(owned),
+          .bytes = owned * static_cast<double>(r.param + r.grad + r.optimizer())};
+}
+
+}  // namespace shardcheck::parallel::costs
