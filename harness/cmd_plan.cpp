@@ -1,6 +1,6 @@
 // `shardcheck plan SCENARIO.json [--json] [--report DIR] [--simulate-ranks N]
 // [--compute-efficiency E] [--reduce-dtype f32|bf16]`: the timing-only planner (plan.hpp) as a
-// table, as JSON, or as report.json + index.html. Exit 0 when some data-parallel candidate fits in
+// table, as JSON, or as report.json + index.html. Exit 0 when some timed candidate fits in
 // device memory, 1 when none does, 2 on unusable input.
 #include <cstdio>
 #include <filesystem>
@@ -76,7 +76,7 @@ void print_table(std::ostream& os, const Scenario& s, const PlanResult& r, const
   os << "# plan " << r.scenario
      << ": memory on the fullest rank (model-parallel meshes: the mesh engine's ledger) and group "
         "placement of every "
-        "configuration; data-parallel step skeletons timed on the symmetric clock\n"
+        "configuration; data- and tensor-parallel step skeletons timed on the symmetric clock\n"
      << "# cluster: " << t.ranks_per_node << " ranks/node, intra " << t.intra_node.bandwidth_gbps
      << " GB/s " << t.intra_node.latency_us << " us, inter " << t.inter_node.bandwidth_gbps
      << " GB/s " << t.inter_node.latency_us << " us, " << t.peak_tflops << " TFLOP/s x "
@@ -125,7 +125,7 @@ void print_table(std::ostream& os, const Scenario& s, const PlanResult& r, const
   }
   os << "\n# ranking\n";
   for (const ConfigPlan& c : r.configs) os << "  " << c.config << ": " << c.note << "\n";
-  if (r.best < 0) os << "  no data-parallel candidate fits in device memory\n";
+  if (r.best < 0) os << "  no timed candidate fits in device memory\n";
   os << "\n# placement: the link each axis's collectives cross (a group spanning two nodes is "
         "priced at the inter-node link; pp sends are priced by their own pair)\n";
   for (const ConfigPlan& c : r.configs) {
@@ -210,7 +210,7 @@ void add_plan_command(CLI::App& app, int& exit_code) {
   auto* cmd = app.add_subcommand(
       "plan",
       "Timing-only planner: step time, exposed communication, memory, tokens/s, MFU, scaling and "
-      "goodput of the scenario's data-parallel configurations, ranked");
+      "goodput of the scenario's configurations (data and tensor parallel meshes timed), ranked");
   cmd->add_option("scenario", args->scenario, "Scenario JSON file")->required();
   cmd->add_flag("--json", args->json, "Print JSON instead of the table");
   cmd->add_option("--report", args->report, "Write report.json and index.html into DIR");

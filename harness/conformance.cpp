@@ -37,13 +37,11 @@ std::vector<comm::OpLog> engine_op_logs(const Scenario& scenario, const Parallel
 }
 
 std::vector<comm::OpLog> planner_op_logs(const Scenario& scenario, const ParallelSpec& p) {
-  if (model_parallel(p))
-    throw ScenarioError("$.parallel", p.label() +
-                                          " is model-parallel: the planner times data "
-                                          "parallelism only so far");
+  const std::string why = untimed_reason(p, scenario.model);
+  if (!why.empty()) throw ScenarioError("$.parallel", p.label() + ": " + why);
   const Scenario s = calm(scenario);
   const int n = p.mesh.world_size();
-  SkeletonSpec spec = skeleton_spec(s, p, n, s.train.global_batch);
+  SkeletonSpec spec = skeleton_spec(s, p, p.mesh.dp, s.train.global_batch);
   spec.steps = s.train.steps;
   const Skeleton k(spec);
   sim::SimOptions o = sim_options(s, n);

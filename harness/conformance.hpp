@@ -20,8 +20,8 @@ namespace shardcheck::harness {
 std::vector<comm::OpLog> engine_op_logs(
     const Scenario& s, const ParallelSpec& p,
     parallel::testing::Mutation planted = parallel::testing::Mutation::kNone);
-// The same for the planner's timing-only run of p (data parallelism only: throws ScenarioError
-// for a model-parallel mesh, which the planner does not time yet).
+// The same for the planner's timing-only run of p (throws ScenarioError for a mesh the planner
+// does not time yet: plan_skeleton.hpp's untimed_reason).
 std::vector<comm::OpLog> planner_op_logs(const Scenario& s, const ParallelSpec& p);
 
 // "" when every rank's cost views agree, else the first rank's first difference (engine first).

@@ -33,6 +33,16 @@ bool data_parallel_only(const ParallelSpec& p) {
   return p.mesh.tp == 1 && p.mesh.pp == 1 && p.mesh.cp == 1 && p.mesh.ep == 1;
 }
 
+// The configuration at world size n: n / (its model-parallel ranks) data-parallel ranks.
+int dp_at(const ParallelSpec& p, int n) {
+  const int mp = p.mesh.tp * p.mesh.pp * p.mesh.cp;
+  if (n % mp != 0)
+    throw ScenarioError("$.plan.world_sizes",
+                        "world size " + std::to_string(n) + " is not a multiple of " + p.label() +
+                            "'s model-parallel ranks (" + std::to_string(mp) + ")");
+  return n / mp;
+}
+
 std::string fmt(const char* spec, double v) {
   char buf[64];
   std::snprintf(buf, sizeof buf, spec, v);
@@ -84,7 +94,7 @@ void scale(const Scenario& s, const PlanOptions& o, double device, ConfigPlan& c
   if (sizes.empty()) sizes.push_back(c.world_size);
   std::sort(sizes.begin(), sizes.end());
   sizes.erase(std::unique(sizes.begin(), sizes.end()), sizes.end());
-  const int per_rank = s.train.global_batch / c.spec.mesh.dp;
+  const int per_rank = s.train.global_batch / c.spec.mesh.dp;  // per data-parallel rank
   const double tokens_per_seq = s.model.seq_len;
   for (int weak = 0; weak < 2; ++weak) {
     std::vector<ScalePoint>& out = weak ? c.weak : c.strong;
@@ -92,9 +102,10 @@ void scale(const Scenario& s, const PlanOptions& o, double device, ConfigPlan& c
     for (int n : sizes) {
       ScalePoint pt;
       pt.world_size = n;
-      pt.global_batch = weak ? per_rank * n : s.train.global_batch;
       try {
-        pt.eval = evaluate(s, c.spec, n, pt.global_batch, o);
+        const int dp = dp_at(c.spec, n);
+        pt.global_batch = weak ? per_rank * dp : s.train.global_batch;
+        pt.eval = evaluate(s, c.spec, dp, pt.global_batch, o);
         pt.valid = true;
       } catch (const ScenarioError& e) {
         pt.why_not = e.what();
@@ -103,7 +114,7 @@ void scale(const Scenario& s, const PlanOptions& o, double device, ConfigPlan& c
       }
       if (pt.valid) {
         pt.tokens_per_s = pt.global_batch * tokens_per_seq / pt.eval.step_time_s;
-        pt.memory_per_rank_bytes = ledger_at(s, c.spec, n).row.total();
+        pt.memory_per_rank_bytes = ledger_at(s, c.spec, dp_at(c.spec, n)).row.total();
         pt.fits = static_cast<double>(pt.memory_per_rank_bytes) <= device;
       }
       out.push_back(pt);
@@ -132,11 +143,8 @@ void explain(PlanResult& r) {
       continue;
     }
     if (!c.modelled) {
-      c.note =
-          "not timed yet: the planner times data parallelism only (DDP, ZeRO-1/2/3, FSDP); "
-          "memory " +
-          gib(mem) + " GiB of " + gib(dev) + " on rank " + std::to_string(c.memory_rank) +
-          (c.fits ? ", fits" : ", does not fit");
+      c.note = "not timed yet: " + c.untimed + "; memory " + gib(mem) + " GiB of " + gib(dev) +
+               " on rank " + std::to_string(c.memory_rank) + (c.fits ? ", fits" : ", does not fit");
       continue;
     }
     const std::string exposed = "; communication exposed " +
@@ -188,7 +196,8 @@ StepEval evaluate(const Scenario& s, const ParallelSpec& p, int dp, int global_b
       skeleton_spec(s, p, dp, global_batch, o.reduce_dtype ? &*o.reduce_dtype : nullptr);
   spec.steps = o.steps;
   const Skeleton k(spec);
-  sim::Topology topo = sim_options(s, dp).topology;
+  const int world = dp * p.mesh.tp;
+  sim::Topology topo = sim_options(s, world).topology;
   topo.compute_efficiency = o.compute_efficiency;
   StepEval e;
   if (simulate) {
@@ -196,11 +205,11 @@ StepEval evaluate(const Scenario& s, const ParallelSpec& p, int dp, int global_b
     so.topology = topo;
     so.meta = true;
     so.record_timeline = false;
-    sim::SimWorld w(dp, so);
+    sim::SimWorld w(world, so);
     w.run([&](comm::Communicator& c) { k.run(c); });
     e.step_time_s = sim::summarize(w.step_times()).step_time;
   } else {
-    SymmetricClock c(dp, topo, k.splits());
+    SymmetricClock c(world, topo, k.splits());
     k.run(c);
     const std::vector<ClockStep> steps = c.steps();
     for (const ClockStep& st : steps) {
@@ -251,21 +260,22 @@ PlanResult plan_scenario(const Scenario& s, const PlanOptions& o) {
     c.memory_rank = fullest.rank;
     c.memory_per_rank_bytes = c.ledger.total();
     c.fits = static_cast<double>(c.memory_per_rank_bytes) <= r.device_memory_bytes;
-    if (!data_parallel_only(p)) {
+    c.untimed = untimed_reason(p, s.model);
+    if (!c.untimed.empty()) {
       r.configs.push_back(c);
       continue;
     }
     c.modelled = true;
-    const int n = p.mesh.dp;
+    const int dp = p.mesh.dp, n = c.world_size;
     const parallel::DataParallelOptions opts = data_parallel_view(engine_options(s, p));
     c.strategy = std::string(parallel::name_of(opts.strategy));
     if (opts.strategy == parallel::Strategy::fsdp)
       c.strategy += ":" + std::string(parallel::name_of(opts.fsdp.sharding));
     const SkeletonSpec spec =
-        skeleton_spec(s, p, n, s.train.global_batch, o.reduce_dtype ? &*o.reduce_dtype : nullptr);
+        skeleton_spec(s, p, dp, s.train.global_batch, o.reduce_dtype ? &*o.reduce_dtype : nullptr);
     r.reduce_dtype = std::string(comm::name_of(spec.grad_dtype));
     const Skeleton k(spec);
-    c.eval = evaluate(s, p, n, s.train.global_batch, o);
+    c.eval = evaluate(s, p, dp, s.train.global_batch, o);
     c.tokens_per_step = static_cast<double>(s.train.global_batch) * s.model.seq_len;
     c.tokens_per_s = c.tokens_per_step / c.eval.step_time_s;
     c.model_flops_per_step = k.model_flops_per_step();
@@ -273,7 +283,7 @@ PlanResult plan_scenario(const Scenario& s, const PlanOptions& o) {
     c.hfu = k.hardware_flops_per_step() / (c.eval.step_time_s * n * peak);
     c.goodput = goodput_of(s.plan, n, c.eval.step_time_s, c.tokens_per_s);
     if (o.simulate_ranks >= n) {
-      c.simulated = evaluate(s, p, n, s.train.global_batch, o, true);
+      c.simulated = evaluate(s, p, dp, s.train.global_batch, o, true);
       c.simulated_rel_diff =
           std::fabs(c.simulated->step_time_s - c.eval.step_time_s) / c.eval.step_time_s;
     }

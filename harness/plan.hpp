@@ -70,7 +70,8 @@ struct ConfigPlan {
   ParallelSpec spec;
   std::string strategy;
   int world_size = 0;
-  bool modelled = false;                 // timed (data parallel only, for now)
+  bool modelled = false;                 // timed (untimed_reason() empty)
+  std::string untimed;                   // why not (plan_skeleton.hpp's untimed_reason)
   std::string note;                      // the ranking's one-line why (or why not timed)
   std::vector<AxisPlacement> placement;  // every configuration the engine builds
   std::string not_built;                 // why the engine does not build this mesh ("" if it does)
@@ -108,9 +109,9 @@ struct PlanResult {
 // Throws ScenarioError (exit 2) when the scenario's plan section is unusable.
 PlanResult plan_scenario(const Scenario& s, const PlanOptions& o = {});
 
-// Evaluates one configuration at DP size `dp` with this global batch on the symmetric clock
-// (or, with simulate, on a SimWorld in meta mode). Throws ScenarioError when the batch does not
-// split.
+// Evaluates one configuration at DP size `dp` (world: dp x its TP ranks) with this global batch on
+// the symmetric clock (or, with simulate, on a SimWorld in meta mode). Throws ScenarioError when
+// the batch does not split.
 StepEval evaluate(const Scenario& s, const ParallelSpec& p, int dp, int global_batch,
                   const PlanOptions& o, bool simulate = false);
 

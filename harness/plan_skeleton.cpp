@@ -37,6 +37,18 @@ std::size_t count_of(int64_t n) {
 
 }  // namespace
 
+std::string untimed_reason(const ParallelSpec& p, const ref::ModelConfig& m) {
+  const comm::MeshShape& s = p.mesh;
+  if (s.pp > 1 || s.cp > 1 || s.ep > 1)
+    return "the planner times data and tensor parallelism only so far (DDP, ZeRO-1/2/3, FSDP, "
+           "TP with or without SP); pipeline, context and expert parallel meshes are not timed yet";
+  if (s.tp > 1 && m.moe) return "MoE layers under tensor parallelism are not timed yet";
+  if (s.tp > m.kv_heads) return "kv heads replicated over TP ranks are not timed yet";
+  if (s.tp > 1 && p.fsdp && *p.fsdp == "hybrid_shard")
+    return "hybrid_shard with tensor parallelism is not timed yet";
+  return "";
+}
+
 SkeletonSpec skeleton_spec(const Scenario& s, const ParallelSpec& p, int dp, int global_batch,
                            const comm::DType* reduce_dtype) {
   ParallelSpec q = p;
@@ -50,6 +62,7 @@ SkeletonSpec skeleton_spec(const Scenario& s, const ParallelSpec& p, int dp, int
                                                              : numeric_dtype(s.train.precision);
   k.grad_dtype = reduce_dtype ? *reduce_dtype : numeric_dtype(s.train.precision);
   k.dp = dp;
+  k.tp = p.mesh.tp;
   if (global_batch % dp != 0 || (global_batch / dp) % s.train.micro_batch != 0 ||
       global_batch / dp == 0)
     throw ScenarioError("$.train.global_batch", "global batch " + std::to_string(global_batch) +
@@ -78,17 +91,25 @@ Skeleton::Skeleton(SkeletonSpec spec) : spec_(std::move(spec)) {
   wrap_of_ = parallel::mesh_detail::wrap_map(m, f);
   comm::MeshShape shape = o.shape;
   shape.dp = spec_.dp;
-  specs_ = parallel::local_params(m, comm::DeviceMesh(shape, o.order), 0, 1);
-  classes_ = parallel::flat_classes(specs_, zero_, [&](const LocalParam& p) {
-    return wrap_of_.at(parallel::unit_of(m, p.name));
-  });
+  shape.tp = spec_.tp;
+  mesh_ = comm::DeviceMesh(shape, o.order);
 }
 
 std::vector<SplitRule> Skeleton::splits() const {
-  if (shard_size_ == spec_.dp) return {};
+  std::vector<SplitRule> out;
+  if (spec_.tp > 1) {  // comm::build_groups' tp and dp groups of the world
+    for (const comm::Axis a : {comm::Axis::tp, comm::Axis::dp}) {
+      const comm::DeviceMesh mesh = mesh_;
+      out.push_back(SplitRule{
+          [mesh, a](int r) { return mesh.group_index(r, std::span<const comm::Axis>(&a, 1)); },
+          [](int r) { return r; }});
+    }
+  }
+  if (shard_size_ == spec_.dp) return out;
   const int s = shard_size_;
-  return {SplitRule{[s](int r) { return r / s; }, [](int r) { return r; }},
-          SplitRule{[s](int r) { return r % s; }, [](int r) { return r; }}};
+  out.push_back(SplitRule{[s](int r) { return r / s; }, [](int r) { return r; }});
+  out.push_back(SplitRule{[s](int r) { return r % s; }, [](int r) { return r; }});
+  return out;
 }
 
 double Skeleton::model_flops_per_step() const {
@@ -112,11 +133,26 @@ double Skeleton::hardware_flops_per_step() const {
 class SkeletonRun {
  public:
   SkeletonRun(const Skeleton& k, comm::Communicator& world)
-      : k_(k), sp_(k.spec_), world_(world), group_(&world) {}
+      : k_(k), sp_(k.spec_), world_(world), data_(&world), group_(&world) {
+    const ref::ModelConfig& m = sp_.model;
+    specs_ = parallel::local_params(m, k_.mesh_, world.world_rank(), 1);
+    classes_ = parallel::flat_classes(specs_, k_.zero_, [&](const LocalParam& p) {
+      return k_.wrap_of_.at(parallel::unit_of(m, p.name));
+    });
+  }
 
   void run() {
-    if (!k_.splits().empty()) {  // mesh_rows.hpp's hybrid_split over the data-parallel ranks
-      const int s = k_.shard_size_, r = world_.rank();
+    const int r = world_.rank();
+    if (sp_.tp > 1) {  // comm::build_groups' tp and dp groups
+      for (const comm::Axis a : {comm::Axis::tp, comm::Axis::dp}) {
+        auto g = world_.split(k_.mesh_.group_index(r, std::span<const comm::Axis>(&a, 1)), r,
+                              {.name = std::string(comm::name_of(a))});
+        (a == comm::Axis::tp ? tp_ : dp_) = std::move(g);
+      }
+      data_ = group_ = dp_.get();
+    }
+    if (k_.shard_size_ != sp_.dp) {  // mesh_rows.hpp's hybrid_split over the data-parallel ranks
+      const int s = k_.shard_size_;
       shard_ = world_.split(r / s, r, {.name = "dp-cp-shard"});
       replicas_ = world_.split(r % s, r, {.name = "dp-cp-replicas"});
       group_ = shard_.get();
@@ -135,14 +171,21 @@ class SkeletonRun {
     for (int step = 1; step <= sp_.steps; ++step) {
       // MeshImpl::step: 1. the loss denominators.
       world_.begin_step(step);
-      world_.all_reduce(null_buf(3, comm::DType::i64))->wait();
+      data_->all_reduce(null_buf(3, comm::DType::i64))->wait();
       bucketed_.clear();
-      issued_spec_.assign(k_.specs_.size(), false);
+      issued_spec_.assign(specs_.size(), false);
       // 2. the pipeline.
       for (const parallel::PipeAction& a : schedule)
         a.kind == parallel::PipeAction::Kind::forward ? forward(a.microbatch)
                                                       : backward(a.microbatch);
-      // 3. gradient sums (sync_gradients: only the optimizer's on a data-parallel mesh).
+      // 3. gradient sums (sync_gradients): SP's TP-replicated parameters over TP, then the
+      // optimizer's.
+      if (sp() && tp_) {
+        int64_t n = 0;
+        for (const LocalParam& p : specs_)
+          if (p.tp_replicated) n += ref::numel_of(p.local_shape);
+        if (n > 0) tp_->all_reduce(null_buf(count_of(n), numeric()))->wait();
+      }
       if (!k_.no_shard_) reduce();
       // 4. norm and numerators, the health check.
       world_.all_reduce(null_buf(4, comm::DType::f64))->wait();
@@ -165,7 +208,7 @@ class SkeletonRun {
     SkeletonRun* run = nullptr;
     Pending issue(int u) {
       Pending p;
-      for (const FlatClass& c : run->k_.classes_) {
+      for (const FlatClass& c : run->classes_) {
         if (c.unit != u || run->group_->size() == 1 || c.numel == 0) continue;
         p.works.push_back(
             run->group_->all_gather(null_buf(count_of(run->shard(c)), run->sp_.param_dtype),
@@ -180,7 +223,7 @@ class SkeletonRun {
     void release(int /*u*/) {}
     int64_t elems(int u) const {
       int64_t n = 0;
-      for (const FlatClass& c : run->k_.classes_)
+      for (const FlatClass& c : run->classes_)
         if (c.unit == u) n += run->padded(c);
       return n;
     }
@@ -191,8 +234,44 @@ class SkeletonRun {
     return parallel::shard_elems(c.numel, group_->size(), k_.zero_);
   }
   int64_t padded(const FlatClass& c) const { return shard(c) * group_->size(); }
-  const LocalParam& spec(std::size_t i) const { return k_.specs_[i]; }
+  const LocalParam& spec(std::size_t i) const { return specs_[i]; }
   comm::DType numeric() const { return sp_.grad_dtype; }
+  // What activations and their gradients move in: the engine's numeric type.
+  comm::DType activation() const { return numeric_dtype(sp_.train.precision); }
+  bool sp() const { return sp_.mesh.sequence_parallel && sp_.tp > 1; }
+  int tp() const { return sp_.tp; }
+
+  // tokens.cpp's TP collectives on one sequence's [rows, h] activation (rows: every row of the
+  // sequence; SP: each TP rank holds rows / tp of them).
+  void tp_all_reduce_rows(double width) {
+    if (!tp_) return;
+    tp_->all_reduce(null_buf(count_of(static_cast<int64_t>(rows() * width)), activation()))->wait();
+  }
+  void sp_gather() {
+    if (!sp()) return;
+    const double h = sp_.model.hidden;
+    tp_->all_gather(null_buf(count_of(static_cast<int64_t>(rows() / tp() * h)), activation()),
+                    null_buf(count_of(static_cast<int64_t>(rows() * h)), activation()))
+        ->wait();
+  }
+  void sp_reduce_scatter() {
+    const double h = sp_.model.hidden;
+    tp_->reduce_scatter(null_buf(count_of(static_cast<int64_t>(rows() * h)), activation()),
+                        null_buf(count_of(static_cast<int64_t>(rows() / tp() * h)), activation()))
+        ->wait();
+  }
+  double rows() const { return sp_.model.seq_len; }
+  // tp_block.cpp's gather_in (SP: all_gather), its backward (SP: reduce_scatter, else
+  // all_reduce), reduce_out (SP: reduce_scatter, else all_reduce) and its backward (gather_in).
+  void gather_in() { sp_gather(); }
+  void gather_in_backward() {
+    if (sp())
+      sp_reduce_scatter();
+    else
+      tp_all_reduce_rows(sp_.model.hidden);
+  }
+  void reduce_out() { gather_in_backward(); }
+  void reduce_out_backward() { sp_gather(); }
 
   // MeshImpl::begin_uses / use / end_uses on the one chunk of a one-stage pipeline.
   void begin_uses(int mb, bool forward) {
@@ -212,34 +291,66 @@ class SkeletonRun {
   // ep_moe.cpp) on one TP and CP rank: the whole sequence, every head.
   void block_forward(int layer) {
     const ref::ModelConfig& m = sp_.model;
-    const double s = m.seq_len, h = m.hidden, d = m.head_dim();
-    world_.compute(costs::qkv(s, h, m.heads * d, m.kv_heads * d));
+    const double s = rows(), h = m.hidden, q = local_heads() * m.head_dim(),
+                 kv = local_kv_heads() * m.head_dim();
+    gather_in();
+    world_.compute(costs::qkv(s, h, q, kv));
     world_.compute(costs::ulysses_forward(attention(), k_.elem_));
-    world_.compute(costs::wo(s, m.heads * d, h));
-    if (m.is_moe_layer(layer)) {
+    world_.compute(costs::wo(s, q, h));
+    reduce_out();
+    if (m.is_moe_layer(layer)) {  // untimed_reason: no MoE under TP
       world_.compute(costs::moe_router(s, h, m.moe->experts, k_.elem_));
       world_.compute(costs::moe_experts_forward(s * m.moe->top_k, h, m.ffn));
     } else {
-      world_.compute(costs::mlp(s, h, m.ffn));
+      gather_in();
+      world_.compute(costs::mlp(s, h, m.ffn / tp()));
+      reduce_out();
     }
   }
   void block_backward(int layer) {
     const ref::ModelConfig& m = sp_.model;
-    const double s = m.seq_len, h = m.hidden, d = m.head_dim();
+    const double s = rows(), h = m.hidden, q = local_heads() * m.head_dim(),
+                 kv = local_kv_heads() * m.head_dim();
     if (m.is_moe_layer(layer)) {
       world_.compute(costs::moe_experts_backward(s * m.moe->top_k, h, m.ffn));
       world_.compute(costs::moe_router_backward(s, h, m.moe->experts));
     } else {
-      world_.compute(costs::mlp_backward(s, h, m.ffn));
+      reduce_out_backward();
+      world_.compute(costs::mlp_backward(s, h, m.ffn / tp()));
+      gather_in_backward();
     }
+    reduce_out_backward();
     const bool selective = sp_.train.recompute == ref::Recompute::kSelective;
     if (selective) world_.compute(costs::ulysses_recompute(attention(), k_.elem_));
     world_.compute(costs::ulysses_backward(attention(), !selective, k_.elem_));
-    world_.compute(costs::projections_backward(s, h, m.heads * d, m.kv_heads * d));
+    world_.compute(costs::projections_backward(s, h, q, kv));
+    gather_in_backward();
   }
+  int local_heads() const { return sp_.model.heads / tp(); }
+  int local_kv_heads() const { return std::max(1, sp_.model.kv_heads / tp()); }
   costs::UlyssesShape attention() const {
     const ref::ModelConfig& m = sp_.model;
-    return {m.seq_len, m.heads, m.kv_heads, m.head_dim()};
+    return {m.seq_len, local_heads(), local_kv_heads(), m.head_dim()};
+  }
+  // tp_block.cpp's embedding and head (vocab_parallel.cpp) on one sequence.
+  void embed_forward() { reduce_out(); }
+  void embed_backward() { reduce_out_backward(); }
+  void head_forward() {
+    const ref::ModelConfig& m = sp_.model;
+    gather_in();
+    world_.compute(
+        costs::vocab_head_forward(rows(), m.hidden, static_cast<double>(m.vocab) / tp(), k_.elem_));
+    if (tp_) {  // the row max, then [sum exp | target logit]
+      const auto n = static_cast<std::size_t>(rows());
+      tp_->all_reduce(null_buf(n, activation()), {.op = comm::ReduceOp::max})->wait();
+      tp_->all_reduce(null_buf(2 * n, activation()))->wait();
+    }
+  }
+  void head_backward() {
+    const ref::ModelConfig& m = sp_.model;
+    world_.compute(costs::vocab_head_backward(rows(), m.hidden, static_cast<double>(m.vocab) / tp(),
+                                              k_.elem_));
+    tp_all_reduce_rows(m.hidden);
   }
 
   // MeshImpl::forward.
@@ -248,13 +359,13 @@ class SkeletonRun {
     const int mbs = sp_.train.micro_batch;
     begin_uses(mb, true);
     use();  // the embedding
+    for (int i = 0; i < mbs; ++i) embed_forward();
     for (int layer = 0; layer < m.layers; ++layer) {
       use();
       for (int i = 0; i < mbs; ++i) block_forward(layer);
     }
     use();  // the head
-    for (int i = 0; i < mbs; ++i)
-      world_.compute(costs::vocab_head_forward(m.seq_len, m.hidden, m.vocab, k_.elem_));
+    for (int i = 0; i < mbs; ++i) head_forward();
     end_uses();
   }
 
@@ -269,8 +380,7 @@ class SkeletonRun {
     };
     begin_uses(mb, false);
     use();  // the head
-    for (int i = 0; i < mbs; ++i)
-      world_.compute(costs::vocab_head_backward(m.seq_len, m.hidden, m.vocab, k_.elem_));
+    for (int i = 0; i < mbs; ++i) head_backward();
     complete([](const LocalParam& p) {
       return p.name == "final_norm.weight" || p.name == "lm_head.weight";
     });
@@ -283,12 +393,19 @@ class SkeletonRun {
       const std::string prefix = "layers." + std::to_string(layer) + ".";
       complete([&](const LocalParam& p) { return p.name.rfind(prefix, 0) == 0; });
     }
+    for (int i = 0; i < mbs; ++i) embed_backward();
     complete([](const LocalParam& p) { return p.name == "embed.weight"; });
     end_uses();
+    if (bf16 && sp()) {  // mesh_bf16.hpp's round_microbatch_gradient: TP partials summed first
+      int64_t n = 0;
+      for (const LocalParam& p : specs_)
+        if (p.tp_replicated && !p.expert) n += ref::numel_of(p.local_shape);
+      if (n > 0) tp_->all_reduce(null_buf(count_of(n), numeric()))->wait();
+    }
     if (k_.no_shard_) {  // each microbatch's gradient summed (all_reduce_picked, per class)
       for (const bool expert : {false, true}) {
         int64_t n = 0;
-        for (const LocalParam& p : k_.specs_)
+        for (const LocalParam& p : specs_)
           if (p.expert == expert) n += ref::numel_of(p.local_shape);
         if (n > 0 && world_.size() > 1) world_.all_reduce(null_buf(count_of(n), numeric()))->wait();
       }
@@ -302,9 +419,10 @@ class SkeletonRun {
   // bucket_elems elements (or at the chunk's end: flush).
   template <class Pick>
   void issue_bucket(const Pick& pick, bool flush) {
-    for (std::size_t i = 0; i < k_.specs_.size(); ++i) {
+    for (std::size_t i = 0; i < specs_.size(); ++i) {
       const LocalParam& p = spec(i);
       if (!pick(p) || !bucketed_.insert(p.name).second) continue;
+      if (p.tp_replicated && sp()) continue;  // summed over TP first, in sync_gradients
       bucket_.push_back(i);
       bucket_fill_ += count_of(ref::numel_of(p.local_shape));
     }
@@ -318,8 +436,8 @@ class SkeletonRun {
   // parameters' elements.
   void issue_reduce() {
     if (k_.zero_ >= 2) return;
-    for (std::size_t ci = 0; ci < k_.classes_.size(); ++ci) {
-      const FlatClass& c = k_.classes_[ci];
+    for (std::size_t ci = 0; ci < classes_.size(); ++ci) {
+      const FlatClass& c = classes_[ci];
       if (c.numel == 0 || group_->size() == 1) continue;
       int64_t n = 0;
       for (const std::size_t i : c.specs) {
@@ -334,8 +452,8 @@ class SkeletonRun {
 
   // MeshOptimizer::reduce.
   void reduce() {
-    for (std::size_t ci = 0; ci < k_.classes_.size(); ++ci) {
-      const FlatClass& c = k_.classes_[ci];
+    for (std::size_t ci = 0; ci < classes_.size(); ++ci) {
+      const FlatClass& c = classes_[ci];
       if (c.numel == 0) continue;
       if (k_.zero_ >= 2) {
         if (group_->size() > 1)
@@ -363,7 +481,7 @@ class SkeletonRun {
   void update() {
     int64_t owned = 0;
     const int r = group_->rank();
-    for (const FlatClass& c : k_.classes_) {
+    for (const FlatClass& c : classes_) {
       const int64_t sh = shard(c);
       owned +=
           k_.zero_ == 0 ? c.numel : std::min(c.numel, (r + 1) * sh) - std::min(c.numel, r * sh);
@@ -379,8 +497,11 @@ class SkeletonRun {
   const Skeleton& k_;
   const SkeletonSpec& sp_;
   comm::Communicator& world_;
+  comm::Communicator* data_;   // the data-parallel ranks (the loss denominators)
   comm::Communicator* group_;  // each class's sharding (and summing) group
-  std::unique_ptr<comm::Communicator> shard_, replicas_;
+  std::unique_ptr<comm::Communicator> tp_, dp_, shard_, replicas_;
+  std::vector<LocalParam> specs_;  // this rank's parameters
+  std::vector<FlatClass> classes_;
   std::unique_ptr<Residency> residency_;
   int microbatches_ = 1;
   std::set<std::string> bucketed_;

@@ -1,14 +1,16 @@
-// The step skeleton of a data-parallel configuration: what the mesh engine (parallel/mp/
-// mesh_engine.cpp) issues on a mesh with dp ranks only, sized for the real model, with null
-// buffers and real counts. Its layout and order come from the engine's own pieces: its parameters
-// (local_params), flat buffers and shards (flat_classes), ZeRO-3 / FSDP residency (Residency over
-// chunk_uses), pipeline order (pipeline_schedule), and its compute reports (parallel/costs.hpp);
-// what it writes itself (the bucket fill, the reductions' order) is checked against the engine by
-// the conformance test (harness/conformance.hpp: the op logs of both runs are equal for every
-// data-parallel configuration of the parity matrix). It runs on any comm::Communicator that moves
-// no data: sim::SimWorld in meta mode (every rank a thread) or the planner's SymmetricClock (one
-// representative rank). Timing only: no numerics, no memory books.
-// Stated assumption: MoE experts keep every top-k assignment (no capacity drops; an upper bound).
+// The step skeleton of a configuration: what the mesh engine (parallel/mp/mesh_engine.cpp)
+// issues on a mesh of dp x tp ranks (data parallelism with ZeRO / FSDP, tensor parallelism with or
+// without sequence parallelism; untimed_reason() says which meshes it does not cover yet), sized
+// for the real model, with null buffers and real counts. Its layout and order come from the
+// engine's own pieces: its parameters (local_params), flat buffers and shards (flat_classes),
+// ZeRO-3 / FSDP residency (Residency over chunk_uses), pipeline order (pipeline_schedule), and its
+// compute reports (parallel/costs.hpp); what it writes itself (the bucket fill, the reductions'
+// order) is checked against the engine by the conformance test (harness/conformance.hpp: the op
+// logs of both runs are equal for every configuration of the parity matrix it covers). It runs on
+// any comm::Communicator that moves no data: sim::SimWorld in meta mode (every rank a thread) or
+// the planner's SymmetricClock (one representative rank: every rank of such a mesh issues alike).
+// Timing only: no numerics, no memory books. Stated assumption: MoE experts keep every top-k
+// assignment (no capacity drops; an upper bound).
 #pragma once
 
 #include <cstddef>
@@ -34,10 +36,15 @@ struct SkeletonSpec {
   parallel::Recipe recipe;
   comm::DType param_dtype = comm::DType::bf16;  // what parameter all_gathers move
   comm::DType grad_dtype = comm::DType::f32;    // what gradient reductions move
-  int dp = 1;                                   // ranks in the data-parallel group (the world)
+  int dp = 1;                                   // ranks in the data-parallel group
+  int tp = 1;                                   // ranks in the tensor-parallel group
   int local_batch = 1;                          // sequences per rank per step
   int steps = 2;
 };
+
+// Why the skeleton does not time p yet ("" when it does): pipeline, context and expert
+// parallelism, MoE layers under TP, kv heads replicated over TP, hybrid shard with TP.
+std::string untimed_reason(const ParallelSpec& p, const ref::ModelConfig& m);
 
 // The skeleton of configuration p at DP size dp with this global batch (sequences per step).
 // reduce_dtype overrides the gradient reduction dtype (a what-if: the engine reduces in its
@@ -51,11 +58,11 @@ class Skeleton {
  public:
   explicit Skeleton(SkeletonSpec spec);
   const SkeletonSpec& spec() const { return spec_; }
-  // Rules of the splits run() makes (hybrid shard: shard group, then replicate group), for a
-  // SymmetricClock.
+  // Rules of the splits run() makes (the tp and dp groups; hybrid shard: shard group, then
+  // replicate group), for a SymmetricClock.
   std::vector<SplitRule> splits() const;
-  // Issues spec().steps steps on this rank of the DP group.
-  void run(comm::Communicator& dp) const;
+  // Issues spec().steps steps on this rank of the world (dp x tp ranks).
+  void run(comm::Communicator& world) const;
   // Model FLOPs of one step over the whole world (forward + backward = 3 x forward, recompute
   // not counted) and the hardware FLOPs actually issued (recompute included).
   double model_flops_per_step() const;
@@ -68,8 +75,7 @@ class Skeleton {
   bool no_shard_ = false;  // FSDP no_shard: each microbatch's gradient all_reduced
   int shard_size_ = 1;     // members of each class's sharding group (hybrid: the shard group)
   double elem_ = 4;        // bytes of the engine's numeric type
-  std::vector<parallel::LocalParam> specs_;
-  std::vector<parallel::FlatClass> classes_;
+  comm::DeviceMesh mesh_{comm::MeshShape{}};
   std::map<int, int> wrap_of_;  // layerwise unit -> wrap unit
 };
 

@@ -11,6 +11,7 @@
 #include "cli_support.hpp"
 #include "harness/conformance.hpp"
 #include "harness/driver.hpp"
+#include "harness/plan_skeleton.hpp"
 #include "harness/scenario.hpp"
 
 namespace shardcheck::harness {
@@ -26,30 +27,32 @@ std::vector<fs::path> parity_scenarios() {
   return out;
 }
 
-TEST(Conformance, ThePlannerIssuesWhatTheEngineIssuesOnEveryDataParallelConfiguration) {
-  int checked = 0, model_parallel_left = 0;
+TEST(Conformance, ThePlannerIssuesWhatTheEngineIssuesOnEveryConfigurationItTimes) {
+  int checked = 0, tensor_parallel = 0, model_parallel_left = 0;
   for (const fs::path& file : parity_scenarios()) {
     const Scenario s = load_scenario(file.string());
     for (const ParallelSpec& p : s.configs) {
       if (!unsupported(s, p).empty()) continue;
-      if (model_parallel(p)) {
+      if (!untimed_reason(p, s.model).empty()) {
         ++model_parallel_left;
         continue;
       }
       ++checked;
+      if (p.mesh.tp > 1) ++tensor_parallel;
       EXPECT_EQ(conformance(s, p), "") << file.filename().string();
     }
   }
-  EXPECT_GT(checked, 20);
+  EXPECT_GT(checked, 56);
+  EXPECT_GT(tensor_parallel, 0);
   std::printf(
-      "conformance: %d data-parallel configurations checked; %d model-parallel ones are "
-      "not timed by the planner yet\n",
-      checked, model_parallel_left);
+      "conformance: %d configurations checked (%d with TP); %d the planner does not time "
+      "yet\n",
+      checked, tensor_parallel, model_parallel_left);
 }
 
-// The check can fail: an engine whose gradient reductions average instead of sum, or whose norm
-// all_reduce leaves the squared norm out (the local-norm clipping bug), issues a different op log
-// from the planner's.
+// The check can fail: an engine whose gradient reductions average instead of sum, whose norm
+// all_reduce leaves the squared norm out (the local-norm clipping bug), or whose row-parallel
+// layers are not reduced over TP issues a different op log from the planner's.
 TEST(Conformance, APlantedReductionBugIsADifference) {
   const Scenario s = load_scenario(shardcheck::testing::kScenarios + "/parity/fsdp_dense.json");
   int checked = 0;
@@ -65,6 +68,17 @@ TEST(Conformance, APlantedReductionBugIsADifference) {
   const std::string d =
       conformance(o, o.configs.front(), parallel::testing::Mutation::kLocalNormClip);
   EXPECT_NE(d.find("f64 x 3"), std::string::npos) << d;
+  // Tensor parallelism: the row-parallel output left unreduced is an all_reduce missing.
+  const Scenario t = load_scenario(shardcheck::testing::kScenarios + "/parity/mp_tp.json");
+  int tp_checked = 0;
+  for (const ParallelSpec& p : t.configs) {
+    if (p.mesh.tp == 1 || !untimed_reason(p, t.model).empty() || !unsupported(t, p).empty())
+      continue;
+    ++tp_checked;
+    EXPECT_NE(conformance(t, p, parallel::testing::Mutation::kRowParallelNotReduced), "")
+        << p.label();
+  }
+  EXPECT_GT(tp_checked, 0);
 }
 
 }  // namespace
