@@ -16,6 +16,7 @@
 #include "harness/runner.hpp"
 #include "harness/sim_options.hpp"
 #include "parallel/mp/mesh_ledger.hpp"
+#include "parallel/mp/pipeline.hpp"
 #include "sim/world.hpp"
 
 namespace shardcheck::harness {
@@ -196,7 +197,7 @@ StepEval evaluate(const Scenario& s, const ParallelSpec& p, int dp, int global_b
       skeleton_spec(s, p, dp, global_batch, o.reduce_dtype ? &*o.reduce_dtype : nullptr);
   spec.steps = o.steps;
   const Skeleton k(spec);
-  const int world = dp * p.mesh.tp;
+  const int world = dp * p.mesh.tp * p.mesh.pp * p.mesh.cp;
   sim::Topology topo = sim_options(s, world).topology;
   topo.compute_efficiency = o.compute_efficiency;
   StepEval e;
@@ -208,6 +209,45 @@ StepEval evaluate(const Scenario& s, const ParallelSpec& p, int dp, int global_b
     sim::SimWorld w(world, so);
     w.run([&](comm::Communicator& c) { k.run(c); });
     e.step_time_s = sim::summarize(w.step_times()).step_time;
+  } else if (p.mesh.pp > 1) {  // one representative per stage: the pp group of rank 0
+    comm::MeshShape shape = p.mesh;
+    shape.dp = dp;
+    const comm::DeviceMesh m(shape, p.order);
+    const auto run = [&](const sim::Topology& t) {
+      StageWorld w(
+          world, t, k.splits(), [m](int r) { return m.coord(r, comm::Axis::pp); },
+          m.group(0, comm::Axis::pp));
+      w.run([&](comm::Communicator& c) { k.run(c); });
+      return w;
+    };
+    const StageWorld w = run(topo);
+    e.step_time_s = sim::summarize(w.step_times()).step_time;
+    std::vector<double> compute;  // per stage, per step
+    for (const std::vector<ClockStep>& steps : w.stage_steps()) {
+      double busy = 0, comm = 0;
+      std::size_t ops = 0;
+      for (const ClockStep& st : steps) {
+        busy += st.compute_busy;
+        comm += st.comm_busy;
+        ops += st.comm_ops;
+      }
+      const auto n = static_cast<double>(std::max<std::size_t>(1, steps.size()));
+      compute.push_back(busy / n);
+      if (busy / n > e.compute_s) {  // the busiest stage
+        e.compute_s = busy / n;
+        e.comm_s = comm / n;
+        e.comm_ops = static_cast<std::size_t>(static_cast<double>(ops) / n);
+      }
+    }
+    e.exposed_comm_s = std::max(0.0, e.step_time_s - e.compute_s);
+    e.asymmetric = w.asymmetric();
+    // The schedule's own bubble: the same step with free communication.
+    sim::Topology free = topo;
+    for (sim::Link* l : {&free.intra_node, &free.inter_node}) *l = {1e30, 0};
+    const double free_step = sim::summarize(run(free).step_times()).step_time;
+    double idle = 0;
+    for (const double c : compute) idle += 1 - c / free_step;
+    e.bubble_fraction = idle / static_cast<double>(compute.size());
   } else {
     SymmetricClock c(world, topo, k.splits());
     k.run(c);
@@ -276,6 +316,10 @@ PlanResult plan_scenario(const Scenario& s, const PlanOptions& o) {
     r.reduce_dtype = std::string(comm::name_of(spec.grad_dtype));
     const Skeleton k(spec);
     c.eval = evaluate(s, p, dp, s.train.global_batch, o);
+    c.bubble_fraction = c.eval.bubble_fraction;
+    if (p.mesh.pp > 1)
+      c.bubble_formula = parallel::bubble_formula(
+          p.mesh.pp, s.train.global_batch / dp / s.train.micro_batch, p.virtual_stages);
     c.tokens_per_step = static_cast<double>(s.train.global_batch) * s.model.seq_len;
     c.tokens_per_s = c.tokens_per_step / c.eval.step_time_s;
     c.model_flops_per_step = k.model_flops_per_step();
@@ -414,6 +458,7 @@ nlohmann::json plan_json(const PlanResult& r) {
     j["best"] = static_cast<int>(i) == r.best;
     j.update(eval_json(c.eval));
     j["bubble_fraction"] = c.bubble_fraction;
+    j["bubble_formula"] = c.bubble_formula;
     j["tokens_per_step"] = c.tokens_per_step;
     j["tokens_per_s"] = c.tokens_per_s;
     j["model_flops_per_step"] = c.model_flops_per_step;
@@ -450,7 +495,10 @@ nlohmann::json plan_json(const PlanResult& r) {
        "mean over simulated steps of one step's virtual time (all ranks alike, so "
        "the max over ranks is any rank's)"},
       {"exposed_comm", "step time - compute-stream busy time"},
-      {"bubble_fraction", "0: pure data parallelism has no pipeline"},
+      {"bubble_fraction",
+       "mean over pipeline stages of the compute stream's idle share of the step timed with "
+       "communication free (the schedule's bubble, uneven stages included; one representative "
+       "rank per stage); 0 without a pipeline; bubble_formula (p-1)/(v*m+p-1) beside it"},
       {"tokens_per_s",
        "train.global_batch * model.seq_len / step time (every token counted as "
        "non-padding)"},

@@ -36,9 +36,13 @@ struct StepEval {
   double compute_s = 0;       // compute stream busy time per step
   double comm_s = 0;          // communication busy time per step
   double exposed_comm_s = 0;  // step time not covered by compute: step_time - compute
-  std::size_t comm_ops = 0;   // collectives per step
-  bool asymmetric = false;    // groups differ (the clock charged the slowest): an upper bound
-  double wall_s = 0;          // wall time of the evaluation
+  // The pipeline's own bubble: the mean over stages of the compute stream's idle share of the
+  // step with communication free (the schedule, uneven stages); 0 without a pipeline. What the
+  // network adds is in exposed_comm_s.
+  double bubble_fraction = 0;
+  std::size_t comm_ops = 0;  // collectives per step
+  bool asymmetric = false;   // groups differ (the clock charged the slowest): an upper bound
+  double wall_s = 0;         // wall time of the evaluation
 };
 
 struct ScalePoint {
@@ -76,7 +80,8 @@ struct ConfigPlan {
   std::vector<AxisPlacement> placement;  // every configuration the engine builds
   std::string not_built;                 // why the engine does not build this mesh ("" if it does)
   StepEval eval;
-  double bubble_fraction = 0;                // pure data parallelism has no pipeline bubble
+  double bubble_fraction = 0;                // StepEval's; 0 without a pipeline
+  double bubble_formula = 0;                 // (p-1)/(v*m+p-1) for a pipeline
   parallel::LedgerRow ledger;                // the fullest rank's, every configuration
   int memory_rank = 0;                       // that rank
   std::size_t memory_per_rank_bytes = 0;     // its LedgerRow::total()

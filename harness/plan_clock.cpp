@@ -5,11 +5,66 @@
 #include "harness/plan_clock.hpp"
 
 #include <algorithm>
+#include <condition_variable>
 #include <deque>
+#include <exception>
 #include <map>
+#include <mutex>
+#include <set>
 #include <stdexcept>
+#include <thread>
 
 namespace shardcheck::harness {
+
+// Where the representatives of a StageWorld meet: the collectives of groups spanning stages and
+// the point-to-point messages between stages, timed as sim/communicator.cpp and sim/p2p.cpp time
+// them (a collective starts at the latest arrival, max of a rank's two streams; a message at the
+// later of the two posts, on the compute stream). One mutex; a representative blocks until its
+// op is met; when every live representative is blocked, the program's stages do not match
+// (a deadlock of the representatives) and every one of them throws.
+struct StageHub {
+  std::function<int(int)> stage_of;
+  std::vector<int> reps;
+  std::mutex mu;
+  std::condition_variable cv;
+  int live = 0, blocked = 0;
+  std::string failure;  // set once: every waiter throws it
+  struct Meet {
+    int expected = 0, arrived = 0;
+    int waiters = 0;  // representatives blocked on it (counted in `blocked` until it is done)
+    double start = 0, end = 0;
+    bool done = false;
+  };
+  std::map<std::pair<std::vector<int>, std::uint64_t>, std::shared_ptr<Meet>> meets;
+  std::map<std::tuple<int, int, int, std::uint64_t>, std::shared_ptr<Meet>> pairs;
+
+  // Blocks (lock held) until m is done or the world has failed.
+  void await(std::unique_lock<std::mutex>& lock, Meet& m, const std::string& what) {
+    if (m.done) return;
+    ++blocked;
+    ++m.waiters;
+    if (blocked == live && failure.empty())
+      failure =
+          "StageWorld: every stage representative is blocked (the stages' programs do not "
+          "match), the last at " +
+          what;
+    cv.notify_all();
+    cv.wait(lock, [&] { return m.done || !failure.empty(); });
+    if (!m.done) throw std::logic_error(failure);
+  }
+  // Marks m done (lock held): its waiters are no longer blocked.
+  void complete(Meet& m) {
+    m.done = true;
+    blocked -= m.waiters;
+    m.waiters = 0;
+    cv.notify_all();
+  }
+  void fail(const std::string& why) {
+    const std::lock_guard<std::mutex> lock(mu);
+    if (failure.empty()) failure = why;
+    cv.notify_all();
+  }
+};
 
 struct ClockState {
   sim::Topology topology;
@@ -19,6 +74,7 @@ struct ClockState {
   std::vector<ClockStep> steps;
   comm::MemoryTracker memory;
   std::string asymmetry;
+  std::shared_ptr<StageHub> hub;  // StageWorld representatives only
   double now() const { return std::max(compute, comm_free); }
   ClockStep* current() { return steps.empty() ? nullptr : &steps.back(); }
 };
@@ -34,6 +90,36 @@ class ClockWork final : public comm::Work {
  private:
   std::shared_ptr<ClockState> state_;
   double end_;
+};
+
+// A message between stages: its end is known once the peer has posted too.
+class MeetWork final : public comm::Work {
+ public:
+  MeetWork(std::shared_ptr<ClockState> s, std::shared_ptr<StageHub::Meet> m, std::string what)
+      : state_(std::move(s)), meet_(std::move(m)), what_(std::move(what)) {}
+  void wait() override {
+    StageHub& hub = *state_->hub;
+    std::unique_lock<std::mutex> lock(hub.mu);
+    hub.await(lock, *meet_, what_);
+    const double start = meet_->start, end = meet_->end;
+    lock.unlock();
+    state_->compute = std::max(state_->compute, end);
+    if (!counted_ && !state_->steps.empty()) {
+      state_->steps.back().comm_busy += end - start;
+      ++state_->steps.back().comm_ops;
+    }
+    counted_ = true;
+  }
+  bool is_completed() override {
+    const std::lock_guard<std::mutex> lock(state_->hub->mu);
+    return meet_->done;
+  }
+
+ private:
+  std::shared_ptr<ClockState> state_;
+  std::shared_ptr<StageHub::Meet> meet_;
+  std::string what_;
+  bool counted_ = false;
 };
 
 bool same_link(const sim::LinkCost& a, const sim::LinkCost& b) {
@@ -54,6 +140,27 @@ SymmetricClock::SymmetricClock(int ranks, const sim::Topology& topology,
   members_.resize(static_cast<std::size_t>(ranks));
   for (int r = 0; r < ranks; ++r) members_[static_cast<std::size_t>(r)] = r;
   link_ = sim::group_link(topology, members_);
+}
+
+SymmetricClock::SymmetricClock(int ranks, const sim::Topology& topology,
+                               std::vector<SplitRule> splits, int rank,
+                               std::shared_ptr<StageHub> hub)
+    : SymmetricClock(ranks, topology, std::move(splits), rank) {
+  state_->hub = std::move(hub);
+}
+
+int SymmetricClock::stages_spanned() const {
+  if (!state_->hub) return 1;
+  if (stages_ > 0) return stages_;
+  std::set<int> stages;
+  for (const int m : members_) stages.insert(state_->hub->stage_of(m));
+  for (const int st : stages)
+    if (std::find(members_.begin(), members_.end(),
+                  state_->hub->reps[static_cast<std::size_t>(st)]) == members_.end())
+      throw std::logic_error("StageWorld: group " + name_ + " spans stage " + std::to_string(st) +
+                             " without that stage's representative");
+  stages_ = static_cast<int>(stages.size());
+  return stages_;
 }
 
 SymmetricClock::SymmetricClock(std::shared_ptr<ClockState> state, std::vector<int> members,
@@ -83,11 +190,33 @@ const std::string& SymmetricClock::asymmetry() const {
   return state_->asymmetry;
 }
 
+double SymmetricClock::meet(double arrival, const std::string& what) {
+  const std::uint64_t seq = seq_++;
+  if (stages_spanned() == 1) return arrival;
+  StageHub& hub = *state_->hub;
+  std::unique_lock<std::mutex> lock(hub.mu);
+  std::shared_ptr<StageHub::Meet>& slot = hub.meets[{members_, seq}];
+  if (!slot) {
+    slot = std::make_shared<StageHub::Meet>();
+    slot->expected = stages_spanned();
+    slot->start = arrival;
+  }
+  const std::shared_ptr<StageHub::Meet> m = slot;
+  m->start = std::max(m->start, arrival);
+  if (++m->arrived == m->expected) {
+    hub.complete(*m);
+    hub.meets.erase({members_, seq});
+  }
+  hub.await(lock, *m, what);
+  return m->start;
+}
+
 comm::WorkPtr SymmetricClock::collective(sim::OpKind k, double bytes) {
   ClockState& s = *state_;
-  // Every member arrives at this same time, so the op starts on arrival (SimWorld: the max of
-  // the members' arrivals).
-  const double start = s.now();
+  // Every member of a stage arrives at this same time, so the op starts on arrival (SimWorld:
+  // the max of the members' arrivals); a group spanning stages starts at the latest
+  // representative's arrival.
+  const double start = meet(s.now(), std::string(sim::name_of(k)) + " of " + name_);
   const double end = start + sim::op_seconds(k, size(), bytes, link_);
   s.comm_free = end;
   if (ClockStep* st = s.current()) {
@@ -97,10 +226,39 @@ comm::WorkPtr SymmetricClock::collective(sim::OpKind k, double bytes) {
   return std::make_shared<ClockWork>(state_, end);
 }
 
-comm::WorkPtr SymmetricClock::p2p(const comm::ConstBuffer& b, int peer) {
+comm::WorkPtr SymmetricClock::p2p(const comm::ConstBuffer& b, int peer, int tag, bool send) {
   if (peer < 0 || peer >= size()) throw std::invalid_argument("SymmetricClock: peer out of range");
   ClockState& s = *state_;
   const int pair[2] = {world_rank(), members_[static_cast<std::size_t>(peer)]};
+  if (s.hub && s.hub->stage_of(pair[0]) != s.hub->stage_of(pair[1])) {
+    // Between stages: the representatives meet (sim/p2p.cpp: the later post starts it).
+    StageHub& hub = *s.hub;
+    const std::uint64_t seq = p2p_seq_[{peer, tag, send}]++;
+    const auto key =
+        send ? std::tuple{pair[0], pair[1], tag, seq} : std::tuple{pair[1], pair[0], tag, seq};
+    if (std::find(hub.reps.begin(), hub.reps.end(), pair[1]) == hub.reps.end())
+      throw std::logic_error("StageWorld: rank " + std::to_string(pair[0]) +
+                             " exchanges with rank " + std::to_string(pair[1]) +
+                             ", not a stage representative");
+    const std::lock_guard<std::mutex> lock(hub.mu);
+    std::shared_ptr<StageHub::Meet>& slot = hub.pairs[key];
+    if (!slot) {
+      slot = std::make_shared<StageHub::Meet>();
+      slot->expected = 2;
+      slot->start = s.compute;
+    }
+    const std::shared_ptr<StageHub::Meet> m = slot;
+    m->start = std::max(m->start, s.compute);
+    if (++m->arrived == 2) {
+      m->end = m->start + sim::op_seconds(sim::OpKind::send, 2, static_cast<double>(b.bytes()),
+                                          sim::group_link(s.topology, pair));
+      hub.complete(*m);
+      hub.pairs.erase(key);
+    }
+    return std::make_shared<MeetWork>(
+        state_, m,
+        std::string(send ? "send to " : "recv from ") + std::to_string(pair[1]) + " in " + name_);
+  }
   // A matched pair starts at the later post; the peer, being alike, posts at this same time. Point
   // to point does not queue on the comm stream (sim/README.md).
   const double start = s.compute;
@@ -162,11 +320,11 @@ comm::WorkPtr SymmetricClock::do_all_to_all_v(comm::ConstBuffer send,
                                                    static_cast<double>(comm::size_of(send.dtype)));
 }
 
-comm::WorkPtr SymmetricClock::do_send(comm::ConstBuffer buf, int peer, comm::P2POptions) {
-  return p2p(buf, peer);
+comm::WorkPtr SymmetricClock::do_send(comm::ConstBuffer buf, int peer, comm::P2POptions o) {
+  return p2p(buf, peer, o.tag, true);
 }
-comm::WorkPtr SymmetricClock::do_recv(comm::Buffer buf, int peer, comm::P2POptions) {
-  return p2p(buf, peer);
+comm::WorkPtr SymmetricClock::do_recv(comm::Buffer buf, int peer, comm::P2POptions o) {
+  return p2p(buf, peer, o.tag, false);
 }
 
 comm::WorkPtr SymmetricClock::do_barrier() {
@@ -183,7 +341,7 @@ std::unique_ptr<comm::Communicator> SymmetricClock::do_split(int color, int key,
   if (rule.color(rank_) != color || rule.key(rank_) != key)
     throw std::logic_error("SymmetricClock: split arguments differ from the stated rule");
   // A split synchronises (SimWorld: a zero-cost collective whose end the compute clock joins).
-  const double end = s.now();
+  const double end = meet(s.now(), "split " + o.name + " of " + name_);
   s.comm_free = end;
   s.compute = std::max(s.compute, end);
   std::map<int, std::vector<std::pair<int, int>>> by_color;  // color -> (key, group rank)
@@ -242,6 +400,61 @@ void SymmetricClock::do_begin_step(int step) {
 
 comm::MemoryTracker& SymmetricClock::do_memory() {
   return state_->memory;
+}
+
+}  // namespace shardcheck::harness
+
+namespace shardcheck::harness {
+
+StageWorld::StageWorld(int ranks, const sim::Topology& topology, std::vector<SplitRule> splits,
+                       std::function<int(int)> stage_of, std::vector<int> reps)
+    : ranks_(ranks),
+      topology_(topology),
+      splits_(std::move(splits)),
+      hub_(std::make_shared<StageHub>()),
+      reps_(std::move(reps)) {
+  hub_->stage_of = std::move(stage_of);
+  hub_->reps = reps_;
+}
+
+StageWorld::~StageWorld() = default;
+
+void StageWorld::run(const std::function<void(comm::Communicator&)>& program) {
+  const std::size_t n = reps_.size();
+  steps_.assign(n, {});
+  times_.assign(n, {});
+  hub_->live = static_cast<int>(n);
+  std::vector<std::exception_ptr> errors(n);
+  std::vector<std::thread> threads;
+  for (std::size_t i = 0; i < n; ++i)
+    threads.emplace_back([&, i] {
+      try {
+        SymmetricClock c(ranks_, topology_, splits_, reps_[i], hub_);
+        program(c);
+        steps_[i] = c.steps();
+        times_[i] = c.step_times();
+        const std::lock_guard<std::mutex> lock(hub_->mu);
+        if (c.asymmetric() && asymmetry_.empty()) asymmetry_ = c.asymmetry();
+      } catch (const std::exception& e) {
+        errors[i] = std::current_exception();
+        hub_->fail(std::string("StageWorld: stage ") + std::to_string(i) + ": " + e.what());
+      }
+      const std::lock_guard<std::mutex> lock(hub_->mu);
+      --hub_->live;
+      if (hub_->blocked == hub_->live && hub_->live > 0 && hub_->failure.empty())
+        hub_->failure = "StageWorld: stage " + std::to_string(i) +
+                        " finished while every other stage waits on it";
+      hub_->cv.notify_all();
+    });
+  for (std::thread& t : threads) t.join();
+  for (const std::exception_ptr& e : errors)
+    if (e) std::rethrow_exception(e);
+}
+
+std::vector<sim::StepTime> StageWorld::step_times() const {
+  std::vector<sim::StepTime> out;
+  for (const std::vector<sim::StepTime>& t : times_) out.insert(out.end(), t.begin(), t.end());
+  return out;
 }
 
 }  // namespace shardcheck::harness

@@ -4,13 +4,19 @@
 // time, so one rank's two-stream clock (compute, comm; async Work, wait joins) with the simulator's
 // cost functions (sim::op_seconds, sim::group_link, sim::compute_seconds) gives the step times a
 // sim::SimWorld meta run would give, without 1,024 threads. No data moves; buffers may be null.
-// Not for programs whose ranks differ (pipelines, stragglers, uneven groups): see `asymmetric()`.
+// Not for programs whose ranks differ (stragglers, uneven groups): see `asymmetric()`. Pipelines,
+// whose stages differ, run on a StageWorld: one representative clock per stage, each a thread,
+// alike ranks within a stage timed as here and the ops between stages (point to point, groups
+// spanning stages) met across the representatives with the simulator's arithmetic.
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "comm/communicator.hpp"
@@ -40,6 +46,7 @@ struct ClockStep {
 };
 
 struct ClockState;
+struct StageHub;
 
 class SymmetricClock final : public comm::Communicator {
  public:
@@ -47,6 +54,9 @@ class SymmetricClock final : public comm::Communicator {
   // the rules of the program's split calls, in call order (over any group).
   SymmetricClock(int ranks, const sim::Topology& topology, std::vector<SplitRule> splits = {},
                  int rank = 0);
+  // A stage representative of a StageWorld (its hub meets the ops between stages).
+  SymmetricClock(int ranks, const sim::Topology& topology, std::vector<SplitRule> splits, int rank,
+                 std::shared_ptr<StageHub> hub);
 
   int rank() const override { return rank_; }
   int size() const override { return static_cast<int>(members_.size()); }
@@ -88,13 +98,50 @@ class SymmetricClock final : public comm::Communicator {
                  std::string name, sim::LinkCost link);
   // A collective on this group whose cost-formula S is `bytes` (sim/README.md's table).
   comm::WorkPtr collective(sim::OpKind k, double bytes);
-  comm::WorkPtr p2p(const comm::ConstBuffer& b, int peer);
+  comm::WorkPtr p2p(const comm::ConstBuffer& b, int peer, int tag, bool send);
+  // The stages this group's members are in (1 without a hub).
+  int stages_spanned() const;
+  // The start of this group's next op for a member arriving at `arrival`: the arrival itself
+  // within one stage, else the latest representative's (blocks until all have arrived).
+  double meet(double arrival, const std::string& what);
 
   std::shared_ptr<ClockState> state_;
   std::vector<int> members_;
   int rank_;
   std::string name_;
   sim::LinkCost link_;
+  std::uint64_t seq_ = 0;
+  std::map<std::tuple<int, int, bool>, std::uint64_t> p2p_seq_;  // (peer, tag, send)
+  mutable int stages_ = 0;                                        // stages_spanned(), once known
+};
+
+// The world of a pipelined mesh through one representative rank per stage: run(program) runs
+// the program on each representative in its own thread (a SymmetricClock on the world with
+// `splits`), and step_times() are the representatives' rows (sim::summarize: the step time).
+// Every rank of a stage must issue what its representative issues (tp, dp, cp alike), and a
+// group spanning stages must hold the representative of each stage it spans (the pp group of
+// the representatives, the world).
+class StageWorld {
+ public:
+  // stage_of: the pipeline stage of each world rank; reps: the representative of each stage.
+  StageWorld(int ranks, const sim::Topology& topology, std::vector<SplitRule> splits,
+             std::function<int(int world_rank)> stage_of, std::vector<int> reps);
+  ~StageWorld();
+  void run(const std::function<void(comm::Communicator&)>& program);
+  std::vector<sim::StepTime> step_times() const;
+  // Per stage representative: its steps (compute and communication busy times).
+  const std::vector<std::vector<ClockStep>>& stage_steps() const { return steps_; }
+  bool asymmetric() const { return !asymmetry_.empty(); }
+
+ private:
+  int ranks_;
+  sim::Topology topology_;
+  std::vector<SplitRule> splits_;
+  std::shared_ptr<StageHub> hub_;
+  std::vector<int> reps_;
+  std::vector<std::vector<ClockStep>> steps_;
+  std::vector<std::vector<sim::StepTime>> times_;
+  std::string asymmetry_;
 };
 
 }  // namespace shardcheck::harness

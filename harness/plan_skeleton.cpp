@@ -39,13 +39,14 @@ std::size_t count_of(int64_t n) {
 
 std::string untimed_reason(const ParallelSpec& p, const ref::ModelConfig& m) {
   const comm::MeshShape& s = p.mesh;
-  if (s.pp > 1 || s.cp > 1 || s.ep > 1)
-    return "the planner times data and tensor parallelism only so far (DDP, ZeRO-1/2/3, FSDP, "
-           "TP with or without SP); pipeline, context and expert parallel meshes are not timed yet";
+  if (s.cp > 1 || s.ep > 1)
+    return "the planner times data, tensor and pipeline parallelism only so far (DDP, ZeRO-1/2/3, "
+           "FSDP, TP with or without SP, PP schedules); context and expert parallel meshes are not "
+           "timed yet";
   if (s.tp > 1 && m.moe) return "MoE layers under tensor parallelism are not timed yet";
   if (s.tp > m.kv_heads) return "kv heads replicated over TP ranks are not timed yet";
-  if (s.tp > 1 && p.fsdp && *p.fsdp == "hybrid_shard")
-    return "hybrid_shard with tensor parallelism is not timed yet";
+  if ((s.tp > 1 || s.pp > 1) && p.fsdp && *p.fsdp == "hybrid_shard")
+    return "hybrid_shard with tensor or pipeline parallelism is not timed yet";
   return "";
 }
 
@@ -97,8 +98,8 @@ Skeleton::Skeleton(SkeletonSpec spec) : spec_(std::move(spec)) {
 
 std::vector<SplitRule> Skeleton::splits() const {
   std::vector<SplitRule> out;
-  if (spec_.tp > 1) {  // comm::build_groups' tp and dp groups of the world
-    for (const comm::Axis a : {comm::Axis::tp, comm::Axis::dp}) {
+  if (spec_.tp > 1 || mesh_.size(comm::Axis::pp) > 1) {  // build_groups' tp, dp and pp groups
+    for (const comm::Axis a : {comm::Axis::tp, comm::Axis::dp, comm::Axis::pp}) {
       const comm::DeviceMesh mesh = mesh_;
       out.push_back(SplitRule{
           [mesh, a](int r) { return mesh.group_index(r, std::span<const comm::Axis>(&a, 1)); },
@@ -135,7 +136,10 @@ class SkeletonRun {
   SkeletonRun(const Skeleton& k, comm::Communicator& world)
       : k_(k), sp_(k.spec_), world_(world), data_(&world), group_(&world) {
     const ref::ModelConfig& m = sp_.model;
-    specs_ = parallel::local_params(m, k_.mesh_, world.world_rank(), 1);
+    const int v = sp_.mesh.virtual_stages;
+    stage_ = k_.mesh_.coord(world.world_rank(), comm::Axis::pp);
+    plan_ = parallel::stage_plan(m, pp(), v, stage_);
+    specs_ = parallel::local_params(m, k_.mesh_, world.world_rank(), v);
     classes_ = parallel::flat_classes(specs_, k_.zero_, [&](const LocalParam& p) {
       return k_.wrap_of_.at(parallel::unit_of(m, p.name));
     });
@@ -143,13 +147,15 @@ class SkeletonRun {
 
   void run() {
     const int r = world_.rank();
-    if (sp_.tp > 1) {  // comm::build_groups' tp and dp groups
-      for (const comm::Axis a : {comm::Axis::tp, comm::Axis::dp}) {
+    if (sp_.tp > 1 || pp() > 1) {  // comm::build_groups' tp, dp and pp groups
+      for (const comm::Axis a : {comm::Axis::tp, comm::Axis::dp, comm::Axis::pp}) {
         auto g = world_.split(k_.mesh_.group_index(r, std::span<const comm::Axis>(&a, 1)), r,
                               {.name = std::string(comm::name_of(a))});
-        (a == comm::Axis::tp ? tp_ : dp_) = std::move(g);
+        (a == comm::Axis::tp ? tp_ : a == comm::Axis::dp ? dp_ : pp_) = std::move(g);
       }
       data_ = group_ = dp_.get();
+      if (sp_.tp == 1) tp_.reset();
+      if (pp() == 1) pp_.reset();
     }
     if (k_.shard_size_ != sp_.dp) {  // mesh_rows.hpp's hybrid_split over the data-parallel ranks
       const int s = k_.shard_size_;
@@ -166,20 +172,19 @@ class SkeletonRun {
           Residency::Options{.prefetch = f.prefetch, .keep_after_forward = keep});
     }
     microbatches_ = sp_.local_batch / sp_.train.micro_batch;
-    const std::vector<parallel::PipeAction> schedule =
-        parallel::pipeline_schedule(sp_.mesh.schedule, 1, 0, microbatches_, 1);
+    const std::vector<parallel::PipeEvent> events = parallel::pipeline_events(
+        sp_.mesh.schedule, pp(), stage_, microbatches_, sp_.mesh.virtual_stages);
     for (int step = 1; step <= sp_.steps; ++step) {
       // MeshImpl::step: 1. the loss denominators.
       world_.begin_step(step);
       data_->all_reduce(null_buf(3, comm::DType::i64))->wait();
       bucketed_.clear();
       issued_spec_.assign(specs_.size(), false);
-      // 2. the pipeline.
-      for (const parallel::PipeAction& a : schedule)
-        a.kind == parallel::PipeAction::Kind::forward ? forward(a.microbatch)
-                                                      : backward(a.microbatch);
-      // 3. gradient sums (sync_gradients): SP's TP-replicated parameters over TP, then the
-      // optimizer's.
+      // 2. the pipeline (run_pipeline: pipeline_events with null buffers).
+      pipeline(events);
+      // 3. gradient sums (sync_gradients): the tied embedding between the first and last stage,
+      // SP's TP-replicated parameters over TP, then the optimizer's.
+      sync_tied_embedding();
       if (sp() && tp_) {
         int64_t n = 0;
         for (const LocalParam& p : specs_)
@@ -273,12 +278,61 @@ class SkeletonRun {
   void reduce_out() { gather_in_backward(); }
   void reduce_out_backward() { sp_gather(); }
 
-  // MeshImpl::begin_uses / use / end_uses on the one chunk of a one-stage pipeline.
-  void begin_uses(int mb, bool forward) {
-    if (residency_)
-      residency_->begin(mb, 0, forward,
-                        parallel::mesh_detail::chunk_uses(
-                            sp_.model, k_.wrap_of_, {0, sp_.model.layers}, true, true, forward));
+  int pp() const { return k_.mesh_.size(comm::Axis::pp); }
+  int virtual_stage(int chunk) const { return chunk * pp() + stage_; }
+  int last_virtual_stage() const { return pp() * sp_.mesh.virtual_stages - 1; }
+  // What one pipeline message moves: stage.activation_shape's [micro batch x rows, h].
+  std::size_t activation_elems() const {
+    const double rows_per_rank = sp() ? rows() / tp() : rows();
+    return count_of(static_cast<int64_t>(sp_.train.micro_batch * rows_per_rank * sp_.model.hidden));
+  }
+
+  void pipeline(const std::vector<parallel::PipeEvent>& events) {
+    using K = parallel::PipeEvent::Kind;
+    std::map<parallel::PipeMessage, comm::WorkPtr> posted;
+    std::vector<comm::WorkPtr> sends;
+    for (const parallel::PipeEvent& e : events) {
+      const parallel::PipeAction& a = e.action;
+      switch (e.kind) {
+        case K::post_recv:
+          posted[e.message] = pp_->recv(null_buf(activation_elems(), activation()), e.peer);
+          break;
+        case K::wait_recv:
+          if (pp_) posted.at(e.message)->wait();
+          break;
+        case K::run:
+          a.kind == parallel::PipeAction::Kind::forward ? forward(a.microbatch, a.chunk)
+                                                        : backward(a.microbatch, a.chunk);
+          break;
+        case K::send:
+          if (pp_) sends.push_back(pp_->send(null_buf(activation_elems(), activation()), e.peer));
+          break;
+      }
+    }
+    for (const comm::WorkPtr& w : sends) w->wait();
+  }
+
+  // MeshImpl::sync_tied_embedding.
+  void sync_tied_embedding() {
+    if (pp() == 1 || !sp_.model.tie_embeddings || !(plan_.has_embed || plan_.has_head)) return;
+    std::size_t n = 0;
+    for (const LocalParam& p : specs_)
+      if (p.name == "embed.weight") n = count_of(ref::numel_of(p.local_shape));
+    const int other = plan_.has_embed ? pp() - 1 : 0;
+    comm::WorkPtr w = pp_->send(null_buf(n, numeric()), other, {.tag = 7});
+    pp_->recv(null_buf(n, numeric()), other, {.tag = 7})->wait();
+    w->wait();
+  }
+
+  // MeshImpl::begin_uses / use / end_uses.
+  void begin_uses(int mb, int chunk, bool forward) {
+    if (!residency_) return;
+    const int vs = virtual_stage(chunk);
+    residency_->begin(
+        mb, chunk, forward,
+        parallel::mesh_detail::chunk_uses(sp_.model, k_.wrap_of_,
+                                          plan_.chunk_layers[static_cast<std::size_t>(chunk)],
+                                          vs == 0, vs == last_virtual_stage(), forward));
   }
   void use() {
     if (residency_) residency_->next();
@@ -354,37 +408,62 @@ class SkeletonRun {
   }
 
   // MeshImpl::forward.
-  void forward(int mb) {
-    const ref::ModelConfig& m = sp_.model;
+  void forward(int mb, int chunk) {
     const int mbs = sp_.train.micro_batch;
-    begin_uses(mb, true);
-    use();  // the embedding
-    for (int i = 0; i < mbs; ++i) embed_forward();
-    for (int layer = 0; layer < m.layers; ++layer) {
+    const int vs = virtual_stage(chunk);
+    const auto [first, last] = plan_.chunk_layers[static_cast<std::size_t>(chunk)];
+    begin_uses(mb, chunk, true);
+    if (vs == 0) {
+      use();  // the embedding
+      for (int i = 0; i < mbs; ++i) embed_forward();
+    }
+    for (int layer = first; layer < last; ++layer) {
       use();
       for (int i = 0; i < mbs; ++i) block_forward(layer);
     }
-    use();  // the head
-    for (int i = 0; i < mbs; ++i) head_forward();
+    if (vs == last_virtual_stage()) {
+      use();  // the head
+      for (int i = 0; i < mbs; ++i) head_forward();
+    }
     end_uses();
   }
 
+  // MeshImpl::chunk_writes: the gradients chunk's backward writes.
+  bool chunk_writes(int chunk, const LocalParam& p) const {
+    const auto [first, last] = plan_.chunk_layers[static_cast<std::size_t>(chunk)];
+    if (p.name.rfind("layers.", 0) == 0) {
+      const int layer = std::stoi(p.name.substr(7));
+      return layer >= first && layer < last;
+    }
+    const bool head = virtual_stage(chunk) == last_virtual_stage();
+    if (p.name == "embed.weight")
+      return virtual_stage(chunk) == 0 || (head && sp_.model.tie_embeddings);
+    return head && (p.name == "final_norm.weight" || p.name == "lm_head.weight");
+  }
+
   // MeshImpl::backward.
-  void backward(int mb) {
+  void backward(int mb, int chunk) {
     const ref::ModelConfig& m = sp_.model;
     const int mbs = sp_.train.micro_batch;
+    const int vs = virtual_stage(chunk);
+    const auto [first, last_layer] = plan_.chunk_layers[static_cast<std::size_t>(chunk)];
     const bool last = mb == microbatches_ - 1;
     const bool bf16 = sp_.train.precision == ref::Precision::kBf16;
     const auto complete = [&](const auto& pick) {
       if (!bf16 && ddp_overlap() && last) issue_bucket(pick, false);
     };
-    begin_uses(mb, false);
-    use();  // the head
-    for (int i = 0; i < mbs; ++i) head_backward();
-    complete([](const LocalParam& p) {
-      return p.name == "final_norm.weight" || p.name == "lm_head.weight";
-    });
-    for (int layer = m.layers - 1; layer >= 0; --layer) {
+    begin_uses(mb, chunk, false);
+    if (vs == last_virtual_stage()) {
+      use();  // the head
+      for (int i = 0; i < mbs; ++i) head_backward();
+      // The tied embedding's copy is complete here unless this chunk also holds the embedding.
+      const bool tied_done = m.tie_embeddings && vs != 0;
+      complete([&](const LocalParam& p) {
+        return p.name == "final_norm.weight" || p.name == "lm_head.weight" ||
+               (p.name == "embed.weight" && tied_done);
+      });
+    }
+    for (int layer = last_layer - 1; layer >= first; --layer) {
       use();
       for (int i = 0; i < mbs; ++i) {
         if (sp_.train.recompute == ref::Recompute::kFull) block_forward(layer);
@@ -393,8 +472,10 @@ class SkeletonRun {
       const std::string prefix = "layers." + std::to_string(layer) + ".";
       complete([&](const LocalParam& p) { return p.name.rfind(prefix, 0) == 0; });
     }
-    for (int i = 0; i < mbs; ++i) embed_backward();
-    complete([](const LocalParam& p) { return p.name == "embed.weight"; });
+    if (vs == 0) {
+      for (int i = 0; i < mbs; ++i) embed_backward();
+      complete([](const LocalParam& p) { return p.name == "embed.weight"; });
+    }
     end_uses();
     if (bf16 && sp()) {  // mesh_bf16.hpp's round_microbatch_gradient: TP partials summed first
       int64_t n = 0;
@@ -410,7 +491,8 @@ class SkeletonRun {
         if (n > 0 && world_.size() > 1) world_.all_reduce(null_buf(count_of(n), numeric()))->wait();
       }
     }
-    if (ddp_overlap() && last) issue_bucket([](const LocalParam&) { return true; }, true);
+    if (ddp_overlap() && last)
+      issue_bucket([&](const LocalParam& p) { return chunk_writes(chunk, p); }, true);
   }
 
   bool ddp_overlap() const { return sp_.mesh.overlap && k_.zero_ <= 1 && !k_.no_shard_; }
@@ -422,6 +504,7 @@ class SkeletonRun {
     for (std::size_t i = 0; i < specs_.size(); ++i) {
       const LocalParam& p = spec(i);
       if (!pick(p) || !bucketed_.insert(p.name).second) continue;
+      if (p.name == "embed.weight" && sp_.model.tie_embeddings && pp() > 1) continue;
       if (p.tp_replicated && sp()) continue;  // summed over TP first, in sync_gradients
       bucket_.push_back(i);
       bucket_fill_ += count_of(ref::numel_of(p.local_shape));
@@ -499,7 +582,9 @@ class SkeletonRun {
   comm::Communicator& world_;
   comm::Communicator* data_;   // the data-parallel ranks (the loss denominators)
   comm::Communicator* group_;  // each class's sharding (and summing) group
-  std::unique_ptr<comm::Communicator> tp_, dp_, shard_, replicas_;
+  std::unique_ptr<comm::Communicator> tp_, dp_, pp_, shard_, replicas_;
+  int stage_ = 0;
+  parallel::StagePlan plan_;
   std::vector<LocalParam> specs_;  // this rank's parameters
   std::vector<FlatClass> classes_;
   std::unique_ptr<Residency> residency_;

@@ -62,6 +62,28 @@ struct PipeAction {
 std::vector<PipeAction> pipeline_schedule(PipeSchedule s, int stages, int stage, int microbatches,
                                           int virtual_stages);
 
+// What one stage does, in order, to run its schedule over the pp group (run_pipeline executes
+// these; the planner's timing-only run issues the same with null buffers). A message is named by
+// the virtual stage that consumes it: the activation entering `vs` (forward) or the gradient of the
+// activation leaving `vs` (backward). Receives are posted in each sender's send order, as late as
+// the data is needed (with every earlier message of the same sender); a stage's sends are waited
+// for only at the end, in send order. With one stage, messages go to the stage itself (peer ==
+// stage) and are handed on without communication.
+struct PipeMessage {
+  PipeAction::Kind kind = PipeAction::Kind::forward;
+  int microbatch = 0;
+  int vs = 0;
+  auto operator<=>(const PipeMessage&) const = default;
+};
+struct PipeEvent {
+  enum class Kind : std::uint8_t { post_recv, wait_recv, run, send } kind;
+  PipeAction action{};    // run: the action; post_recv / wait_recv / send: the one it serves
+  PipeMessage message{};  // post_recv / wait_recv / send
+  int peer = -1;          // the stage sent to or received from
+};
+std::vector<PipeEvent> pipeline_events(PipeSchedule s, int stages, int stage, int microbatches,
+                                       int virtual_stages);
+
 template <class T>
 struct PipeStage {
   // forward(mb, chunk, input): input is empty on virtual stage 0; returns the output activation

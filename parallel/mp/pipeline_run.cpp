@@ -5,6 +5,7 @@
 // on before the end, so a stage never stalls on a neighbour that has not reached the receive yet.
 #include <deque>
 #include <map>
+#include <set>
 #include <string>
 #include <tuple>
 
@@ -14,17 +15,8 @@ namespace shardcheck::parallel {
 
 namespace {
 
-// A message, named by the virtual stage that consumes it: the activation entering `vs` (forward),
-// or the gradient of the activation leaving `vs` (backward, i.e. the grad_output of vs).
-struct Key {
-  PipeAction::Kind kind;
-  int mb;
-  int vs;
-  auto operator<=>(const Key&) const = default;
-};
-
 struct Outgoing {
-  Key key;
+  PipeMessage key;
   int dest;  // stage
 };
 
@@ -49,50 +41,102 @@ std::string shape_str(const ref::Shape& s) {
   return out + "]";
 }
 
+}  // namespace
+
+std::vector<PipeEvent> pipeline_events(PipeSchedule s, int p, int stage, int m, int v) {
+  using K = PipeEvent::Kind;
+  const std::vector<PipeAction> actions = pipeline_schedule(s, p, stage, m, v);
+  struct Inbox {
+    int peer;
+    std::vector<PipeMessage> order;  // the peer's sends to this stage, in its send order
+    std::size_t posted = 0;
+  };
+  std::vector<Inbox> inboxes;
+  if (p > 1)
+    for (const int peer : {(stage + p - 1) % p, (stage + 1) % p}) {
+      if (!inboxes.empty() && inboxes.front().peer == peer) continue;  // p == 2: one neighbour
+      Inbox in{peer, {}, 0};
+      for (const Outgoing& o : outgoing(s, p, peer, m, v))
+        if (o.dest == stage) in.order.push_back(o.key);
+      inboxes.push_back(std::move(in));
+    }
+  std::set<PipeMessage> posted;
+  std::vector<PipeEvent> out;
+  // The input of `a`: with one stage handed on in place; else the sender's messages to this
+  // stage posted in its send order up to the one needed, then waited for.
+  const auto take = [&](const PipeAction& a, const PipeMessage& k, int src) {
+    if (p > 1) {
+      Inbox* in = nullptr;
+      for (Inbox& b : inboxes)
+        if (b.peer == src) in = &b;
+      while (in != nullptr && !posted.contains(k) && in->posted < in->order.size()) {
+        const PipeMessage& next = in->order[in->posted++];
+        if (!posted.insert(next).second)
+          throw PipelineError("run_pipeline: internal: message received twice");
+        out.push_back({K::post_recv, a, next, src});
+      }
+      if (posted.erase(k) == 0) throw PipelineError("run_pipeline: internal: input never sent");
+    }
+    out.push_back({K::wait_recv, a, k, p > 1 ? src : stage});
+  };
+  const int depth = p * v;
+  for (const PipeAction& a : actions) {
+    const int vs = a.chunk * p + stage;
+    if (a.kind == PipeAction::Kind::forward) {
+      if (vs > 0) take(a, {a.kind, a.microbatch, vs}, (stage + p - 1) % p);
+      out.push_back({K::run, a, {}, -1});
+      if (vs + 1 < depth)
+        out.push_back({K::send, a, {a.kind, a.microbatch, vs + 1}, (stage + 1) % p});
+    } else {
+      if (vs + 1 < depth) take(a, {a.kind, a.microbatch, vs}, (stage + 1) % p);
+      out.push_back({K::run, a, {}, -1});
+      if (vs > 0) out.push_back({K::send, a, {a.kind, a.microbatch, vs - 1}, (stage + p - 1) % p});
+    }
+  }
+  return out;
+}
+
+namespace {
+
+// Executes a stage's pipeline_events with the callbacks' tensors.
 template <class T>
 class Executor {
  public:
   Executor(comm::Communicator& pp, PipeSchedule s, int m, int v, const PipeStage<T>& cb)
-      : pp_(pp), cb_(cb), p_(pp.size()), stage_(pp.rank()), v_(v) {
-    actions_ = pipeline_schedule(s, p_, stage_, m, v);
+      : pp_(pp), cb_(cb), p_(pp.size()), stage_(pp.rank()) {
     if (!cb.forward || !cb.backward || !cb.activation_shape) {
       throw PipelineError("run_pipeline: PipeStage needs forward, backward and activation_shape");
     }
-    if (p_ == 1) return;
-    for (const int peer : {(stage_ + p_ - 1) % p_, (stage_ + 1) % p_}) {
-      if (!inboxes_.empty() && inboxes_.front().peer == peer) continue;  // p == 2: one neighbour
-      Inbox in{peer, {}, 0};
-      for (const Outgoing& o : outgoing(s, p_, peer, m, v)) {
-        if (o.dest == stage_) in.order.push_back(o.key);
-      }
-      inboxes_.push_back(std::move(in));
-    }
+    events_ = pipeline_events(s, p_, stage_, m, v);
   }
 
   void run() {
-    const int depth = p_ * v_;
-    for (const PipeAction& a : actions_) {
-      const int vs = a.chunk * p_ + stage_;
-      scope_ = {a.kind == PipeAction::Kind::forward ? comm::WorkScope::Pass::forward
-                                                    : comm::WorkScope::Pass::backward,
-                a.microbatch, a.chunk};
-      pp_.set_scope(scope_);
-      if (a.kind == PipeAction::Kind::forward) {
-        ref::Tensor<T> in;
-        if (vs > 0) in = take({a.kind, a.microbatch, vs}, (stage_ + p_ - 1) % p_);
-        ref::Tensor<T> out = cb_.forward(a.microbatch, a.chunk, std::move(in));
-        if (vs + 1 < depth) {
-          check_shape(out, a, vs + 1, "forward");
-          give({a.kind, a.microbatch, vs + 1}, (stage_ + 1) % p_, std::move(out));
-        }
-      } else {
-        ref::Tensor<T> grad;
-        if (vs + 1 < depth) grad = take({a.kind, a.microbatch, vs}, (stage_ + 1) % p_);
-        ref::Tensor<T> out = cb_.backward(a.microbatch, a.chunk, std::move(grad));
-        if (vs > 0) {
-          check_shape(out, a, vs, "backward");
-          give({a.kind, a.microbatch, vs - 1}, (stage_ + p_ - 1) % p_, std::move(out));
-        }
+    using K = PipeEvent::Kind;
+    ref::Tensor<T> in, out;
+    for (const PipeEvent& e : events_) {
+      const PipeAction& a = e.action;
+      const comm::WorkScope scope = scope_of(a.kind, a.microbatch, a.chunk);
+      if (e.kind != K::send) pp_.set_scope(scope);  // the action being served
+      switch (e.kind) {
+        case K::post_recv:
+          post(e.message, e.peer, scope);
+          break;
+        case K::wait_recv:
+          in = take(e.message);
+          break;
+        case K::run:
+          out = a.kind == PipeAction::Kind::forward
+                    ? cb_.forward(a.microbatch, a.chunk, std::move(in))
+                    : cb_.backward(a.microbatch, a.chunk, std::move(in));
+          in = ref::Tensor<T>{};
+          break;
+        case K::send:
+          check_shape(out, a,
+                      e.message.kind == PipeAction::Kind::forward ? e.message.vs : e.message.vs + 1,
+                      a.kind == PipeAction::Kind::forward ? "forward" : "backward");
+          give(e.message, e.peer, std::move(out));
+          out = ref::Tensor<T>{};
+          break;
       }
     }
     pp_.set_scope({});
@@ -100,20 +144,22 @@ class Executor {
   }
 
  private:
-  struct Inbox {
-    int peer;
-    std::vector<Key> order;  // the peer's sends to this stage, in its send order
-    std::size_t posted;
-  };
   struct Pending {
     ref::Tensor<T> tensor;
     comm::WorkPtr work;
   };
 
-  ref::Shape shape_of(const Key& k) const {
+  static comm::WorkScope scope_of(PipeAction::Kind k, int mb, int chunk) {
+    return {k == PipeAction::Kind::forward ? comm::WorkScope::Pass::forward
+                                           : comm::WorkScope::Pass::backward,
+            mb, chunk};
+  }
+
+  ref::Shape shape_of(const PipeMessage& k) const {
     // A forward message enters vs; a backward message is the gradient of vs's output (= vs+1's
     // input).
-    return cb_.activation_shape(k.mb, k.kind == PipeAction::Kind::forward ? k.vs : k.vs + 1);
+    return cb_.activation_shape(k.microbatch,
+                                k.kind == PipeAction::Kind::forward ? k.vs : k.vs + 1);
   }
 
   void check_shape(const ref::Tensor<T>& t, const PipeAction& a, int vs, const char* what) const {
@@ -127,7 +173,7 @@ class Executor {
     }
   }
 
-  void give(const Key& k, int dest, ref::Tensor<T> t) {
+  void give(const PipeMessage& k, int dest, ref::Tensor<T> t) {
     if (p_ == 1) {
       local_.emplace(k, std::move(t));
       return;
@@ -137,29 +183,22 @@ class Executor {
     s.work = pp_.send(comm::cview(std::span<const T>(s.tensor.span())), dest);
   }
 
-  ref::Tensor<T> take(const Key& k, int src) {
+  // The receive is timed under the action that consumes it (its microbatch and chunk).
+  void post(const PipeMessage& k, int src, const comm::WorkScope& now) {
+    auto [it, fresh] = posted_.emplace(k, Pending{ref::Tensor<T>(shape_of(k)), nullptr});
+    if (!fresh) throw PipelineError("run_pipeline: internal: message received twice");
+    pp_.set_scope(scope_of(k.kind, k.microbatch, k.vs / p_));
+    it->second.work = pp_.recv(comm::view(it->second.tensor.span()), src);
+    pp_.set_scope(now);
+  }
+
+  ref::Tensor<T> take(const PipeMessage& k) {
     if (p_ == 1) {
       auto it = local_.find(k);
       if (it == local_.end()) throw PipelineError("run_pipeline: internal: missing local input");
       ref::Tensor<T> t = std::move(it->second);
       local_.erase(it);
       return t;
-    }
-    Inbox* in = nullptr;
-    for (Inbox& b : inboxes_) {
-      if (b.peer == src) in = &b;
-    }
-    // Post the sender's messages to this stage, in its send order, up to the one needed now.
-    while (in != nullptr && !posted_.contains(k) && in->posted < in->order.size()) {
-      const Key& next = in->order[in->posted++];
-      auto [it, fresh] = posted_.emplace(next, Pending{ref::Tensor<T>(shape_of(next)), nullptr});
-      if (!fresh) throw PipelineError("run_pipeline: internal: message received twice");
-      // The receive is timed under the action that consumes it (its microbatch and chunk).
-      pp_.set_scope({next.kind == PipeAction::Kind::forward ? comm::WorkScope::Pass::forward
-                                                            : comm::WorkScope::Pass::backward,
-                     next.mb, next.vs / p_});
-      it->second.work = pp_.recv(comm::view(it->second.tensor.span()), src);
-      pp_.set_scope(scope_);
     }
     auto it = posted_.find(k);
     if (it == posted_.end()) throw PipelineError("run_pipeline: internal: input never sent");
@@ -171,13 +210,11 @@ class Executor {
 
   comm::Communicator& pp_;
   const PipeStage<T>& cb_;
-  int p_, stage_, v_;
-  comm::WorkScope scope_;  // the action being run
-  std::vector<PipeAction> actions_;
-  std::vector<Inbox> inboxes_;
-  std::map<Key, Pending> posted_;        // receives posted, not yet consumed
-  std::map<Key, ref::Tensor<T>> local_;  // p == 1: chunk outputs handed on in place
-  std::deque<Pending> sends_;            // stable addresses: the send buffers live to the end
+  int p_, stage_;
+  std::vector<PipeEvent> events_;
+  std::map<PipeMessage, Pending> posted_;        // receives posted, not yet consumed
+  std::map<PipeMessage, ref::Tensor<T>> local_;  // p == 1: chunk outputs handed on in place
+  std::deque<Pending> sends_;  // stable addresses: the send buffers live to the end
 };
 
 }  // namespace

@@ -217,7 +217,7 @@ TEST(Plan, PlacementNamesTheLinkEachGroupCrossesAndMeshMemoryIsTheFullestRank) {
             r.configs[2].memory_per_rank_bytes);
   EXPECT_NE(r.configs[2].stages[0].row.total(), r.configs[2].stages[1].row.total());
   for (const ConfigPlan& c : r.configs) {
-    EXPECT_EQ(c.modelled, c.spec.mesh.pp == 1) << c.config;  // TP is timed, PP not yet
+    EXPECT_TRUE(c.modelled) << c.config;  // TP and PP are timed
     std::size_t most = 0;
     for (const parallel::LedgerRow& row :
          parallel::mesh_ledger_ranks(s.model, s.train, engine_options(s, c.spec)))
@@ -265,6 +265,30 @@ TEST(Plan, StepTimeIsTheEngines) {
             << precision << " " << plan.configs[i].config << ", " << per_node << " ranks per node";
       }
     }
+}
+
+// The same on the tensor- and pipeline-parallel meshes of the parity matrix: the symmetric clock
+// (TP) and the stage representatives (PP: GPipe, 1F1B, interleaved) give the step time the engine's
+// own run on the simulator gives, to rounding.
+TEST(Plan, StepTimeIsTheEnginesOnTensorAndPipelineMeshes) {
+  int compared = 0;
+  for (const char* name : {"mp_tp.json", "mp_pp.json"}) {
+    std::ifstream f(shardcheck::testing::kScenarios + "/parity/" + name);
+    json j = json::parse(f);
+    j["plan"] = {{"world_sizes", json::array()}};
+    const Scenario s = parse_scenario(j);
+    const RunResult run = run_scenario(s);
+    const PlanResult plan = plan_scenario(s);
+    ASSERT_EQ(run.configs.size(), plan.configs.size());
+    for (std::size_t i = 0; i < run.configs.size(); ++i) {
+      if (!plan.configs[i].modelled || !run.configs[i].timing.valid) continue;
+      ++compared;
+      const double engine = run.configs[i].timing.step_time_s,
+                   planned = plan.configs[i].eval.step_time_s;
+      EXPECT_NEAR(planned, engine, 1e-9 * engine) << name << " " << plan.configs[i].config;
+    }
+  }
+  EXPECT_GT(compared, 6);
 }
 
 // A mesh the scenario accepts but the engine does not build yet (FSDP no_shard with TP) is
@@ -326,7 +350,7 @@ TEST(Plan, JsonAndReportFields) {
   ASSERT_EQ(r.code, 0) << r.out;
   const json out = json::parse(r.out);
   const json& plan = out.at("plan");
-  ASSERT_EQ(plan.at("candidates").size(), 8u);
+  ASSERT_EQ(plan.at("candidates").size(), 9u);
   int modelled = 0;
   for (const json& c : plan["candidates"]) {
     for (const char* k : {"config", "mesh", "step_time_s", "memory_per_rank_bytes", "fits",
@@ -340,18 +364,24 @@ TEST(Plan, JsonAndReportFields) {
       EXPECT_GT(c.at("memory_per_rank_bytes").get<double>(), 0) << c.dump();
       EXPECT_TRUE(c.at("fits").is_boolean()) << c.dump();
       EXPECT_EQ(c.at("memory").at("source"), "mesh engine ledger") << c.dump();
-      EXPECT_EQ(c.at("placement").size(), 2u) << c.dump();  // dp 4, pp 2
+      EXPECT_EQ(c.at("placement").size(), 2u) << c.dump();  // dp 4, cp 2
       continue;
     }
     ++modelled;
     EXPECT_GT(c.at("step_time_s").get<double>(), 0);
     EXPECT_GT(c.at("mfu").get<double>(), 0);
     EXPECT_LT(c.at("mfu").get<double>(), 1);
-    EXPECT_EQ(c.at("bubble_fraction").get<double>(), 0);
+    if (c.at("config").get<std::string>().find("-pp") != std::string::npos) {  // the schedule's
+      EXPECT_GT(c.at("bubble_fraction").get<double>(), 0) << c.dump();
+      EXPECT_LT(c.at("bubble_fraction").get<double>(), 1) << c.dump();
+      EXPECT_GT(c.at("bubble_formula").get<double>(), 0) << c.dump();
+    } else {
+      EXPECT_EQ(c.at("bubble_fraction").get<double>(), 0);
+    }
     EXPECT_LE(c.at("exposed_comm_s").get<double>(), c.at("step_time_s").get<double>());
     EXPECT_LE(c.at("simulated_rel_diff").get<double>(), 1e-9);
   }
-  EXPECT_EQ(modelled, 7);  // the dp4-pp2 entry is not timed yet
+  EXPECT_EQ(modelled, 8);  // the dp4-cp2 entry is not timed yet
   EXPECT_TRUE(plan.at("best").is_string());
   for (const char* series : {"strong", "weak"})
     for (const json& p : plan.at("scaling").at(series)) {
@@ -364,7 +394,7 @@ TEST(Plan, JsonAndReportFields) {
   std::ifstream f(dir / "report.json");
   const json report = json::parse(f);
   EXPECT_TRUE(report.at("pass").get<bool>());
-  EXPECT_EQ(report.at("plan").at("candidates").size(), 8u);
+  EXPECT_EQ(report.at("plan").at("candidates").size(), 9u);
   EXPECT_TRUE(fs::file_size(dir / "index.html") > 1000);
   fs::remove_all(dir);
 }
