@@ -428,17 +428,9 @@ class SkeletonRun {
     end_uses();
   }
 
-  // MeshImpl::chunk_writes: the gradients chunk's backward writes.
   bool chunk_writes(int chunk, const LocalParam& p) const {
-    const auto [first, last] = plan_.chunk_layers[static_cast<std::size_t>(chunk)];
-    if (p.name.rfind("layers.", 0) == 0) {
-      const int layer = std::stoi(p.name.substr(7));
-      return layer >= first && layer < last;
-    }
-    const bool head = virtual_stage(chunk) == last_virtual_stage();
-    if (p.name == "embed.weight")
-      return virtual_stage(chunk) == 0 || (head && sp_.model.tie_embeddings);
-    return head && (p.name == "final_norm.weight" || p.name == "lm_head.weight");
+    return parallel::chunk_writes(sp_.model, plan_, chunk, virtual_stage(chunk),
+                                  last_virtual_stage(), p);
   }
 
   // MeshImpl::backward.

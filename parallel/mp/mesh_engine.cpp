@@ -441,18 +441,9 @@ class MeshImpl final : public MeshEngine::Impl {
     return result;
   }
 
-  // The gradients chunk's backward writes: its layers, the embedding on virtual stage 0, the head
-  // (and the tied embedding) on the last.
   bool chunk_writes(int chunk, const LocalParam& p) const {
-    const auto [first, last] = plan_.chunk_layers[static_cast<std::size_t>(chunk)];
-    if (p.name.rfind("layers.", 0) == 0) {
-      const int layer = std::stoi(p.name.substr(7));
-      return layer >= first && layer < last;
-    }
-    const bool head = virtual_stage(chunk) == last_virtual_stage();
-    if (p.name == "embed.weight")
-      return virtual_stage(chunk) == 0 || (head && model_.tie_embeddings);
-    return head && (p.name == "final_norm.weight" || p.name == "lm_head.weight");
+    return parallel::chunk_writes(model_, plan_, chunk, virtual_stage(chunk), last_virtual_stage(),
+                                  p);
   }
 
   // DDP overlap: the chunk's gradients are complete after its last microbatch; those summed only

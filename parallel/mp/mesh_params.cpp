@@ -135,4 +135,16 @@ std::vector<LocalParam> local_params(const ref::ModelConfig& model, const comm::
   return out;
 }
 
+bool chunk_writes(const ref::ModelConfig& model, const StagePlan& plan, int chunk, int vs,
+                  int last_vs, const LocalParam& p) {
+  const auto [first, last] = plan.chunk_layers[static_cast<std::size_t>(chunk)];
+  if (p.name.rfind("layers.", 0) == 0) {
+    const int layer = std::stoi(p.name.substr(7));
+    return layer >= first && layer < last;
+  }
+  const bool head = vs == last_vs;
+  if (p.name == "embed.weight") return vs == 0 || (head && model.tie_embeddings);
+  return head && (p.name == "final_norm.weight" || p.name == "lm_head.weight");
+}
+
 }  // namespace shardcheck::parallel
