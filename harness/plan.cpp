@@ -11,12 +11,12 @@
 #include <set>
 
 #include "harness/driver.hpp"
-#include "harness/plan_clock.hpp"
 #include "harness/plan_skeleton.hpp"
 #include "harness/runner.hpp"
 #include "harness/sim_options.hpp"
 #include "parallel/mp/mesh_ledger.hpp"
 #include "parallel/mp/pipeline.hpp"
+#include "sim/clock.hpp"
 #include "sim/world.hpp"
 
 namespace shardcheck::harness {
@@ -214,19 +214,19 @@ StepEval evaluate(const Scenario& s, const ParallelSpec& p, int dp, int global_b
     shape.dp = dp;
     const comm::DeviceMesh m(shape, p.order);
     const auto run = [&](const sim::Topology& t) {
-      StageWorld w(
+      sim::StageWorld w(
           world, t, k.splits(), [m](int r) { return m.coord(r, comm::Axis::pp); },
           m.group(0, comm::Axis::pp));
       w.run([&](comm::Communicator& c) { k.run(c); });
       return w;
     };
-    const StageWorld w = run(topo);
+    const sim::StageWorld w = run(topo);
     e.step_time_s = sim::summarize(w.step_times()).step_time;
     std::vector<double> compute;  // per stage, per step
-    for (const std::vector<ClockStep>& steps : w.stage_steps()) {
+    for (const std::vector<sim::ClockStep>& steps : w.stage_steps()) {
       double busy = 0, comm = 0;
       std::size_t ops = 0;
-      for (const ClockStep& st : steps) {
+      for (const sim::ClockStep& st : steps) {
         busy += st.compute_busy;
         comm += st.comm_busy;
         ops += st.comm_ops;
@@ -249,10 +249,10 @@ StepEval evaluate(const Scenario& s, const ParallelSpec& p, int dp, int global_b
     for (const double c : compute) idle += 1 - c / free_step;
     e.bubble_fraction = idle / static_cast<double>(compute.size());
   } else {
-    SymmetricClock c(world, topo, k.splits());
+    sim::SymmetricClock c(world, topo, k.splits());
     k.run(c);
-    const std::vector<ClockStep> steps = c.steps();
-    for (const ClockStep& st : steps) {
+    const std::vector<sim::ClockStep> steps = c.steps();
+    for (const sim::ClockStep& st : steps) {
       e.step_time_s += st.seconds();
       e.compute_s += st.compute_busy;
       e.comm_s += st.comm_busy;

@@ -1,7 +1,7 @@
 // The planner behind `shardcheck plan`: for every configuration of a scenario, memory on its
 // fullest rank (model-parallel meshes: the mesh engine's own ledger, parallel/mp/mesh_ledger.hpp)
 // and where its groups sit (placement.hpp); for the data-parallel ones also the step skeleton
-// (plan_skeleton.hpp) timed on the symmetric clock (plan_clock.hpp), tokens/s, MFU, strong and
+// (plan_skeleton.hpp) timed on the symmetric clock (sim/clock.hpp), tokens/s, MFU, strong and
 // weak scaling over plan.world_sizes, goodput under the scenario's failure model, and a ranking
 // of the candidates with a reason. Formulas are in harness/PLANNER.md. Tensor/pipeline/context/
 // expert parallel configurations are not timed yet (reported so, never guessed).

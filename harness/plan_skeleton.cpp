@@ -96,20 +96,20 @@ Skeleton::Skeleton(SkeletonSpec spec) : spec_(std::move(spec)) {
   mesh_ = comm::DeviceMesh(shape, o.order);
 }
 
-std::vector<SplitRule> Skeleton::splits() const {
-  std::vector<SplitRule> out;
+std::vector<sim::SplitRule> Skeleton::splits() const {
+  std::vector<sim::SplitRule> out;
   if (spec_.tp > 1 || mesh_.size(comm::Axis::pp) > 1) {  // build_groups' tp, dp and pp groups
     for (const comm::Axis a : {comm::Axis::tp, comm::Axis::dp, comm::Axis::pp}) {
       const comm::DeviceMesh mesh = mesh_;
-      out.push_back(SplitRule{
+      out.push_back(sim::SplitRule{
           [mesh, a](int r) { return mesh.group_index(r, std::span<const comm::Axis>(&a, 1)); },
           [](int r) { return r; }});
     }
   }
   if (shard_size_ == spec_.dp) return out;
   const int s = shard_size_;
-  out.push_back(SplitRule{[s](int r) { return r / s; }, [](int r) { return r; }});
-  out.push_back(SplitRule{[s](int r) { return r % s; }, [](int r) { return r; }});
+  out.push_back(sim::SplitRule{[s](int r) { return r / s; }, [](int r) { return r; }});
+  out.push_back(sim::SplitRule{[s](int r) { return r % s; }, [](int r) { return r; }});
   return out;
 }
 

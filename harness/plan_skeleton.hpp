@@ -8,9 +8,9 @@
 // order) is checked against the engine by the conformance test (harness/conformance.hpp: the op
 // logs of both runs are equal for every configuration of the parity matrix it covers). It runs on
 // any comm::Communicator that moves no data: sim::SimWorld in meta mode (every rank a thread) or
-// the planner's SymmetricClock (one representative rank: every rank of such a mesh issues alike).
-// Timing only: no numerics, no memory books. Stated assumption: MoE experts keep every top-k
-// assignment (no capacity drops; an upper bound).
+// the planner's sim::SymmetricClock (one representative rank: every rank of such a mesh issues
+// alike). Timing only: no numerics, no memory books. Stated assumption: MoE experts keep every
+// top-k assignment (no capacity drops; an upper bound).
 #pragma once
 
 #include <cstddef>
@@ -19,13 +19,13 @@
 #include <vector>
 
 #include "comm/communicator.hpp"
-#include "harness/plan_clock.hpp"
 #include "harness/scenario.hpp"
 #include "parallel/ledger.hpp"
 #include "parallel/mp/mesh_engine.hpp"
 #include "parallel/mp/mesh_params.hpp"
 #include "parallel/mp/mesh_zero.hpp"
 #include "reference/config.hpp"
+#include "sim/clock.hpp"
 
 namespace shardcheck::harness {
 
@@ -59,8 +59,8 @@ class Skeleton {
   explicit Skeleton(SkeletonSpec spec);
   const SkeletonSpec& spec() const { return spec_; }
   // Rules of the splits run() makes (the tp and dp groups; hybrid shard: shard group, then
-  // replicate group), for a SymmetricClock.
-  std::vector<SplitRule> splits() const;
+  // replicate group), for a sim::SymmetricClock.
+  std::vector<sim::SplitRule> splits() const;
   // Issues spec().steps steps on this rank of the world (dp x tp ranks).
   void run(comm::Communicator& world) const;
   // Model FLOPs of one step over the whole world (forward + backward = 3 x forward, recompute

@@ -1,8 +1,9 @@
-// The symmetric two-stream clock of plan_clock.hpp. Its arithmetic mirrors sim/communicator.cpp
-// (arrival = max of the two streams, end = arrival + op_seconds, the comm stream busy until the
-// end, wait() joins) operation for operation, so that its step times equal a SimWorld meta run's
-// to rounding; tests/harness/plan_test.cpp checks that they do.
-#include "harness/plan_clock.hpp"
+// The symmetric two-stream clock and the stage world of clock.hpp. Its arithmetic mirrors
+// sim/communicator.cpp (arrival = max of the two streams, end = arrival + op_seconds, the comm
+// stream busy until the end, wait() joins) operation for operation, so that its step times equal a
+// SimWorld meta run's to rounding; tests/sim/clock_test.cpp and tests/harness/plan_test.cpp check
+// that they do.
+#include "sim/clock.hpp"
 
 #include <algorithm>
 #include <condition_variable>
@@ -14,7 +15,7 @@
 #include <stdexcept>
 #include <thread>
 
-namespace shardcheck::harness {
+namespace shardcheck::sim {
 
 // Where the representatives of a StageWorld meet: the collectives of groups spanning stages and
 // the point-to-point messages between stages, timed as sim/communicator.cpp and sim/p2p.cpp time
@@ -402,9 +403,9 @@ comm::MemoryTracker& SymmetricClock::do_memory() {
   return state_->memory;
 }
 
-}  // namespace shardcheck::harness
+}  // namespace shardcheck::sim
 
-namespace shardcheck::harness {
+namespace shardcheck::sim {
 
 StageWorld::StageWorld(int ranks, const sim::Topology& topology, std::vector<SplitRule> splits,
                        std::function<int(int)> stage_of, std::vector<int> reps)
@@ -457,4 +458,4 @@ std::vector<sim::StepTime> StageWorld::step_times() const {
   return out;
 }
 
-}  // namespace shardcheck::harness
+}  // namespace shardcheck::sim

@@ -23,7 +23,7 @@
 #include "sim/timeline.hpp"
 #include "sim/topology.hpp"
 
-namespace shardcheck::harness {
+namespace shardcheck::sim {
 
 // How a split divides a group: the member with group rank i passes color(i) and key(i). A
 // representative rank only sees its own arguments, so the program states the rule for all members
@@ -112,7 +112,7 @@ class SymmetricClock final : public comm::Communicator {
   sim::LinkCost link_;
   std::uint64_t seq_ = 0;
   std::map<std::tuple<int, int, bool>, std::uint64_t> p2p_seq_;  // (peer, tag, send)
-  mutable int stages_ = 0;                                        // stages_spanned(), once known
+  mutable int stages_ = 0;                                       // stages_spanned(), once known
 };
 
 // The world of a pipelined mesh through one representative rank per stage: run(program) runs
@@ -144,4 +144,4 @@ class StageWorld {
   std::string asymmetry_;
 };
 
-}  // namespace shardcheck::harness
+}  // namespace shardcheck::sim

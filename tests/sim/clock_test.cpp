@@ -1,0 +1,97 @@
+// sim::StageWorld against sim::SimWorld in meta mode: a two-stage program (collectives inside a
+// stage, messages between the stages, a collective over the whole world) gives the same step
+// times through one representative per stage as through every rank; stages whose programs do not
+// match fail with a message instead of hanging.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "sim/clock.hpp"
+#include "sim/world.hpp"
+
+namespace shardcheck {
+namespace {
+
+constexpr int kRanks = 8, kPerStage = 4;
+
+sim::Topology topology() {
+  sim::Topology t;
+  t.ranks_per_node = 2;  // the dp groups span nodes, the pp pairs too
+  return t;
+}
+
+comm::Buffer null(std::size_t n, comm::DType t) {
+  return comm::Buffer{nullptr, n, t, {}};
+}
+
+// Stage s = rank / 4: compute, a dp all_reduce within the stage, an activation to the other stage
+// and its gradient back, an overlapped async all_reduce, and a world all_reduce; two steps.
+// `mismatch`: stage 1 never sends its gradient back.
+void program(comm::Communicator& world, bool mismatch = false) {
+  const int r = world.rank();
+  const int stage = r / kPerStage;
+  auto dp = world.split(stage, r, {.name = "dp"});
+  auto pp = world.split(r % kPerStage, r, {.name = "pp"});
+  for (int step = 1; step <= 2; ++step) {
+    world.begin_step(step);
+    if (stage == 0) {
+      world.compute({.name = "forward", .flops = 2e12});
+      comm::WorkPtr s = pp->send(null(1 << 20, comm::DType::f32), 1);
+      comm::WorkPtr a = dp->all_reduce(null(1 << 22, comm::DType::f32));
+      world.compute({.name = "other", .flops = 1e12, .bytes = 1e9});
+      pp->recv(null(1 << 20, comm::DType::f32), 1)->wait();
+      world.compute({.name = "backward", .flops = 4e12});
+      a->wait();
+      s->wait();
+    } else {
+      pp->recv(null(1 << 20, comm::DType::f32), 0)->wait();
+      world.compute({.name = "forward and backward", .flops = 9e12});
+      if (!mismatch) pp->send(null(1 << 20, comm::DType::f32), 0)->wait();
+      dp->all_reduce(null(1 << 22, comm::DType::f32))->wait();
+    }
+    world.all_reduce(null(4, comm::DType::f64))->wait();
+  }
+}
+
+std::vector<sim::SplitRule> rules() {
+  return {sim::SplitRule{[](int r) { return r / kPerStage; }, [](int r) { return r; }},
+          sim::SplitRule{[](int r) { return r % kPerStage; }, [](int r) { return r; }}};
+}
+
+sim::StageWorld stage_world() {
+  return sim::StageWorld(kRanks, topology(), rules(), [](int r) { return r / kPerStage; },
+                         {0, kPerStage});
+}
+
+TEST(StageWorld, EqualsSimWorldMeta) {
+  sim::SimOptions o;
+  o.meta = true;
+  o.topology = topology();
+  sim::SimWorld w(kRanks, o);
+  w.run([](comm::Communicator& c) { program(c); });
+  const double want = sim::summarize(w.step_times()).step_time;
+  sim::StageWorld s = stage_world();
+  s.run([](comm::Communicator& c) { program(c); });
+  const double got = sim::summarize(s.step_times()).step_time;
+  EXPECT_GT(want, 0);
+  EXPECT_NEAR(got, want, 1e-12 * want);
+  ASSERT_EQ(s.stage_steps().size(), 2u);
+  EXPECT_EQ(s.stage_steps()[0].size(), 2u);
+  EXPECT_GT(s.stage_steps()[1][0].compute_busy, s.stage_steps()[0][0].compute_busy);
+}
+
+TEST(StageWorld, StagesThatDoNotMatchFailInsteadOfHanging) {
+  sim::StageWorld s = stage_world();
+  try {
+    s.run([](comm::Communicator& c) { program(c, true); });
+    FAIL() << "no error";
+  } catch (const std::logic_error& e) {
+    EXPECT_NE(std::string(e.what()).find("StageWorld"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace shardcheck
