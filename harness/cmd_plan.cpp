@@ -151,8 +151,9 @@ void print_table(std::ostream& os, const Scenario& s, const PlanResult& r, const
        << " steps, goodput there " << g.fraction_at_young << "\n";
   }
   os << "\n# MFU = 3 x forward FLOPs (parallel/flops.hpp: matmuls and attention, recompute not "
-        "counted) x batch / (step time x ranks x peak); exposed = step - compute busy; bubble 0 "
-        "(no pipeline); memory = params + max(grads, gradient peak) + optimizer + all-gather peak "
+        "counted) x batch / (step time x ranks x peak); exposed = step - compute busy; bubble: "
+        "a pipeline's idle share with free communication (0 without); memory = params + max(grads, "
+        "gradient peak) + optimizer + all-gather peak "
         "+ activations\n"
      << "# planned in " << r.wall_s << " s wall\n";
 }

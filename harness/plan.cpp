@@ -184,6 +184,9 @@ void explain(PlanResult& r) {
       n += "; gradients accumulate in a full local buffer and are reduce-scattered once per step "
            "(the engine's, as Megatron's grad buffer; PyTorch FSDP reduce-scatters each "
            "microbatch and holds shards only)";
+    if (c.spec.mesh.pp > 1)
+      n += "; pipeline bubble " + fmt("%.1f", 100.0 * c.bubble_fraction) + "% (formula " +
+           fmt("%.1f", 100.0 * c.bubble_formula) + "%)";
     c.note = n + exposed;
   }
 }
