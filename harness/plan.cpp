@@ -106,7 +106,7 @@ void scale(const Scenario& s, const PlanOptions& o, double device, ConfigPlan& c
       try {
         const int dp = dp_at(c.spec, n);
         pt.global_batch = weak ? per_rank * dp : s.train.global_batch;
-        pt.eval = evaluate(s, c.spec, dp, pt.global_batch, o);
+        pt.eval = evaluate(s, c.spec, dp, pt.global_batch, o, false, false);
         pt.valid = true;
       } catch (const ScenarioError& e) {
         pt.why_not = e.what();
@@ -194,7 +194,7 @@ void explain(PlanResult& r) {
 }  // namespace
 
 StepEval evaluate(const Scenario& s, const ParallelSpec& p, int dp, int global_batch,
-                  const PlanOptions& o, bool simulate) {
+                  const PlanOptions& o, bool simulate, bool bubble) {
   const auto t0 = Clock::now();
   SkeletonSpec spec =
       skeleton_spec(s, p, dp, global_batch, o.reduce_dtype ? &*o.reduce_dtype : nullptr);
@@ -245,12 +245,14 @@ StepEval evaluate(const Scenario& s, const ParallelSpec& p, int dp, int global_b
     e.exposed_comm_s = std::max(0.0, e.step_time_s - e.compute_s);
     e.asymmetric = w.asymmetric();
     // The schedule's own bubble: the same step with free communication.
-    sim::Topology free = topo;
-    for (sim::Link* l : {&free.intra_node, &free.inter_node}) *l = {1e30, 0};
-    const double free_step = sim::summarize(run(free).step_times()).step_time;
-    double idle = 0;
-    for (const double c : compute) idle += 1 - c / free_step;
-    e.bubble_fraction = idle / static_cast<double>(compute.size());
+    if (bubble) {
+      sim::Topology free = topo;
+      for (sim::Link* l : {&free.intra_node, &free.inter_node}) *l = {1e30, 0};
+      const double free_step = sim::summarize(run(free).step_times()).step_time;
+      double idle = 0;
+      for (const double c : compute) idle += 1 - c / free_step;
+      e.bubble_fraction = idle / static_cast<double>(compute.size());
+    }
   } else {
     sim::SymmetricClock c(world, topo, k.splits());
     k.run(c);

@@ -117,8 +117,9 @@ PlanResult plan_scenario(const Scenario& s, const PlanOptions& o = {});
 // Evaluates one configuration at DP size `dp` (world: dp x its TP ranks) with this global batch on
 // the symmetric clock (or, with simulate, on a SimWorld in meta mode). Throws ScenarioError when
 // the batch does not split.
+// bubble: a pipeline's bubble_fraction too (a second stage-world run with free communication).
 StepEval evaluate(const Scenario& s, const ParallelSpec& p, int dp, int global_batch,
-                  const PlanOptions& o, bool simulate = false);
+                  const PlanOptions& o, bool simulate = false, bool bubble = true);
 
 // The `plan` object of report.json (DESIGN.md; html.cpp draws candidates and scaling).
 nlohmann::json plan_json(const PlanResult& r);

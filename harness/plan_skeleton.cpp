@@ -39,14 +39,15 @@ std::size_t count_of(int64_t n) {
 
 std::string untimed_reason(const ParallelSpec& p, const ref::ModelConfig& m) {
   const comm::MeshShape& s = p.mesh;
-  if (s.cp > 1 || s.ep > 1)
-    return "the planner times data, tensor and pipeline parallelism only so far (DDP, ZeRO-1/2/3, "
-           "FSDP, TP with or without SP, PP schedules); context and expert parallel meshes are not "
-           "timed yet";
+  if (s.ep > 1) return "expert parallel meshes are not timed yet";
+  if (s.cp > 1 && p.cp_algo != "ulysses")
+    return "ring context parallelism is not timed yet (its ranks' per-step work differs, which "
+           "one representative clock cannot stand for); Ulysses is";
+  if (s.cp > 1 && m.moe) return "MoE layers under context parallelism are not timed yet";
   if (s.tp > 1 && m.moe) return "MoE layers under tensor parallelism are not timed yet";
   if (s.tp > m.kv_heads) return "kv heads replicated over TP ranks are not timed yet";
-  if ((s.tp > 1 || s.pp > 1) && p.fsdp && *p.fsdp == "hybrid_shard")
-    return "hybrid_shard with tensor or pipeline parallelism is not timed yet";
+  if ((s.tp > 1 || s.pp > 1 || s.cp > 1) && p.fsdp && *p.fsdp == "hybrid_shard")
+    return "hybrid_shard with tensor, pipeline or context parallelism is not timed yet";
   return "";
 }
 
@@ -94,16 +95,25 @@ Skeleton::Skeleton(SkeletonSpec spec) : spec_(std::move(spec)) {
   shape.dp = spec_.dp;
   shape.tp = spec_.tp;
   mesh_ = comm::DeviceMesh(shape, o.order);
+  layout_ = parallel::TokenLayout(m.seq_len, shape.cp, shape.tp, o.sequence_parallel);
+}
+
+bool Skeleton::model_parallel() const {
+  return spec_.tp > 1 || mesh_.size(comm::Axis::pp) > 1 || mesh_.size(comm::Axis::cp) > 1;
+}
+
+std::vector<std::vector<comm::Axis>> Skeleton::group_axes() {
+  using comm::Axis;
+  return {{Axis::tp}, {Axis::dp}, {Axis::pp}, {Axis::cp}, {Axis::dp, Axis::cp}};
 }
 
 std::vector<sim::SplitRule> Skeleton::splits() const {
   std::vector<sim::SplitRule> out;
-  if (spec_.tp > 1 || mesh_.size(comm::Axis::pp) > 1) {  // build_groups' tp, dp and pp groups
-    for (const comm::Axis a : {comm::Axis::tp, comm::Axis::dp, comm::Axis::pp}) {
+  if (model_parallel()) {  // build_groups' tp, dp, pp and cp groups, the dense dp x cp group
+    for (const std::vector<comm::Axis>& axes : group_axes()) {
       const comm::DeviceMesh mesh = mesh_;
-      out.push_back(sim::SplitRule{
-          [mesh, a](int r) { return mesh.group_index(r, std::span<const comm::Axis>(&a, 1)); },
-          [](int r) { return r; }});
+      out.push_back(sim::SplitRule{[mesh, axes](int r) { return mesh.group_index(r, axes); },
+                                   [](int r) { return r; }});
     }
   }
   if (shard_size_ == spec_.dp) return out;
@@ -147,15 +157,19 @@ class SkeletonRun {
 
   void run() {
     const int r = world_.rank();
-    if (sp_.tp > 1 || pp() > 1) {  // comm::build_groups' tp, dp and pp groups
-      for (const comm::Axis a : {comm::Axis::tp, comm::Axis::dp, comm::Axis::pp}) {
-        auto g = world_.split(k_.mesh_.group_index(r, std::span<const comm::Axis>(&a, 1)), r,
-                              {.name = std::string(comm::name_of(a))});
-        (a == comm::Axis::tp ? tp_ : a == comm::Axis::dp ? dp_ : pp_) = std::move(g);
+    if (k_.model_parallel()) {  // comm::build_groups' groups, the dense dp x cp group
+      std::unique_ptr<comm::Communicator>* slots[] = {&tp_, &dp_, &pp_, &cp_, &dense_};
+      const char* names[] = {"tp", "dp", "pp", "cp", "dp-cp"};
+      std::size_t i = 0;
+      for (const std::vector<comm::Axis>& axes : Skeleton::group_axes()) {
+        *slots[i] = world_.split(k_.mesh_.group_index(r, axes), r, {.name = names[i]});
+        ++i;
       }
-      data_ = group_ = dp_.get();
+      data_ = dp_.get();
+      group_ = dense_.get();
       if (sp_.tp == 1) tp_.reset();
       if (pp() == 1) pp_.reset();
+      if (cp() == 1) cp_.reset();
     }
     if (k_.shard_size_ != sp_.dp) {  // mesh_rows.hpp's hybrid_split over the data-parallel ranks
       const int s = k_.shard_size_;
@@ -265,7 +279,9 @@ class SkeletonRun {
                         null_buf(count_of(static_cast<int64_t>(rows() / tp() * h)), activation()))
         ->wait();
   }
-  double rows() const { return sp_.model.seq_len; }
+  // The CP rank's rows (SP: the TP group's together).
+  double rows() const { return static_cast<double>(k_.layout_.cp_row_count()); }
+  int cp() const { return k_.mesh_.size(comm::Axis::cp); }
   // tp_block.cpp's gather_in (SP: all_gather), its backward (SP: reduce_scatter, else
   // all_reduce), reduce_out (SP: reduce_scatter, else all_reduce) and its backward (gather_in).
   void gather_in() { sp_gather(); }
@@ -283,8 +299,7 @@ class SkeletonRun {
   int last_virtual_stage() const { return pp() * sp_.mesh.virtual_stages - 1; }
   // What one pipeline message moves: stage.activation_shape's [micro batch x rows, h].
   std::size_t activation_elems() const {
-    const double rows_per_rank = sp() ? rows() / tp() : rows();
-    return count_of(static_cast<int64_t>(sp_.train.micro_batch * rows_per_rank * sp_.model.hidden));
+    return count_of(sp_.train.micro_batch * k_.layout_.row_count() * sp_.model.hidden);
   }
 
   void pipeline(const std::vector<parallel::PipeEvent>& events) {
@@ -349,7 +364,11 @@ class SkeletonRun {
                  kv = local_kv_heads() * m.head_dim();
     gather_in();
     world_.compute(costs::qkv(s, h, q, kv));
+    ulysses_exchange(s * q);  // cp_attention.cpp's rows_to_heads of q, k and v
+    ulysses_exchange(s * kv);
+    ulysses_exchange(s * kv);
     world_.compute(costs::ulysses_forward(attention(), k_.elem_));
+    ulysses_exchange(s * q);  // heads_to_rows of the output
     world_.compute(costs::wo(s, q, h));
     reduce_out();
     if (m.is_moe_layer(layer)) {  // untimed_reason: no MoE under TP
@@ -374,17 +393,28 @@ class SkeletonRun {
       gather_in_backward();
     }
     reduce_out_backward();
+    ulysses_exchange(s * q);  // rows_to_heads of the output gradient
     const bool selective = sp_.train.recompute == ref::Recompute::kSelective;
     if (selective) world_.compute(costs::ulysses_recompute(attention(), k_.elem_));
     world_.compute(costs::ulysses_backward(attention(), !selective, k_.elem_));
+    ulysses_exchange(s * q);  // heads_to_rows of dq, dk, dv
+    ulysses_exchange(s * kv);
+    ulysses_exchange(s * kv);
     world_.compute(costs::projections_backward(s, h, q, kv));
     gather_in_backward();
   }
   int local_heads() const { return sp_.model.heads / tp(); }
   int local_kv_heads() const { return std::max(1, sp_.model.kv_heads / tp()); }
+  // Ulysses over CP: each rank attends the whole sequence with heads / cp of its TP heads.
   costs::UlyssesShape attention() const {
     const ref::ModelConfig& m = sp_.model;
-    return {m.seq_len, local_heads(), local_kv_heads(), m.head_dim()};
+    return {m.seq_len, local_heads() / cp(), local_kv_heads() / cp(), m.head_dim()};
+  }
+  // One of Ulysses' all_to_alls over CP of `elems` elements per rank.
+  void ulysses_exchange(double elems) {
+    if (!cp_) return;
+    const std::size_t n = count_of(static_cast<int64_t>(elems));
+    cp_->all_to_all(null_buf(n, activation()), null_buf(n, activation()))->wait();
   }
   // tp_block.cpp's embedding and head (vocab_parallel.cpp) on one sequence.
   void embed_forward() { reduce_out(); }
@@ -469,6 +499,12 @@ class SkeletonRun {
       complete([](const LocalParam& p) { return p.name == "embed.weight"; });
     }
     end_uses();
+    if (bf16 && cp_) {  // round_microbatch_gradient: the CP ranks' partials summed first
+      int64_t n = 0;
+      for (const LocalParam& p : specs_)
+        if (!p.expert) n += ref::numel_of(p.local_shape);
+      if (n > 0) cp_->all_reduce(null_buf(count_of(n), numeric()))->wait();
+    }
     if (bf16 && sp()) {  // mesh_bf16.hpp's round_microbatch_gradient: TP partials summed first
       int64_t n = 0;
       for (const LocalParam& p : specs_)
@@ -574,7 +610,7 @@ class SkeletonRun {
   comm::Communicator& world_;
   comm::Communicator* data_;   // the data-parallel ranks (the loss denominators)
   comm::Communicator* group_;  // each class's sharding (and summing) group
-  std::unique_ptr<comm::Communicator> tp_, dp_, pp_, shard_, replicas_;
+  std::unique_ptr<comm::Communicator> tp_, dp_, pp_, cp_, dense_, shard_, replicas_;
   int stage_ = 0;
   parallel::StagePlan plan_;
   std::vector<LocalParam> specs_;  // this rank's parameters

@@ -24,6 +24,7 @@
 #include "parallel/mp/mesh_engine.hpp"
 #include "parallel/mp/mesh_params.hpp"
 #include "parallel/mp/mesh_zero.hpp"
+#include "parallel/mp/tokens.hpp"
 #include "reference/config.hpp"
 #include "sim/clock.hpp"
 
@@ -76,6 +77,10 @@ class Skeleton {
   int shard_size_ = 1;     // members of each class's sharding group (hybrid: the shard group)
   double elem_ = 4;        // bytes of the engine's numeric type
   comm::DeviceMesh mesh_{comm::MeshShape{}};
+  parallel::TokenLayout layout_{1, 1, 1, false};
+  bool model_parallel() const;  // tp, pp or cp above 1: the engine's groups are split
+  // The groups run() splits, in order: tp, dp, pp, cp, and the dense gradient group dp x cp.
+  static std::vector<std::vector<comm::Axis>> group_axes();
   std::map<int, int> wrap_of_;  // layerwise unit -> wrap unit
 };
 

@@ -44,12 +44,13 @@ struct StageHub {
     if (m.done) return;
     ++blocked;
     ++m.waiters;
-    if (blocked == live && failure.empty())
+    if (blocked == live && failure.empty()) {
       failure =
           "StageWorld: every stage representative is blocked (the stages' programs do not "
           "match), the last at " +
           what;
-    cv.notify_all();
+      cv.notify_all();
+    }
     cv.wait(lock, [&] { return m.done || !failure.empty(); });
     if (!m.done) throw std::logic_error(failure);
   }
@@ -57,8 +58,8 @@ struct StageHub {
   void complete(Meet& m) {
     m.done = true;
     blocked -= m.waiters;
+    if (m.waiters > 0) cv.notify_all();
     m.waiters = 0;
-    cv.notify_all();
   }
   void fail(const std::string& why) {
     const std::lock_guard<std::mutex> lock(mu);

@@ -267,12 +267,12 @@ TEST(Plan, StepTimeIsTheEngines) {
     }
 }
 
-// The same on the tensor- and pipeline-parallel meshes of the parity matrix: the symmetric clock
-// (TP) and the stage representatives (PP: GPipe, 1F1B, interleaved) give the step time the engine's
-// own run on the simulator gives, to rounding.
-TEST(Plan, StepTimeIsTheEnginesOnTensorAndPipelineMeshes) {
+// The same on the tensor-, pipeline- and (Ulysses) context-parallel meshes of the parity matrix:
+// the symmetric clock (TP, CP) and the stage representatives (PP: GPipe, 1F1B, interleaved) give
+// the step time the engine's own run on the simulator gives, to rounding.
+TEST(Plan, StepTimeIsTheEnginesOnModelParallelMeshes) {
   int compared = 0;
-  for (const char* name : {"mp_tp.json", "mp_pp.json"}) {
+  for (const char* name : {"mp_tp.json", "mp_pp.json", "mp_cp.json"}) {
     std::ifstream f(shardcheck::testing::kScenarios + "/parity/" + name);
     json j = json::parse(f);
     j["plan"] = {{"world_sizes", json::array()}};
@@ -288,7 +288,7 @@ TEST(Plan, StepTimeIsTheEnginesOnTensorAndPipelineMeshes) {
       EXPECT_NEAR(planned, engine, 1e-9 * engine) << name << " " << plan.configs[i].config;
     }
   }
-  EXPECT_GT(compared, 6);
+  EXPECT_GT(compared, 9);
 }
 
 // A mesh the scenario accepts but the engine does not build yet (FSDP no_shard with TP) is
