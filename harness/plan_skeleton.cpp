@@ -1,14 +1,16 @@
-// The step skeleton of plan_skeleton.hpp: MeshImpl::step (parallel/mp/mesh_engine.cpp) on a mesh
-// of dp ranks, call for call, without data. Each part names the engine function it follows; the
-// conformance test (tests/harness/conformance_test.cpp) compares the two op logs.
+// The step skeleton of plan_skeleton.hpp: MeshImpl::step (parallel/mp/mesh_engine.cpp) on a
+// dp x tp x pp x cp mesh, call for call, without data. Each part names the engine function it
+// follows; the conformance test (tests/harness/conformance_test.cpp) compares the two op logs.
 #include "harness/plan_skeleton.hpp"
 
 #include <algorithm>
 #include <memory>
+#include <optional>
 #include <set>
 #include <utility>
 
 #include "harness/driver.hpp"
+#include "harness/plan_block.hpp"
 #include "parallel/costs.hpp"
 #include "parallel/flops.hpp"
 #include "parallel/layerwise.hpp"
@@ -23,17 +25,9 @@ namespace costs = parallel::costs;
 using parallel::FlatClass;
 using parallel::LocalParam;
 
-comm::DType numeric_dtype(ref::Precision p) {
-  return p == ref::Precision::kF64 ? comm::DType::f64 : comm::DType::f32;
-}
-
-comm::Buffer null_buf(std::size_t count, comm::DType t) {
-  return comm::Buffer{nullptr, count, t, {}};
-}
-
-std::size_t count_of(int64_t n) {
-  return static_cast<std::size_t>(n);
-}
+using skeleton_detail::count_of;
+using skeleton_detail::null_buf;
+using skeleton_detail::numeric_dtype;
 
 }  // namespace
 
@@ -171,6 +165,15 @@ class SkeletonRun {
       if (pp() == 1) pp_.reset();
       if (cp() == 1) cp_.reset();
     }
+    seq_.emplace(SequenceOps::Shape{.model = &sp_.model,
+                                    .layout = &k_.layout_,
+                                    .precision = sp_.train.precision,
+                                    .recompute = sp_.train.recompute,
+                                    .sequence_parallel = sp(),
+                                    .tp = sp_.tp,
+                                    .cp = cp(),
+                                    .elem = k_.elem_},
+                 world_, tp_.get(), cp_.get());
     if (k_.shard_size_ != sp_.dp) {  // mesh_rows.hpp's hybrid_split over the data-parallel ranks
       const int s = k_.shard_size_;
       shard_ = world_.split(r / s, r, {.name = "dp-cp-shard"});
@@ -258,41 +261,8 @@ class SkeletonRun {
   // What activations and their gradients move in: the engine's numeric type.
   comm::DType activation() const { return numeric_dtype(sp_.train.precision); }
   bool sp() const { return sp_.mesh.sequence_parallel && sp_.tp > 1; }
-  int tp() const { return sp_.tp; }
 
-  // tokens.cpp's TP collectives on one sequence's [rows, h] activation (rows: every row of the
-  // sequence; SP: each TP rank holds rows / tp of them).
-  void tp_all_reduce_rows(double width) {
-    if (!tp_) return;
-    tp_->all_reduce(null_buf(count_of(static_cast<int64_t>(rows() * width)), activation()))->wait();
-  }
-  void sp_gather() {
-    if (!sp()) return;
-    const double h = sp_.model.hidden;
-    tp_->all_gather(null_buf(count_of(static_cast<int64_t>(rows() / tp() * h)), activation()),
-                    null_buf(count_of(static_cast<int64_t>(rows() * h)), activation()))
-        ->wait();
-  }
-  void sp_reduce_scatter() {
-    const double h = sp_.model.hidden;
-    tp_->reduce_scatter(null_buf(count_of(static_cast<int64_t>(rows() * h)), activation()),
-                        null_buf(count_of(static_cast<int64_t>(rows() / tp() * h)), activation()))
-        ->wait();
-  }
-  // The CP rank's rows (SP: the TP group's together).
-  double rows() const { return static_cast<double>(k_.layout_.cp_row_count()); }
   int cp() const { return k_.mesh_.size(comm::Axis::cp); }
-  // tp_block.cpp's gather_in (SP: all_gather), its backward (SP: reduce_scatter, else
-  // all_reduce), reduce_out (SP: reduce_scatter, else all_reduce) and its backward (gather_in).
-  void gather_in() { sp_gather(); }
-  void gather_in_backward() {
-    if (sp())
-      sp_reduce_scatter();
-    else
-      tp_all_reduce_rows(sp_.model.hidden);
-  }
-  void reduce_out() { gather_in_backward(); }
-  void reduce_out_backward() { sp_gather(); }
 
   int pp() const { return k_.mesh_.size(comm::Axis::pp); }
   int virtual_stage(int chunk) const { return chunk * pp() + stage_; }
@@ -356,87 +326,6 @@ class SkeletonRun {
     if (residency_) residency_->end();
   }
 
-  // mp_block_forward's compute reports for one sequence (tp_block.cpp, cp_attention.cpp,
-  // ep_moe.cpp) on one TP and CP rank: the whole sequence, every head.
-  void block_forward(int layer) {
-    const ref::ModelConfig& m = sp_.model;
-    const double s = rows(), h = m.hidden, q = local_heads() * m.head_dim(),
-                 kv = local_kv_heads() * m.head_dim();
-    gather_in();
-    world_.compute(costs::qkv(s, h, q, kv));
-    ulysses_exchange(s * q);  // cp_attention.cpp's rows_to_heads of q, k and v
-    ulysses_exchange(s * kv);
-    ulysses_exchange(s * kv);
-    world_.compute(costs::ulysses_forward(attention(), k_.elem_));
-    ulysses_exchange(s * q);  // heads_to_rows of the output
-    world_.compute(costs::wo(s, q, h));
-    reduce_out();
-    if (m.is_moe_layer(layer)) {  // untimed_reason: no MoE under TP
-      world_.compute(costs::moe_router(s, h, m.moe->experts, k_.elem_));
-      world_.compute(costs::moe_experts_forward(s * m.moe->top_k, h, m.ffn));
-    } else {
-      gather_in();
-      world_.compute(costs::mlp(s, h, m.ffn / tp()));
-      reduce_out();
-    }
-  }
-  void block_backward(int layer) {
-    const ref::ModelConfig& m = sp_.model;
-    const double s = rows(), h = m.hidden, q = local_heads() * m.head_dim(),
-                 kv = local_kv_heads() * m.head_dim();
-    if (m.is_moe_layer(layer)) {
-      world_.compute(costs::moe_experts_backward(s * m.moe->top_k, h, m.ffn));
-      world_.compute(costs::moe_router_backward(s, h, m.moe->experts));
-    } else {
-      reduce_out_backward();
-      world_.compute(costs::mlp_backward(s, h, m.ffn / tp()));
-      gather_in_backward();
-    }
-    reduce_out_backward();
-    ulysses_exchange(s * q);  // rows_to_heads of the output gradient
-    const bool selective = sp_.train.recompute == ref::Recompute::kSelective;
-    if (selective) world_.compute(costs::ulysses_recompute(attention(), k_.elem_));
-    world_.compute(costs::ulysses_backward(attention(), !selective, k_.elem_));
-    ulysses_exchange(s * q);  // heads_to_rows of dq, dk, dv
-    ulysses_exchange(s * kv);
-    ulysses_exchange(s * kv);
-    world_.compute(costs::projections_backward(s, h, q, kv));
-    gather_in_backward();
-  }
-  int local_heads() const { return sp_.model.heads / tp(); }
-  int local_kv_heads() const { return std::max(1, sp_.model.kv_heads / tp()); }
-  // Ulysses over CP: each rank attends the whole sequence with heads / cp of its TP heads.
-  costs::UlyssesShape attention() const {
-    const ref::ModelConfig& m = sp_.model;
-    return {m.seq_len, local_heads() / cp(), local_kv_heads() / cp(), m.head_dim()};
-  }
-  // One of Ulysses' all_to_alls over CP of `elems` elements per rank.
-  void ulysses_exchange(double elems) {
-    if (!cp_) return;
-    const std::size_t n = count_of(static_cast<int64_t>(elems));
-    cp_->all_to_all(null_buf(n, activation()), null_buf(n, activation()))->wait();
-  }
-  // tp_block.cpp's embedding and head (vocab_parallel.cpp) on one sequence.
-  void embed_forward() { reduce_out(); }
-  void embed_backward() { reduce_out_backward(); }
-  void head_forward() {
-    const ref::ModelConfig& m = sp_.model;
-    gather_in();
-    world_.compute(
-        costs::vocab_head_forward(rows(), m.hidden, static_cast<double>(m.vocab) / tp(), k_.elem_));
-    if (tp_) {  // the row max, then [sum exp | target logit]
-      const auto n = static_cast<std::size_t>(rows());
-      tp_->all_reduce(null_buf(n, activation()), {.op = comm::ReduceOp::max})->wait();
-      tp_->all_reduce(null_buf(2 * n, activation()))->wait();
-    }
-  }
-  void head_backward() {
-    const ref::ModelConfig& m = sp_.model;
-    world_.compute(costs::vocab_head_backward(rows(), m.hidden, static_cast<double>(m.vocab) / tp(),
-                                              k_.elem_));
-    tp_all_reduce_rows(m.hidden);
-  }
-
   // MeshImpl::forward.
   void forward(int mb, int chunk) {
     const int mbs = sp_.train.micro_batch;
@@ -445,15 +334,15 @@ class SkeletonRun {
     begin_uses(mb, chunk, true);
     if (vs == 0) {
       use();  // the embedding
-      for (int i = 0; i < mbs; ++i) embed_forward();
+      for (int i = 0; i < mbs; ++i) seq_->embed_forward();
     }
     for (int layer = first; layer < last; ++layer) {
       use();
-      for (int i = 0; i < mbs; ++i) block_forward(layer);
+      for (int i = 0; i < mbs; ++i) seq_->block_forward(layer);
     }
     if (vs == last_virtual_stage()) {
       use();  // the head
-      for (int i = 0; i < mbs; ++i) head_forward();
+      for (int i = 0; i < mbs; ++i) seq_->head_forward();
     }
     end_uses();
   }
@@ -477,7 +366,7 @@ class SkeletonRun {
     begin_uses(mb, chunk, false);
     if (vs == last_virtual_stage()) {
       use();  // the head
-      for (int i = 0; i < mbs; ++i) head_backward();
+      for (int i = 0; i < mbs; ++i) seq_->head_backward();
       // The tied embedding's copy is complete here unless this chunk also holds the embedding.
       const bool tied_done = m.tie_embeddings && vs != 0;
       complete([&](const LocalParam& p) {
@@ -488,14 +377,14 @@ class SkeletonRun {
     for (int layer = last_layer - 1; layer >= first; --layer) {
       use();
       for (int i = 0; i < mbs; ++i) {
-        if (sp_.train.recompute == ref::Recompute::kFull) block_forward(layer);
-        block_backward(layer);
+        if (sp_.train.recompute == ref::Recompute::kFull) seq_->block_forward(layer);
+        seq_->block_backward(layer);
       }
       const std::string prefix = "layers." + std::to_string(layer) + ".";
       complete([&](const LocalParam& p) { return p.name.rfind(prefix, 0) == 0; });
     }
     if (vs == 0) {
-      for (int i = 0; i < mbs; ++i) embed_backward();
+      for (int i = 0; i < mbs; ++i) seq_->embed_backward();
       complete([](const LocalParam& p) { return p.name == "embed.weight"; });
     }
     end_uses();
@@ -616,6 +505,7 @@ class SkeletonRun {
   std::vector<LocalParam> specs_;  // this rank's parameters
   std::vector<FlatClass> classes_;
   std::unique_ptr<Residency> residency_;
+  std::optional<SequenceOps> seq_;  // one sequence's sublayers on this rank
   int microbatches_ = 1;
   std::set<std::string> bucketed_;
   std::vector<std::size_t> bucket_;  // the open bucket: spec indices

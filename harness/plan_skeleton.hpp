@@ -1,16 +1,19 @@
 // The step skeleton of a configuration: what the mesh engine (parallel/mp/mesh_engine.cpp)
-// issues on a mesh of dp x tp ranks (data parallelism with ZeRO / FSDP, tensor parallelism with or
-// without sequence parallelism; untimed_reason() says which meshes it does not cover yet), sized
-// for the real model, with null buffers and real counts. Its layout and order come from the
-// engine's own pieces: its parameters (local_params), flat buffers and shards (flat_classes),
-// ZeRO-3 / FSDP residency (Residency over chunk_uses), pipeline order (pipeline_schedule), and its
-// compute reports (parallel/costs.hpp); what it writes itself (the bucket fill, the reductions'
-// order) is checked against the engine by the conformance test (harness/conformance.hpp: the op
-// logs of both runs are equal for every configuration of the parity matrix it covers). It runs on
-// any comm::Communicator that moves no data: sim::SimWorld in meta mode (every rank a thread) or
-// the planner's sim::SymmetricClock (one representative rank: every rank of such a mesh issues
-// alike). Timing only: no numerics, no memory books. Stated assumption: MoE experts keep every
-// top-k assignment (no capacity drops; an upper bound).
+// issues on a dp x tp x pp x cp mesh (data parallelism with DDP / ZeRO / FSDP, tensor parallelism
+// with or without sequence parallelism, GPipe / 1F1B / interleaved pipelines, Ulysses context
+// parallelism; untimed_reason() says which meshes it does not cover yet), sized for the real
+// model, with null buffers and real counts. Its layout and order come from the engine's own
+// pieces: its parameters (local_params), stage plans, flat buffers and shards (flat_classes),
+// ZeRO-3 / FSDP residency (Residency over chunk_uses), pipeline messages (pipeline_events), the
+// gradients a chunk writes (chunk_writes), and its compute reports (parallel/costs.hpp); what it
+// writes itself (the step's order, the bucket fill, the collectives inside a block) is checked
+// against the engine by the conformance test (harness/conformance.hpp: the op logs of both runs
+// are equal for every configuration of the parity matrix it covers). It runs on any
+// comm::Communicator that moves no data: sim::SimWorld in meta mode (every rank a thread), the
+// planner's sim::SymmetricClock (one representative rank: every rank of a mesh without a pipeline
+// issues alike) or sim::StageWorld (one representative per pipeline stage). Timing only: no
+// numerics, no memory books. Stated assumption: MoE experts keep every top-k assignment (no
+// capacity drops; an upper bound).
 #pragma once
 
 #include <cstddef>

@@ -1,0 +1,137 @@
+// The per-sequence ops of plan_block.hpp, in the order the engine's pieces issue them.
+#include "harness/plan_block.hpp"
+
+#include <algorithm>
+
+#include "parallel/costs.hpp"
+
+namespace shardcheck::harness {
+
+namespace costs = parallel::costs;
+using skeleton_detail::count_of;
+using skeleton_detail::null_buf;
+
+int SequenceOps::local_kv_heads() const {
+  return std::max(1, s_.model->kv_heads / s_.tp);
+}
+
+// tokens.cpp's TP collectives on one sequence's [rows, h] activation (rows: the CP rank's; SP:
+// each TP rank holds rows / tp of them).
+void SequenceOps::tp_all_reduce_rows(double width) {
+  if (!tp_) return;
+  tp_->all_reduce(null_buf(count_of(static_cast<int64_t>(rows() * width)), activation()))->wait();
+}
+
+void SequenceOps::sp_gather() {
+  if (!sp()) return;
+  const double h = s_.model->hidden;
+  tp_->all_gather(null_buf(count_of(static_cast<int64_t>(rows() / s_.tp * h)), activation()),
+                  null_buf(count_of(static_cast<int64_t>(rows() * h)), activation()))
+      ->wait();
+}
+
+void SequenceOps::sp_reduce_scatter() {
+  const double h = s_.model->hidden;
+  tp_->reduce_scatter(null_buf(count_of(static_cast<int64_t>(rows() * h)), activation()),
+                      null_buf(count_of(static_cast<int64_t>(rows() / s_.tp * h)), activation()))
+      ->wait();
+}
+
+void SequenceOps::gather_in_backward() {
+  if (sp())
+    sp_reduce_scatter();
+  else
+    tp_all_reduce_rows(s_.model->hidden);
+}
+
+// One of Ulysses' all_to_alls over CP of `elems` elements per rank (cp_attention.cpp's
+// rows_to_heads / heads_to_rows).
+void SequenceOps::ulysses_exchange(double elems) {
+  if (!cp_) return;
+  const std::size_t n = count_of(static_cast<int64_t>(elems));
+  cp_->all_to_all(null_buf(n, activation()), null_buf(n, activation()))->wait();
+}
+
+namespace {
+
+// Ulysses over CP: each rank attends the whole sequence with heads / cp of its TP heads (one CP
+// rank: its TP heads).
+costs::UlyssesShape attention(const ref::ModelConfig& m, int heads, int kv_heads, int cp) {
+  return {m.seq_len, heads / cp, kv_heads / cp, m.head_dim()};
+}
+
+}  // namespace
+
+// mp_block_forward (tp_block.cpp, cp_attention.cpp, ep_moe.cpp).
+void SequenceOps::block_forward(int layer) {
+  const ref::ModelConfig& m = *s_.model;
+  const double s = rows(), h = m.hidden, q = local_heads() * m.head_dim(),
+               kv = local_kv_heads() * m.head_dim();
+  const costs::UlyssesShape a = attention(m, local_heads(), local_kv_heads(), s_.cp);
+  gather_in();
+  world_.compute(costs::qkv(s, h, q, kv));
+  ulysses_exchange(s * q);  // rows_to_heads of q, k and v
+  ulysses_exchange(s * kv);
+  ulysses_exchange(s * kv);
+  world_.compute(costs::ulysses_forward(a, s_.elem));
+  ulysses_exchange(s * q);  // heads_to_rows of the output
+  world_.compute(costs::wo(s, q, h));
+  reduce_out();
+  if (m.is_moe_layer(layer)) {  // untimed_reason: no MoE under TP or CP
+    world_.compute(costs::moe_router(s, h, m.moe->experts, s_.elem));
+    world_.compute(costs::moe_experts_forward(s * m.moe->top_k, h, m.ffn));
+  } else {
+    gather_in();
+    world_.compute(costs::mlp(s, h, static_cast<double>(m.ffn) / s_.tp));
+    reduce_out();
+  }
+}
+
+// mp_block_backward.
+void SequenceOps::block_backward(int layer) {
+  const ref::ModelConfig& m = *s_.model;
+  const double s = rows(), h = m.hidden, q = local_heads() * m.head_dim(),
+               kv = local_kv_heads() * m.head_dim();
+  const costs::UlyssesShape a = attention(m, local_heads(), local_kv_heads(), s_.cp);
+  if (m.is_moe_layer(layer)) {
+    world_.compute(costs::moe_experts_backward(s * m.moe->top_k, h, m.ffn));
+    world_.compute(costs::moe_router_backward(s, h, m.moe->experts));
+  } else {
+    reduce_out_backward();
+    world_.compute(costs::mlp_backward(s, h, static_cast<double>(m.ffn) / s_.tp));
+    gather_in_backward();
+  }
+  reduce_out_backward();
+  ulysses_exchange(s * q);  // rows_to_heads of the output gradient
+  const bool selective = s_.recompute == ref::Recompute::kSelective;
+  if (selective) world_.compute(costs::ulysses_recompute(a, s_.elem));
+  world_.compute(costs::ulysses_backward(a, !selective, s_.elem));
+  ulysses_exchange(s * q);  // heads_to_rows of dq, dk, dv
+  ulysses_exchange(s * kv);
+  ulysses_exchange(s * kv);
+  world_.compute(costs::projections_backward(s, h, q, kv));
+  gather_in_backward();
+}
+
+// mp_head_forward and vocab_head_forward: the row max, then [sum exp | target logit].
+void SequenceOps::head_forward() {
+  const ref::ModelConfig& m = *s_.model;
+  gather_in();
+  world_.compute(
+      costs::vocab_head_forward(rows(), m.hidden, static_cast<double>(m.vocab) / s_.tp, s_.elem));
+  if (tp_) {
+    const auto n = static_cast<std::size_t>(rows());
+    tp_->all_reduce(null_buf(n, activation()), {.op = comm::ReduceOp::max})->wait();
+    tp_->all_reduce(null_buf(2 * n, activation()))->wait();
+  }
+}
+
+// mp_head_backward: the input gradient summed over TP.
+void SequenceOps::head_backward() {
+  const ref::ModelConfig& m = *s_.model;
+  world_.compute(
+      costs::vocab_head_backward(rows(), m.hidden, static_cast<double>(m.vocab) / s_.tp, s_.elem));
+  tp_all_reduce_rows(m.hidden);
+}
+
+}  // namespace shardcheck::harness

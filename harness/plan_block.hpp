@@ -1,0 +1,78 @@
+// What one sequence's sublayers issue on one rank of the mesh engine, without data, for the
+// planner's step skeleton (plan_skeleton.hpp): the compute reports (parallel/costs.hpp) and the
+// TP and CP collectives of tp_block.cpp (the block: SP gathers and reduce_scatters or the
+// row-parallel all_reduces, their backwards), cp_attention.cpp (Ulysses' all_to_alls),
+// vocab_parallel.cpp (the embedding and the head's loss all_reduces) and ep_moe.cpp (the router
+// and experts on one EP rank). Sizes from the model, the token layout and the TP / CP sizes;
+// null buffers. The conformance test compares what it issues with the engine's numeric run.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "comm/communicator.hpp"
+#include "parallel/mp/tokens.hpp"
+#include "reference/config.hpp"
+
+namespace shardcheck::harness {
+
+namespace skeleton_detail {
+inline comm::DType numeric_dtype(ref::Precision p) {
+  return p == ref::Precision::kF64 ? comm::DType::f64 : comm::DType::f32;
+}
+inline comm::Buffer null_buf(std::size_t count, comm::DType t) {
+  return comm::Buffer{nullptr, count, t, {}};
+}
+inline std::size_t count_of(int64_t n) {
+  return static_cast<std::size_t>(n);
+}
+}  // namespace skeleton_detail
+
+class SequenceOps {
+ public:
+  struct Shape {
+    const ref::ModelConfig* model = nullptr;
+    const parallel::TokenLayout* layout = nullptr;
+    ref::Precision precision = ref::Precision::kF32;
+    ref::Recompute recompute = ref::Recompute::kNone;
+    bool sequence_parallel = false;  // and tp > 1
+    int tp = 1, cp = 1;
+    double elem = 4;  // bytes of the engine's numeric type
+  };
+  // world: compute reports; tp, cp: the rank's groups (null when of one rank).
+  SequenceOps(Shape s, comm::Communicator& world, comm::Communicator* tp, comm::Communicator* cp)
+      : s_(s), world_(world), tp_(tp), cp_(cp) {}
+
+  void embed_forward() { reduce_out(); }
+  void embed_backward() { reduce_out_backward(); }
+  void block_forward(int layer);
+  // Full recompute: the caller issues block_forward again first.
+  void block_backward(int layer);
+  void head_forward();
+  void head_backward();
+
+ private:
+  comm::DType activation() const { return skeleton_detail::numeric_dtype(s_.precision); }
+  bool sp() const { return s_.sequence_parallel && s_.tp > 1; }
+  // The CP rank's rows (SP: the TP group's together).
+  double rows() const { return static_cast<double>(s_.layout->cp_row_count()); }
+  int local_heads() const { return s_.model->heads / s_.tp; }
+  int local_kv_heads() const;
+  void tp_all_reduce_rows(double width);
+  void sp_gather();
+  void sp_reduce_scatter();
+  // tp_block.cpp's gather_in (SP: all_gather), its backward (SP: reduce_scatter, else
+  // all_reduce), reduce_out (SP: reduce_scatter, else all_reduce) and its backward (gather_in).
+  void gather_in() { sp_gather(); }
+  void gather_in_backward();
+  void reduce_out() { gather_in_backward(); }
+  void reduce_out_backward() { sp_gather(); }
+  void ulysses_exchange(double elems);
+
+  Shape s_;
+  comm::Communicator& world_;
+  comm::Communicator* tp_;
+  comm::Communicator* cp_;
+};
+
+}  // namespace shardcheck::harness
