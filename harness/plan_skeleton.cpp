@@ -367,8 +367,8 @@ class SkeletonRun {
     if (vs == last_virtual_stage()) {
       use();  // the head
       for (int i = 0; i < mbs; ++i) seq_->head_backward();
-      // The tied embedding's copy is complete here unless this chunk also holds the embedding.
-      const bool tied_done = m.tie_embeddings && vs != 0;
+      // The tied embedding's copy is complete here unless this stage also holds the embedding.
+      const bool tied_done = m.tie_embeddings && !plan_.has_embed;
       complete([&](const LocalParam& p) {
         return p.name == "final_norm.weight" || p.name == "lm_head.weight" ||
                (p.name == "embed.weight" && tied_done);

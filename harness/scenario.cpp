@@ -230,7 +230,8 @@ std::string ParallelSpec::label() const {
     if (*fsdp == "hybrid_shard" && fsdp_shard_group > 0) s += "-sg" + num(fsdp_shard_group);
   }
   if (sequence_parallel) s += "-sp";
-  if (mesh.pp > 1) s += "-" + pp_schedule + (virtual_stages > 1 ? "x" + num(virtual_stages) : "");
+  if (mesh.pp > 1 || virtual_stages > 1)
+    s += "-" + pp_schedule + (virtual_stages > 1 ? "x" + num(virtual_stages) : "");
   if (mesh.cp > 1) s += "-" + cp_algo;
   // An order that lays the ranks out otherwise than the default: "-order_pp_tp_dp" (its axes
   // of size > 1, fastest first).

@@ -13,7 +13,9 @@
 #include <mutex>
 #include <set>
 #include <stdexcept>
+#include <system_error>
 #include <thread>
+#include <tuple>
 
 namespace shardcheck::sim {
 
@@ -36,7 +38,8 @@ struct StageHub {
     double start = 0, end = 0;
     bool done = false;
   };
-  std::map<std::pair<std::vector<int>, std::uint64_t>, std::shared_ptr<Meet>> meets;
+  std::map<std::tuple<std::string, std::vector<int>, std::uint64_t>, std::shared_ptr<Meet>> meets;
+  int first_failed = -1;  // the stage whose own error the world failed on
   std::map<std::tuple<int, int, int, std::uint64_t>, std::shared_ptr<Meet>> pairs;
 
   // Blocks (lock held) until m is done or the world has failed.
@@ -197,7 +200,8 @@ double SymmetricClock::meet(double arrival, const std::string& what) {
   if (stages_spanned() == 1) return arrival;
   StageHub& hub = *state_->hub;
   std::unique_lock<std::mutex> lock(hub.mu);
-  std::shared_ptr<StageHub::Meet>& slot = hub.meets[{members_, seq}];
+  const auto key = std::tuple{name_, members_, seq};
+  std::shared_ptr<StageHub::Meet>& slot = hub.meets[key];
   if (!slot) {
     slot = std::make_shared<StageHub::Meet>();
     slot->expected = stages_spanned();
@@ -207,7 +211,7 @@ double SymmetricClock::meet(double arrival, const std::string& what) {
   m->start = std::max(m->start, arrival);
   if (++m->arrived == m->expected) {
     hub.complete(*m);
-    hub.meets.erase({members_, seq});
+    hub.meets.erase(key);
   }
   hub.await(lock, *m, what);
   return m->start;
@@ -413,11 +417,8 @@ StageWorld::StageWorld(int ranks, const sim::Topology& topology, std::vector<Spl
     : ranks_(ranks),
       topology_(topology),
       splits_(std::move(splits)),
-      hub_(std::make_shared<StageHub>()),
-      reps_(std::move(reps)) {
-  hub_->stage_of = std::move(stage_of);
-  hub_->reps = reps_;
-}
+      stage_of_(std::move(stage_of)),
+      reps_(std::move(reps)) {}
 
 StageWorld::~StageWorld() = default;
 
@@ -425,32 +426,61 @@ void StageWorld::run(const std::function<void(comm::Communicator&)>& program) {
   const std::size_t n = reps_.size();
   steps_.assign(n, {});
   times_.assign(n, {});
+  hub_ = std::make_shared<StageHub>();  // every run starts from an empty hub
+  hub_->stage_of = stage_of_;
+  hub_->reps = reps_;
   hub_->live = static_cast<int>(n);
   std::vector<std::exception_ptr> errors(n);
-  std::vector<std::thread> threads;
-  for (std::size_t i = 0; i < n; ++i)
-    threads.emplace_back([&, i] {
-      try {
-        SymmetricClock c(ranks_, topology_, splits_, reps_[i], hub_);
-        program(c);
-        steps_[i] = c.steps();
-        times_[i] = c.step_times();
-        const std::lock_guard<std::mutex> lock(hub_->mu);
-        if (c.asymmetric() && asymmetry_.empty()) asymmetry_ = c.asymmetry();
-      } catch (const std::exception& e) {
-        errors[i] = std::current_exception();
-        hub_->fail(std::string("StageWorld: stage ") + std::to_string(i) + ": " + e.what());
-      }
+  const auto body = [&](std::size_t i) {
+    try {
+      SymmetricClock c(ranks_, topology_, splits_, reps_[i], hub_);
+      program(c);
+      steps_[i] = c.steps();
+      times_[i] = c.step_times();
       const std::lock_guard<std::mutex> lock(hub_->mu);
-      --hub_->live;
-      if (hub_->blocked == hub_->live && hub_->live > 0 && hub_->failure.empty())
-        hub_->failure = "StageWorld: stage " + std::to_string(i) +
-                        " finished while every other stage waits on it";
+      if (c.asymmetric() && asymmetry_.empty()) asymmetry_ = c.asymmetry();
+    } catch (const std::exception& e) {
+      errors[i] = std::current_exception();
+      const std::lock_guard<std::mutex> lock(hub_->mu);
+      if (hub_->failure.empty()) {
+        hub_->failure = std::string("StageWorld: stage ") + std::to_string(i) + ": " + e.what();
+        hub_->first_failed = static_cast<int>(i);
+      }
       hub_->cv.notify_all();
-    });
+    }
+    const std::lock_guard<std::mutex> lock(hub_->mu);
+    --hub_->live;
+    if (hub_->blocked == hub_->live && hub_->live > 0 && hub_->failure.empty())
+      hub_->failure = "StageWorld: stage " + std::to_string(i) +
+                      " finished while every other stage waits on it";
+    hub_->cv.notify_all();
+  };
+  std::vector<std::thread> threads;
+  for (std::size_t i = 0; i < n; ++i) {
+    try {
+      threads.emplace_back(body, i);
+    } catch (const std::system_error&) {  // no thread: the ones started must not wait for it
+      hub_->fail("StageWorld: could not start the thread of stage " + std::to_string(i));
+      {
+        const std::lock_guard<std::mutex> lock(hub_->mu);
+        hub_->live -= static_cast<int>(n - i);
+        hub_->cv.notify_all();
+      }
+      for (std::thread& t : threads) t.join();
+      throw;
+    }
+  }
   for (std::thread& t : threads) t.join();
+  // The error a stage raised itself (not another stage's "blocked" consequence) goes first.
+  if (hub_->first_failed >= 0 && errors[static_cast<std::size_t>(hub_->first_failed)])
+    std::rethrow_exception(errors[static_cast<std::size_t>(hub_->first_failed)]);
   for (const std::exception_ptr& e : errors)
     if (e) std::rethrow_exception(e);
+  if (!hub_->failure.empty()) throw std::logic_error(hub_->failure);
+  if (!hub_->pairs.empty() || !hub_->meets.empty())
+    throw std::logic_error("StageWorld: the program left " + std::to_string(hub_->pairs.size()) +
+                           " message(s) and " + std::to_string(hub_->meets.size()) +
+                           " collective(s) between stages unmatched");
 }
 
 std::vector<sim::StepTime> StageWorld::step_times() const {

@@ -127,6 +127,8 @@ class StageWorld {
   StageWorld(int ranks, const sim::Topology& topology, std::vector<SplitRule> splits,
              std::function<int(int world_rank)> stage_of, std::vector<int> reps);
   ~StageWorld();
+  // Throws the first error a stage raised (std::logic_error when the stages do not match, or
+  // when messages or collectives between stages were left unmatched).
   void run(const std::function<void(comm::Communicator&)>& program);
   std::vector<sim::StepTime> step_times() const;
   // Per stage representative: its steps (compute and communication busy times).
@@ -137,6 +139,7 @@ class StageWorld {
   int ranks_;
   sim::Topology topology_;
   std::vector<SplitRule> splits_;
+  std::function<int(int)> stage_of_;
   std::shared_ptr<StageHub> hub_;
   std::vector<int> reps_;
   std::vector<std::vector<ClockStep>> steps_;

@@ -376,8 +376,10 @@ class MeshImpl final : public MeshEngine::Impl {
         dxs.push_back(mp_head_backward(env_, weights(), seq(mb, i), ctx_.token_weight,
                                        cc.heads[static_cast<std::size_t>(i)], grads));
       }
-      // The tied embedding's copy is complete here unless this chunk also holds the embedding.
-      const bool tied_done = model_.tie_embeddings && vs != 0;
+      // The tied embedding's copy is complete here unless this stage also holds the embedding
+      // (virtual stage 0: pp 1 with virtual stages, whose chunk 0 adds the lookup's gradient
+      // after this chunk's backward).
+      const bool tied_done = model_.tie_embeddings && !plan_.has_embed;
       complete([&](const LocalParam& p) {
         return p.name == "final_norm.weight" || p.name == "lm_head.weight" ||
                (p.name == "embed.weight" && tied_done);

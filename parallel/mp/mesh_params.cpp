@@ -143,7 +143,7 @@ bool chunk_writes(const ref::ModelConfig& model, const StagePlan& plan, int chun
     return layer >= first && layer < last;
   }
   const bool head = vs == last_vs;
-  if (p.name == "embed.weight") return vs == 0 || (head && model.tie_embeddings);
+  if (p.name == "embed.weight") return vs == 0 || (head && model.tie_embeddings && !plan.has_embed);
   return head && (p.name == "final_norm.weight" || p.name == "lm_head.weight");
 }
 

@@ -75,8 +75,10 @@ struct StagePlan {
 std::vector<std::pair<int, int>> virtual_stage_layers(const ref::ModelConfig& model, int pp,
                                                       int virtual_stages);
 StagePlan stage_plan(const ref::ModelConfig& model, int pp, int virtual_stages, int stage);
-// Whether the backward of local chunk `chunk` (virtual stage vs of last_vs) writes p's gradient:
-// its layers, the embedding on virtual stage 0, the head (and the tied embedding) on the last.
+// Whether the backward of local chunk `chunk` (virtual stage vs of last_vs) writes p's gradient
+// for the last time in a microbatch: its layers, the embedding on virtual stage 0, the head on the
+// last (and the tied embedding, unless the stage also holds virtual stage 0, which writes it
+// later).
 bool chunk_writes(const ref::ModelConfig& model, const StagePlan& plan, int chunk, int vs,
                   int last_vs, const LocalParam& p);
 

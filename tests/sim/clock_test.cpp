@@ -58,6 +58,7 @@ void program(comm::Communicator& world, bool mismatch = false) {
 
 std::vector<sim::SplitRule> rules() {
   return {sim::SplitRule{[](int r) { return r / kPerStage; }, [](int r) { return r; }},
+          sim::SplitRule{[](int r) { return r % kPerStage; }, [](int r) { return r; }},
           sim::SplitRule{[](int r) { return r % kPerStage; }, [](int r) { return r; }}};
 }
 
@@ -90,6 +91,21 @@ TEST(StageWorld, StagesThatDoNotMatchFailInsteadOfHanging) {
     FAIL() << "no error";
   } catch (const std::logic_error& e) {
     EXPECT_NE(std::string(e.what()).find("StageWorld"), std::string::npos) << e.what();
+  }
+}
+
+// A message between stages that no one receives (never waited for either) is an error too.
+TEST(StageWorld, AMessageLeftUnmatchedIsAnError) {
+  sim::StageWorld s = stage_world();
+  try {
+    s.run([](comm::Communicator& c) {
+      program(c);
+      auto pp = c.split(c.rank() % kPerStage, c.rank(), {.name = "pp again"});
+      if (c.rank() / kPerStage == 1) (void)pp->send(null(8, comm::DType::f32), 0);
+    });
+    FAIL() << "no error";
+  } catch (const std::logic_error& e) {
+    EXPECT_NE(std::string(e.what()).find("unmatched"), std::string::npos) << e.what();
   }
 }
 
