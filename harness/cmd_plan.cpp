@@ -76,7 +76,8 @@ void print_table(std::ostream& os, const Scenario& s, const PlanResult& r, const
   os << "# plan " << r.scenario
      << ": memory on the fullest rank (model-parallel meshes: the mesh engine's ledger) and group "
         "placement of every "
-        "configuration; step skeletons timed on the symmetric clock (pipelines: one clock per stage)\n"
+        "configuration; step skeletons timed on the symmetric clock (pipelines: one clock per "
+        "stage)\n"
      << "# cluster: " << t.ranks_per_node << " ranks/node, intra " << t.intra_node.bandwidth_gbps
      << " GB/s " << t.intra_node.latency_us << " us, inter " << t.inter_node.bandwidth_gbps
      << " GB/s " << t.inter_node.latency_us << " us, " << t.peak_tflops << " TFLOP/s x "
