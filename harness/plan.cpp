@@ -30,10 +30,6 @@ double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-bool data_parallel_only(const ParallelSpec& p) {
-  return p.mesh.tp == 1 && p.mesh.pp == 1 && p.mesh.cp == 1 && p.mesh.ep == 1;
-}
-
 // The configuration at world size n: n / (its model-parallel ranks) data-parallel ranks.
 int dp_at(const ParallelSpec& p, int n) {
   const int mp = p.mesh.tp * p.mesh.pp * p.mesh.cp;
@@ -291,8 +287,8 @@ PlanResult plan_scenario(const Scenario& s, const PlanOptions& o) {
     c.config = p.label();
     c.spec = p;
     c.world_size = p.mesh.world_size();
-    if (!data_parallel_only(p)) c.not_built = unsupported(s, p);
-    if (!c.not_built.empty()) {  // a valid mesh the engine does not build: no ledger to read
+    c.not_built = unsupported(s, p);  // every row's memory is the engine's ledger
+    if (!c.not_built.empty()) {       // a valid mesh the engine does not build: no ledger to read
       r.configs.push_back(c);
       continue;
     }
