@@ -54,37 +54,6 @@ parallel::RankLedger ledger_at(const Scenario& s, const ParallelSpec& p, int dp)
   return parallel::mesh_ledger_fullest(s.model, s.train, engine_options(s, q));
 }
 
-Goodput goodput_of(const PlanSpec& f, int world, double step_s, double tokens_per_s) {
-  Goodput g;
-  const double lambda = world / (f.mtbf_gpu_hours * 3600.0);
-  g.failure_rate_per_s = lambda;
-  g.job_mtbf_s = 1.0 / lambda;
-  const double delta = f.checkpoint_save_s, restart = f.restart_s;
-  const auto fraction = [&](double tau) {
-    const double cycle = tau + delta;
-    return tau / cycle * std::max(0.0, 1.0 - lambda * (cycle / 2.0 + restart));
-  };
-  // Young's interval sqrt(2 delta / lambda), in whole steps (at least one).
-  const double young_s = std::sqrt(2.0 * delta / lambda);
-  g.young_interval_steps = std::max(1.0, std::round(young_s / step_s));
-  g.fraction_at_young = fraction(g.young_interval_steps * step_s);
-  if (f.checkpoint_every_steps == 0) {
-    g.note =
-        "plan.checkpoint_every_steps is 0: a failure loses everything since the start, so "
-        "goodput depends on the run length (not modelled)";
-    return g;
-  }
-  g.valid = true;
-  g.interval_s = f.checkpoint_every_steps * step_s;
-  g.fraction = fraction(g.interval_s);
-  g.effective_tokens_per_s = tokens_per_s * g.fraction;
-  if (lambda * (g.interval_s + delta) > 0.1)
-    g.note =
-        "failures are frequent against the interval (lambda*(tau+delta) > 0.1): the "
-        "first-order estimate is optimistic";
-  return g;
-}
-
 // Strong (global batch fixed) and weak (per-rank batch fixed) curves over the plan's world sizes.
 void scale(const Scenario& s, const PlanOptions& o, double device, ConfigPlan& c) {
   std::vector<int> sizes = s.plan.world_sizes;
@@ -188,6 +157,37 @@ void explain(PlanResult& r) {
 }
 
 }  // namespace
+
+Goodput goodput_of(const PlanSpec& f, int world, double step_s, double tokens_per_s) {
+  Goodput g;
+  const double lambda = world / (f.mtbf_gpu_hours * 3600.0);
+  g.failure_rate_per_s = lambda;
+  g.job_mtbf_s = 1.0 / lambda;
+  const double delta = f.checkpoint_save_s, restart = f.restart_s;
+  const auto fraction = [&](double tau) {
+    const double cycle = tau + delta;
+    return tau / cycle * std::max(0.0, 1.0 - lambda * (cycle / 2.0 + restart));
+  };
+  // Young's interval sqrt(2 delta / lambda), in whole steps (at least one).
+  const double young_s = std::sqrt(2.0 * delta / lambda);
+  g.young_interval_steps = std::max(1.0, std::round(young_s / step_s));
+  g.fraction_at_young = fraction(g.young_interval_steps * step_s);
+  if (f.checkpoint_every_steps == 0) {
+    g.note =
+        "plan.checkpoint_every_steps is 0: a failure loses everything since the start, so "
+        "goodput depends on the run length (not modelled)";
+    return g;
+  }
+  g.valid = true;
+  g.interval_s = f.checkpoint_every_steps * step_s;
+  g.fraction = fraction(g.interval_s);
+  g.effective_tokens_per_s = tokens_per_s * g.fraction;
+  if (lambda * (g.interval_s + delta) > 0.1)
+    g.note =
+        "failures are frequent against the interval (lambda*(tau+delta) > 0.1): the "
+        "first-order estimate is optimistic";
+  return g;
+}
 
 StepEval evaluate(const Scenario& s, const ParallelSpec& p, int dp, int global_batch,
                   const PlanOptions& o, bool simulate, bool bubble) {

@@ -121,6 +121,10 @@ PlanResult plan_scenario(const Scenario& s, const PlanOptions& o = {});
 StepEval evaluate(const Scenario& s, const ParallelSpec& p, int dp, int global_batch,
                   const PlanOptions& o, bool simulate = false, bool bubble = true);
 
+// Goodput of a run of `world` ranks at this step time under the plan's failure model
+// (harness/PLANNER.md).
+Goodput goodput_of(const PlanSpec& f, int world, double step_s, double tokens_per_s);
+
 // The `plan` object of report.json (DESIGN.md; html.cpp draws candidates and scaling).
 nlohmann::json plan_json(const PlanResult& r);
 

@@ -1,0 +1,481 @@
+// The search of plan_search.hpp: enumeration of the meshes and their settings, the engine's
+// validation, the memory ledger, the compute bound, the planner's clock on a fixed-size batch of
+// candidates at a time (threads), the ranking, and the best of each family with why it lost.
+#include "harness/plan_search.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <exception>
+#include <map>
+#include <mutex>
+#include <numeric>
+#include <set>
+#include <thread>
+
+#include "harness/driver.hpp"
+#include "harness/placement.hpp"
+#include "harness/plan_skeleton.hpp"
+#include "parallel/mp/mesh_ledger.hpp"
+#include "parallel/mp/pipeline.hpp"
+
+namespace shardcheck::harness {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+// Candidates timed at once between two updates of the bound's threshold: fixed, so what is pruned
+// does not depend on the machine's thread count.
+constexpr std::size_t kBatch = 8;
+
+std::string fmt(const char* spec, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, spec, v);
+  return buf;
+}
+std::string gib(double bytes) {
+  return fmt(bytes / kGiB >= 100 ? "%.0f" : "%.1f", bytes / kGiB);
+}
+
+std::vector<int> divisors(int n) {
+  std::vector<int> d;
+  for (int i = 1; i <= n; ++i)
+    if (n % i == 0) d.push_back(i);
+  return d;
+}
+
+// Rank orders tried: tensor parallelism innermost (the fastest link), then every arrangement of
+// the context (with expert), data and pipeline axes. Orders that place every group alike give one
+// candidate (the first).
+const std::vector<std::string> kOrders = {"tp-cp-ep-dp-pp", "tp-cp-ep-pp-dp", "tp-dp-cp-ep-pp",
+                                          "tp-pp-cp-ep-dp", "tp-dp-pp-cp-ep", "tp-pp-dp-cp-ep"};
+
+struct DpMode {
+  int zero = 0;
+  const char* fsdp = nullptr;
+};
+
+// The data-parallel settings of a mesh with dp ranks (pure: no model-parallel axis).
+std::vector<DpMode> dp_modes(int dp, bool pure, int ranks_per_node) {
+  if (dp == 1) return {{}};
+  std::vector<DpMode> m = {{0, nullptr}, {1, nullptr},      {2, nullptr},
+                           {3, nullptr}, {0, "full_shard"}, {0, "shard_grad_op"}};
+  if (pure) {
+    m.push_back({0, "no_shard"});
+    if (std::gcd(dp, ranks_per_node) < dp) m.push_back({0, "hybrid_shard"});
+  }
+  return m;
+}
+
+struct Schedule {
+  const char* name;
+  int virtual_stages;
+};
+
+std::vector<Schedule> schedules(int pp) {
+  if (pp == 1) return {{"1f1b", 1}};
+  return {{"1f1b", 1}, {"gpipe", 1}, {"interleaved", 2}, {"interleaved", 4}};
+}
+
+bool shards_params(const ParallelSpec& p) {
+  return p.zero == 3 || (p.fsdp && *p.fsdp != "no_shard");
+}
+
+std::string label_of(const ParallelSpec& p, int mb, ref::Recompute rc) {
+  std::string l = p.label() + "-mb" + std::to_string(mb);
+  if (rc != ref::Recompute::kNone) l += "-rc_" + ref::to_string(rc);
+  return l;
+}
+
+// Scenario s with this micro batch and recompute (what the engine's options and ledger read).
+Scenario with_train(const Scenario& s, int mb, ref::Recompute rc) {
+  Scenario c = s;
+  c.train.micro_batch = mb;
+  c.train.recompute = rc;
+  return c;
+}
+
+parallel::RankLedger fullest(const Scenario& s, const ParallelSpec& p) {
+  const parallel::MeshOptions o = engine_options(s, p);
+  if (p.mesh.pp > 1) return parallel::fullest_of(parallel::mesh_ledger_stages(s.model, s.train, o));
+  return parallel::mesh_ledger_fullest(s.model, s.train, o);
+}
+
+// What one candidate differs in from another, in words ("" when nothing).
+std::string differences(const SearchCandidate& a, const SearchCandidate& b) {
+  std::vector<std::string> d;
+  const ParallelSpec &p = a.spec, &q = b.spec;
+  for (comm::Axis x : comm::kAllAxes)
+    if (p.mesh.size(x) != q.mesh.size(x))
+      d.push_back(std::string(comm::name_of(x)) + " " + std::to_string(p.mesh.size(x)));
+  const auto dp_mode = [](const ParallelSpec& s) {
+    return s.fsdp ? "fsdp " + *s.fsdp : "zero " + std::to_string(s.zero);
+  };
+  if (dp_mode(p) != dp_mode(q)) d.push_back(dp_mode(p));
+  if (p.sequence_parallel != q.sequence_parallel)
+    d.push_back(p.sequence_parallel ? "sequence parallel" : "no sequence parallel");
+  if (p.pp_schedule != q.pp_schedule || p.virtual_stages != q.virtual_stages)
+    d.push_back(p.pp_schedule +
+                (p.virtual_stages > 1 ? " x" + std::to_string(p.virtual_stages) : ""));
+  if (a.micro_batch != b.micro_batch) d.push_back("micro batch " + std::to_string(a.micro_batch));
+  if (a.recompute != b.recompute) d.push_back("recompute " + ref::to_string(a.recompute));
+  if (p.order != q.order && p.label() != q.label()) d.push_back("order " + p.order);
+  std::string s;
+  for (const std::string& x : d) s += (s.empty() ? "" : ", ") + x;
+  return s;
+}
+
+// Why a is slower than the best b: the step-time gap split into compute and the rest.
+std::string behind(const SearchCandidate& a, const SearchCandidate& b) {
+  const double gap = a.eval.step_time_s - b.eval.step_time_s;
+  const double dc = a.eval.compute_s - b.eval.compute_s;
+  const double dx = a.eval.exposed_comm_s - b.eval.exposed_comm_s;
+  std::string s = fmt("%.2f", a.eval.step_time_s / b.eval.step_time_s) + "x the best's step (+" +
+                  fmt("%.3g", gap) + " s: compute " + fmt("%+.3g", dc) +
+                  " s, exposed communication and bubble " + fmt("%+.3g", dx) + " s)";
+  const std::string d = differences(a, b);
+  if (!d.empty()) s += "; differs in " + d;
+  return s;
+}
+
+// Times `todo` on up to `threads` threads (evaluate is independent per candidate).
+void time_all(const std::vector<SearchCandidate*>& todo, const Scenario& s, const PlanOptions& po,
+              unsigned threads) {
+  std::atomic<std::size_t> next{0};
+  std::exception_ptr error;
+  std::mutex mu;
+  const auto work = [&] {
+    for (std::size_t i; (i = next.fetch_add(1)) < todo.size();) {
+      SearchCandidate& c = *todo[i];
+      try {
+        const Scenario sc = with_train(s, c.micro_batch, c.recompute);
+        c.eval = evaluate(sc, c.spec, c.spec.mesh.dp, s.train.global_batch, po, false, false);
+        c.timed = true;
+      } catch (...) {
+        const std::lock_guard<std::mutex> lock(mu);
+        if (!error) error = std::current_exception();
+      }
+    }
+  };
+  std::vector<std::thread> pool;
+  const unsigned n = std::min<unsigned>(threads, static_cast<unsigned>(todo.size()));
+  for (unsigned t = 1; t < n; ++t) pool.emplace_back(work);
+  work();
+  for (std::thread& t : pool) t.join();
+  if (error) std::rethrow_exception(error);
+}
+
+}  // namespace
+
+std::string family_of(const ParallelSpec& p) {
+  if (p.mesh.ep > 1) return "+ EP";
+  if (p.mesh.cp > 1) return "+ CP";
+  if (p.mesh.pp > 1) return "TP + PP + DP";
+  if (p.mesh.tp > 1) return shards_params(p) ? "FSDP + TP" : "TP + DP";
+  return shards_params(p) ? "FSDP" : "DDP";
+}
+
+SearchResult search_plans(const Scenario& s, const SearchOptions& o) {
+  const auto t0 = Clock::now();
+  SearchResult r;
+  r.scenario = s.name;
+  r.world = o.world > 0 ? o.world : s.parallel.mesh.world_size();
+  if (o.world < 0 || r.world < 1 || r.world > comm::kMaxWorldSize)
+    throw ScenarioError("--world", "expected a world size from 1 to " +
+                                       std::to_string(comm::kMaxWorldSize) + ", got " +
+                                       std::to_string(o.world));
+  if (o.top < 1) throw ScenarioError("--top", "expected at least 1 candidate");
+  if (!(o.plan.compute_efficiency > 0 && o.plan.compute_efficiency <= 1))
+    throw ScenarioError("--compute-efficiency", "expected a number in (0, 1]");
+  r.top = o.top;
+  r.global_batch = s.train.global_batch;
+  r.device_memory_bytes = s.topology.memory_gib * kGiB;
+  const ref::ModelConfig& m = s.model;
+  const int rpn = s.topology.ranks_per_node;
+  const std::vector<std::string> family_names = {"DDP",          "FSDP", "TP + DP", "FSDP + TP",
+                                                 "TP + PP + DP", "+ CP", "+ EP"};
+  std::map<std::string, FamilyBest> fam;
+  std::map<std::string, std::string> fam_refusal;  // a family's first reason, when none is built
+  for (const std::string& f : family_names) fam[f].family = f;
+  std::map<std::string, std::size_t> untimed;
+  std::vector<SearchCandidate> fitting;
+
+  const auto note_untimed = [&](const std::string& why, const std::string& family) {
+    ++untimed[why];
+    if (fam_refusal[family].empty()) fam_refusal[family] = "not timed yet: " + why;
+  };
+  // Every mesh of the world: tp x cp x pp x dp (ep among the dp*cp ranks), each CP algorithm.
+  for (int tp : divisors(r.world))
+    for (int cp : divisors(r.world / tp))
+      for (int pp : divisors(r.world / tp / cp)) {
+        const int dp = r.world / tp / cp / pp;
+        const std::vector<int> eps = m.moe ? divisors(dp * cp) : std::vector<int>{1};
+        for (int ep : eps)
+          for (const char* algo : cp > 1 ? std::vector<const char*>{"ulysses", "ring"}
+                                         : std::vector<const char*>{"ring"}) {
+            ++r.meshes;
+            ParallelSpec base;
+            base.mesh = comm::MeshShape{.dp = dp, .tp = tp, .pp = pp, .cp = cp, .ep = ep};
+            base.cp_algo = algo;
+            const std::string family = family_of(base);
+            // The most permissive settings: a refusal here refuses every setting of the mesh.
+            const Scenario plain = with_train(s, 1, ref::Recompute::kNone);
+            if (const std::string why = unsupported(plain, base); !why.empty()) {
+              ++r.meshes_not_built;
+              if (fam_refusal[family].empty()) fam_refusal[family] = "not built: " + why;
+              continue;
+            }
+            if (const std::string why = untimed_reason(base, m); !why.empty()) {
+              ++r.meshes_not_timed;
+              note_untimed(why, family);
+              continue;
+            }
+            // Orders that place the groups differently.
+            std::vector<std::string> orders;
+            std::set<std::string> placed;
+            for (const std::string& order : kOrders) {
+              ParallelSpec q = base;
+              q.order = order;
+              if (!unsupported(plain, q).empty()) continue;
+              if (placed.insert(placement_text(placement_of(plain, q))).second)
+                orders.push_back(order);
+            }
+            const bool pure = tp == 1 && pp == 1 && cp == 1 && ep == 1;
+            for (const std::string& order : orders)
+              for (const DpMode& mode : dp_modes(dp, pure, rpn))
+                for (const bool sp :
+                     tp > 1 ? std::vector<bool>{true, false} : std::vector<bool>{false})
+                  for (const Schedule& sched : schedules(pp))
+                    for (int mb : divisors(std::max(1, s.train.global_batch / dp))) {
+                      if (mb > o.max_micro_batch) break;
+                      ParallelSpec p = base;
+                      p.order = order;
+                      p.zero = mode.zero;
+                      if (mode.fsdp) p.fsdp = mode.fsdp;
+                      p.sequence_parallel = sp;
+                      p.pp_schedule = sched.name;
+                      p.virtual_stages = sched.virtual_stages;
+                      const std::string fam_name = family_of(p);
+                      // Lightest recompute that fits: a heavier one only adds compute.
+                      const ref::Recompute modes[] = {
+                          ref::Recompute::kNone, ref::Recompute::kSelective, ref::Recompute::kFull};
+                      FamilyBest& f = fam[fam_name];
+                      r.candidates += 3;
+                      f.candidates += 3;
+                      for (std::size_t k = 0; k < 3; ++k) {
+                        const Scenario sc = with_train(s, mb, modes[k]);
+                        if (const std::string why = unsupported(sc, p); !why.empty()) {
+                          r.not_built += 3 - k;
+                          if (fam_refusal[fam_name].empty())
+                            fam_refusal[fam_name] = "not built: " + why;
+                          break;
+                        }
+                        if (const std::string why = untimed_reason(p, m); !why.empty()) {
+                          r.not_timed += 3 - k;
+                          note_untimed(why, fam_name);
+                          break;
+                        }
+                        SearchCandidate c;
+                        c.spec = p;
+                        c.micro_batch = mb;
+                        c.recompute = modes[k];
+                        c.family = fam_name;
+                        c.label = label_of(p, mb, modes[k]);
+                        const parallel::RankLedger led = fullest(sc, p);
+                        c.ledger = led.row;
+                        c.memory_per_rank_bytes = led.row.total();
+                        const bool fits =
+                            static_cast<double>(c.memory_per_rank_bytes) <= r.device_memory_bytes;
+                        if (!fits) {
+                          ++r.not_fitting;
+                          if (!f.any_built ||
+                              c.memory_per_rank_bytes < f.best.memory_per_rank_bytes)
+                            f.best = c;
+                          f.any_built = true;
+                          continue;
+                        }
+                        f.any_built = true;
+                        r.recompute_pruned += 2 - k;
+                        fitting.push_back(std::move(c));
+                        break;
+                      }
+                    }
+          }
+      }
+
+  // The compute bound of each fitting candidate, then timing in bound order.
+  PlanOptions po = o.plan;
+  po.steps = 1;
+  const double peak = s.topology.peak_tflops * 1e12 * po.compute_efficiency;
+  for (SearchCandidate& c : fitting) {
+    const Scenario sc = with_train(s, c.micro_batch, c.recompute);
+    const Skeleton k(skeleton_spec(sc, c.spec, c.spec.mesh.dp, s.train.global_batch,
+                                   po.reduce_dtype ? &*po.reduce_dtype : nullptr));
+    c.bound_s = k.hardware_flops_per_step() / (r.world * peak);
+    c.mfu = k.model_flops_per_step();  // FLOPs for now; divided below
+    c.hfu = k.hardware_flops_per_step();
+    if (c.spec.mesh.pp > 1)
+      c.bubble_formula = parallel::bubble_formula(
+          c.spec.mesh.pp, s.train.global_batch / c.spec.mesh.dp / c.micro_batch,
+          c.spec.virtual_stages);
+  }
+  std::sort(fitting.begin(), fitting.end(), [](const SearchCandidate& a, const SearchCandidate& b) {
+    return a.bound_s != b.bound_s ? a.bound_s < b.bound_s : a.label < b.label;
+  });
+  const unsigned threads = std::max(1u, std::thread::hardware_concurrency());
+  std::vector<double> best_times;  // sorted ascending, of the timed
+  std::map<std::string, double> fam_best;
+  for (std::size_t i = 0; i < fitting.size(); i += kBatch) {
+    const double kth = best_times.size() >= static_cast<std::size_t>(o.top)
+                           ? best_times[static_cast<std::size_t>(o.top) - 1]
+                           : 1e300;
+    std::vector<SearchCandidate*> todo;
+    for (std::size_t j = i; j < std::min(fitting.size(), i + kBatch); ++j) {
+      SearchCandidate& c = fitting[j];
+      const auto fb = fam_best.find(c.family);
+      const double threshold = std::max(kth, fb == fam_best.end() ? 1e300 : fb->second);
+      if (o.prune && c.bound_s > threshold)
+        ++r.bound_pruned;
+      else
+        todo.push_back(&c);
+    }
+    time_all(todo, s, po, threads);
+    for (SearchCandidate* c : todo) {
+      ++r.timed;
+      const double t = c->eval.step_time_s;
+      best_times.insert(std::upper_bound(best_times.begin(), best_times.end(), t), t);
+      auto [it, fresh] = fam_best.emplace(c->family, t);
+      if (!fresh) it->second = std::min(it->second, t);
+    }
+  }
+  for (SearchCandidate& c : fitting)
+    if (c.timed) r.ranked.push_back(c);
+  std::sort(
+      r.ranked.begin(), r.ranked.end(), [](const SearchCandidate& a, const SearchCandidate& b) {
+        return a.eval.step_time_s != b.eval.step_time_s ? a.eval.step_time_s < b.eval.step_time_s
+                                                        : a.label < b.label;
+      });
+  const double tokens = static_cast<double>(s.train.global_batch) * m.seq_len;
+  for (SearchCandidate& c : r.ranked) {
+    const double t = c.eval.step_time_s;
+    c.tokens_per_s = tokens / t;
+    c.mfu = c.mfu / (t * r.world * s.topology.peak_tflops * 1e12);
+    c.hfu = c.hfu / (t * r.world * s.topology.peak_tflops * 1e12);
+    const Goodput g = goodput_of(s.plan, r.world, t, c.tokens_per_s);
+    c.goodput = g.valid ? g.fraction : 0;
+  }
+  for (std::size_t i = 0; i < r.ranked.size(); ++i) {
+    SearchCandidate& c = r.ranked[i];
+    const double mem = static_cast<double>(c.memory_per_rank_bytes);
+    const std::string fits =
+        gib(mem) + " GiB of " + gib(r.device_memory_bytes) + ", exposed communication and bubble " +
+        fmt("%.0f", 100 * c.eval.exposed_comm_s / c.eval.step_time_s) + "% of the step";
+    c.reason =
+        i == 0 ? "fastest that fits (" + fits + ")" : behind(c, r.ranked[0]) + " (" + fits + ")";
+  }
+  for (const std::string& name : family_names) {
+    FamilyBest f = fam[name];
+    if (name == "+ EP" && !m.moe) continue;
+    const auto it = std::find_if(r.ranked.begin(), r.ranked.end(),
+                                 [&](const SearchCandidate& c) { return c.family == name; });
+    if (it != r.ranked.end()) {
+      f.found = true;
+      f.best = *it;
+      const auto rank = it - r.ranked.begin();
+      f.why = rank == 0 ? "the best overall"
+                        : "rank " + std::to_string(rank + 1) + ": " + behind(*it, r.ranked[0]);
+    } else if (f.any_built) {
+      const parallel::LedgerRow& l = f.best.ledger;
+      f.why = "nothing fits: the least memory, " + f.best.label + ", needs " +
+              gib(static_cast<double>(f.best.memory_per_rank_bytes)) + " GiB of " +
+              gib(r.device_memory_bytes) + " (model state " +
+              gib(static_cast<double>(l.model_state() - l.grads + std::max(l.grads, l.grad_peak))) +
+              ", all-gather peak " + gib(static_cast<double>(l.gather_peak)) + ", activations " +
+              gib(static_cast<double>(l.activation_peak)) + ")";
+    } else if (!fam_refusal[name].empty()) {
+      f.why = fam_refusal[name];
+    } else {
+      f.why = "no mesh of this family on " + std::to_string(r.world) + " ranks";
+    }
+    r.families.push_back(f);
+  }
+  for (const auto& [why, n] : untimed) r.not_timed_reasons.emplace_back(why, n);
+  r.wall_s = std::chrono::duration<double>(Clock::now() - t0).count();
+  return r;
+}
+
+nlohmann::json search_json(const SearchResult& r) {
+  const auto cand = [&](const SearchCandidate& c) {
+    const ParallelSpec& p = c.spec;
+    nlohmann::json j{
+        {"config", c.label},
+        {"family", c.family},
+        {"dp", p.mesh.dp},
+        {"tp", p.mesh.tp},
+        {"pp", p.mesh.pp},
+        {"cp", p.mesh.cp},
+        {"ep", p.mesh.ep},
+        {"zero", p.zero},
+        {"fsdp", p.fsdp ? nlohmann::json(*p.fsdp) : nlohmann::json(nullptr)},
+        {"sequence_parallel", p.sequence_parallel},
+        {"pp_schedule", p.pp_schedule},
+        {"virtual_stages", p.virtual_stages},
+        {"cp_algo", p.mesh.cp > 1 ? nlohmann::json(p.cp_algo) : nlohmann::json(nullptr)},
+        {"order", p.order},
+        {"micro_batch", c.micro_batch},
+        {"activation_checkpointing", ref::to_string(c.recompute)},
+        {"memory_per_rank_bytes", c.memory_per_rank_bytes}};
+    if (c.timed) {
+      j["step_time_s"] = c.eval.step_time_s;
+      j["compute_s"] = c.eval.compute_s;
+      j["exposed_comm_s"] = c.eval.exposed_comm_s;
+      j["bubble_formula"] = c.bubble_formula;
+      j["compute_bound_s"] = c.bound_s;
+      j["tokens_per_s"] = c.tokens_per_s;
+      j["mfu"] = c.mfu;
+      j["hfu"] = c.hfu;
+      j["goodput"] = c.goodput;
+    }
+    if (!c.reason.empty()) j["reason"] = c.reason;
+    return j;
+  };
+  nlohmann::json top = nlohmann::json::array();
+  for (std::size_t i = 0; i < r.ranked.size() && i < static_cast<std::size_t>(r.top); ++i) {
+    top.push_back(cand(r.ranked[i]));
+    top.back()["rank"] = i + 1;
+  }
+  nlohmann::json fams = nlohmann::json::array();
+  for (const FamilyBest& f : r.families) {
+    nlohmann::json j{
+        {"family", f.family}, {"candidates", f.candidates}, {"fits", f.found}, {"why", f.why}};
+    j["config"] = f.any_built || f.found ? cand(f.best) : nlohmann::json(nullptr);
+    fams.push_back(j);
+  }
+  nlohmann::json why_untimed = nlohmann::json::array();
+  for (const auto& [why, n] : r.not_timed_reasons)
+    why_untimed.push_back({{"reason", why}, {"count", n}});
+  return {{"world_size", r.world},
+          {"global_batch", r.global_batch},
+          {"device_memory_bytes", r.device_memory_bytes},
+          {"meshes",
+           {{"considered", r.meshes},
+            {"not_built", r.meshes_not_built},
+            {"not_timed", r.meshes_not_timed}}},
+          {"candidates",
+           {{"enumerated", r.candidates},
+            {"not_built", r.not_built},
+            {"not_timed", r.not_timed},
+            {"not_fitting", r.not_fitting},
+            {"heavier_recompute_skipped", r.recompute_pruned},
+            {"ruled_out_by_compute_bound", r.bound_pruned},
+            {"timed", r.timed}}},
+          {"not_timed_reasons", why_untimed},
+          {"top", top},
+          {"best", r.ranked.empty() ? nlohmann::json(nullptr) : nlohmann::json(r.ranked[0].label)},
+          {"families", fams},
+          {"wall_s", r.wall_s}};
+}
+
+}  // namespace shardcheck::harness

@@ -1,0 +1,97 @@
+// `shardcheck plan SCENARIO --search`: every mesh of the scenario's model on a world size, ranked.
+// It enumerates (dp, tp, pp, cp, ep, ZeRO stage or FSDP sharding, sequence parallelism, pipeline
+// schedule and virtual stages, micro batch, recompute, rank order) over the scenario's model,
+// global batch, precision and cluster. Each candidate then goes through these steps, in order:
+//   1. the engine's own validation (parallel::validate_mesh);
+//   2. the planner's untimed_reason;
+//   3. the mesh engine's memory ledger against the device memory;
+//   4. the planner's clock (plan.hpp's evaluate), unless a bound rules it out.
+// The bound: its compute with communication free, with the pipeline's fill and drain, cannot beat
+// the K-th best or its family's best. Candidates are ranked by step time. Their reasons compare
+// each with the best. The best of each family (DDP, FSDP, TP + DP, FSDP + TP, TP + PP + DP, + CP,
+// + EP) says why it lost. Rules and their caveats are in harness/PLANNER.md.
+#pragma once
+
+#include <cstddef>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "harness/plan.hpp"
+#include "harness/scenario.hpp"
+#include "parallel/ledger.hpp"
+#include "reference/config.hpp"
+
+namespace shardcheck::harness {
+
+struct SearchOptions {
+  int world = 0;  // ranks to plan for; 0: the scenario's own (its parallel block's) world size
+  int top = 10;   // candidates listed
+  PlanOptions plan;
+  // Skip the candidates the compute bound rules out (off: time every fitting one; the tests
+  // check that the ranking does not change).
+  bool prune = true;
+  // Micro batches tried: the divisors of the per-rank batch up to this.
+  int max_micro_batch = 8;
+};
+
+struct SearchCandidate {
+  ParallelSpec spec;
+  int micro_batch = 1;
+  ref::Recompute recompute = ref::Recompute::kNone;
+  std::string family;          // family_of(spec)
+  std::string label;           // spec.label() + "-mb<m>-rc_<recompute>"
+  parallel::LedgerRow ledger;  // the fullest rank's
+  std::size_t memory_per_rank_bytes = 0;
+  double bound_s = 0;  // the compute bound (communication free; pipelines with fill and drain)
+  bool timed = false;
+  StepEval eval;
+  double bubble_formula = 0;  // (p-1)/(v*m+p-1); 0 without a pipeline
+  double tokens_per_s = 0, mfu = 0, hfu = 0, goodput = 0;
+  std::string reason;  // why it ranks where it does
+};
+
+struct FamilyBest {
+  std::string family;
+  std::size_t candidates = 0;  // of this family
+  bool found = false;          // a timed candidate of this family fits
+  SearchCandidate best;        // found: its fastest; else the one needing least memory, if any
+  bool any_built = false;      // some candidate of the family is built and has a ledger
+  std::string why;             // why it lost (or that it is the best)
+};
+
+struct SearchResult {
+  std::string scenario;
+  int world = 0;
+  int global_batch = 0;
+  double device_memory_bytes = 0;
+  // Meshes: (dp, tp, pp, cp, ep, CP algorithm) of the world size; those the engine refuses at
+  // its most permissive settings, and those the planner does not time (their settings are not
+  // enumerated).
+  std::size_t meshes = 0, meshes_not_built = 0, meshes_not_timed = 0;
+  // Candidates: every setting of the other meshes (orders that place every group alike: one).
+  std::size_t candidates = 0;
+  std::size_t not_built = 0;         // refused by the engine's validation
+  std::size_t not_timed = 0;         // built, but the planner does not time it yet
+  std::size_t not_fitting = 0;       // over device memory
+  std::size_t recompute_pruned = 0;  // a lighter recompute of the same settings fits
+  std::size_t bound_pruned = 0;      // fit, ruled out by the compute bound
+  std::size_t timed = 0;
+  std::vector<std::pair<std::string, std::size_t>> not_timed_reasons;  // reason, count
+  std::vector<SearchCandidate> ranked;  // timed and fitting, fastest first (all of them)
+  std::vector<FamilyBest> families;
+  int top = 10;
+  double wall_s = 0;
+};
+
+// "DDP" (data parallel, parameters replicated: ZeRO 0-2, FSDP no_shard), "FSDP" (ZeRO-3 or FSDP
+// sharding parameters), "TP + DP", "FSDP + TP", "TP + PP + DP" (any pipeline), "+ CP", "+ EP".
+std::string family_of(const ParallelSpec& p);
+
+// Throws ScenarioError when the world size or the scenario cannot be searched.
+SearchResult search_plans(const Scenario& s, const SearchOptions& o);
+
+// The `search` object of report.json and of `plan --search --json`.
+nlohmann::json search_json(const SearchResult& r);
+
+}  // namespace shardcheck::harness

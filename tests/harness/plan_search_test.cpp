@@ -1,0 +1,172 @@
+// `plan --search` (harness/plan_search.hpp) on the small scenario:
+// - the ranking is sorted, and every ranked candidate fits;
+// - the winner's step time is what `plan` gives that configuration;
+// - nothing listed in the scenario's matrix beats the winner;
+// - the compute bound does not change the answer;
+// - a device too small says why for every family;
+// - the CLI's exit codes and its JSON.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <utility>
+
+#include "cli_support.hpp"
+#include "harness/plan.hpp"
+#include "harness/plan_search.hpp"
+#include "harness/scenario.hpp"
+
+namespace shardcheck::harness {
+namespace {
+
+using nlohmann::json;
+
+const std::string kSmall = std::string(SHARDCHECK_SCENARIOS_DIR) + "/plan/small-dp.json";
+
+Scenario small(double memory_gib = 141) {
+  std::ifstream f(kSmall);
+  json j = json::parse(f);
+  j["topology"]["device"]["memory_gib"] = memory_gib;
+  return parse_scenario(j);
+}
+
+// One search of the small scenario at 8 ranks, shared by the tests that only read it.
+const SearchResult& small_search() {
+  static const SearchResult r = [] {
+    SearchOptions o;
+    o.world = 8;
+    return search_plans(small(), o);
+  }();
+  return r;
+}
+
+TEST(PlanSearch, RanksFittingCandidatesFastestFirst) {
+  const SearchResult& r = small_search();
+  ASSERT_FALSE(r.ranked.empty());
+  EXPECT_EQ(r.world, 8);
+  EXPECT_GT(r.meshes, 1U);
+  // Every candidate is accounted for once.
+  EXPECT_EQ(r.candidates, r.not_built + r.not_timed + r.not_fitting + r.recompute_pruned +
+                              r.bound_pruned + r.timed);
+  EXPECT_EQ(r.timed, r.ranked.size());
+  for (std::size_t i = 0; i < r.ranked.size(); ++i) {
+    const SearchCandidate& c = r.ranked[i];
+    EXPECT_TRUE(c.timed);
+    EXPECT_LE(static_cast<double>(c.memory_per_rank_bytes), r.device_memory_bytes) << c.label;
+    EXPECT_LE(c.bound_s, c.eval.step_time_s * (1 + 1e-12)) << c.label;
+    EXPECT_EQ(c.spec.mesh.world_size(), 8) << c.label;
+    if (i > 0) {
+      EXPECT_LE(r.ranked[i - 1].eval.step_time_s, c.eval.step_time_s);
+    }
+    EXPECT_FALSE(c.reason.empty());
+  }
+  // Meshes of every family that the small model allows were timed.
+  for (const char* f : {"DDP", "FSDP", "TP + DP", "FSDP + TP", "TP + PP + DP", "+ CP"}) {
+    const auto it = std::find_if(r.families.begin(), r.families.end(),
+                                 [&](const FamilyBest& b) { return b.family == f; });
+    ASSERT_NE(it, r.families.end()) << f;
+    EXPECT_TRUE(it->found) << f << ": " << it->why;
+    EXPECT_EQ(family_of(it->best.spec), f);
+  }
+  EXPECT_EQ(r.families.size(), 6U);  // no "+ EP" for a dense model
+}
+
+TEST(PlanSearch, TheWinnersTimeIsWhatPlanGivesIt) {
+  const SearchResult& r = small_search();
+  ASSERT_FALSE(r.ranked.empty());
+  for (std::size_t i = 0; i < 3 && i < r.ranked.size(); ++i) {
+    const SearchCandidate& c = r.ranked[i];
+    Scenario s = small();
+    s.train.micro_batch = c.micro_batch;
+    s.train.recompute = c.recompute;
+    // The search times one step; plan reports the mean of two (the first step differs by a few
+    // ns here).
+    PlanOptions one;
+    one.steps = 1;
+    const StepEval e = evaluate(s, c.spec, c.spec.mesh.dp, s.train.global_batch, one, false, false);
+    EXPECT_NEAR(e.step_time_s, c.eval.step_time_s, 1e-12 * e.step_time_s) << c.label;
+    const StepEval mean = evaluate(s, c.spec, c.spec.mesh.dp, s.train.global_batch, PlanOptions{});
+    EXPECT_NEAR(mean.step_time_s, c.eval.step_time_s, 1e-4 * e.step_time_s) << c.label;
+  }
+}
+
+TEST(PlanSearch, NoConfigurationOfTheScenarioBeatsTheWinner) {
+  const SearchResult& r = small_search();
+  ASSERT_FALSE(r.ranked.empty());
+  const PlanResult p = plan_scenario(small());
+  int compared = 0;
+  for (const ConfigPlan& c : p.configs) {
+    if (!c.modelled || !c.fits) continue;
+    ++compared;
+    EXPECT_GE(c.eval.step_time_s, r.ranked[0].eval.step_time_s * (1 - 1e-12)) << c.config;
+  }
+  EXPECT_GE(compared, 6);
+}
+
+TEST(PlanSearch, TheComputeBoundDoesNotChangeTheAnswer) {
+  SearchOptions o;
+  o.world = 8;
+  o.top = 5;
+  o.prune = false;
+  const SearchResult all = search_plans(small(), o);
+  const SearchResult& pruned = small_search();
+  EXPECT_EQ(all.bound_pruned, 0U);
+  EXPECT_GE(all.timed, pruned.timed);
+  for (std::size_t i = 0; i < 5 && i < all.ranked.size(); ++i) {
+    ASSERT_LT(i, pruned.ranked.size());
+    EXPECT_EQ(all.ranked[i].label, pruned.ranked[i].label) << i;
+    EXPECT_EQ(all.ranked[i].eval.step_time_s, pruned.ranked[i].eval.step_time_s) << i;
+  }
+  ASSERT_EQ(all.families.size(), pruned.families.size());
+  for (std::size_t i = 0; i < all.families.size(); ++i)
+    EXPECT_EQ(all.families[i].best.label, pruned.families[i].best.label) << all.families[i].family;
+}
+
+TEST(PlanSearch, ADeviceTooSmallSaysWhyForEveryFamily) {
+  SearchOptions o;
+  o.world = 8;
+  const SearchResult r = search_plans(small(0.0001), o);
+  EXPECT_TRUE(r.ranked.empty());
+  EXPECT_EQ(r.timed, 0U);
+  EXPECT_GT(r.not_fitting, 0U);
+  for (const FamilyBest& f : r.families) {
+    EXPECT_FALSE(f.found) << f.family;
+    EXPECT_NE(f.why.find("nothing fits"), std::string::npos) << f.family << ": " << f.why;
+  }
+}
+
+TEST(PlanSearch, BadArgumentsAreScenarioErrors) {
+  SearchOptions o;
+  o.world = -4;
+  EXPECT_THROW(search_plans(small(), o), ScenarioError);
+  o.world = 8;
+  o.top = 0;
+  EXPECT_THROW(search_plans(small(), o), ScenarioError);
+}
+
+TEST(PlanSearch, CommandLine) {
+  auto [code, out] =
+      shardcheck::testing::shardcheck("plan " + kSmall + " --search --world 8 --json");
+  ASSERT_EQ(code, 0) << out;
+  const json j = json::parse(out.substr(out.find('{')));
+  const json& s = j.at("search");
+  EXPECT_EQ(s.at("world_size"), 8);
+  ASSERT_FALSE(s.at("top").empty());
+  EXPECT_EQ(s.at("top")[0].at("rank"), 1);
+  EXPECT_EQ(s.at("best"), s.at("top")[0].at("config"));
+  EXPECT_GT(s.at("top")[0].at("step_time_s").get<double>(), 0);
+  std::tie(code, out) = shardcheck::testing::shardcheck("plan " + kSmall + " --search --top 3");
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("# the best of each family"), std::string::npos) << out;
+  std::tie(code, out) = shardcheck::testing::shardcheck("plan " + kSmall + " --world 8");
+  EXPECT_EQ(code, 2) << out;
+  EXPECT_NE(out.find("--search"), std::string::npos) << out;
+  std::tie(code, out) = shardcheck::testing::shardcheck("plan " + kSmall + " --search --world 0");
+  EXPECT_EQ(code, 2) << out;
+}
+
+}  // namespace
+}  // namespace shardcheck::harness
