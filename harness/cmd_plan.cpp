@@ -1,7 +1,8 @@
 // `shardcheck plan SCENARIO.json [--json] [--report DIR] [--simulate-ranks N]
-// [--compute-efficiency E] [--reduce-dtype f32|bf16]`: the timing-only planner (plan.hpp) as a
-// table, as JSON, or as report.json + index.html. Exit 0 when some timed candidate fits in
-// device memory, 1 when none does, 2 on unusable input.
+// [--compute-efficiency E] [--reduce-dtype f32|bf16] [--search [--world N] [--top K]]`: the
+// timing-only planner (plan.hpp), or its search over every mesh (plan_search.hpp), as a table, as
+// JSON, or as report.json + index.html. Exit 0 when some timed candidate fits in device memory, 1
+// when none does, 2 on unusable input.
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
@@ -14,6 +15,7 @@
 #include "harness/html.hpp"
 #include "harness/output.hpp"
 #include "harness/plan.hpp"
+#include "harness/plan_search.hpp"
 #include "harness/scenario.hpp"
 
 namespace shardcheck::harness {
@@ -27,6 +29,9 @@ struct PlanArgs {
   int simulate_ranks = 0;
   double compute_efficiency = 1.0;
   std::string reduce_dtype;
+  bool search = false;
+  int world = 0;
+  int top = 10;
 };
 
 std::string human_bytes(double b) {
@@ -159,6 +164,74 @@ void print_table(std::ostream& os, const Scenario& s, const PlanResult& r, const
      << "# planned in " << r.wall_s << " s wall\n";
 }
 
+void print_search(std::ostream& os, const Scenario& s, const SearchResult& r) {
+  const TopologySpec& t = s.topology;
+  os << "# plan --search " << r.scenario << ": every mesh of " << r.world << " ranks ("
+     << t.ranks_per_node << " per node, " << t.memory_gib << " GiB each), global batch "
+     << r.global_batch << " x " << s.model.seq_len << " tokens\n"
+     << "# meshes (dp, tp, pp, cp, ep, CP algorithm): " << r.meshes << " considered, "
+     << r.meshes_not_built << " not built by the engine, " << r.meshes_not_timed
+     << " not timed yet\n"
+     << "# candidates (ZeRO/FSDP, sequence parallel, schedule, micro batch, recompute, order): "
+     << r.candidates << "; not built " << r.not_built << ", not timed " << r.not_timed
+     << ", do not fit " << r.not_fitting << ", heavier recompute of a fitting one "
+     << r.recompute_pruned << ", ruled out by the compute bound " << r.bound_pruned << ", timed "
+     << r.timed << "\n";
+  for (const auto& [why, n] : r.not_timed_reasons)
+    os << "#   not timed (" << n << "): " << why << "\n";
+  char line[512];
+  std::snprintf(line, sizeof line, "  %4s %-52s %-13s %10s %10s %10s %6s %6s\n", "rank", "config",
+                "family", "step", "exposed", "mem/rank", "MFU", "HFU");
+  os << "\n# top " << std::min<std::size_t>(r.ranked.size(), static_cast<std::size_t>(r.top))
+     << " of " << r.ranked.size() << " timed candidates that fit\n"
+     << line;
+  for (std::size_t i = 0; i < r.ranked.size() && i < static_cast<std::size_t>(r.top); ++i) {
+    const SearchCandidate& c = r.ranked[i];
+    std::snprintf(line, sizeof line, "  %4zu %-52s %-13s %10s %10s %10s %5.1f%% %5.1f%%\n", i + 1,
+                  c.label.c_str(), c.family.c_str(), secs(c.eval.step_time_s).c_str(),
+                  secs(c.eval.exposed_comm_s).c_str(),
+                  human_bytes(static_cast<double>(c.memory_per_rank_bytes)).c_str(), 100 * c.mfu,
+                  100 * c.hfu);
+    os << line << "       " << c.reason << "\n";
+  }
+  if (r.ranked.empty()) os << "  no candidate fits in device memory\n";
+  os << "\n# the best of each family\n";
+  for (const FamilyBest& f : r.families)
+    os << "  " << f.family << " (" << f.candidates
+       << " candidates): " << (f.found || f.any_built ? f.best.label + ": " : "") << f.why << "\n";
+  os << "\n# step = the planner's clock (one step, plan.hpp's evaluate); exposed = step - compute "
+        "busy (pipelines: bubble included); compute bound = hardware FLOPs / (world x peak x "
+        "efficiency); searched in "
+     << r.wall_s << " s wall\n";
+}
+
+int search_cmd(const PlanArgs& a, const Scenario& s, const PlanOptions& po) {
+  SearchOptions o;
+  o.world = a.world;
+  o.top = a.top;
+  o.plan = po;
+  SearchResult r;
+  try {
+    r = search_plans(s, o);
+  } catch (const ScenarioError& e) {
+    throw BadInput(a.scenario + ": " + e.what());
+  }
+  const nlohmann::json search = search_json(r);
+  if (!a.report.empty()) {
+    const nlohmann::json report{{"pass", !r.ranked.empty()},    {"scenario", s.name},
+                                {"description", s.description}, {"backend", "plan"},
+                                {"world_size", r.world},        {"search", search}};
+    const std::filesystem::path dir(a.report);
+    write_output(dir / "report.json", report.dump(2) + "\n", "--report");
+    write_output(dir / "index.html", render_html(report), "--report");
+  }
+  if (a.json)
+    std::cout << nlohmann::json{{"scenario", s.name}, {"search", search}}.dump(2) << "\n";
+  else
+    print_search(std::cout, s, r);
+  return r.ranked.empty() ? kExitCheckFailed : kExitOk;
+}
+
 int plan_cmd(const PlanArgs& a) {
   Scenario s;
   try {
@@ -181,6 +254,8 @@ int plan_cmd(const PlanArgs& a) {
     if (ec || !std::filesystem::is_directory(a.report))
       throw BadInput("--report: cannot create the directory '" + a.report + "'");
   }
+  if (a.search) return search_cmd(a, s, o);
+  if (a.world != 0 || a.top != 10) throw BadInput("--world and --top need --search");
   PlanResult r;
   try {
     r = plan_scenario(s, o);
@@ -224,6 +299,15 @@ void add_plan_command(CLI::App& app, int& exit_code) {
                   "Achieved fraction of peak FLOP/s for compute, in (0, 1] (default 1)");
   cmd->add_option("--reduce-dtype", args->reduce_dtype,
                   "What-if dtype of gradient reductions (default: the recipe's, f32 for bf16)");
+  cmd->add_flag("--search", args->search,
+                "Search every mesh and setting of the scenario's model on --world ranks, drop what "
+                "does not fit, rank the rest by step time, print the top K and each family's "
+                "best with why it lost");
+  cmd->add_option("--world", args->world,
+                  "With --search: ranks to plan for (default: the scenario's parallel block's)")
+      ->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--top", args->top, "With --search: candidates listed (default 10)")
+      ->check(CLI::Range(1, 1 << 20));
   cmd->callback([args, &exit_code] { exit_code = plan_cmd(*args); });
 }
 
