@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <exception>
 #include <map>
@@ -132,9 +133,15 @@ std::string behind(const SearchCandidate& a, const SearchCandidate& b) {
   const double gap = a.eval.step_time_s - b.eval.step_time_s;
   const double dc = a.eval.compute_s - b.eval.compute_s;
   const double dx = a.eval.exposed_comm_s - b.eval.exposed_comm_s;
-  std::string s = fmt("%.2f", a.eval.step_time_s / b.eval.step_time_s) + "x the best's step (+" +
-                  fmt("%.3g", gap) + " s: compute " + fmt("%+.3g", dc) +
-                  " s, exposed communication and bubble " + fmt("%+.3g", dx) + " s)";
+  // Gaps in the unit of the best's step (s or ms), rounded to it: no 1e-19 s of float noise.
+  const bool ms = b.eval.step_time_s < 1;
+  const auto t = [&](double v, const char* spec) {
+    const double u = ms ? v * 1e3 : v;
+    return fmt(spec, std::fabs(u) < 5e-4 ? 0.0 : u) + (ms ? " ms" : " s");
+  };
+  std::string s = fmt("%.2f", a.eval.step_time_s / b.eval.step_time_s) + "x the best's step (" +
+                  t(gap, "%+.3f") + ": compute " + t(dc, "%+.3f") +
+                  ", exposed communication and bubble " + t(dx, "%+.3f") + ")";
   const std::string d = differences(a, b);
   if (!d.empty()) s += "; differs in " + d;
   return s;
