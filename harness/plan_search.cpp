@@ -321,8 +321,8 @@ SearchResult search_plans(const Scenario& s, const SearchOptions& o) {
     const Skeleton k(skeleton_spec(sc, c.spec, c.spec.mesh.dp, s.train.global_batch,
                                    po.reduce_dtype ? &*po.reduce_dtype : nullptr));
     c.bound_s = k.hardware_flops_per_step() / (r.world * peak);
-    c.mfu = k.model_flops_per_step();  // FLOPs for now; divided below
-    c.hfu = k.hardware_flops_per_step();
+    c.model_flops = k.model_flops_per_step();
+    c.hardware_flops = k.hardware_flops_per_step();
     if (c.spec.mesh.pp > 1)
       c.bubble_formula = parallel::bubble_formula(
           c.spec.mesh.pp, s.train.global_batch / c.spec.mesh.dp / c.micro_batch,
@@ -368,8 +368,8 @@ SearchResult search_plans(const Scenario& s, const SearchOptions& o) {
   for (SearchCandidate& c : r.ranked) {
     const double t = c.eval.step_time_s;
     c.tokens_per_s = tokens / t;
-    c.mfu = c.mfu / (t * r.world * s.topology.peak_tflops * 1e12);
-    c.hfu = c.hfu / (t * r.world * s.topology.peak_tflops * 1e12);
+    c.mfu = c.model_flops / (t * r.world * s.topology.peak_tflops * 1e12);
+    c.hfu = c.hardware_flops / (t * r.world * s.topology.peak_tflops * 1e12);
     const Goodput g = goodput_of(s.plan, r.world, t, c.tokens_per_s);
     c.goodput = g.valid ? g.fraction : 0;
   }

@@ -46,7 +46,8 @@ struct SearchCandidate {
   double bound_s = 0;  // the compute bound (communication free; pipelines with fill and drain)
   bool timed = false;
   StepEval eval;
-  double bubble_formula = 0;  // (p-1)/(v*m+p-1); 0 without a pipeline
+  double bubble_formula = 0;                   // (p-1)/(v*m+p-1); 0 without a pipeline
+  double model_flops = 0, hardware_flops = 0;  // per step (hardware: recompute counted)
   double tokens_per_s = 0, mfu = 0, hfu = 0, goodput = 0;
   std::string reason;  // why it ranks where it does
 };
