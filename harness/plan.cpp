@@ -12,6 +12,7 @@
 
 #include "harness/driver.hpp"
 #include "harness/plan_skeleton.hpp"
+#include "harness/plan_text.hpp"
 #include "harness/runner.hpp"
 #include "harness/sim_options.hpp"
 #include "parallel/mp/mesh_ledger.hpp"
@@ -24,7 +25,9 @@ namespace shardcheck::harness {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+using plan_text::fmt;
+using plan_text::gib;
+using plan_text::kGiB;
 
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
@@ -38,12 +41,6 @@ int dp_at(const ParallelSpec& p, int n) {
                         "world size " + std::to_string(n) + " is not a multiple of " + p.label() +
                             "'s model-parallel ranks (" + std::to_string(mp) + ")");
   return n / mp;
-}
-
-std::string fmt(const char* spec, double v) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, spec, v);
-  return buf;
 }
 
 // Memory of the configuration's fullest rank at DP size dp: the mesh engine's own ledger, for
@@ -92,10 +89,6 @@ void scale(const Scenario& s, const PlanOptions& o, double device, ConfigPlan& c
                       (base->tokens_per_s * pt.world_size / static_cast<double>(base->world_size));
     }
   }
-}
-
-std::string gib(double bytes) {
-  return fmt(bytes / kGiB >= 100 ? "%.0f" : "%.1f", bytes / kGiB);
 }
 
 // The one-line why of each candidate, once best and fastest are known.

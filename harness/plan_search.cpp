@@ -18,6 +18,7 @@
 #include "harness/driver.hpp"
 #include "harness/placement.hpp"
 #include "harness/plan_skeleton.hpp"
+#include "harness/plan_text.hpp"
 #include "parallel/mp/mesh_ledger.hpp"
 #include "parallel/mp/pipeline.hpp"
 
@@ -26,19 +27,12 @@ namespace shardcheck::harness {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+using plan_text::fmt;
+using plan_text::gib;
+using plan_text::kGiB;
 // Candidates timed at once between two updates of the bound's threshold: fixed, so what is pruned
 // does not depend on the machine's thread count.
 constexpr std::size_t kBatch = 8;
-
-std::string fmt(const char* spec, double v) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, spec, v);
-  return buf;
-}
-std::string gib(double bytes) {
-  return fmt(bytes / kGiB >= 100 ? "%.0f" : "%.1f", bytes / kGiB);
-}
 
 std::vector<int> divisors(int n) {
   std::vector<int> d;
