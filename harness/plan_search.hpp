@@ -83,6 +83,8 @@ struct SearchResult {
   std::vector<FamilyBest> families;
   int top = 10;
   double wall_s = 0;
+  // Of wall_s: enumeration, validation and the memory ledger; the compute bounds; the clock.
+  double enumerate_s = 0, bound_wall_s = 0, timing_s = 0;
 };
 
 // "DDP" (data parallel, parameters replicated: ZeRO 0-2, FSDP no_shard), "FSDP" (ZeRO-3 or FSDP

@@ -3,6 +3,7 @@
 #include "parallel/mp/mesh_ledger.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <map>
 #include <memory>
@@ -151,25 +152,41 @@ LedgerRow mesh_ledger(const ref::ModelConfig& model, const ref::TrainConfig& tra
   }
   const Shape x = shape_of(model, o);
   const double mbs = train.micro_batch;
+  // What each of the rank's chunks holds per microbatch (and its widest block's whole cache), and
+  // the units its forward and backward use: the same for every microbatch, so computed once.
+  struct ChunkHold {
+    double held = 0, widest = 0;
+    std::vector<std::vector<int>> uses[2];  // [backward, forward]
+  };
+  std::vector<ChunkHold> chunks(static_cast<std::size_t>(o.virtual_stages));
+  for (int c = 0; c < o.virtual_stages; ++c) {
+    ChunkHold& h = chunks[static_cast<std::size_t>(c)];
+    const int vs = c * pp + stage;
+    const bool last = vs == pp * o.virtual_stages - 1;
+    const auto layers = plan.chunk_layers[static_cast<std::size_t>(c)];
+    if (res)
+      for (const bool forward : {false, true})
+        h.uses[forward] = mesh_detail::chunk_uses(model, wrap, layers, vs == 0, last, forward);
+    h.held = last ? head_elems(x) : 0.0;
+    for (int l = layers.first; l < layers.second; ++l) {
+      h.held += mesh_block_activation_elems(model, o, l, train.recompute);
+      h.widest =
+          std::max(h.widest, mesh_block_activation_elems(model, o, l, ref::Recompute::kNone));
+    }
+    h.held *= mbs;
+  }
   double act = 0, peak = 0;
   for (const PipeAction& a :
        pipeline_schedule(o.schedule, pp, stage, microbatches, o.virtual_stages)) {
     const bool forward = a.kind == PipeAction::Kind::forward;
-    const int vs = a.chunk * pp + stage;
-    const bool last = vs == pp * o.virtual_stages - 1;
-    const auto layers = plan.chunk_layers[static_cast<std::size_t>(a.chunk)];
+    const ChunkHold& h = chunks[static_cast<std::size_t>(a.chunk)];
     if (res) {
-      const auto uses = mesh_detail::chunk_uses(model, wrap, layers, vs == 0, last, forward);
+      const auto& uses = h.uses[forward];
       res->begin(a.microbatch, a.chunk, forward, uses);
       for (std::size_t i = 0; i < uses.size(); ++i) res->next();
       res->end();
     }
-    double held = last ? head_elems(x) : 0.0, widest = 0.0;
-    for (int l = layers.first; l < layers.second; ++l) {
-      held += mesh_block_activation_elems(model, o, l, train.recompute);
-      widest = std::max(widest, mesh_block_activation_elems(model, o, l, ref::Recompute::kNone));
-    }
-    held *= mbs;
+    const double held = h.held, widest = h.widest;
     if (forward) {
       act += held;
       peak = std::max(peak, act);
@@ -192,10 +209,19 @@ std::vector<RankLedger> mesh_ledger_stages(const ref::ModelConfig& model,
   const comm::DeviceMesh mesh(options.shape, options.order);
   std::vector<RankLedger> best(static_cast<std::size_t>(options.shape.pp));
   std::vector<bool> seen(best.size(), false);
+  // mesh_ledger reads a rank only through its stage, its TP and EP coordinates (local_params)
+  // and its expert part count: ranks alike in those (the CP ranks, the expert-data ranks) have
+  // one row, computed once (tests/mp: equal to every rank's own ledger).
+  std::map<std::array<int, 4>, LedgerRow> rows;
   for (int r = 0; r < options.shape.world_size(); ++r) {
     if (mesh.coord(r, comm::Axis::dp) != 0) continue;
     const auto stage = static_cast<std::size_t>(mesh.coord(r, comm::Axis::pp));
-    LedgerRow l = mesh_ledger(model, train, options, r);
+    const std::array<int, 4> key{static_cast<int>(stage), mesh.coord(r, comm::Axis::tp),
+                                 mesh.coord(r, comm::Axis::ep),
+                                 mesh_detail::expert_part_count(mesh, r)};
+    auto it = rows.find(key);
+    if (it == rows.end()) it = rows.emplace(key, mesh_ledger(model, train, options, r)).first;
+    const LedgerRow& l = it->second;
     if (!seen[stage] || l.total() > best[stage].row.total()) best[stage] = {r, l};
     seen[stage] = true;
   }

@@ -1,6 +1,9 @@
 #include "parallel/mp/mesh_params.hpp"
 
 #include <algorithm>
+#include <map>
+#include <mutex>
+#include <tuple>
 
 #include "parallel/flops.hpp"
 #include "parallel/mp/pipeline.hpp"
@@ -32,7 +35,24 @@ std::vector<std::pair<int, int>> virtual_stage_layers(const ref::ModelConfig& mo
   const double s = static_cast<double>(model.seq_len);
   std::vector<double> cost;
   for (int i = 0; i < model.layers; ++i) cost.push_back(block_forward_flops(model, i, s));
-  return partition_layers(cost, 0.0, head_forward_flops(model, s), pp * virtual_stages);
+  const double head = head_forward_flops(model, s);
+  const int chunks = pp * virtual_stages;
+  // partition_layers is O(chunks x layers^2) and every rank's parameters, ledger and stage plan
+  // ask for it: remembered per (profile, head, chunks), a pure function's cache (the planner's
+  // search asks for the same few partitions millions of times).
+  using Key = std::tuple<std::vector<double>, double, int>;
+  static std::mutex mu;
+  static std::map<Key, std::vector<std::pair<int, int>>> memo;
+  Key key{std::move(cost), head, chunks};
+  {
+    const std::lock_guard<std::mutex> lock(mu);
+    if (const auto it = memo.find(key); it != memo.end()) return it->second;
+  }
+  auto out = partition_layers(std::get<0>(key), 0.0, head, chunks);
+  const std::lock_guard<std::mutex> lock(mu);
+  if (memo.size() >= 1024) memo.clear();  // bounded: a long-running process sees many models
+  memo.emplace(std::move(key), out);
+  return out;
 }
 
 StagePlan stage_plan(const ref::ModelConfig& model, int pp, int virtual_stages, int stage) {

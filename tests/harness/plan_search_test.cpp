@@ -24,10 +24,10 @@ namespace {
 
 using nlohmann::json;
 
-const std::string kSmall = std::string(SHARDCHECK_SCENARIOS_DIR) + "/plan/small-dp.json";
+const std::string kSmallScenario = std::string(SHARDCHECK_SCENARIOS_DIR) + "/plan/small-dp.json";
 
 Scenario small(double memory_gib = 141) {
-  std::ifstream f(kSmall);
+  std::ifstream f(kSmallScenario);
   json j = json::parse(f);
   j["topology"]["device"]["memory_gib"] = memory_gib;
   return parse_scenario(j);
@@ -149,7 +149,7 @@ TEST(PlanSearch, BadArgumentsAreScenarioErrors) {
 
 TEST(PlanSearch, CommandLine) {
   auto [code, out] =
-      shardcheck::testing::shardcheck("plan " + kSmall + " --search --world 8 --json");
+      shardcheck::testing::shardcheck("plan " + kSmallScenario + " --search --world 8 --json");
   ASSERT_EQ(code, 0) << out;
   const json j = json::parse(out.substr(out.find('{')));
   const json& s = j.at("search");
@@ -158,13 +158,13 @@ TEST(PlanSearch, CommandLine) {
   EXPECT_EQ(s.at("top")[0].at("rank"), 1);
   EXPECT_EQ(s.at("best"), s.at("top")[0].at("config"));
   EXPECT_GT(s.at("top")[0].at("step_time_s").get<double>(), 0);
-  std::tie(code, out) = shardcheck::testing::shardcheck("plan " + kSmall + " --search --top 3");
+  std::tie(code, out) = shardcheck::testing::shardcheck("plan " + kSmallScenario + " --search --top 3");
   EXPECT_EQ(code, 0) << out;
   EXPECT_NE(out.find("# the best of each family"), std::string::npos) << out;
-  std::tie(code, out) = shardcheck::testing::shardcheck("plan " + kSmall + " --world 8");
+  std::tie(code, out) = shardcheck::testing::shardcheck("plan " + kSmallScenario + " --world 8");
   EXPECT_EQ(code, 2) << out;
   EXPECT_NE(out.find("--search"), std::string::npos) << out;
-  std::tie(code, out) = shardcheck::testing::shardcheck("plan " + kSmall + " --search --world 0");
+  std::tie(code, out) = shardcheck::testing::shardcheck("plan " + kSmallScenario + " --search --world 0");
   EXPECT_EQ(code, 2) << out;
 }
 

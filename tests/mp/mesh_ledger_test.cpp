@@ -4,6 +4,7 @@
 // gathered-unit peak and the activation peak are the ledger's to the byte (dense model).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -104,6 +105,40 @@ TEST(MeshLedger, Bf16ExpertPartsInTheGradientPeak) {
     for (std::size_t r = 0; r < got.size(); ++r)
       EXPECT_EQ(of(got[r].peaks, comm::MemCategory::grads), want[r].grad_peak)
           << "dp" << o.shape.dp << " cp" << o.shape.cp << " ep" << o.shape.ep << " rank " << r;
+  }
+}
+
+// mesh_ledger_stages computes one row per (stage, TP coordinate, EP coordinate, expert part
+// count): each stage's fullest row is still the largest of its ranks' own ledgers, on dense and
+// MoE meshes with CP, EP, hybrid shard and the bf16 recipe. Fails if mesh_ledger comes to read
+// another coordinate of the rank.
+TEST(MeshLedger, StagesEqualTheFullestOfEveryRanksOwnLedger) {
+  std::vector<std::pair<Scenario, MeshOptions>> cases;
+  for (const Case& c : ledger_cases()) cases.emplace_back(mesh_dense(), c.options);
+  Scenario bf16 = mesh_moe();
+  bf16.train.precision = ref::Precision::kBf16;
+  MeshOptions folded = mesh({.dp = 4, .cp = 2, .ep = 2});
+  folded.fsdp = FsdpOptions{.sharding = ShardingStrategy::hybrid_shard, .shard_group_size = 2};
+  for (const MeshOptions& o : {mesh({.dp = 4, .ep = 2}), mesh({.dp = 2, .tp = 2, .ep = 2}),
+                               zero(mesh({.dp = 2, .cp = 2, .ep = 4}), 3), folded}) {
+    cases.emplace_back(mesh_moe(), o);
+    cases.emplace_back(bf16, o);
+  }
+  for (const auto& [s, o] : cases) {
+    const std::vector<LedgerRow> every = mesh_ledger_ranks(s.model, s.train, o);
+    const std::vector<RankLedger> stages = mesh_ledger_stages(s.model, s.train, o);
+    const comm::DeviceMesh m(o.shape, o.order);
+    std::vector<std::size_t> fullest(stages.size(), 0);
+    for (std::size_t r = 0; r < every.size(); ++r) {
+      auto& f = fullest[static_cast<std::size_t>(m.coord(static_cast<int>(r), comm::Axis::pp))];
+      f = std::max(f, every[r].total());
+    }
+    for (std::size_t st = 0; st < stages.size(); ++st) {
+      EXPECT_EQ(stages[st].row.total(), fullest[st])
+          << "dp" << o.shape.dp << " tp" << o.shape.tp << " pp" << o.shape.pp << " cp" << o.shape.cp
+          << " ep" << o.shape.ep << " stage " << st;
+      EXPECT_EQ(every[static_cast<std::size_t>(stages[st].rank)].total(), stages[st].row.total());
+    }
   }
 }
 
