@@ -40,6 +40,7 @@ struct MeshShape {
     return std::int64_t{dp} * std::int64_t{tp} * std::int64_t{pp} * std::int64_t{cp};
   }
   int world_size() const { return static_cast<int>(world_size64()); }
+  bool operator==(const MeshShape&) const = default;
 };
 
 // A mesh the caller asked for that cannot exist (bad order string, size < 1).

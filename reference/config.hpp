@@ -16,6 +16,7 @@ struct MoeConfig {
   double capacity_factor = 1.25;
   int every = 2;  // layer i is an MoE layer iff (i + 1) % every == 0
   double aux_loss = 0.01;
+  bool operator==(const MoeConfig&) const = default;
 };
 
 struct ModelConfig {
@@ -34,6 +35,7 @@ struct ModelConfig {
   bool is_moe_layer(int layer) const { return moe && (layer + 1) % moe->every == 0; }
   // Throws ConfigError naming the field when the shape is impossible.
   void validate() const;
+  bool operator==(const ModelConfig&) const = default;
 };
 
 // A configuration the reference cannot build. field(): the key to change, as a scenario names it
