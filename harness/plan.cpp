@@ -125,12 +125,8 @@ void explain(PlanResult& r) {
           ratio(c, r.configs[static_cast<std::size_t>(r.best)]) + " slower than " +
           r.configs[static_cast<std::size_t>(r.best)].config;
     } else {
-      n = "does not fit: needs " + gib(mem) + " GiB of " + gib(dev) + " (model state " +
-          gib(static_cast<double>(c.ledger.model_state() - c.ledger.grads +
-                                  std::max(c.ledger.grads, c.ledger.grad_peak))) +
-          " with the gradients at their peak, all-gather peak " +
-          gib(static_cast<double>(c.ledger.gather_peak)) + ", activations " +
-          gib(static_cast<double>(c.ledger.activation_peak)) + ")";
+      n = "does not fit: needs " + gib(mem) + " GiB of " + gib(dev) + " (" +
+          plan_text::memory_parts(c.ledger) + ")";
       if (r.best >= 0) {
         const ConfigPlan& b = r.configs[static_cast<std::size_t>(r.best)];
         if (c.eval.step_time_s < b.eval.step_time_s)
@@ -395,7 +391,7 @@ nlohmann::json memory_json(int rank, const parallel::LedgerRow& l) {
   return {{"rank", rank},
           {"params", l.params},
           {"grads", l.grads},
-          {"grad_peak", std::max(l.grads, l.grad_peak)},
+          {"grad_peak", l.grads_at_peak()},
           {"optimizer", l.optimizer},
           {"gather_peak", l.gather_peak},
           {"activation_peak", l.activation_peak},

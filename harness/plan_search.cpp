@@ -19,6 +19,8 @@
 #include "harness/placement.hpp"
 #include "harness/plan_skeleton.hpp"
 #include "harness/plan_text.hpp"
+#include "parallel/costs.hpp"
+#include "parallel/flops.hpp"
 #include "parallel/mp/mesh_ledger.hpp"
 #include "parallel/mp/pipeline.hpp"
 
@@ -33,6 +35,20 @@ using plan_text::kGiB;
 // Candidates timed at once between two updates of the bound's threshold: fixed, so what is pruned
 // does not depend on the machine's thread count.
 constexpr std::size_t kBatch = 8;
+
+// The FLOPs of one step the clock counts at least: the hardware FLOPs (parallel/flops.hpp: the
+// full s x s attention core, backward twice the forward) with each layer's attention core counted
+// as the engine's causal kernel reports it (parallel/costs.hpp: forward 4, backward 10, recompute
+// 4 FLOPs per query-key pair and channel). Without this, a long sequence's bound exceeds the step.
+double clock_flops(const ref::ModelConfig& m, ref::Recompute rc, double hardware_flops,
+                   int sequences) {
+  const int64_t s = m.seq_len;
+  const double recompute = rc == ref::Recompute::kNone ? 0 : 1;
+  const double full = parallel::attention_core_flops(m, static_cast<double>(s)) * (3 + recompute);
+  const double causal =
+      parallel::costs::causal_attention_flops(s, m.heads, m.head_dim(), 14 + 4 * recompute);
+  return hardware_flops - static_cast<double>(sequences) * m.layers * std::max(0.0, full - causal);
+}
 
 std::vector<int> divisors(int n) {
   std::vector<int> d;
@@ -324,7 +340,8 @@ SearchResult search_plans(const Scenario& s, const SearchOptions& o) {
     const Scenario sc = with_train(s, c.micro_batch, c.recompute);
     const Skeleton k(skeleton_spec(sc, c.spec, c.spec.mesh.dp, s.train.global_batch,
                                    po.reduce_dtype ? &*po.reduce_dtype : nullptr));
-    c.bound_s = k.hardware_flops_per_step() / (r.world * peak);
+    c.bound_s = clock_flops(m, c.recompute, k.hardware_flops_per_step(), s.train.global_batch) /
+                (r.world * peak);
     c.model_flops = k.model_flops_per_step();
     c.hardware_flops = k.hardware_flops_per_step();
     if (c.spec.mesh.pp > 1)
@@ -404,10 +421,7 @@ SearchResult search_plans(const Scenario& s, const SearchOptions& o) {
       const parallel::LedgerRow& l = f.best.ledger;
       f.why = "nothing fits: the least memory, " + f.best.label + ", needs " +
               gib(static_cast<double>(f.best.memory_per_rank_bytes)) + " GiB of " +
-              gib(r.device_memory_bytes) + " (model state " +
-              gib(static_cast<double>(l.model_state() - l.grads + std::max(l.grads, l.grad_peak))) +
-              ", all-gather peak " + gib(static_cast<double>(l.gather_peak)) + ", activations " +
-              gib(static_cast<double>(l.activation_peak)) + ")";
+              gib(r.device_memory_bytes) + " (" + plan_text::memory_parts(l) + ")";
     } else if (!fam_refusal[name].empty()) {
       f.why = fam_refusal[name];
     } else {

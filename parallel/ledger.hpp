@@ -41,11 +41,11 @@ struct LedgerRow {
   std::size_t grads = 0;
   std::size_t optimizer = 0;
   std::size_t model_state() const { return params + grads + optimizer; }
+  std::size_t grads_at_peak() const { return std::max(grads, grad_peak); }
+  std::size_t model_state_at_peak() const { return params + grads_at_peak() + optimizer; }
   // What the rank needs at once, at most: model state with the gradients at their peak, plus the
   // gathered units and the activations.
-  std::size_t total() const {
-    return params + std::max(grads, grad_peak) + optimizer + gather_peak + activation_peak;
-  }
+  std::size_t total() const { return model_state_at_peak() + gather_peak + activation_peak; }
   std::size_t gather_peak = 0;  // unsharded parameters held at once (ZeRO-3/FSDP), bytes
   // Gradient bytes at their peak, during the backward (mesh ledger: the engine accumulates every
   // local gradient in full until the step's reduction; ZeRO-2/3 shards it only then). 0: grads.
