@@ -200,8 +200,8 @@ void print_search(std::ostream& os, const Scenario& s, const SearchResult& r) {
     os << "  " << f.family << " (" << f.candidates
        << " candidates): " << (f.found || f.any_built ? f.best.label + ": " : "") << f.why << "\n";
   os << "\n# step = the planner's clock (one step, plan.hpp's evaluate); exposed = step - compute "
-        "busy (pipelines: bubble included); compute bound = hardware FLOPs / (world x peak x "
-        "efficiency); searched in "
+        "busy (pipelines: bubble included); compute bound = hardware FLOPs with causal attention / "
+        "(world x peak x efficiency); searched in "
      << r.wall_s << " s wall (enumeration and memory ledger " << r.enumerate_s
      << " s, compute bounds " << r.bound_wall_s << " s, clock " << r.timing_s << " s)\n";
 }
