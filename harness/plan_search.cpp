@@ -219,9 +219,13 @@ SearchResult search_plans(const Scenario& s, const SearchOptions& o) {
   std::map<std::string, std::size_t> untimed;
   std::vector<SearchCandidate> fitting;
 
+  // A family's first refusal is what it says when none of its candidates is built or timed.
+  const auto refuse = [&](const std::string& family, const std::string& why) {
+    if (fam_refusal[family].empty()) fam_refusal[family] = why;
+  };
   const auto note_untimed = [&](const std::string& why, const std::string& family) {
     ++untimed[why];
-    if (fam_refusal[family].empty()) fam_refusal[family] = "not timed yet: " + why;
+    refuse(family, "not timed yet: " + why);
   };
   // Every mesh of the world: tp x cp x pp x dp (ep among the dp*cp ranks), each CP algorithm.
   for (int tp : divisors(r.world))
@@ -236,17 +240,22 @@ SearchResult search_plans(const Scenario& s, const SearchOptions& o) {
             ParallelSpec base;
             base.mesh = comm::MeshShape{.dp = dp, .tp = tp, .pp = pp, .cp = cp, .ep = ep};
             base.cp_algo = algo;
-            const std::string family = family_of(base);
+            // The mesh's families: as it is, and with its parameters sharded (DDP and FSDP,
+            // TP + DP and FSDP + TP are the same meshes).
+            ParallelSpec sharded = base;
+            sharded.zero = 3;
+            std::set<std::string> families = {family_of(base), family_of(sharded)};
             // The most permissive settings: a refusal here refuses every setting of the mesh.
             const Scenario plain = with_train(s, 1, ref::Recompute::kNone);
             if (const std::string why = unsupported(plain, base); !why.empty()) {
               ++r.meshes_not_built;
-              if (fam_refusal[family].empty()) fam_refusal[family] = "not built: " + why;
+              for (const std::string& family : families) refuse(family, "not built: " + why);
               continue;
             }
             if (const std::string why = untimed_reason(base, m); !why.empty()) {
               ++r.meshes_not_timed;
-              note_untimed(why, family);
+              ++untimed[why];
+              for (const std::string& family : families) refuse(family, "not timed yet: " + why);
               continue;
             }
             // Orders that place the groups differently.
@@ -288,8 +297,7 @@ SearchResult search_plans(const Scenario& s, const SearchOptions& o) {
                         const Scenario sc = with_train(s, mb, modes[k]);
                         if (const std::string why = unsupported(sc, p); !why.empty()) {
                           r.not_built += 3 - k;
-                          if (fam_refusal[fam_name].empty())
-                            fam_refusal[fam_name] = "not built: " + why;
+                          refuse(fam_name, "not built: " + why);
                           break;
                         }
                         if (const std::string why = untimed_reason(p, m); !why.empty()) {

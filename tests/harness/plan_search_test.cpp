@@ -128,8 +128,8 @@ Scenario compute_bound() {
   return s;
 }
 
-// The bound is a lower bound of every timed step (a causal kernel's attention, fill and drain
-// of a pipeline), on the small scenario and the compute-bound one.
+// The bound (attention counted as the causal kernel reports it) is a lower bound of every timed
+// step, on the small scenario, the long-sequence one and the compute-bound one.
 TEST(PlanSearch, TheComputeBoundIsBelowEveryTimedStep) {
   for (const Scenario& s : {small(), long_sequences(), compute_bound()}) {
     SearchOptions o;
@@ -143,8 +143,8 @@ TEST(PlanSearch, TheComputeBoundIsBelowEveryTimedStep) {
   }
 }
 
-// Where the bound prunes (the compute-bound scenario), the top 5 and each family's best are those of the search that times
-// every fitting candidate.
+// Where the bound prunes (the compute-bound scenario), the top 5 and each family's best are those
+// of the search that times every fitting candidate.
 TEST(PlanSearch, TheComputeBoundDoesNotChangeTheAnswer) {
   SearchOptions o;
   o.world = 8;
@@ -177,6 +177,26 @@ TEST(PlanSearch, ADeviceTooSmallSaysWhyForEveryFamily) {
     EXPECT_FALSE(f.found) << f.family;
     EXPECT_NE(f.why.find("nothing fits"), std::string::npos) << f.family << ": " << f.why;
   }
+}
+
+// Four sequences on 8 ranks: no mesh of data parallelism alone splits the batch, and both of its
+// families (DDP and FSDP: the same meshes) say why, rather than "no mesh of this family".
+TEST(PlanSearch, ABatchTooSmallForDataParallelismSaysSoForDdpAndFsdp) {
+  Scenario s = small();
+  s.train.global_batch = 4;
+  SearchOptions o;
+  o.world = 8;
+  const SearchResult r = search_plans(s, o);
+  int seen = 0;
+  for (const FamilyBest& f : r.families) {
+    if (f.family != "DDP" && f.family != "FSDP") continue;
+    ++seen;
+    EXPECT_FALSE(f.found) << f.family;
+    EXPECT_EQ(f.why.rfind("not built: ", 0), 0U) << f.family << ": " << f.why;
+    EXPECT_NE(f.why.find("global_batch"), std::string::npos) << f.family << ": " << f.why;
+  }
+  EXPECT_EQ(seen, 2);
+  EXPECT_FALSE(r.ranked.empty());  // meshes with model parallelism still split it
 }
 
 TEST(PlanSearch, BadArgumentsAreScenarioErrors) {
