@@ -311,10 +311,9 @@ SearchResult search_plans(const Scenario& s, const SearchOptions& o) {
                         c.recompute = modes[k];
                         c.family = fam_name;
                         c.label = label_of(p, mb, modes[k]);
-                        const std::string key = (p.fsdp ? *p.fsdp : std::to_string(p.zero)) + "/" +
-                                                std::to_string(sp) + "/" + sched.name +
-                                                std::to_string(sched.virtual_stages) + "/" +
-                                                std::to_string(mb) + "/" + std::to_string(k);
+                        ParallelSpec unordered = p;
+                        unordered.order = base.order;
+                        const std::string key = label_of(unordered, mb, modes[k]);
                         auto it = ledgers.find(key);
                         if (it == ledgers.end()) it = ledgers.emplace(key, fullest(sc, p)).first;
                         const parallel::RankLedger& led = it->second;

@@ -142,5 +142,20 @@ TEST(MeshLedger, StagesEqualTheFullestOfEveryRanksOwnLedger) {
   }
 }
 
+// The rank order moves ranks, not coordinates: every stage's fullest row is the same under another
+// order (the search computes a mesh's ledger once for all its orders).
+TEST(MeshLedger, TheFullestRowDoesNotDependOnTheRankOrder) {
+  for (const Case& c : ledger_cases()) {
+    MeshOptions other = c.options;
+    other.order = "pp-dp-cp-ep-tp";
+    const Scenario s = mesh_dense();
+    const std::vector<RankLedger> a = mesh_ledger_stages(s.model, s.train, c.options);
+    const std::vector<RankLedger> b = mesh_ledger_stages(s.model, s.train, other);
+    ASSERT_EQ(a.size(), b.size()) << c.name;
+    for (std::size_t st = 0; st < a.size(); ++st)
+      EXPECT_EQ(a[st].row.total(), b[st].row.total()) << c.name << " stage " << st;
+  }
+}
+
 }  // namespace
 }  // namespace shardcheck::parallel
