@@ -12,6 +12,7 @@
 #include <map>
 #include <mutex>
 #include <numeric>
+#include <optional>
 #include <set>
 #include <thread>
 
@@ -157,19 +158,16 @@ std::string behind(const SearchCandidate& a, const SearchCandidate& b) {
   return s;
 }
 
-// Times `todo` on up to `threads` threads (evaluate is independent per candidate).
-void time_all(const std::vector<SearchCandidate*>& todo, const Scenario& s, const PlanOptions& po,
-              unsigned threads) {
+// Runs f(0) .. f(n - 1) on up to `threads` threads; the first exception is rethrown.
+template <class F>
+void parallel_for(std::size_t n, unsigned threads, const F& f) {
   std::atomic<std::size_t> next{0};
   std::exception_ptr error;
   std::mutex mu;
   const auto work = [&] {
-    for (std::size_t i; (i = next.fetch_add(1)) < todo.size();) {
-      SearchCandidate& c = *todo[i];
+    for (std::size_t i; (i = next.fetch_add(1)) < n;) {
       try {
-        const Scenario sc = with_train(s, c.micro_batch, c.recompute);
-        c.eval = evaluate(sc, c.spec, c.spec.mesh.dp, s.train.global_batch, po, false, false);
-        c.timed = true;
+        f(i);
       } catch (...) {
         const std::lock_guard<std::mutex> lock(mu);
         if (!error) error = std::current_exception();
@@ -177,11 +175,91 @@ void time_all(const std::vector<SearchCandidate*>& todo, const Scenario& s, cons
     }
   };
   std::vector<std::thread> pool;
-  const unsigned n = std::min<unsigned>(threads, static_cast<unsigned>(todo.size()));
-  for (unsigned t = 1; t < n; ++t) pool.emplace_back(work);
+  const unsigned t = std::min<unsigned>(threads, static_cast<unsigned>(n));
+  for (unsigned k = 1; k < t; ++k) pool.emplace_back(work);
   work();
-  for (std::thread& t : pool) t.join();
+  for (std::thread& th : pool) th.join();
   if (error) std::rethrow_exception(error);
+}
+
+// One order of a setting, its recompute modes lightest first: those built but over device
+// memory, then the first that fits, or why the rest is not built or not timed.
+struct Tried {
+  std::vector<SearchCandidate> over;
+  std::optional<SearchCandidate> fit;
+  std::size_t fit_at = 0;   // fit's recompute: 0 none, 1 selective, 2 full
+  std::size_t refused = 0;  // recompute modes not built or not timed
+  std::string not_built, not_timed;
+};
+
+// A mesh's settings but the rank order and recompute (spec.order unset), and what each order
+// of them gives (tried, one per order).
+struct Setting {
+  ParallelSpec spec;
+  int micro_batch = 1;
+  std::string family;
+  std::vector<Tried> tried;
+};
+
+struct MeshSettings {
+  std::vector<std::pair<std::string, std::string>> refusals;  // family, why: the mesh refused
+  std::vector<std::string> orders;                            // that place the groups apart
+  std::vector<Setting> settings;
+};
+
+// Tries every order of st: the engine's checks, then the ledger (one per recompute mode, shared
+// by the orders: every order holds the same coordinates) against the device memory.
+void try_setting(const Scenario& s, const std::vector<std::string>& orders, Setting& st,
+                 double device_bytes) {
+  const ref::Recompute modes[] = {ref::Recompute::kNone, ref::Recompute::kSelective,
+                                  ref::Recompute::kFull};
+  std::optional<parallel::RankLedger> ledgers[3];
+  st.tried.assign(orders.size(), {});
+  for (std::size_t o = 0; o < orders.size(); ++o) {
+    Tried& t = st.tried[o];
+    ParallelSpec p = st.spec;
+    p.order = orders[o];
+    for (std::size_t k = 0; k < 3; ++k) {
+      const Scenario sc = with_train(s, st.micro_batch, modes[k]);
+      if (const std::string why = unsupported(sc, p); !why.empty()) {
+        t.refused = 3 - k;
+        t.not_built = why;
+        break;
+      }
+      if (const std::string why = untimed_reason(p, s.model); !why.empty()) {
+        t.refused = 3 - k;
+        t.not_timed = why;
+        break;
+      }
+      SearchCandidate c;
+      c.spec = p;
+      c.micro_batch = st.micro_batch;
+      c.recompute = modes[k];
+      c.family = st.family;
+      c.label = label_of(p, st.micro_batch, modes[k]);
+      if (!ledgers[k]) ledgers[k] = fullest(sc, p);
+      c.ledger = ledgers[k]->row;
+      c.memory_per_rank_bytes = c.ledger.total();
+      if (static_cast<double>(c.memory_per_rank_bytes) > device_bytes) {
+        t.over.push_back(std::move(c));
+        continue;
+      }
+      t.fit = std::move(c);
+      t.fit_at = k;
+      break;
+    }
+  }
+}
+
+// Times `todo` on up to `threads` threads (evaluate is independent per candidate).
+void time_all(const std::vector<SearchCandidate*>& todo, const Scenario& s, const PlanOptions& po,
+              unsigned threads) {
+  parallel_for(todo.size(), threads, [&](std::size_t i) {
+    SearchCandidate& c = *todo[i];
+    const Scenario sc = with_train(s, c.micro_batch, c.recompute);
+    c.eval = evaluate(sc, c.spec, c.spec.mesh.dp, s.train.global_batch, po, false, false);
+    c.timed = true;
+  });
 }
 
 }  // namespace
@@ -218,6 +296,7 @@ SearchResult search_plans(const Scenario& s, const SearchOptions& o) {
   for (const std::string& f : family_names) fam[f].family = f;
   std::map<std::string, std::size_t> untimed;
   std::vector<SearchCandidate> fitting;
+  std::vector<MeshSettings> meshes;  // in enumeration order
 
   // A family's first refusal is what it says when none of its candidates is built or timed.
   const auto refuse = [&](const std::string& family, const std::string& why) {
@@ -247,15 +326,18 @@ SearchResult search_plans(const Scenario& s, const SearchOptions& o) {
             std::set<std::string> families = {family_of(base), family_of(sharded)};
             // The most permissive settings: a refusal here refuses every setting of the mesh.
             const Scenario plain = with_train(s, 1, ref::Recompute::kNone);
+            MeshSettings& ms = meshes.emplace_back();
             if (const std::string why = unsupported(plain, base); !why.empty()) {
               ++r.meshes_not_built;
-              for (const std::string& family : families) refuse(family, "not built: " + why);
+              for (const std::string& family : families)
+                ms.refusals.emplace_back(family, "not built: " + why);
               continue;
             }
             if (const std::string why = untimed_reason(base, m); !why.empty()) {
               ++r.meshes_not_timed;
               ++untimed[why];
-              for (const std::string& family : families) refuse(family, "not timed yet: " + why);
+              for (const std::string& family : families)
+                ms.refusals.emplace_back(family, "not timed yet: " + why);
               continue;
             }
             // Orders that place the groups differently.
@@ -269,74 +351,63 @@ SearchResult search_plans(const Scenario& s, const SearchOptions& o) {
                 orders.push_back(order);
             }
             const bool pure = tp == 1 && pp == 1 && cp == 1 && ep == 1;
-            // The ledger of a mesh's settings does not depend on the rank order (every order
-            // holds the same (stage, tp, cp, ep) coordinates): computed once for all orders.
-            std::map<std::string, parallel::RankLedger> ledgers;
-            for (const std::string& order : orders)
-              for (const DpMode& mode : dp_modes(dp, pure, rpn))
-                for (const bool sp :
-                     tp > 1 ? std::vector<bool>{true, false} : std::vector<bool>{false})
-                  for (const Schedule& sched : schedules(pp))
-                    for (int mb : divisors(std::max(1, s.train.global_batch / dp))) {
-                      if (mb > o.max_micro_batch) break;
-                      ParallelSpec p = base;
-                      p.order = order;
-                      p.zero = mode.zero;
-                      if (mode.fsdp) p.fsdp = mode.fsdp;
-                      p.sequence_parallel = sp;
-                      p.pp_schedule = sched.name;
-                      p.virtual_stages = sched.virtual_stages;
-                      const std::string fam_name = family_of(p);
-                      // Lightest recompute that fits: a heavier one only adds compute.
-                      const ref::Recompute modes[] = {
-                          ref::Recompute::kNone, ref::Recompute::kSelective, ref::Recompute::kFull};
-                      FamilyBest& f = fam[fam_name];
-                      r.candidates += 3;
-                      f.candidates += 3;
-                      for (std::size_t k = 0; k < 3; ++k) {
-                        const Scenario sc = with_train(s, mb, modes[k]);
-                        if (const std::string why = unsupported(sc, p); !why.empty()) {
-                          r.not_built += 3 - k;
-                          refuse(fam_name, "not built: " + why);
-                          break;
-                        }
-                        if (const std::string why = untimed_reason(p, m); !why.empty()) {
-                          r.not_timed += 3 - k;
-                          note_untimed(why, fam_name);
-                          break;
-                        }
-                        SearchCandidate c;
-                        c.spec = p;
-                        c.micro_batch = mb;
-                        c.recompute = modes[k];
-                        c.family = fam_name;
-                        c.label = label_of(p, mb, modes[k]);
-                        ParallelSpec unordered = p;
-                        unordered.order = base.order;
-                        const std::string key = label_of(unordered, mb, modes[k]);
-                        auto it = ledgers.find(key);
-                        if (it == ledgers.end()) it = ledgers.emplace(key, fullest(sc, p)).first;
-                        const parallel::RankLedger& led = it->second;
-                        c.ledger = led.row;
-                        c.memory_per_rank_bytes = led.row.total();
-                        const bool fits =
-                            static_cast<double>(c.memory_per_rank_bytes) <= r.device_memory_bytes;
-                        if (!fits) {
-                          ++r.not_fitting;
-                          if (!f.any_built ||
-                              c.memory_per_rank_bytes < f.best.memory_per_rank_bytes)
-                            f.best = c;
-                          f.any_built = true;
-                          continue;
-                        }
-                        f.any_built = true;
-                        r.recompute_pruned += 2 - k;
-                        fitting.push_back(std::move(c));
-                        break;
-                      }
-                    }
+            ms.orders = orders;
+            for (const DpMode& mode : dp_modes(dp, pure, rpn))
+              for (const bool sp :
+                   tp > 1 ? std::vector<bool>{true, false} : std::vector<bool>{false})
+                for (const Schedule& sched : schedules(pp))
+                  for (int mb : divisors(std::max(1, s.train.global_batch / dp))) {
+                    if (mb > o.max_micro_batch) break;
+                    Setting& st = ms.settings.emplace_back();
+                    st.spec = base;
+                    st.spec.zero = mode.zero;
+                    if (mode.fsdp) st.spec.fsdp = mode.fsdp;
+                    st.spec.sequence_parallel = sp;
+                    st.spec.pp_schedule = sched.name;
+                    st.spec.virtual_stages = sched.virtual_stages;
+                    st.micro_batch = mb;
+                    st.family = family_of(st.spec);
+                  }
           }
       }
+
+  // Each setting's recompute modes in every order, on every thread: the ledger is the cost.
+  std::vector<std::pair<const MeshSettings*, Setting*>> work;
+  for (MeshSettings& ms : meshes)
+    for (Setting& st : ms.settings) work.emplace_back(&ms, &st);
+  const unsigned threads = std::max(1u, std::thread::hardware_concurrency());
+  parallel_for(work.size(), threads, [&](std::size_t i) {
+    try_setting(s, work[i].first->orders, *work[i].second, r.device_memory_bytes);
+  });
+  // In enumeration order (mesh, order, setting), as one thread would have met them.
+  for (const MeshSettings& ms : meshes) {
+    for (const auto& [family, why] : ms.refusals) refuse(family, why);
+    for (std::size_t k = 0; k < ms.orders.size(); ++k)
+      for (const Setting& st : ms.settings) {
+        const Tried& t = st.tried[k];
+        FamilyBest& f = fam[st.family];
+        r.candidates += 3;
+        f.candidates += 3;
+        for (const SearchCandidate& c : t.over) {
+          ++r.not_fitting;
+          if (!f.any_built || c.memory_per_rank_bytes < f.best.memory_per_rank_bytes) f.best = c;
+          f.any_built = true;
+        }
+        if (t.fit) {
+          f.any_built = true;
+          r.recompute_pruned += 2 - t.fit_at;
+          fitting.push_back(*t.fit);
+        }
+        if (!t.not_built.empty()) {
+          r.not_built += t.refused;
+          refuse(st.family, "not built: " + t.not_built);
+        }
+        if (!t.not_timed.empty()) {
+          r.not_timed += t.refused;
+          note_untimed(t.not_timed, st.family);
+        }
+      }
+  }
 
   r.enumerate_s = std::chrono::duration<double>(Clock::now() - t0).count();
   // The compute bound of each fitting candidate, then timing in bound order.
@@ -360,7 +431,6 @@ SearchResult search_plans(const Scenario& s, const SearchOptions& o) {
     return a.bound_s != b.bound_s ? a.bound_s < b.bound_s : a.label < b.label;
   });
   r.bound_wall_s = std::chrono::duration<double>(Clock::now() - t0).count() - r.enumerate_s;
-  const unsigned threads = std::max(1u, std::thread::hardware_concurrency());
   std::vector<double> best_times;  // sorted ascending, of the timed
   std::map<std::string, double> fam_best;
   for (std::size_t i = 0; i < fitting.size(); i += kBatch) {

@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 #include <numeric>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -204,15 +205,21 @@ LedgerRow mesh_ledger(const ref::ModelConfig& model, const ref::TrainConfig& tra
     h.held *= mbs;
   }
   double act = 0, peak = 0;
+  // The (chunk, direction) callbacks replayed from an idle residency back to idle: another from
+  // idle repeats their bytes exactly and cannot raise the peak, so it is not replayed (without
+  // units kept after the forward, every callback is one of these).
+  std::set<std::pair<int, bool>> idle_to_idle;
   for (const PipeAction& a :
        pipeline_schedule(o.schedule, pp, stage, microbatches, o.virtual_stages)) {
     const bool forward = a.kind == PipeAction::Kind::forward;
     const ChunkHold& h = chunks[static_cast<std::size_t>(a.chunk)];
-    if (res) {
+    if (res && !(res->idle() && idle_to_idle.contains({a.chunk, forward}))) {
+      const bool from_idle = res->idle();
       const auto& uses = h.uses[forward];
       res->begin(a.microbatch, a.chunk, forward, uses);
       for (std::size_t i = 0; i < uses.size(); ++i) res->next();
       res->end();
+      if (from_idle && res->idle()) idle_to_idle.insert({a.chunk, forward});
     }
     const double held = h.held, widest = h.widest;
     if (forward) {

@@ -113,6 +113,9 @@ class Residency {
     last_use_.clear();
     at_ = 0;
   }
+  // No unit is held (gathered, prefetched or kept): a callback begun now does the same, byte for
+  // byte, as any other begun idle with the same uses.
+  bool idle() const { return held_.empty(); }
 
  private:
   struct Held {
