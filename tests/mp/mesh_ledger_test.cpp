@@ -1,7 +1,8 @@
 // The mesh ledger (parallel/mp/mesh_ledger.hpp) against the tracker of the engine it describes:
 // on every rank of model-parallel meshes (TP with and without SP, PP schedules, CP ring and
-// Ulysses, ZeRO and FSDP on the DP axis) and for each recompute mode, the model state, the
-// gathered-unit peak and the activation peak are the ledger's to the byte (dense model).
+// Ulysses, ZeRO and FSDP on the DP axis, FSDP units kept from forward to backward in a pipeline)
+// and for each recompute mode, the model state, the gathered-unit peak and the activation peak
+// are the ledger's to the byte (dense model).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -34,6 +35,10 @@ std::vector<Case> ledger_cases() {
                             .shard_group_size = 2};
   MeshOptions groups = mesh({.dp = 2, .tp = 2, .pp = 2});
   groups.fsdp = FsdpOptions{.wrap = WrapPolicy::layer_group, .blocks_per_unit = 2, .prefetch = 2};
+  MeshOptions keep = mesh({.dp = 2, .pp = 2});
+  keep.schedule = PipeSchedule::interleaved;
+  keep.virtual_stages = 2;
+  keep.fsdp = FsdpOptions{.sharding = ShardingStrategy::shard_grad_op, .prefetch = 1};
   return {{"tp2", mesh({.tp = 2})},
           {"dp2-tp2 sp", sp},
           {"dp2-pp2 interleaved zero1", inter},
@@ -41,7 +46,8 @@ std::vector<Case> ledger_cases() {
           {"dp2-cp2 ring zero2", zero(mesh({.dp = 2, .cp = 2}), 2)},
           {"dp2-cp2 ulysses", ulysses},
           {"dp4-tp2 hybrid keep", hybrid},
-          {"dp2-tp2-pp2 fsdp groups pf2", groups}};
+          {"dp2-tp2-pp2 fsdp groups pf2", groups},
+          {"dp2-pp2 interleaved shard_grad_op", keep}};
 }
 
 TEST(MeshLedger, EqualsTheTrackerOnEveryRank) {
