@@ -1,4 +1,5 @@
-// index.html: the page, its header/manifest and the tables (parity, timing, faults, drills, plan).
+// index.html: the page, its header/manifest and the tables (parity, timing, faults, drills, plan;
+// the plan search is html_search.cpp's).
 // The SVG figures are in html_svg.cpp, escaping and formatting in html_text.cpp. Reads only the
 // report JSON, so it renders old reports (fewer fields) and matrix reports alike.
 #include "harness/html.hpp"
@@ -25,40 +26,6 @@ std::string badge(const Json* pass) {
 
 std::string pct(double fraction) {
   return fmt(fraction * 100, "%.2f") + " %";
-}
-
-// A two-column table of an object's fields: known keys with labels and formatters first, then
-// every other field as it is (so fields added later still show).
-struct Row {
-  const char* key;
-  const char* label;
-  std::string (*format)(double);
-};
-
-std::string kv_table(const Json& obj, const std::vector<Row>& rows,
-                     const std::set<std::string>& skip, const std::string& more_rows = "") {
-  if (!obj.is_object()) return "<p class=\"note\">not recorded</p>\n";
-  std::string o = "<table class=\"kv\">\n";
-  std::set<std::string> done = skip;
-  for (const Row& r : rows) {
-    done.insert(r.key);
-    const Json* v = field(obj, r.key);
-    if (!v) continue;
-    const std::string text =
-        v->is_number() && r.format ? escape(r.format(v->get<double>())) : cell(v);
-    o += "<tr><th>" + escape(r.label) + "</th><td class=\"num\">" + text + "</td></tr>\n";
-  }
-  o += more_rows;
-  for (const auto& [k, v] : obj.items()) {
-    if (done.count(k)) continue;
-    if (v.is_object()) {
-      for (const auto& [k2, v2] : v.items())
-        o += "<tr><th>" + escape(k + "." + k2) + "</th><td>" + cell(&v2) + "</td></tr>\n";
-    } else {
-      o += "<tr><th>" + escape(k) + "</th><td>" + cell(&v) + "</td></tr>\n";
-    }
-  }
-  return o + "</table>\n";
 }
 
 std::string timing_table(const Json& t) {
@@ -431,14 +398,18 @@ std::string scenario_body(const Json& r, const std::string& idp, int level) {
                                                        : "")});
   if (const Json* p = object_of(r, "plan"))
     sections.push_back({"plan", "Plan", plan_section(*p, idp)});
+  if (const Json* p = object_of(r, "search"))
+    sections.push_back({"search", "Plan search", search_section(*p)});
 
   o += "<nav>";
-  for (const char* id : {"parity", "timing", "timeline", "memory", "faults", "drills", "plan"}) {
+  for (const char* id :
+       {"parity", "timing", "timeline", "memory", "faults", "drills", "plan", "search"}) {
     bool present = false;
     for (const Section& s : sections) present = present || std::string_view(s.id) == id;
+    const std::string_view v(id);
     if (present)
       o += "<a href=\"#" + idp + id + "\">" + id + "</a>";
-    else if (std::string_view(id) != "drills" && std::string_view(id) != "plan")
+    else if (v != "drills" && v != "plan" && v != "search")
       o += "<span class=\"absent\" title=\"not recorded in this report\">" + std::string(id) +
            "</span>";
   }

@@ -4,7 +4,9 @@
 #pragma once
 
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
+#include <vector>
 
 namespace shardcheck::harness {
 
@@ -35,6 +37,19 @@ std::string fmt_bytes(double bytes);
 std::string fmt_seconds(double s);
 std::string fmt_int_list(const Json& j);  // [0,1,2] -> "0, 1, 2"
 std::string fmt_mesh(const Json& mesh);   // {"dp":2,"tp":2,...} -> "dp2 × tp2"; strings as is
+
+// A two-column table of an object's fields: known keys (rows) with labels and formatters first,
+// then every other field not in skip as it is, so fields added later still show.
+struct Row {
+  const char* key;
+  const char* label;
+  std::string (*format)(double);
+};
+std::string kv_table(const Json& obj, const std::vector<Row>& rows,
+                     const std::set<std::string>& skip, const std::string& more_rows = "");
+
+// The plan search section (html_search.cpp): report.json's `search` object.
+std::string search_section(const Json& search);
 
 // A fill colour for an event or memory category, fixed for known names, hashed otherwise.
 std::string colour_for(const std::string& kind);

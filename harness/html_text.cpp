@@ -4,7 +4,9 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <set>
 #include <string_view>
+#include <vector>
 
 #include "harness/html.hpp"
 
@@ -186,6 +188,32 @@ std::string fmt_mesh(const Json& mesh) {
   if (const Json* f = field(mesh, "fsdp"); f && !f->is_null() && !(f->is_boolean() && !*f))
     o += " \xC2\xB7 FSDP" + (f->is_string() ? " " + f->get<std::string>() : std::string());
   return o;
+}
+
+std::string kv_table(const Json& obj, const std::vector<Row>& rows,
+                     const std::set<std::string>& skip, const std::string& more_rows) {
+  if (!obj.is_object()) return "<p class=\"note\">not recorded</p>\n";
+  std::string o = "<table class=\"kv\">\n";
+  std::set<std::string> done = skip;
+  for (const Row& r : rows) {
+    done.insert(r.key);
+    const Json* v = field(obj, r.key);
+    if (!v) continue;
+    const std::string text =
+        v->is_number() && r.format ? escape(r.format(v->get<double>())) : cell(v);
+    o += "<tr><th>" + escape(r.label) + "</th><td class=\"num\">" + text + "</td></tr>\n";
+  }
+  o += more_rows;
+  for (const auto& [k, v] : obj.items()) {
+    if (done.count(k)) continue;
+    if (v.is_object()) {
+      for (const auto& [k2, v2] : v.items())
+        o += "<tr><th>" + escape(k + "." + k2) + "</th><td>" + cell(&v2) + "</td></tr>\n";
+    } else {
+      o += "<tr><th>" + escape(k) + "</th><td>" + cell(&v) + "</td></tr>\n";
+    }
+  }
+  return o + "</table>\n";
 }
 
 std::string colour_for(const std::string& kind) {

@@ -16,6 +16,15 @@ using nlohmann::json;
 // A report with every section (also used by html_browser_test.cpp).
 json sample_report(int ranks) {
   json groups = json::array(), memory = json::array(), events = json::array();
+  const json top = {{"rank", 1},
+                    {"config", "dp32-tp4-pp8-zero2-mb1"},
+                    {"family", "TP + PP + DP"},
+                    {"step_time_s", 3.279},
+                    {"exposed_comm_s", 1.178},
+                    {"memory_per_rank_bytes", 1.02e11},
+                    {"mfu", 0.567},
+                    {"hfu", 0.581},
+                    {"reason", "fastest that fits"}};
   for (int r = 0; r < ranks; ++r) {
     groups.push_back({{"rank", r},
                       {"dp", json::array({r % 2, r % 2 + 2})},
@@ -179,6 +188,31 @@ json sample_report(int ranks) {
            {{{"world_size", 8}, {"efficiency", 1.0}},
             {{"world_size", 1024}, {"efficiency", 0.88}}}}}},
         {"goodput", {{"tokens_per_s", 3.9e5}, {"fraction", 0.89}}}}},
+      {"search",
+       {{"world_size", 1024},
+        {"global_batch", 1024},
+        {"device_memory_bytes", 1.51e11},
+        {"meshes", {{"considered", 506}, {"not_built", 218}, {"not_timed", 218}}},
+        {"candidates", {{"enumerated", 70728}, {"not_fitting", 32636}, {"timed", 12813}}},
+        {"not_timed_reasons",
+         {{{"reason", "ring context parallelism is not timed yet"}, {"count", 200}}}},
+        {"top", {top}},
+        {"best", "dp32-tp4-pp8-zero2-mb1"},
+        {"families",
+         {{{"family", "DDP"},
+           {"candidates", 12},
+           {"fits", false},
+           {"why", "nothing fits: the least memory needs 545 GiB of 141"},
+           {"config",
+            {{"config", "dp1024-zero1-mb1-rc_full"}, {"memory_per_rank_bytes", 5.85e11}}}},
+          {{"family", "TP + PP + DP"},
+           {"candidates", 20016},
+           {"fits", true},
+           {"why", "the best overall"},
+           {"config", top}}}},
+        {"wall_s", 2748.7},
+        {"wall_split_s",
+         {{"enumerate_and_ledger", 1491.7}, {"compute_bounds", 18.5}, {"timing", 1238.3}}}}},
   };
 }
 
@@ -192,7 +226,8 @@ std::size_t count(const std::string& hay, const std::string& needle) {
 
 TEST(Html, EverySectionAppearsWhenItsDataIsPresent) {
   const std::string h = render_html(sample_report(4));
-  for (const char* id : {"parity", "timing", "timeline", "memory", "faults", "drills", "plan"})
+  for (const char* id :
+       {"parity", "timing", "timeline", "memory", "faults", "drills", "plan", "search"})
     EXPECT_NE(h.find(std::string("<section id=\"") + id + "\">"), std::string::npos) << id;
   EXPECT_NE(h.find("<svg id=\"timeline\" class=\"timeline\""), std::string::npos);
   EXPECT_NE(h.find("<svg id=\"memory\" class=\"memory\""), std::string::npos);
@@ -219,6 +254,33 @@ TEST(Html, EverySectionAppearsWhenItsDataIsPresent) {
 }
 
 // A step timeline with step_timeline's `memory` draws the memory over the step under it.
+// The search section: what was enumerated, why some was not timed, the fastest with their
+// reasons, each family's best (a family where nothing fits marked so) and the search's time.
+TEST(Html, SearchShowsTheRankingAndEachFamilysBest) {
+  const std::string h = render_html(sample_report(2));
+  const std::string sec = h.substr(h.find("<section id=\"search\">"));
+  EXPECT_NE(sec.find("Every mesh of 1024 ranks, global batch 1024 sequences"), std::string::npos);
+  EXPECT_NE(sec.find("Best: <code>dp32-tp4-pp8-zero2-mb1</code>"), std::string::npos);
+  EXPECT_NE(sec.find("<li>200: ring context parallelism is not timed yet</li>"), std::string::npos);
+  EXPECT_NE(sec.find("<th>not_fitting</th><td>32636</td>"), std::string::npos);
+  EXPECT_NE(sec.find("<td class=\"num\">56.7%</td><td class=\"num\">58.1%</td>"),
+            std::string::npos);
+  EXPECT_NE(sec.find("fastest that fits"), std::string::npos);
+  EXPECT_EQ(count(sec, "<tr class=\"nofit\"><td>DDP</td>"), 1u);
+  EXPECT_NE(sec.find("nothing fits: the least memory needs 545 GiB of 141"), std::string::npos);
+  EXPECT_NE(sec.find("<td>TP + PP + DP</td><td class=\"num\">20016</td><td class=\"fits\">yes"),
+            std::string::npos);
+  EXPECT_NE(sec.find("<th>clock</th><td class=\"num\">1238 s</td>"), std::string::npos);
+  EXPECT_NE(h.find("<a href=\"#search\">search</a>"), std::string::npos);
+  // A search without any fitting candidate says so; no search, no section and no nav entry.
+  json none = sample_report(2);
+  none["search"].erase("top");
+  EXPECT_NE(render_html(none).find("No candidate fits."), std::string::npos);
+  json plain = sample_report(2);
+  plain.erase("search");
+  EXPECT_EQ(render_html(plain).find("search"), std::string::npos);
+}
+
 TEST(Html, MemoryOverTheStepIsDrawnUnderItsTimeline) {
   json r = sample_report(2);
   json tl = r.at("timeline");
@@ -285,11 +347,14 @@ TEST(Html, EscapesEveryUserString) {
   r["memory"][0]["peak_phase"] = evil;
   r["drills"][0]["name"] = evil;
   r["plan"]["candidates"][0]["note"] = evil;
+  r["search"]["top"][0]["reason"] = evil;
+  r["search"]["families"][0]["why"] = evil;
+  r["search"]["families"][1]["config"]["config"] = evil;
   r["manifest"]["order"] = evil;
   const std::string h = render_html(r);
   EXPECT_EQ(h.find("<script"), std::string::npos);
   EXPECT_EQ(h.find(evil), std::string::npos);
-  EXPECT_GE(count(h, "&lt;script&gt;alert(1)&lt;/script&gt;&amp;&quot;"), 10u);
+  EXPECT_GE(count(h, "&lt;script&gt;alert(1)&lt;/script&gt;&amp;&quot;"), 13u);
   // Attribute context and odd bytes: quotes, control characters and invalid UTF-8.
   EXPECT_EQ(html::escape("a'b\"c"), "a&#39;b&quot;c");
   EXPECT_EQ(html::escape(std::string("x\x01y\xFFz\xC3\xA9\n")),
