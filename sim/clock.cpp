@@ -24,12 +24,13 @@ namespace shardcheck::sim {
 // them (a collective starts at the latest arrival, max of a rank's two streams; a message at the
 // later of the two posts, on the compute stream). One mutex; a representative blocks until its
 // op is met; when every live representative is blocked, the program's stages do not match
-// (a deadlock of the representatives) and every one of them throws.
+// (a deadlock of the representatives) and every one of them throws. Each meet wakes only its own
+// waiters (a pipeline of many stages would otherwise wake every representative per message); a
+// failure wakes them all.
 struct StageHub {
   std::function<int(int)> stage_of;
   std::vector<int> reps;
   std::mutex mu;
-  std::condition_variable cv;
   int live = 0, blocked = 0;
   std::string failure;  // set once: every waiter throws it
   struct Meet {
@@ -37,7 +38,9 @@ struct StageHub {
     int waiters = 0;  // representatives blocked on it (counted in `blocked` until it is done)
     double start = 0, end = 0;
     bool done = false;
+    std::condition_variable cv;  // its waiters'
   };
+  std::multiset<Meet*> waiting;  // the meets representatives are blocked on, once per waiter
   std::map<std::tuple<std::string, std::vector<int>, std::uint64_t>, std::shared_ptr<Meet>> meets;
   int first_failed = -1;  // the stage whose own error the world failed on
   std::map<std::tuple<int, int, int, std::uint64_t>, std::shared_ptr<Meet>> pairs;
@@ -52,22 +55,28 @@ struct StageHub {
           "StageWorld: every stage representative is blocked (the stages' programs do not "
           "match), the last at " +
           what;
-      cv.notify_all();
+      wake_all();
     }
-    cv.wait(lock, [&] { return m.done || !failure.empty(); });
+    const auto it = waiting.insert(&m);
+    m.cv.wait(lock, [&] { return m.done || !failure.empty(); });
+    waiting.erase(it);
     if (!m.done) throw std::logic_error(failure);
   }
   // Marks m done (lock held): its waiters are no longer blocked.
   void complete(Meet& m) {
     m.done = true;
     blocked -= m.waiters;
-    if (m.waiters > 0) cv.notify_all();
+    if (m.waiters > 0) m.cv.notify_all();
     m.waiters = 0;
+  }
+  // Wakes every blocked representative (lock held): after a failure, or a stage's end.
+  void wake_all() {
+    for (Meet* m : waiting) m->cv.notify_all();
   }
   void fail(const std::string& why) {
     const std::lock_guard<std::mutex> lock(mu);
     if (failure.empty()) failure = why;
-    cv.notify_all();
+    wake_all();
   }
 };
 
@@ -446,14 +455,14 @@ void StageWorld::run(const std::function<void(comm::Communicator&)>& program) {
         hub_->failure = std::string("StageWorld: stage ") + std::to_string(i) + ": " + e.what();
         hub_->first_failed = static_cast<int>(i);
       }
-      hub_->cv.notify_all();
+      hub_->wake_all();
     }
     const std::lock_guard<std::mutex> lock(hub_->mu);
     --hub_->live;
     if (hub_->blocked == hub_->live && hub_->live > 0 && hub_->failure.empty())
       hub_->failure = "StageWorld: stage " + std::to_string(i) +
                       " finished while every other stage waits on it";
-    hub_->cv.notify_all();
+    hub_->wake_all();
   };
   std::vector<std::thread> threads;
   for (std::size_t i = 0; i < n; ++i) {
@@ -464,7 +473,7 @@ void StageWorld::run(const std::function<void(comm::Communicator&)>& program) {
       {
         const std::lock_guard<std::mutex> lock(hub_->mu);
         hub_->live -= static_cast<int>(n - i);
-        hub_->cv.notify_all();
+        hub_->wake_all();
       }
       for (std::thread& t : threads) t.join();
       throw;
