@@ -182,8 +182,9 @@ void parallel_for(std::size_t n, unsigned threads, const F& f) {
   if (error) std::rethrow_exception(error);
 }
 
-// One order of a setting, its recompute modes lightest first: those built but over device
-// memory, then the first that fits, or why the rest is not built or not timed.
+// One order of a setting, its recompute modes lightest first (a heavier one that also fits only
+// adds compute): those built but over device memory, then the first that fits, or why the rest is
+// not built or not timed.
 struct Tried {
   std::vector<SearchCandidate> over;
   std::optional<SearchCandidate> fit;
