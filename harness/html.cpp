@@ -268,7 +268,7 @@ std::string plan_section(const Json& plan, const std::string& idp) {
          "<th>fits</th><th>tokens/s</th><th>MFU</th><th>links</th><th>note</th></tr>\n";
     for (const Json& c : *cands) {
       const Json* fits = field(c, "fits");
-      const bool nofit = fits && fits->is_boolean() && !fits->get<bool>();
+      const bool nofit = does_not_fit(fits);
       const Json* mesh = field(c, "mesh");
       o +=
           std::string("<tr") + (nofit ? " class=\"nofit\"" : "") + "><td>" +
@@ -277,11 +277,7 @@ std::string plan_section(const Json& plan, const std::string& idp) {
           "</td><td class=\"num\">" +
           (has_num(c, "memory_per_rank_bytes") ? escape(fmt_bytes(num(c, "memory_per_rank_bytes")))
                                                : cell(nullptr)) +
-          "</td><td class=\"fits\">" +
-          (!fits || !fits->is_boolean() ? cell(fits)
-           : nofit                      ? "no"
-                                        : "yes") +
-          "</td><td class=\"num\">" +
+          "</td><td class=\"fits\">" + fits_cell(fits) + "</td><td class=\"num\">" +
           (has_num(c, "tokens_per_s") ? fmt(num(c, "tokens_per_s"), "%.4g") : cell(nullptr)) +
           "</td><td class=\"num\">" +
           (has_num(c, "mfu") ? escape(pct(num(c, "mfu"))) : cell(nullptr)) + "</td><td>" +

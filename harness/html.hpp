@@ -48,6 +48,10 @@ struct Row {
 std::string kv_table(const Json& obj, const std::vector<Row>& rows,
                      const std::set<std::string>& skip, const std::string& more_rows = "");
 
+// A plan candidate's `fits`: false only when recorded false; its cell "yes" / "no", else as is.
+bool does_not_fit(const Json* fits);
+std::string fits_cell(const Json* fits);
+
 // The plan search section (html_search.cpp): report.json's `search` object.
 std::string search_section(const Json& search);
 

@@ -67,14 +67,10 @@ std::string search_section(const Json& s) {
     for (const Json& f : *fams) {
       const Json* c = object_of(f, "config");
       const Json* fits = field(f, "fits");
-      const bool nofit = fits && fits->is_boolean() && !fits->get<bool>();
+      const bool nofit = does_not_fit(fits);
       o += std::string("<tr") + (nofit ? " class=\"nofit\"" : "") + "><td>" +
            escape(str(f, "family")) + "</td><td class=\"num\">" + cell(field(f, "candidates")) +
-           "</td><td class=\"fits\">" +
-           (nofit                  ? "no"
-            : cell(fits) == "true" ? "yes"
-                                   : cell(fits)) +
-           "</td>" +
+           "</td><td class=\"fits\">" + fits_cell(fits) + "</td>" +
            (c ? search_candidate_cells(*c) : "<td colspan=\"7\">" + cell(nullptr) + "</td>") +
            "<td>" + escape(str(f, "why")) + "</td></tr>\n";
     }

@@ -216,6 +216,15 @@ std::string kv_table(const Json& obj, const std::vector<Row>& rows,
   return o + "</table>\n";
 }
 
+bool does_not_fit(const Json* fits) {
+  return fits && fits->is_boolean() && !fits->get<bool>();
+}
+
+std::string fits_cell(const Json* fits) {
+  if (!fits || !fits->is_boolean()) return cell(fits);
+  return fits->get<bool>() ? "yes" : "no";
+}
+
 std::string colour_for(const std::string& kind) {
   static constexpr std::array<std::pair<std::string_view, const char*>, 20> kKnown{{
       {"forward", "#4e79a7"},     {"backward", "#2b5c8a"},       {"optimizer", "#59a14f"},

@@ -193,8 +193,8 @@ struct Tried {
   std::string not_built, not_timed;
 };
 
-// A mesh's settings but the rank order and recompute (spec.order unset), and what each order
-// of them gives (tried, one per order).
+// A mesh's settings but the rank order and recompute (spec.order is the base's; every order of
+// the mesh is tried), and what each order of them gives (tried, one per order).
 struct Setting {
   ParallelSpec spec;
   int micro_batch = 1;
