@@ -14,6 +14,7 @@
 #include "parallel/costs.hpp"
 #include "parallel/flops.hpp"
 #include "parallel/layerwise.hpp"
+#include "parallel/mp/mesh_grad_units.hpp"
 #include "parallel/mp/mesh_residency.hpp"
 #include "parallel/mp/pipeline.hpp"
 
@@ -147,6 +148,17 @@ class SkeletonRun {
     classes_ = parallel::flat_classes(specs_, k_.zero_, [&](const LocalParam& p) {
       return k_.wrap_of_.at(parallel::unit_of(m, p.name));
     });
+    // ZeRO-3's buffers reduced every microbatch (mesh_grad_units.hpp) and each chunk's schedule.
+    namespace md = parallel::mesh_detail;
+    reduce_chunk_ = md::unit_reduce_chunks(m, plan_, pp(), v, stage_, k_.zero_, specs_, classes_);
+    unit_reduced_.assign(specs_.size(), false);
+    for (std::size_t ci = 0; ci < classes_.size(); ++ci)
+      for (const std::size_t i : classes_[ci].specs) unit_reduced_[i] = reduce_chunk_[ci] >= 0;
+    if (k_.zero_ == 3)
+      for (int c = 0; c < v; ++c)
+        schedules_.push_back(md::unit_reduce_schedule(m, k_.wrap_of_, plan_, c, virtual_stage(c),
+                                                      last_virtual_stage(), specs_, classes_,
+                                                      reduce_chunk_));
   }
 
   void run() {
@@ -203,9 +215,7 @@ class SkeletonRun {
       // SP's TP-replicated parameters over TP, then the optimizer's.
       sync_tied_embedding();
       if (sp() && tp_) {
-        int64_t n = 0;
-        for (const LocalParam& p : specs_)
-          if (p.tp_replicated) n += ref::numel_of(p.local_shape);
+        const int64_t n = numel_where([](const LocalParam& p) { return p.tp_replicated; }, true);
         if (n > 0) tp_->all_reduce(null_buf(count_of(n), numeric()))->wait();
       }
       if (!k_.no_shard_) reduce();
@@ -360,8 +370,10 @@ class SkeletonRun {
     const auto [first, last_layer] = plan_.chunk_layers[static_cast<std::size_t>(chunk)];
     const bool last = mb == microbatches_ - 1;
     const bool bf16 = sp_.train.precision == ref::Precision::kBf16;
+    std::size_t step = 0;  // mesh_grad_units.hpp's steps of the backward
     const auto complete = [&](const auto& pick) {
       if (!bf16 && ddp_overlap() && last) issue_bucket(pick, false);
+      unit_ready(chunk, step++);
     };
     begin_uses(mb, chunk, false);
     if (vs == last_virtual_stage()) {
@@ -388,18 +400,8 @@ class SkeletonRun {
       complete([](const LocalParam& p) { return p.name == "embed.weight"; });
     }
     end_uses();
-    if (bf16 && cp_) {  // round_microbatch_gradient: the CP ranks' partials summed first
-      int64_t n = 0;
-      for (const LocalParam& p : specs_)
-        if (!p.expert) n += ref::numel_of(p.local_shape);
-      if (n > 0) cp_->all_reduce(null_buf(count_of(n), numeric()))->wait();
-    }
-    if (bf16 && sp()) {  // mesh_bf16.hpp's round_microbatch_gradient: TP partials summed first
-      int64_t n = 0;
-      for (const LocalParam& p : specs_)
-        if (p.tp_replicated && !p.expert) n += ref::numel_of(p.local_shape);
-      if (n > 0) tp_->all_reduce(null_buf(count_of(n), numeric()))->wait();
-    }
+    finish_unit_reduce();
+    if (bf16) round_presums(true);
     if (k_.no_shard_) {  // each microbatch's gradient summed (all_reduce_picked, per class)
       for (const bool expert : {false, true}) {
         int64_t n = 0;
@@ -413,6 +415,67 @@ class SkeletonRun {
   }
 
   bool ddp_overlap() const { return sp_.mesh.overlap && k_.zero_ <= 1 && !k_.no_shard_; }
+
+  // Elements of the picked parameters among those reduced at the step's end (deferred) or not.
+  template <class Pick>
+  int64_t numel_where(const Pick& pick, bool deferred,
+                      const std::vector<std::size_t>* only = nullptr) const {
+    int64_t n = 0;
+    const auto add = [&](std::size_t i) {
+      if (unit_reduced_[i] != deferred && pick(spec(i))) n += ref::numel_of(spec(i).local_shape);
+    };
+    if (only != nullptr)
+      for (const std::size_t i : *only) add(i);
+    else
+      for (std::size_t i = 0; i < specs_.size(); ++i) add(i);
+    return n;
+  }
+
+  // mesh_bf16.hpp's round_microbatch_gradient over some parameters (`only`: one class's; else
+  // those reduced at the step's end): the CP ranks' and, under SP, the TP ranks' partials summed.
+  void round_presums(bool deferred, const std::vector<std::size_t>* only = nullptr) {
+    if (cp_) {
+      const int64_t n = numel_where([](const LocalParam& p) { return !p.expert; }, deferred, only);
+      if (n > 0) cp_->all_reduce(null_buf(count_of(n), numeric()))->wait();
+    }
+    if (sp()) {
+      const int64_t n = numel_where(
+          [](const LocalParam& p) { return p.tp_replicated && !p.expert; }, deferred, only);
+      if (n > 0) tp_->all_reduce(null_buf(count_of(n), numeric()))->wait();
+    }
+  }
+
+  // MeshImpl::unit_ready: each buffer the step completes is rounded (bf16), its TP-replicated
+  // parameters summed over TP (SP), and its reduce_scatter issued after the one in flight.
+  void unit_ready(int chunk, std::size_t step) {
+    if (schedules_.empty()) return;
+    for (const std::size_t ci : schedules_[static_cast<std::size_t>(chunk)].ready[step]) {
+      const std::vector<std::size_t>& only = classes_[ci].specs;
+      if (sp_.train.precision == ref::Precision::kBf16) round_presums(false, &only);
+      if (sp()) {
+        const int64_t n =
+            numel_where([](const LocalParam& p) { return p.tp_replicated; }, false, &only);
+        if (n > 0) tp_->all_reduce(null_buf(count_of(n), numeric()))->wait();
+      }
+      finish_unit_reduce();
+      in_flight_ = ci;
+      if (group_->size() > 1)
+        rs_work_ = group_->reduce_scatter(null_buf(count_of(padded(classes_[ci])), numeric()),
+                                          null_buf(count_of(shard(classes_[ci])), numeric()));
+    }
+  }
+  // MeshOptimizer::complete_unit_reduce of the one in flight.
+  void finish_unit_reduce() {
+    if (in_flight_ < 0) return;
+    if (rs_work_) rs_work_->wait();
+    rs_work_.reset();
+    if (replicas_ && replicas_->size() > 1)
+      replicas_
+          ->all_reduce(
+              null_buf(count_of(shard(classes_[static_cast<std::size_t>(in_flight_)])), numeric()))
+          ->wait();
+    in_flight_ = -1;
+  }
 
   // MeshImpl::issue_bucket: the picked gradients join the open bucket, which goes once it holds
   // bucket_elems elements (or at the chunk's end: flush).
@@ -456,6 +519,7 @@ class SkeletonRun {
       const FlatClass& c = classes_[ci];
       if (c.numel == 0) continue;
       if (k_.zero_ >= 2) {
+        if (reduce_chunk_[ci] >= 0) continue;  // reduced every microbatch (unit_ready)
         if (group_->size() > 1)
           group_
               ->reduce_scatter(null_buf(count_of(padded(c)), numeric()),
@@ -512,6 +576,13 @@ class SkeletonRun {
   std::size_t bucket_fill_ = 0;
   std::vector<bool> issued_spec_;
   std::vector<std::pair<std::size_t, comm::WorkPtr>> issued_;
+  // ZeRO-3 (mesh_grad_units.hpp): per class, the chunk reducing it every microbatch (-1: the
+  // step's end); per spec, whether its class is; each chunk's schedule; the class in flight.
+  std::vector<int> reduce_chunk_;
+  std::vector<bool> unit_reduced_;
+  std::vector<parallel::mesh_detail::UnitReduceSchedule> schedules_;
+  std::ptrdiff_t in_flight_ = -1;
+  comm::WorkPtr rs_work_;
 };
 
 void Skeleton::run(comm::Communicator& dp) const {

@@ -47,8 +47,9 @@ struct LedgerRow {
   // gathered units and the activations.
   std::size_t total() const { return model_state_at_peak() + gather_peak + activation_peak; }
   std::size_t gather_peak = 0;  // unsharded parameters held at once (ZeRO-3/FSDP), bytes
-  // Gradient bytes at their peak, during the backward (mesh ledger: the engine accumulates every
-  // local gradient in full until the step's reduction; ZeRO-2/3 shards it only then). 0: grads.
+  // Gradient bytes at their peak, during the backward (mesh ledger: the step's accumulator, in
+  // full until the step's reduction except ZeRO-3's shards of the buffers reduced every
+  // microbatch, plus the microbatch gradients the recipe keeps apart). 0: grads.
   std::size_t grad_peak = 0;
   std::size_t activation_peak = 0;  // activations of one microbatch at their peak (estimate)
   std::size_t padding_elems = 0;

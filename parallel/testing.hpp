@@ -42,6 +42,9 @@ enum class Mutation {
   // bf16 recipe, EP: an expert's microbatch gradient is rounded once over the tokens of every EP
   // peer, where the reference rounds each data rank's microbatch apart.
   kBf16ExpertsRoundedTogether,
+  // ZeRO-3 / FSDP (mesh_grad_units.hpp): a unit's per-microbatch reduce_scatter is issued one
+  // backward step before the backward has finished writing its gradient.
+  kUnitReducedEarly,
 };
 
 }  // namespace shardcheck::parallel::testing

@@ -82,7 +82,9 @@ void carry_once(const std::vector<LocalParam>& specs, comm::Communicator& g, con
 // ranks sharing a replicated kv head) are summed first, and one copy carries the sum; rounding
 // the partials instead would differ from the reference by far more than rounding noise where
 // they cancel. Expert gradients (experts: null without MoE) are summed over experts->group and
-// rounded per part, then added into grads; the parts are left zero.
+// rounded per part, then added into grads; the parts are left zero. `specs` may be any subset of
+// the rank's parameters (ZeRO-3: one flat buffer's, mesh_grad_units.hpp): only those are
+// touched, and every rank of each group passes the same subset.
 template <class T>
 void round_microbatch_gradient(const std::vector<LocalParam>& specs, comm::Communicator& cp,
                                comm::Communicator* kv, comm::Communicator* tp,
@@ -116,10 +118,11 @@ void round_microbatch_gradient(const std::vector<LocalParam>& specs, comm::Commu
     }
     for (ref::ParamMap<T>& part : parts) {
       round_experts(part);
-      for (auto& e : part) {
-        ref::add_inplace(grads[e.name], e.value);
-        e.value.fill(T{0});
-      }
+      for (const LocalParam& p : specs)
+        if (p.expert) {
+          ref::add_inplace(grads[p.name], part[p.name]);
+          part[p.name].fill(T{0});
+        }
     }
   }
 }

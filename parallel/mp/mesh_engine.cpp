@@ -17,6 +17,7 @@
 #include "parallel/mp/mesh_memory.hpp"
 #include "parallel/mp/mesh_residency.hpp"
 #include "parallel/mp/mesh_rows.hpp"
+#include "parallel/mp/mesh_unit_reducer.hpp"
 #include "parallel/mp/mesh_zero.hpp"
 #include "parallel/mp/tp_block.hpp"
 #include "parallel/testing.hpp"
@@ -124,6 +125,17 @@ class MeshImpl final : public MeshEngine::Impl {
         .recipe = recipe_,
         .planted = opt_.planted};
     zopt_ = std::make_unique<MeshOptimizer<T>>(std::move(env), specs_, params_);
+    units_ = std::make_unique<mesh_detail::UnitReducer<T>>(
+        typename mesh_detail::UnitReducer<T>::Setup{.model = &model_,
+                                                    .wrap_of = &wrap_of_,
+                                                    .plan = &plan_,
+                                                    .pp = opt_.shape.pp,
+                                                    .virtual_stages = opt_.virtual_stages,
+                                                    .stage = stage_,
+                                                    .zero = opt_.zero,
+                                                    .bytes_per_elem = recipe_.microbatch_grad,
+                                                    .planted = opt_.planted},
+        specs_, *zopt_, mem_);
     if (opt_.zero == 3) {
       const bool keep = f.sharding == ShardingStrategy::shard_grad_op || !f.reshard_after_forward;
       residency_ = std::make_unique<MeshResidency<T>>(
@@ -140,12 +152,13 @@ class MeshImpl final : public MeshEngine::Impl {
     world_.begin_step(steps_);
     prefix_ = "step " + std::to_string(steps_);
     mem_.set_phase(prefix_ + " begin");
-    const bool bf16 = train_.precision == ref::Precision::kBf16;
-    const auto local_elems = static_cast<std::size_t>(params_.numel());
-    comm::TrackedBytes grads_held(mem_, comm::MemCategory::grads, local_elems * recipe_.grad);
+    comm::TrackedBytes grads_held(
+        mem_, comm::MemCategory::grads,
+        static_cast<std::size_t>(zopt_->accumulated_grad_elems()) * recipe_.grad);
     comm::TrackedBytes mb_held;
     bucketed_.clear();
-    if (bf16 || no_shard_) {
+    zopt_->begin_accumulation();
+    if (microbatch_grads()) {
       mb_grads_ = params_.zeros_like();
       expert_parts_.assign(env_.ep_part_of_source.empty() ? 0 : experts_->parts, {});
       std::size_t part_elems = 0;
@@ -153,8 +166,10 @@ class MeshImpl final : public MeshEngine::Impl {
         for (const LocalParam& p : specs_)
           if (p.expert)
             part_elems += static_cast<std::size_t>(part.add(p.name, p.local_shape).numel());
-      mb_held = comm::TrackedBytes(mem_, comm::MemCategory::grads,
-                                   (local_elems + part_elems) * recipe_.microbatch_grad);
+      // ZeRO-3: the buffers reduced every microbatch are held one at a time (units_).
+      mb_held =
+          comm::TrackedBytes(mem_, comm::MemCategory::grads,
+                             (units_->deferred_elems() + part_elems) * recipe_.microbatch_grad);
     }
     for (auto& e : grads_) e.value.fill(T{0});
 
@@ -273,8 +288,30 @@ class MeshImpl final : public MeshEngine::Impl {
 
  private:
   const ref::ParamMap<T>& weights() const { return params_; }
-  ref::ParamMap<T>& grad_target() {
-    return train_.precision == ref::Precision::kBf16 || no_shard_ ? mb_grads_ : grads_;
+  // Whether the backward writes each microbatch's gradient apart (mb_grads_) before it is added
+  // into the step's accumulator: the bf16 recipe's rounding, FSDP no_shard's per-microbatch sum,
+  // ZeRO-3's per-microbatch reduce_scatter.
+  bool microbatch_grads() const {
+    return train_.precision == ref::Precision::kBf16 || no_shard_ || opt_.zero == 3;
+  }
+  ref::ParamMap<T>& grad_target() { return microbatch_grads() ? mb_grads_ : grads_; }
+
+  // ZeRO-3 (mesh_unit_reducer.hpp): a buffer the step completes is rounded (the bf16 recipe) and
+  // pre-summed as sync_gradients would (SP's TP-replicated, the replicated kv heads) before its
+  // reduce_scatter.
+  void unit_ready(int chunk, std::size_t step) {
+    units_->ready(chunk, step, mb_grads_, [&](const std::vector<LocalParam>& specs) {
+      if (train_.precision == ref::Precision::kBf16)
+        mesh_detail::round_microbatch_gradient(specs, *g_.cp, kv_.get(),
+                                               env_.sp() ? g_.tp.get() : nullptr, mb_grads_,
+                                               experts_.get(), expert_parts_);
+      if (env_.sp())
+        all_reduce_picked(
+            specs, *g_.tp, [](const LocalParam& p) { return p.tp_replicated; }, mb_grads_);
+      if (kv_)
+        all_reduce_picked(
+            specs, *kv_, [](const LocalParam& p) { return p.kv_replicas > 1; }, mb_grads_);
+    });
   }
 
   int virtual_stage(int chunk) const { return chunk * opt_.shape.pp + stage_; }
@@ -365,13 +402,20 @@ class MeshImpl final : public MeshEngine::Impl {
     // see them, then (f64/f32, DDP overlap, last microbatch) their all_reduce is issued. The bf16
     // recipe rounds the whole chunk's microbatch gradient first, so it issues at the chunk's end.
     const bool bf16 = train_.precision == ref::Precision::kBf16;
+    // The backward's steps (mesh_grad_units.hpp): each group of units used, then the embedding.
+    std::size_t step = 0;
+    const auto begin_step = [&] {
+      use();
+      units_->begin(chunk, step);
+    };
     const auto complete = [&](const typename MeshOptimizer<T>::Pick& pick) {
       check_gradients(mb, grads, pick);
       if (!bf16 && ddp_overlap() && mb == microbatches_ - 1) issue_bucket(pick, false);
+      unit_ready(chunk, step++);
     };
     std::vector<Tensor<T>> dxs;
     if (vs == last_virtual_stage()) {
-      use();
+      begin_step();
       for (int i = 0; i < mbs; ++i) {
         dxs.push_back(mp_head_backward(env_, weights(), seq(mb, i), ctx_.token_weight,
                                        cc.heads[static_cast<std::size_t>(i)], grads));
@@ -390,7 +434,7 @@ class MeshImpl final : public MeshEngine::Impl {
     // Layer by layer (each over the microbatch's sequences), so a layer's gradient is complete as
     // early as possible; every parameter still adds its sequences' contributions in order.
     for (int layer = last - 1; layer >= first; --layer) {
-      use();
+      begin_step();
       for (int i = 0; i < mbs; ++i) {
         auto& blocks = cc.blocks[static_cast<std::size_t>(i)];
         MpBlockCache<T>& bc = blocks[static_cast<std::size_t>(layer - first)];
@@ -411,6 +455,7 @@ class MeshImpl final : public MeshEngine::Impl {
     }
     Tensor<T> result;
     if (vs == 0) {
+      units_->begin(chunk, step);  // the embedding's backward uses no parameters
       for (int i = 0; i < mbs; ++i)
         mp_embed_backward(env_, seq(mb, i), dxs[static_cast<std::size_t>(i)], grads);
       complete([](const LocalParam& p) { return p.name == "embed.weight"; });
@@ -419,12 +464,15 @@ class MeshImpl final : public MeshEngine::Impl {
     }
     caches_.erase({mb, chunk});
     end_uses();
+    units_->finish();
+    // What the step's end reduces (ZeRO-3: the buffers not reduced above) joins the accumulator.
+    const std::vector<LocalParam>& whole = units_->deferred_specs();
     if (bf16) {
-      mesh_detail::round_microbatch_gradient(specs_, *g_.cp, kv_.get(),
+      mesh_detail::round_microbatch_gradient(whole, *g_.cp, kv_.get(),
                                              env_.sp() ? g_.tp.get() : nullptr, mb_grads_,
                                              experts_.get(), expert_parts_);
     }
-    if (bf16 || no_shard_) {
+    if (microbatch_grads()) {
       if (no_shard_) {  // FSDP no_shard: each microbatch's gradient summed after its backward
         const comm::ReduceOptions op = zopt_->sum();         // planted (tests): an average
         if (opt_.planted != testing::Mutation::kSkipBucket)  // planted: the dense unit left out
@@ -433,9 +481,9 @@ class MeshImpl final : public MeshEngine::Impl {
         all_reduce_picked(
             specs_, *expert_, [](const LocalParam& p) { return p.expert; }, mb_grads_, op);
       }
-      for (auto& e : mb_grads_) {
-        ref::add_inplace(grads_[e.name], e.value);
-        e.value.fill(T{0});
+      for (const LocalParam& p : whole) {
+        ref::add_inplace(grads_[p.name], mb_grads_[p.name]);
+        mb_grads_[p.name].fill(T{0});
       }
     }
     if (ddp_overlap() && mb == microbatches_ - 1)
@@ -529,12 +577,15 @@ class MeshImpl final : public MeshEngine::Impl {
 
   void sync_gradients() {
     sync_tied_embedding();
+    // ZeRO-3's buffers reduced every microbatch had these sums then (unit_ready).
     if (env_.sp())
       all_reduce_picked(
-          specs_, *g_.tp, [](const LocalParam& p) { return p.tp_replicated; }, grads_);
+          specs_, *g_.tp,
+          [&](const LocalParam& p) { return p.tp_replicated && units_->deferred(p); }, grads_);
     if (kv_)
       all_reduce_picked(
-          specs_, *kv_, [](const LocalParam& p) { return p.kv_replicas > 1; }, grads_);
+          specs_, *kv_,
+          [&](const LocalParam& p) { return p.kv_replicas > 1 && units_->deferred(p); }, grads_);
     if (!no_shard_) zopt_->reduce(grads_);
   }
 
@@ -565,7 +616,8 @@ class MeshImpl final : public MeshEngine::Impl {
   std::vector<ref::ParamMap<T>> expert_parts_;
   comm::TrackedBytes params_held_;
   std::unique_ptr<MeshOptimizer<T>> zopt_;
-  std::unique_ptr<MeshResidency<T>> residency_;  // zero 3
+  std::unique_ptr<MeshResidency<T>> residency_;         // zero 3
+  std::unique_ptr<mesh_detail::UnitReducer<T>> units_;  // zero 3: per-microbatch reductions
   std::string prefix_;
   int steps_ = 0;
   ref::StepContext ctx_;

@@ -15,6 +15,7 @@
 #include "comm/memory.hpp"
 #include "parallel/layerwise.hpp"
 #include "parallel/mp/mesh_bf16.hpp"
+#include "parallel/mp/mesh_grad_units.hpp"
 #include "parallel/mp/mesh_residency.hpp"
 #include "parallel/mp/mesh_zero.hpp"
 
@@ -137,14 +138,27 @@ LedgerRow mesh_ledger(const ref::ModelConfig& model, const ref::TrainConfig& tra
   const bool hybrid = o.fsdp && f.sharding == ShardingStrategy::hybrid_shard;
   const int dense = (hybrid ? f.shard_group_size : o.shape.dp) * cp;
   const int expert = hybrid ? std::gcd(dense, edp) : edp;  // edp = dp x cp / ep
+  const int pp = o.shape.pp, stage = mesh.coord(world_rank, comm::Axis::pp);
+  const StagePlan plan = stage_plan(model, pp, o.virtual_stages, stage);
   LedgerRow row;
-  int64_t numel = 0, shards = 0;
+  // accumulated: what the step's gradient accumulator holds (ZeRO-3: the shards of the buffers
+  // reduced every microbatch, mesh_grad_units.hpp); whole: the elements written into it at a
+  // chunk's end (ZeRO-3: the other buffers).
+  int64_t numel = 0, shards = 0, accumulated = 0, whole = 0;
   std::map<int, int64_t> unit_sizes;
-  for (const FlatClass& c : flat_classes(specs, o.zero, wrap_unit)) {
+  const std::vector<FlatClass> classes = flat_classes(specs, o.zero, wrap_unit);
+  const std::vector<int> reduce_chunk = mesh_detail::unit_reduce_chunks(
+      model, plan, pp, o.virtual_stages, stage, o.zero, specs, classes);
+  std::vector<int64_t> class_elems;
+  for (std::size_t ci = 0; ci < classes.size(); ++ci) {
+    const FlatClass& c = classes[ci];
     const int d = c.expert ? expert : dense;
     const int64_t sh = shard_elems(c.numel, d, o.zero);
     numel += c.numel;
     shards += sh;
+    accumulated += reduce_chunk[ci] >= 0 ? sh : c.numel;
+    whole += reduce_chunk[ci] >= 0 ? 0 : c.numel;
+    class_elems.push_back(c.numel);
     if (d > 1) unit_sizes[c.unit] += sh * d;
     if (o.zero > 0) row.padding_elems += static_cast<std::size_t>(sh * d - c.numel);
   }
@@ -152,7 +166,18 @@ LedgerRow mesh_ledger(const ref::ModelConfig& model, const ref::TrainConfig& tra
   row.grads = static_cast<std::size_t>(o.zero >= 2 ? shards : numel) * r.grad;
   row.optimizer = static_cast<std::size_t>(shards) * r.optimizer();
   const bool microbatch_grads = train.precision == ref::Precision::kBf16 ||
-                                (o.fsdp && f.sharding == ShardingStrategy::no_shard);
+                                (o.fsdp && f.sharding == ShardingStrategy::no_shard) || o.zero == 3;
+  // ZeRO-3: the unsharded microbatch gradients of the buffers reduced during a backward, at their
+  // most in any chunk's.
+  int64_t unit_peak = 0;
+  if (o.zero == 3)
+    for (int c = 0; c < o.virtual_stages; ++c)
+      unit_peak =
+          std::max(unit_peak, mesh_detail::unit_reduce_peak(
+                                  mesh_detail::unit_reduce_schedule(
+                                      model, wrap, plan, c, c * pp + stage,
+                                      pp * o.virtual_stages - 1, specs, classes, reduce_chunk),
+                                  class_elems));
   // bf16 with MoE: the microbatch's expert gradients kept per data rank until rounded
   // (mesh_bf16.hpp), as many as the engine's parts.
   int64_t part_elems = 0;
@@ -162,13 +187,12 @@ LedgerRow mesh_ledger(const ref::ModelConfig& model, const ref::TrainConfig& tra
         part_elems +=
             mesh_detail::expert_part_count(mesh, world_rank) * ref::numel_of(p.local_shape);
   row.grad_peak =
-      static_cast<std::size_t>(numel) * (r.grad + (microbatch_grads ? r.microbatch_grad : 0)) +
-      static_cast<std::size_t>(part_elems) * r.microbatch_grad;
+      static_cast<std::size_t>(accumulated) * r.grad +
+      static_cast<std::size_t>((microbatch_grads ? whole : 0) + part_elems + unit_peak) *
+          r.microbatch_grad;
 
   // The pipeline schedule replayed: units gathered and freed, activations kept from each
   // (microbatch, chunk) forward to its backward.
-  const int pp = o.shape.pp, stage = mesh.coord(world_rank, comm::Axis::pp);
-  const StagePlan plan = stage_plan(model, pp, o.virtual_stages, stage);
   const int microbatches = static_cast<int>(train.global_batch / o.shape.dp / train.micro_batch);
   comm::MemoryTracker mem;
   std::unique_ptr<mesh_detail::Residency<CountedGathers>> res;

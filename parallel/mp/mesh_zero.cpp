@@ -146,25 +146,19 @@ void MeshOptimizer<T>::reduce(ref::ParamMap<T>& grads) {
   for (Class& c : classes_) {
     comm::Communicator& g = *c.group;
     if (c.numel == 0) continue;
+    const auto ci = static_cast<std::size_t>(&c - classes_.data());
     if (env_.zero >= 2) {
+      if (!each_microbatch_.empty() && each_microbatch_[ci]) continue;
       std::vector<T> flat = pack(c, grads, 0, c.numel);
       flat.resize(static_cast<std::size_t>(c.shard * g.size()), T{0});
       const comm::TrackedBytes tmp(*mem_, MemCategory::temporary, flat.size() * sizeof(T));
-      const bool skip = env_.planted == testing::Mutation::kSkipBucket &&
-                        &c == &classes_[classes_.size() / 2];  // one unit left unreduced
-      if (g.size() > 1 && !skip) g.reduce_scatter(comm::view(std::span<T>(flat)), sum())->wait();
-      auto at = static_cast<std::ptrdiff_t>(c.shard * g.rank());
-      if (env_.planted == testing::Mutation::kWrongShardOffset)
-        at = static_cast<std::ptrdiff_t>(g.rank() * (c.numel / g.size()));
-      c.grad.assign(flat.begin() + at, flat.begin() + at + c.shard);
-      if (c.replicas != nullptr && c.replicas->size() > 1 &&
-          env_.planted != testing::Mutation::kSkipReplicaSum)
-        c.replicas->all_reduce(std::span<T>(c.grad))->wait();
+      if (g.size() > 1 && !skipped(c))
+        g.reduce_scatter(comm::view(std::span<T>(flat)), sum())->wait();
+      c.grad = own_shard(c, flat);
       continue;
     }
     if (g.size() == 1) continue;
     // What issue_reduce has not sent yet, in flat order.
-    const auto ci = static_cast<std::size_t>(&c - classes_.data());
     const auto rest = ranges(c, [&](const LocalParam& p) {
       return issued_spec_.empty() || !issued_spec_[static_cast<std::size_t>(&p - specs_.data())];
     });
@@ -205,6 +199,55 @@ void MeshOptimizer<T>::reduce(ref::ParamMap<T>& grads) {
 }
 
 template <class T>
+std::vector<T> MeshOptimizer<T>::own_shard(const Class& c, const std::vector<T>& flat) const {
+  const comm::Communicator& g = *c.group;
+  auto at = static_cast<std::ptrdiff_t>(c.shard * g.rank());
+  if (env_.planted == testing::Mutation::kWrongShardOffset)
+    at = static_cast<std::ptrdiff_t>(g.rank() * (c.numel / g.size()));
+  std::vector<T> shard(flat.begin() + at, flat.begin() + at + c.shard);
+  if (c.replicas != nullptr && c.replicas->size() > 1 &&
+      env_.planted != testing::Mutation::kSkipReplicaSum)
+    c.replicas->all_reduce(std::span<T>(shard))->wait();
+  return shard;
+}
+
+template <class T>
+void MeshOptimizer<T>::reduce_each_microbatch(std::vector<bool> classes) {
+  each_microbatch_ = std::move(classes);
+}
+
+template <class T>
+void MeshOptimizer<T>::begin_accumulation() {
+  for (std::size_t ci = 0; ci < classes_.size(); ++ci)
+    if (!each_microbatch_.empty() && each_microbatch_[ci])
+      classes_[ci].grad.assign(static_cast<std::size_t>(classes_[ci].shard), T{0});
+}
+
+template <class T>
+typename MeshOptimizer<T>::UnitReduce MeshOptimizer<T>::issue_unit_reduce(std::size_t cls,
+                                                                          ref::ParamMap<T>& grads) {
+  Class& c = classes_.at(cls);
+  UnitReduce r;
+  r.cls = cls;
+  r.flat = pack(c, grads, 0, c.numel);
+  for (const std::size_t k : c.specs) grads[specs_[k].name].fill(T{0});
+  r.flat.resize(static_cast<std::size_t>(c.shard * c.group->size()), T{0});
+  r.tmp = comm::TrackedBytes(*mem_, MemCategory::temporary, r.flat.size() * sizeof(T));
+  if (c.group->size() > 1 && !skipped(c))
+    r.work = c.group->reduce_scatter(comm::view(std::span<T>(r.flat)), sum());
+  return r;
+}
+
+template <class T>
+void MeshOptimizer<T>::complete_unit_reduce(UnitReduce& r) {
+  if (r.work) r.work->wait();
+  Class& c = classes_.at(r.cls);
+  const std::vector<T> shard = own_shard(c, r.flat);
+  for (std::size_t i = 0; i < shard.size(); ++i) c.grad[i] += shard[i];
+  r = UnitReduce{};
+}
+
+template <class T>
 void MeshOptimizer<T>::issue_reduce(const ref::ParamMap<T>& grads, const Pick& pick) {
   if (env_.zero >= 2) return;  // reduce_scatter once per step, after the pipeline flush
   if (issued_spec_.empty()) issued_spec_.assign(specs_.size(), false);
@@ -228,6 +271,15 @@ void MeshOptimizer<T>::issue_reduce(const ref::ParamMap<T>& grads, const Pick& p
     is.work = c.group->all_reduce(comm::view(std::span<T>(is.flat)), sum());
     issued_.push_back(std::move(is));
   }
+}
+
+template <class T>
+int64_t MeshOptimizer<T>::accumulated_grad_elems() const {
+  int64_t n = 0;
+  for (std::size_t ci = 0; ci < classes_.size(); ++ci)
+    n +=
+        !each_microbatch_.empty() && each_microbatch_[ci] ? classes_[ci].shard : classes_[ci].numel;
+  return n;
 }
 
 template <class T>

@@ -15,7 +15,10 @@
 //           per step, after the pipeline flush), so grads shrink to S from the reduction on.
 //   zero 3: as 2, but the parameters are sharded too (FSDP): each class is cut further by wrap
 //           unit (Env::unit_of), and each unit's flat buffer (FSDP's FlatParameter) is padded and
-//           sharded on its own. Between uses a rank keeps only its owned range of each unit (the
+//           sharded on its own. Its gradient is reduce_scattered every microbatch, as soon as
+//           the backward has written it (issue_unit_reduce; which buffers and when:
+//           mesh_grad_units.hpp), and only the shard is accumulated; buffers two chunks write
+//           (the tied embedding under a pipeline) are reduced at the step's end as under zero 2. Between uses a rank keeps only its owned range of each unit (the
 //           rest of its local slices is poisoned with NaN, so a use without a gather cannot pass
 //           parity); the engine (mesh_residency.hpp) calls issue_gather() / complete_gather()
 //           for a unit before its use and release_unit() after. One all_gather per unit and
@@ -101,6 +104,26 @@ class MeshOptimizer {
   // same parameters in the same order. The buffers stay untouched until reduce(). Each element is
   // summed as one reduce() would sum it (rank order on the simulator): the same bits.
   void issue_reduce(const ref::ParamMap<T>& grads, const Pick& pick);
+  // zero 3 (mesh_grad_units.hpp): the classes (flat_classes' order) whose gradient is
+  // reduce_scattered every microbatch during the backward; reduce() leaves them out.
+  void reduce_each_microbatch(std::vector<bool> classes);
+  // Before a step's first backward: the shards those reductions accumulate into are zeroed.
+  void begin_accumulation();
+  // One microbatch's reduce_scatter of class `cls`, in flight: its packed (padded) gradient.
+  struct UnitReduce {
+    std::size_t cls = 0;
+    std::vector<T> flat;
+    comm::WorkPtr work;
+    comm::TrackedBytes tmp;
+  };
+  // Packs class cls's gradient out of grads (which it zeroes) and issues its reduce_scatter;
+  // complete_unit_reduce waits, adds the rank's shard into the accumulated one (hybrid_shard:
+  // after its all_reduce over the replicas).
+  UnitReduce issue_unit_reduce(std::size_t cls, ref::ParamMap<T>& grads);
+  void complete_unit_reduce(UnitReduce& r);
+  // Gradient elements this rank accumulates over a step's microbatches: the shard of each class
+  // reduced every microbatch, every element of the others.
+  int64_t accumulated_grad_elems() const;
   // Elements of reduced gradient this rank keeps after reduce() (zero 2/3: the shards).
   int64_t reduced_grad_elems() const;
   // Sum of squares of the reduced gradient elements this rank counts.
@@ -178,6 +201,13 @@ class MeshOptimizer {
   // Flat ranges [begin, end) of the picked parameters of c, contiguous ones merged.
   std::vector<std::pair<int64_t, int64_t>> ranges(const Class& c, const Pick& pick) const;
   void release_class(const Class& c, ref::ParamMap<T>& params) const;
+  // zero >= 2: the rank's shard of a reduce_scattered (padded) class buffer, summed over the
+  // replicas (hybrid_shard); planted kWrongShardOffset / kSkipReplicaSum (tests).
+  std::vector<T> own_shard(const Class& c, const std::vector<T>& flat) const;
+  // planted kSkipBucket (zero >= 2): the class left unreduced.
+  bool skipped(const Class& c) const {
+    return env_.planted == testing::Mutation::kSkipBucket && &c == &classes_[classes_.size() / 2];
+  }
 
   // One issue_reduce bucket of one class, in flight until reduce().
   struct Issued {
@@ -192,7 +222,8 @@ class MeshOptimizer {
   std::vector<LocalParam> specs_;
   std::vector<Class> classes_;
   std::vector<Issued> issued_;
-  std::vector<bool> issued_spec_;  // by index into specs_: summed by an Issued bucket
+  std::vector<bool> issued_spec_;      // by index into specs_: summed by an Issued bucket
+  std::vector<bool> each_microbatch_;  // by class: reduced by issue_unit_reduce
   comm::MemoryTracker* mem_ = nullptr;
   std::size_t tracked_ = 0;
   int t_ = 0;

@@ -39,7 +39,11 @@ std::vector<Case> ledger_cases() {
   keep.schedule = PipeSchedule::interleaved;
   keep.virtual_stages = 2;
   keep.fsdp = FsdpOptions{.sharding = ShardingStrategy::shard_grad_op, .prefetch = 1};
-  return {{"tp2", mesh({.tp = 2})},
+  MeshOptions sp_fsdp = sp;
+  sp_fsdp.fsdp = FsdpOptions{.prefetch = 1};
+  return {{"dp4 zero3 tied", zero(mesh({.dp = 4}), 3)},
+          {"dp2-tp2 sp fsdp", sp_fsdp},
+{"tp2", mesh({.tp = 2})},
           {"dp2-tp2 sp", sp},
           {"dp2-pp2 interleaved zero1", inter},
           {"tp2-pp2 gpipe", gpipe},
@@ -105,12 +109,30 @@ TEST(MeshLedger, Bf16ExpertPartsInTheGradientPeak) {
   Scenario s = mesh_moe();
   s.train.precision = ref::Precision::kBf16;
   for (const MeshOptions& o : {mesh({.dp = 2, .ep = 2}), mesh({.dp = 4, .ep = 4}),
-                               mesh({.dp = 2, .cp = 2, .ep = 2}), mesh({.dp = 2})}) {
+                               mesh({.dp = 2, .cp = 2, .ep = 2}), mesh({.dp = 2}),
+                               zero(mesh({.dp = 2, .ep = 2}), 3), zero(mesh({.dp = 4}), 3)}) {
     const std::vector<RankMemory> got = mesh_memory(s, o);
     const std::vector<LedgerRow> want = mesh_ledger_ranks(s.model, s.train, o);
     for (std::size_t r = 0; r < got.size(); ++r)
       EXPECT_EQ(of(got[r].peaks, comm::MemCategory::grads), want[r].grad_peak)
           << "dp" << o.shape.dp << " cp" << o.shape.cp << " ep" << o.shape.ep << " rank " << r;
+  }
+}
+
+// ZeRO-3 / FSDP reduce-scatter each unit's microbatch gradient during the backward
+// (mesh_grad_units.hpp): the gradient peak is the accumulated shards and the unsharded gradients
+// of at most two units at once, far below ZeRO-2's full accumulator, in f64 and in bf16.
+TEST(MeshLedger, Zero3HoldsAUnitsGradientNotTheModels) {
+  Scenario s = mesh_dense();
+  s.model.layers = 16;
+  for (const ref::Precision precision : {ref::Precision::kF64, ref::Precision::kBf16}) {
+    s.train.precision = precision;
+    const LedgerRow z2 = mesh_ledger(s.model, s.train, zero(mesh({.dp = 4}), 2), 0);
+    const LedgerRow z3 = mesh_ledger(s.model, s.train, zero(mesh({.dp = 4}), 3), 0);
+    EXPECT_EQ(z3.grads, z2.grads);  // the reduced shards when the optimizer runs
+    EXPECT_LT(z3.grad_peak, z2.grad_peak / 2) << ref::to_string(precision);
+    std::printf("%s grad peak: zero2 %zu B, zero3 %zu B (shards %zu B)\n",
+                ref::to_string(precision).c_str(), z2.grad_peak, z3.grad_peak, z3.grads);
   }
 }
 

@@ -140,6 +140,8 @@ TEST(MeshEngineMutations, EveryPlantedBugIsCaught) {
        mesh({.dp = 4, .ep = 2})},
       {testing::Mutation::kLocalNormClip, "clipping by the local norm", false,
        mesh({.dp = 2, .tp = 2})},
+      {testing::Mutation::kUnitReducedEarly, "ZeRO-3 unit reduced before complete", false,
+       zero(mesh({.dp = 2, .tp = 2, .pp = 2}), 3)},
   };
   for (const MutationCase& c : cases) {
     const Scenario s = c.moe ? mesh_moe() : mesh_dense();

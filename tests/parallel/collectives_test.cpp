@@ -79,7 +79,8 @@ TEST(DataParallelMesh, CollectivesPerStep) {
   EXPECT_EQ(z2.reduce_scatter_elems, padded(n, kWorld));
   EXPECT_EQ(z2.all_gather, 1);
 
-  // ZeRO-3, one unit per block plus the embedding and the head (final norm; the LM head is tied).
+  // ZeRO-3, one unit per block plus the embedding and the head (final norm; the LM head is tied),
+  // each microbatch's gradient of each unit reduce_scattered during its backward.
   std::size_t units = 0;
   for (int u = 0; u < unit_count(s.model); ++u) {
     std::size_t e = 0;
@@ -89,8 +90,8 @@ TEST(DataParallelMesh, CollectivesPerStep) {
   }
   const Seen z3 = step_collectives(s, kWorld, {.strategy = Strategy::zero3});
   const int layers = s.model.layers;
-  EXPECT_EQ(z3.reduce_scatter, layers + 2);
-  EXPECT_EQ(z3.reduce_scatter_elems, units);
+  EXPECT_EQ(z3.reduce_scatter, microbatches * (layers + 2));
+  EXPECT_EQ(z3.reduce_scatter_elems, microbatches * units);
   EXPECT_EQ(z3.all_reduce, 0);
   // Per microbatch: forward the embedding, each block and the head (the tied head reuses the
   // embedding's gather); backward the head and the embedding again, then each block.
