@@ -134,10 +134,13 @@ void explain(PlanResult& r) {
       }
     }
     if (c.eval.asymmetric) n += "; groups differ in size or link, times are an upper bound";
-    if (c.strategy != "ddp" && c.strategy != "zero1" && c.strategy != "fsdp:no_shard")
+    const bool sharded = c.spec.fsdp.has_value() && *c.spec.fsdp != "no_shard";
+    if (sharded || c.spec.zero == 3)
+      n += "; each unit's gradient is reduce-scattered every microbatch during the backward "
+           "(PyTorch FSDP's default), only the shards accumulate";
+    else if (c.spec.zero == 2)
       n += "; gradients accumulate in a full local buffer and are reduce-scattered once per step "
-           "(the engine's, as Megatron's grad buffer; PyTorch FSDP reduce-scatters each "
-           "microbatch and holds shards only)";
+           "(Megatron's grad buffer)";
     if (c.spec.mesh.pp > 1)
       n += "; pipeline bubble " + fmt("%.1f", 100.0 * c.bubble_fraction) + "% (formula " +
            fmt("%.1f", 100.0 * c.bubble_formula) + "%)";

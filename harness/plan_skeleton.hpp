@@ -4,7 +4,8 @@
 // parallelism; untimed_reason() says which meshes it does not cover yet), sized for the real
 // model, with null buffers and real counts. Its layout and order come from the engine's own
 // pieces: its parameters (local_params), stage plans, flat buffers and shards (flat_classes),
-// ZeRO-3 / FSDP residency (Residency over chunk_uses), pipeline messages (pipeline_events), the
+// ZeRO-3 / FSDP residency (Residency over chunk_uses) and per-microbatch unit reductions
+// (mesh_grad_units.hpp), pipeline messages (pipeline_events), the
 // gradients a chunk writes (chunk_writes), and its compute reports (parallel/costs.hpp); what it
 // writes itself (the step's order, the bucket fill, the collectives inside a block) is checked
 // against the engine by the conformance test (harness/conformance.hpp: the op logs of both runs

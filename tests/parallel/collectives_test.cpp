@@ -3,7 +3,7 @@
 // built here from the flat buffer sizes alone: DDP / ZeRO-1 all_reduce every gradient element
 // once (in buckets), ZeRO-2 reduce_scatters the padded buffer once per step and ZeRO-1/2
 // all_gather the updated parameters; ZeRO-3 all_gathers each wrap unit before each use (forward
-// and backward of every microbatch) and reduce_scatters each unit once per step.
+// and backward of every microbatch) and reduce_scatters each unit's gradient every microbatch.
 #include <gtest/gtest.h>
 
 #include <string>
