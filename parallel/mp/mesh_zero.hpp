@@ -18,14 +18,15 @@
 //           sharded on its own. Its gradient is reduce_scattered every microbatch, as soon as
 //           the backward has written it (issue_unit_reduce; which buffers and when:
 //           mesh_grad_units.hpp), and only the shard is accumulated; buffers two chunks write
-//           (the tied embedding under a pipeline) are reduced at the step's end as under zero 2. Between uses a rank keeps only its owned range of each unit (the
-//           rest of its local slices is poisoned with NaN, so a use without a gather cannot pass
-//           parity); the engine (mesh_residency.hpp) calls issue_gather() / complete_gather()
-//           for a unit before its use and release_unit() after. One all_gather per unit and
-//           class (bf16 recipe: in bf16); no all_gather after the update (the owner keeps its
-//           shard). hybrid_shard: the shards live on a shard group inside each class's group and
-//           are replicated across the others (Env::*_replicas): the reduce_scatter runs in the
-//           shard group, then an all_reduce of the shard over the replicas; replica 0 counts.
+//           (the tied embedding under a pipeline) are reduced at the step's end as under zero 2.
+//           Between uses a rank keeps only its owned range of each unit (the rest of its local
+//           slices is poisoned with NaN, so a use without a gather cannot pass parity); the engine
+//           (mesh_residency.hpp) calls issue_gather() / complete_gather() for a unit before its use
+//           and release_unit() after. One all_gather per unit and class (bf16 recipe: in bf16); no
+//           all_gather after the update (the owner keeps its shard). hybrid_shard: the shards live
+//           on a shard group inside each class's group and are replicated across the others
+//           (Env::*_replicas): the reduce_scatter runs in the shard group, then an all_reduce of
+//           the shard over the replicas; replica 0 counts.
 // Every element is counted once in the world (norm, full_params, export): by its shard owner
 // (zero >= 1) or the group's rank 0 (zero 0), never on the tied embedding's last-stage copy, and
 // TP-replicated parameters only on TP rank 0.

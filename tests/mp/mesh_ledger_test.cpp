@@ -43,7 +43,7 @@ std::vector<Case> ledger_cases() {
   sp_fsdp.fsdp = FsdpOptions{.prefetch = 1};
   return {{"dp4 zero3 tied", zero(mesh({.dp = 4}), 3)},
           {"dp2-tp2 sp fsdp", sp_fsdp},
-{"tp2", mesh({.tp = 2})},
+          {"tp2", mesh({.tp = 2})},
           {"dp2-tp2 sp", sp},
           {"dp2-pp2 interleaved zero1", inter},
           {"tp2-pp2 gpipe", gpipe},
@@ -108,9 +108,9 @@ TEST(MeshLedger, BoundsMoeActivations) {
 TEST(MeshLedger, Bf16ExpertPartsInTheGradientPeak) {
   Scenario s = mesh_moe();
   s.train.precision = ref::Precision::kBf16;
-  for (const MeshOptions& o : {mesh({.dp = 2, .ep = 2}), mesh({.dp = 4, .ep = 4}),
-                               mesh({.dp = 2, .cp = 2, .ep = 2}), mesh({.dp = 2}),
-                               zero(mesh({.dp = 2, .ep = 2}), 3), zero(mesh({.dp = 4}), 3)}) {
+  for (const MeshOptions& o :
+       {mesh({.dp = 2, .ep = 2}), mesh({.dp = 4, .ep = 4}), mesh({.dp = 2, .cp = 2, .ep = 2}),
+        mesh({.dp = 2}), zero(mesh({.dp = 2, .ep = 2}), 3), zero(mesh({.dp = 4}), 3)}) {
     const std::vector<RankMemory> got = mesh_memory(s, o);
     const std::vector<LedgerRow> want = mesh_ledger_ranks(s.model, s.train, o);
     for (std::size_t r = 0; r < got.size(); ++r)
