@@ -6,77 +6,57 @@
 #include "sim/clock.hpp"
 
 #include <algorithm>
-#include <condition_variable>
 #include <deque>
 #include <exception>
 #include <map>
-#include <mutex>
 #include <set>
 #include <stdexcept>
-#include <system_error>
-#include <thread>
 #include <tuple>
+
+#include "sim/fiber.hpp"
 
 namespace shardcheck::sim {
 
 // Where the representatives of a StageWorld meet: the collectives of groups spanning stages and
 // the point-to-point messages between stages, timed as sim/communicator.cpp and sim/p2p.cpp time
 // them (a collective starts at the latest arrival, max of a rank's two streams; a message at the
-// later of the two posts, on the compute stream). One mutex; a representative blocks until its
-// op is met; when every live representative is blocked, the program's stages do not match
-// (a deadlock of the representatives) and every one of them throws. Each meet wakes only its own
-// waiters (a pipeline of many stages would otherwise wake every representative per message); a
-// failure wakes them all.
+// later of the two posts, on the compute stream). The representatives are fibers of one thread
+// (sim/fiber.hpp): a representative suspends until its op is met; when every unfinished one is
+// suspended, the program's stages do not match (a deadlock of the representatives), and every one
+// of them throws.
 struct StageHub {
   std::function<int(int)> stage_of;
   std::vector<int> reps;
-  std::mutex mu;
-  int live = 0, blocked = 0;
-  std::string failure;  // set once: every waiter throws it
+  std::string failure;     // set once: every waiter throws it
+  std::string last_wait;   // what the last representative to suspend waits for
+  int just_finished = -1;  // the stage that returned last, when none has suspended since
   struct Meet {
     int expected = 0, arrived = 0;
-    int waiters = 0;  // representatives blocked on it (counted in `blocked` until it is done)
     double start = 0, end = 0;
     bool done = false;
-    std::condition_variable cv;  // its waiters'
   };
-  std::multiset<Meet*> waiting;  // the meets representatives are blocked on, once per waiter
   std::map<std::tuple<std::string, std::vector<int>, std::uint64_t>, std::shared_ptr<Meet>> meets;
   int first_failed = -1;  // the stage whose own error the world failed on
   std::map<std::tuple<int, int, int, std::uint64_t>, std::shared_ptr<Meet>> pairs;
 
-  // Blocks (lock held) until m is done or the world has failed.
-  void await(std::unique_lock<std::mutex>& lock, Meet& m, const std::string& what) {
-    if (m.done) return;
-    ++blocked;
-    ++m.waiters;
-    if (blocked == live && failure.empty()) {
-      failure =
-          "StageWorld: every stage representative is blocked (the stages' programs do not "
-          "match), the last at " +
-          what;
-      wake_all();
+  // Suspends this representative until m is done or the world has failed.
+  void await(Meet& m, const std::string& what) {
+    if (!m.done && failure.empty()) {
+      last_wait = what;
+      just_finished = -1;
+      Fibers::wait_until([&] { return m.done || !failure.empty(); });
     }
-    const auto it = waiting.insert(&m);
-    m.cv.wait(lock, [&] { return m.done || !failure.empty(); });
-    waiting.erase(it);
     if (!m.done) throw std::logic_error(failure);
   }
-  // Marks m done (lock held): its waiters are no longer blocked.
-  void complete(Meet& m) {
-    m.done = true;
-    blocked -= m.waiters;
-    if (m.waiters > 0) m.cv.notify_all();
-    m.waiters = 0;
-  }
-  // Wakes every blocked representative (lock held): after a failure, or a stage's end.
-  void wake_all() {
-    for (Meet* m : waiting) m->cv.notify_all();
-  }
-  void fail(const std::string& why) {
-    const std::lock_guard<std::mutex> lock(mu);
-    if (failure.empty()) failure = why;
-    wake_all();
+  // When every unfinished representative waits: fail the world (each waiter then throws).
+  void stuck() {
+    if (!failure.empty()) return;
+    failure = just_finished >= 0
+                  ? "StageWorld: stage " + std::to_string(just_finished) +
+                        " finished while every other stage waits on it"
+                  : "StageWorld: every stage representative is blocked (the stages' programs do "
+                    "not match), the last at " +
+                        last_wait;
   }
 };
 
@@ -112,11 +92,8 @@ class MeetWork final : public comm::Work {
   MeetWork(std::shared_ptr<ClockState> s, std::shared_ptr<StageHub::Meet> m, std::string what)
       : state_(std::move(s)), meet_(std::move(m)), what_(std::move(what)) {}
   void wait() override {
-    StageHub& hub = *state_->hub;
-    std::unique_lock<std::mutex> lock(hub.mu);
-    hub.await(lock, *meet_, what_);
+    state_->hub->await(*meet_, what_);
     const double start = meet_->start, end = meet_->end;
-    lock.unlock();
     state_->compute = std::max(state_->compute, end);
     if (!counted_ && !state_->steps.empty()) {
       state_->steps.back().comm_busy += end - start;
@@ -124,10 +101,7 @@ class MeetWork final : public comm::Work {
     }
     counted_ = true;
   }
-  bool is_completed() override {
-    const std::lock_guard<std::mutex> lock(state_->hub->mu);
-    return meet_->done;
-  }
+  bool is_completed() override { return meet_->done; }
 
  private:
   std::shared_ptr<ClockState> state_;
@@ -208,7 +182,6 @@ double SymmetricClock::meet(double arrival, const std::string& what) {
   const std::uint64_t seq = seq_++;
   if (stages_spanned() == 1) return arrival;
   StageHub& hub = *state_->hub;
-  std::unique_lock<std::mutex> lock(hub.mu);
   const auto key = std::tuple{name_, members_, seq};
   std::shared_ptr<StageHub::Meet>& slot = hub.meets[key];
   if (!slot) {
@@ -219,10 +192,10 @@ double SymmetricClock::meet(double arrival, const std::string& what) {
   const std::shared_ptr<StageHub::Meet> m = slot;
   m->start = std::max(m->start, arrival);
   if (++m->arrived == m->expected) {
-    hub.complete(*m);
+    m->done = true;
     hub.meets.erase(key);
   }
-  hub.await(lock, *m, what);
+  hub.await(*m, what);
   return m->start;
 }
 
@@ -255,7 +228,6 @@ comm::WorkPtr SymmetricClock::p2p(const comm::ConstBuffer& b, int peer, int tag,
       throw std::logic_error("StageWorld: rank " + std::to_string(pair[0]) +
                              " exchanges with rank " + std::to_string(pair[1]) +
                              ", not a stage representative");
-    const std::lock_guard<std::mutex> lock(hub.mu);
     std::shared_ptr<StageHub::Meet>& slot = hub.pairs[key];
     if (!slot) {
       slot = std::make_shared<StageHub::Meet>();
@@ -267,7 +239,7 @@ comm::WorkPtr SymmetricClock::p2p(const comm::ConstBuffer& b, int peer, int tag,
     if (++m->arrived == 2) {
       m->end = m->start + sim::op_seconds(sim::OpKind::send, 2, static_cast<double>(b.bytes()),
                                           sim::group_link(s.topology, pair));
-      hub.complete(*m);
+      m->done = true;
       hub.pairs.erase(key);
     }
     return std::make_shared<MeetWork>(
@@ -438,48 +410,30 @@ void StageWorld::run(const std::function<void(comm::Communicator&)>& program) {
   hub_ = std::make_shared<StageHub>();  // every run starts from an empty hub
   hub_->stage_of = stage_of_;
   hub_->reps = reps_;
-  hub_->live = static_cast<int>(n);
   std::vector<std::exception_ptr> errors(n);
-  const auto body = [&](std::size_t i) {
-    try {
-      SymmetricClock c(ranks_, topology_, splits_, reps_[i], hub_);
-      program(c);
-      steps_[i] = c.steps();
-      times_[i] = c.step_times();
-      const std::lock_guard<std::mutex> lock(hub_->mu);
-      if (c.asymmetric() && asymmetry_.empty()) asymmetry_ = c.asymmetry();
-    } catch (const std::exception& e) {
-      errors[i] = std::current_exception();
-      const std::lock_guard<std::mutex> lock(hub_->mu);
-      if (hub_->failure.empty()) {
-        hub_->failure = std::string("StageWorld: stage ") + std::to_string(i) + ": " + e.what();
-        hub_->first_failed = static_cast<int>(i);
+  Fibers fibers;
+  for (std::size_t i = 0; i < n; ++i)
+    fibers.spawn([&, i] {
+      try {
+        SymmetricClock c(ranks_, topology_, splits_, reps_[i], hub_);
+        program(c);
+        steps_[i] = c.steps();
+        times_[i] = c.step_times();
+        if (c.asymmetric() && asymmetry_.empty()) asymmetry_ = c.asymmetry();
+      } catch (const std::exception& e) {
+        errors[i] = std::current_exception();
+        if (hub_->failure.empty()) {
+          hub_->failure = std::string("StageWorld: stage ") + std::to_string(i) + ": " + e.what();
+          hub_->first_failed = static_cast<int>(i);
+        }
+      } catch (...) {
+        errors[i] = std::current_exception();
+        if (hub_->failure.empty())
+          hub_->failure = "StageWorld: stage " + std::to_string(i) + " failed";
       }
-      hub_->wake_all();
-    }
-    const std::lock_guard<std::mutex> lock(hub_->mu);
-    --hub_->live;
-    if (hub_->blocked == hub_->live && hub_->live > 0 && hub_->failure.empty())
-      hub_->failure = "StageWorld: stage " + std::to_string(i) +
-                      " finished while every other stage waits on it";
-    hub_->wake_all();
-  };
-  std::vector<std::thread> threads;
-  for (std::size_t i = 0; i < n; ++i) {
-    try {
-      threads.emplace_back(body, i);
-    } catch (const std::system_error&) {  // no thread: the ones started must not wait for it
-      hub_->fail("StageWorld: could not start the thread of stage " + std::to_string(i));
-      {
-        const std::lock_guard<std::mutex> lock(hub_->mu);
-        hub_->live -= static_cast<int>(n - i);
-        hub_->wake_all();
-      }
-      for (std::thread& t : threads) t.join();
-      throw;
-    }
-  }
-  for (std::thread& t : threads) t.join();
+      hub_->just_finished = static_cast<int>(i);
+    });
+  fibers.run([&] { hub_->stuck(); });
   // The error a stage raised itself (not another stage's "blocked" consequence) goes first.
   if (hub_->first_failed >= 0 && errors[static_cast<std::size_t>(hub_->first_failed)])
     std::rethrow_exception(errors[static_cast<std::size_t>(hub_->first_failed)]);

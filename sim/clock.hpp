@@ -5,7 +5,7 @@
 // cost functions (sim::op_seconds, sim::group_link, sim::compute_seconds) gives the step times a
 // sim::SimWorld meta run would give, without 1,024 threads. No data moves; buffers may be null.
 // Not for programs whose ranks differ (stragglers, uneven groups): see `asymmetric()`. Pipelines,
-// whose stages differ, run on a StageWorld: one representative clock per stage, each a thread,
+// whose stages differ, run on a StageWorld: one representative clock per stage, each a fiber,
 // alike ranks within a stage timed as here and the ops between stages (point to point, groups
 // spanning stages) met across the representatives with the simulator's arithmetic.
 #pragma once
@@ -116,8 +116,9 @@ class SymmetricClock final : public comm::Communicator {
 };
 
 // The world of a pipelined mesh through one representative rank per stage: run(program) runs
-// the program on each representative in its own thread (a SymmetricClock on the world with
-// `splits`), and step_times() are the representatives' rows (sim::summarize: the step time).
+// the program on each representative (a SymmetricClock on the world with `splits`) as a fiber of
+// the calling thread (sim/fiber.hpp), and step_times() are the representatives' rows
+// (sim::summarize: the step time).
 // Every rank of a stage must issue what its representative issues (tp, dp, cp alike), and a
 // group spanning stages must hold the representative of each stage it spans (the pp group of
 // the representatives, the world).
