@@ -11,6 +11,7 @@
 #include <map>
 #include <set>
 #include <stdexcept>
+#include <string_view>
 #include <tuple>
 
 #include "sim/fiber.hpp"
@@ -24,11 +25,27 @@ namespace shardcheck::sim {
 // (sim/fiber.hpp): a representative suspends until its op is met; when every unfinished one is
 // suspended, the program's stages do not match (a deadlock of the representatives), and every one
 // of them throws.
+// What a representative waits on, spelled out only when the world fails: built at every op, the
+// words were most of a plan's allocations. The group's name is shared (a message's work may
+// outlive the call that posted it); `detail` is read only while its caller waits.
+struct WaitSite {
+  std::string_view op;                       // "all_reduce", "send to", "split"
+  std::shared_ptr<const std::string> group;  // the group's name
+  int peer = -1;                             // a message's peer (world rank)
+  std::string_view detail;                   // a split's name
+  std::string text() const {
+    std::string t(op);
+    if (!detail.empty()) t += " " + std::string(detail);
+    if (peer >= 0) return t + " " + std::to_string(peer) + " in " + *group;
+    return t + " of " + *group;
+  }
+};
+
 struct StageHub {
   std::function<int(int)> stage_of;
   std::vector<int> reps;
   std::string failure;     // set once: every waiter throws it
-  std::string last_wait;   // what the last representative to suspend waits for
+  WaitSite last_wait;      // what the last representative to suspend waits for
   int just_finished = -1;  // the stage that returned last, when none has suspended since
   struct Meet {
     int expected = 0, arrived = 0;
@@ -40,7 +57,7 @@ struct StageHub {
   std::map<std::tuple<int, int, int, std::uint64_t>, std::shared_ptr<Meet>> pairs;
 
   // Suspends this representative until m is done or the world has failed.
-  void await(Meet& m, const std::string& what) {
+  void await(Meet& m, const WaitSite& what) {
     if (!m.done && failure.empty()) {
       last_wait = what;
       just_finished = -1;
@@ -56,7 +73,7 @@ struct StageHub {
                         " finished while every other stage waits on it"
                   : "StageWorld: every stage representative is blocked (the stages' programs do "
                     "not match), the last at " +
-                        last_wait;
+                        last_wait.text();
   }
 };
 
@@ -89,7 +106,7 @@ class ClockWork final : public comm::Work {
 // A message between stages: its end is known once the peer has posted too.
 class MeetWork final : public comm::Work {
  public:
-  MeetWork(std::shared_ptr<ClockState> s, std::shared_ptr<StageHub::Meet> m, std::string what)
+  MeetWork(std::shared_ptr<ClockState> s, std::shared_ptr<StageHub::Meet> m, WaitSite what)
       : state_(std::move(s)), meet_(std::move(m)), what_(std::move(what)) {}
   void wait() override {
     state_->hub->await(*meet_, what_);
@@ -106,7 +123,7 @@ class MeetWork final : public comm::Work {
  private:
   std::shared_ptr<ClockState> state_;
   std::shared_ptr<StageHub::Meet> meet_;
-  std::string what_;
+  WaitSite what_;
   bool counted_ = false;
 };
 
@@ -118,7 +135,9 @@ bool same_link(const sim::LinkCost& a, const sim::LinkCost& b) {
 
 SymmetricClock::SymmetricClock(int ranks, const sim::Topology& topology,
                                std::vector<SplitRule> splits, int rank)
-    : state_(std::make_shared<ClockState>()), rank_(rank), name_("world") {
+    : state_(std::make_shared<ClockState>()),
+      rank_(rank),
+      name_(std::make_shared<const std::string>("world")) {
   if (ranks < 1) throw std::invalid_argument("SymmetricClock: ranks must be >= 1");
   if (rank < 0 || rank >= ranks) throw std::invalid_argument("SymmetricClock: rank out of range");
   topology.validate();
@@ -145,7 +164,7 @@ int SymmetricClock::stages_spanned() const {
   for (const int st : stages)
     if (std::find(members_.begin(), members_.end(),
                   state_->hub->reps[static_cast<std::size_t>(st)]) == members_.end())
-      throw std::logic_error("StageWorld: group " + name_ + " spans stage " + std::to_string(st) +
+      throw std::logic_error("StageWorld: group " + *name_ + " spans stage " + std::to_string(st) +
                              " without that stage's representative");
   stages_ = static_cast<int>(stages.size());
   return stages_;
@@ -156,7 +175,7 @@ SymmetricClock::SymmetricClock(std::shared_ptr<ClockState> state, std::vector<in
     : state_(std::move(state)),
       members_(std::move(members)),
       rank_(rank),
-      name_(std::move(name)),
+      name_(std::make_shared<const std::string>(std::move(name))),
       link_(link) {}
 
 std::vector<ClockStep> SymmetricClock::steps() const {
@@ -178,11 +197,11 @@ const std::string& SymmetricClock::asymmetry() const {
   return state_->asymmetry;
 }
 
-double SymmetricClock::meet(double arrival, const std::string& what) {
+double SymmetricClock::meet(double arrival, const WaitSite& what) {
   const std::uint64_t seq = seq_++;
   if (stages_spanned() == 1) return arrival;
   StageHub& hub = *state_->hub;
-  const auto key = std::tuple{name_, members_, seq};
+  const auto key = std::tuple{*name_, members_, seq};
   std::shared_ptr<StageHub::Meet>& slot = hub.meets[key];
   if (!slot) {
     slot = std::make_shared<StageHub::Meet>();
@@ -204,7 +223,7 @@ comm::WorkPtr SymmetricClock::collective(sim::OpKind k, double bytes) {
   // Every member of a stage arrives at this same time, so the op starts on arrival (SimWorld:
   // the max of the members' arrivals); a group spanning stages starts at the latest
   // representative's arrival.
-  const double start = meet(s.now(), std::string(sim::name_of(k)) + " of " + name_);
+  const double start = meet(s.now(), WaitSite{sim::name_of(k), name_, -1, {}});
   const double end = start + sim::op_seconds(k, size(), bytes, link_);
   s.comm_free = end;
   if (ClockStep* st = s.current()) {
@@ -242,9 +261,8 @@ comm::WorkPtr SymmetricClock::p2p(const comm::ConstBuffer& b, int peer, int tag,
       m->done = true;
       hub.pairs.erase(key);
     }
-    return std::make_shared<MeetWork>(
-        state_, m,
-        std::string(send ? "send to " : "recv from ") + std::to_string(pair[1]) + " in " + name_);
+    return std::make_shared<MeetWork>(state_, m,
+                                      WaitSite{send ? "send to" : "recv from", name_, pair[1], {}});
   }
   // A matched pair starts at the later post; the peer, being alike, posts at this same time. Point
   // to point does not queue on the comm stream (sim/README.md).
@@ -328,7 +346,7 @@ std::unique_ptr<comm::Communicator> SymmetricClock::do_split(int color, int key,
   if (rule.color(rank_) != color || rule.key(rank_) != key)
     throw std::logic_error("SymmetricClock: split arguments differ from the stated rule");
   // A split synchronises (SimWorld: a zero-cost collective whose end the compute clock joins).
-  const double end = meet(s.now(), "split " + o.name + " of " + name_);
+  const double end = meet(s.now(), WaitSite{"split", name_, -1, o.name});
   s.comm_free = end;
   s.compute = std::max(s.compute, end);
   std::map<int, std::vector<std::pair<int, int>>> by_color;  // color -> (key, group rank)

@@ -47,6 +47,7 @@ struct ClockStep {
 
 struct ClockState;
 struct StageHub;
+struct WaitSite;
 
 class SymmetricClock final : public comm::Communicator {
  public:
@@ -60,7 +61,7 @@ class SymmetricClock final : public comm::Communicator {
 
   int rank() const override { return rank_; }
   int size() const override { return static_cast<int>(members_.size()); }
-  const std::string& name() const override { return name_; }
+  const std::string& name() const override { return *name_; }
   const std::vector<int>& members() const override { return members_; }
 
   // Steps so far; the last one ends at the current drained time (max of both streams).
@@ -103,12 +104,12 @@ class SymmetricClock final : public comm::Communicator {
   int stages_spanned() const;
   // The start of this group's next op for a member arriving at `arrival`: the arrival itself
   // within one stage, else the latest representative's (blocks until all have arrived).
-  double meet(double arrival, const std::string& what);
+  double meet(double arrival, const WaitSite& what);
 
   std::shared_ptr<ClockState> state_;
   std::vector<int> members_;
   int rank_;
-  std::string name_;
+  std::shared_ptr<const std::string> name_;  // shared with the works waiting on this group
   sim::LinkCost link_;
   std::uint64_t seq_ = 0;
   std::map<std::tuple<int, int, bool>, std::uint64_t> p2p_seq_;  // (peer, tag, send)
