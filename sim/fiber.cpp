@@ -95,6 +95,7 @@ Fibers::~Fibers() {
 }
 
 void Fibers::spawn(std::function<void()> body) {
+  if (t_running == this) throw std::logic_error("Fibers: spawn() while they run");
   const auto page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
   auto f = std::make_unique<Fiber>();
   f->body = std::move(body);

@@ -94,6 +94,23 @@ TEST(StageWorld, StagesThatDoNotMatchFailInsteadOfHanging) {
   }
 }
 
+// Both stages wait to receive first: a true deadlock, named by the message the last one waits on.
+TEST(StageWorld, ADeadlockNamesWhatTheLastStageWaitsOn) {
+  sim::StageWorld s = stage_world();
+  try {
+    s.run([](comm::Communicator& c) {
+      auto dp = c.split(c.rank() / kPerStage, c.rank(), {.name = "dp"});  // the world's rules
+      auto pp = c.split(c.rank() % kPerStage, c.rank(), {.name = "pp"});
+      pp->recv(null(8, comm::DType::f32), 1 - pp->rank())->wait();
+    });
+    FAIL() << "no error";
+  } catch (const std::logic_error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("every stage representative is blocked"), std::string::npos) << what;
+    EXPECT_NE(what.find("the last at recv from 0 in pp"), std::string::npos) << what;
+  }
+}
+
 // A message between stages that no one receives (never waited for either) is an error too.
 TEST(StageWorld, AMessageLeftUnmatchedIsAnError) {
   sim::StageWorld s = stage_world();

@@ -117,8 +117,17 @@ TEST(Fibers, MisuseIsALogicError) {
       nested_threw = true;
     }
   });
+  bool spawn_threw = false;
+  outer.spawn([&] {
+    try {
+      outer.spawn([] {});
+    } catch (const std::logic_error&) {
+      spawn_threw = true;
+    }
+  });
   outer.run([] {});
   EXPECT_TRUE(nested_threw);
+  EXPECT_TRUE(spawn_threw);
 }
 
 }  // namespace
