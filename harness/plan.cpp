@@ -263,6 +263,52 @@ StepEval evaluate(const Scenario& s, const ParallelSpec& p, int dp, int global_b
   return e;
 }
 
+std::vector<double> stage_lower_bounds(const Scenario& s, const ParallelSpec& p, int dp,
+                                       int global_batch, const PlanOptions& o) {
+  SkeletonSpec spec =
+      skeleton_spec(s, p, dp, global_batch, o.reduce_dtype ? &*o.reduce_dtype : nullptr);
+  spec.steps = o.steps;
+  const Skeleton k(spec);
+  const int world = dp * p.mesh.tp * p.mesh.pp * p.mesh.cp;
+  sim::Topology topo = sim_options(s, world).topology;
+  topo.compute_efficiency = o.compute_efficiency;
+  std::vector<int> reps = {0};
+  if (p.mesh.pp > 1) {
+    comm::MeshShape shape = p.mesh;
+    shape.dp = dp;
+    reps = comm::DeviceMesh(shape, p.order).group(0, comm::Axis::pp);
+  }
+  std::vector<double> out;
+  for (const int rep : reps) {
+    sim::SymmetricClock c(world, topo, k.splits(), rep);
+    k.run(c);
+    double forced = 0;
+    const std::vector<sim::ClockStep> steps = c.steps();
+    for (const sim::ClockStep& st : steps) forced += st.forced_busy;
+    out.push_back(forced / static_cast<double>(std::max<std::size_t>(1, steps.size())));
+  }
+  return out;
+}
+
+double stage_bound(const Scenario& s, const ParallelSpec& p, int global_batch,
+                   const PlanOptions& o) {
+  const int dp = p.mesh.dp;
+  const int mb = s.train.micro_batch;
+  const int m = global_batch / dp / mb;
+  const int m1 =
+      p.mesh.pp;  // every schedule needs a microbatch per stage; interleaved, groups of pp
+  if (m <= 2 * m1) {
+    const std::vector<double> b = stage_lower_bounds(s, p, dp, global_batch, o);
+    return *std::max_element(b.begin(), b.end());
+  }
+  const std::vector<double> a = stage_lower_bounds(s, p, dp, dp * mb * m1, o);
+  const std::vector<double> b = stage_lower_bounds(s, p, dp, dp * mb * 2 * m1, o);
+  double bound = 0;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    bound = std::max(bound, a[i] + (b[i] - a[i]) * static_cast<double>(m - m1) / m1);
+  return bound;
+}
+
 PlanResult plan_scenario(const Scenario& s, const PlanOptions& o) {
   if (!(o.compute_efficiency > 0 && o.compute_efficiency <= 1))
     throw ScenarioError("--compute-efficiency", "expected a number in (0, 1]");

@@ -121,6 +121,22 @@ PlanResult plan_scenario(const Scenario& s, const PlanOptions& o = {});
 StepEval evaluate(const Scenario& s, const ParallelSpec& p, int dp, int global_batch,
                   const PlanOptions& o, bool simulate = false, bool bubble = true);
 
+// A lower bound of evaluate()'s step time for each pipeline stage (one entry without a
+// pipeline): that stage representative's sim::ClockStep::forced_busy, the mean over the steps,
+// from each representative timed alone on a sim::SymmetricClock (no StageWorld: what the other
+// stages do only delays it further). The step time is at least the largest entry.
+std::vector<double> stage_lower_bounds(const Scenario& s, const ParallelSpec& p, int dp,
+                                       int global_batch, const PlanOptions& o);
+
+// The largest of stage_lower_bounds for p (p.mesh.dp ranks in data parallelism, the scenario's
+// micro batch). Each stage's bound grows by the same amount with each microbatch (each issues the
+// same compute and collectives, in the same order within its chunks; the step's own ops are the
+// constant), so with many microbatches they are timed at the fewest the schedule allows (m1 = pp:
+// a microbatch per stage, and interleaving goes in groups of pp) and at twice that, and extended
+// along the line through both: a pipeline of m microbatches costs two of at most 2 x pp.
+double stage_bound(const Scenario& s, const ParallelSpec& p, int global_batch,
+                   const PlanOptions& o);
+
 // Goodput of a run of `world` ranks at this step time under the plan's failure model
 // (harness/PLANNER.md).
 Goodput goodput_of(const PlanSpec& f, int world, double step_s, double tokens_per_s);

@@ -415,19 +415,21 @@ SearchResult search_plans(const Scenario& s, const SearchOptions& o) {
   PlanOptions po = o.plan;
   po.steps = 1;
   const double peak = s.topology.peak_tflops * 1e12 * po.compute_efficiency;
-  for (SearchCandidate& c : fitting) {
+  parallel_for(fitting.size(), threads, [&](std::size_t i) {
+    SearchCandidate& c = fitting[i];
     const Scenario sc = with_train(s, c.micro_batch, c.recompute);
-    const Skeleton k(skeleton_spec(sc, c.spec, c.spec.mesh.dp, s.train.global_batch,
+    const int dp = c.spec.mesh.dp;
+    const Skeleton k(skeleton_spec(sc, c.spec, dp, s.train.global_batch,
                                    po.reduce_dtype ? &*po.reduce_dtype : nullptr));
     c.bound_s = clock_flops(m, c.recompute, k.hardware_flops_per_step(), s.train.global_batch) /
                 (r.world * peak);
+    c.bound_s = std::max(c.bound_s, stage_bound(sc, c.spec, s.train.global_batch, po));
     c.model_flops = k.model_flops_per_step();
     c.hardware_flops = k.hardware_flops_per_step();
     if (c.spec.mesh.pp > 1)
       c.bubble_formula = parallel::bubble_formula(
-          c.spec.mesh.pp, s.train.global_batch / c.spec.mesh.dp / c.micro_batch,
-          c.spec.virtual_stages);
-  }
+          c.spec.mesh.pp, s.train.global_batch / dp / c.micro_batch, c.spec.virtual_stages);
+  });
   std::sort(fitting.begin(), fitting.end(), [](const SearchCandidate& a, const SearchCandidate& b) {
     return a.bound_s != b.bound_s ? a.bound_s < b.bound_s : a.label < b.label;
   });
@@ -443,7 +445,9 @@ SearchResult search_plans(const Scenario& s, const SearchOptions& o) {
       SearchCandidate& c = fitting[j];
       const auto fb = fam_best.find(c.family);
       const double threshold = std::max(kth, fb == fam_best.end() ? 1e300 : fb->second);
-      if (o.prune && c.bound_s > threshold)
+      // The bound and the step add the same seconds in other orders: where the step is all
+      // compute and blocking collectives, the bound may exceed it by rounding (1e-15 relative).
+      if (o.prune && c.bound_s > threshold * (1 + 1e-9))
         ++r.bound_pruned;
       else
         todo.push_back(&c);

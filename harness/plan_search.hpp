@@ -6,9 +6,12 @@
 //   2. the planner's untimed_reason;
 //   3. the mesh engine's memory ledger against the device memory;
 //   4. the planner's clock (plan.hpp's evaluate), unless a bound rules it out.
-// The bound: the FLOPs the clock counts at least (attention as the causal kernel reports it) at
-// peak, with communication, memory traffic and the pipeline's fill and drain free, cannot beat the
-// K-th best or its family's best. Candidates are ranked by step time. Their reasons compare
+// The bound, the larger of two lower bounds of the step: the FLOPs the clock counts at least
+// (attention as the causal kernel reports it) at peak over the world, and the busiest stage's
+// compute plus the collectives its compute stream waits on at once (TP and SP collectives, the
+// FSDP gathers waited at use: plan.hpp's stage_lower_bounds), with what overlaps, the messages
+// and the pipeline's fill and drain free. A candidate whose bound is above the K-th best and its
+// family's best is not timed. Candidates are ranked by step time. Their reasons compare
 // each with the best. The best of each family (DDP, FSDP, TP + DP, FSDP + TP, TP + PP + DP, + CP,
 // + EP) says why it lost. Rules and their caveats are in harness/PLANNER.md.
 #pragma once
@@ -44,7 +47,7 @@ struct SearchCandidate {
   std::string label;           // spec.label() + "-mb<m>-rc_<recompute>"
   parallel::LedgerRow ledger;  // the fullest rank's
   std::size_t memory_per_rank_bytes = 0;
-  double bound_s = 0;  // the compute bound (a lower bound of the step: see the file's opening)
+  double bound_s = 0;  // the bound (a lower bound of the step: see the file's opening)
   bool timed = false;
   StepEval eval;
   double bubble_formula = 0;                   // (p-1)/(v*m+p-1); 0 without a pipeline

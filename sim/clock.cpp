@@ -82,6 +82,9 @@ struct ClockState {
   std::deque<SplitRule> splits;
   double compute = 0;    // compute stream: when the next compute op may start
   double comm_free = 0;  // comm stream: when the last collective ends
+  // Compute ops, messages and step boundaries so far: a collective waited
+  // while this is what it was at its issue counts in ClockStep::forced_busy.
+  std::uint64_t events = 0;
   std::vector<ClockStep> steps;
   comm::MemoryTracker memory;
   std::string asymmetry;
@@ -94,13 +97,22 @@ namespace {
 
 class ClockWork final : public comm::Work {
  public:
-  ClockWork(std::shared_ptr<ClockState> s, double end) : state_(std::move(s)), end_(end) {}
-  void wait() override { state_->compute = std::max(state_->compute, end_); }
+  // forced: the op's seconds when it is a collective (its wait may count in forced_busy), else 0.
+  ClockWork(std::shared_ptr<ClockState> s, double end, double forced)
+      : state_(std::move(s)), end_(end), forced_(forced), events_(state_->events) {}
+  void wait() override {
+    ClockState& s = *state_;
+    s.compute = std::max(s.compute, end_);
+    if (forced_ > 0 && s.events == events_ && !s.steps.empty())
+      s.steps.back().forced_busy += forced_;
+    forced_ = 0;  // once
+  }
   bool is_completed() override { return true; }
 
  private:
   std::shared_ptr<ClockState> state_;
-  double end_;
+  double end_, forced_;
+  std::uint64_t events_;
 };
 
 // A message between stages: its end is known once the peer has posted too.
@@ -230,12 +242,13 @@ comm::WorkPtr SymmetricClock::collective(sim::OpKind k, double bytes) {
     st->comm_busy += end - start;
     ++st->comm_ops;
   }
-  return std::make_shared<ClockWork>(state_, end);
+  return std::make_shared<ClockWork>(state_, end, end - start);
 }
 
 comm::WorkPtr SymmetricClock::p2p(const comm::ConstBuffer& b, int peer, int tag, bool send) {
   if (peer < 0 || peer >= size()) throw std::invalid_argument("SymmetricClock: peer out of range");
   ClockState& s = *state_;
+  ++s.events;  // a message may overlap a collective: it leaves the bound (forced_busy) out
   const int pair[2] = {world_rank(), members_[static_cast<std::size_t>(peer)]};
   if (s.hub && s.hub->stage_of(pair[0]) != s.hub->stage_of(pair[1])) {
     // Between stages: the representatives meet (sim/p2p.cpp: the later post starts it).
@@ -273,7 +286,7 @@ comm::WorkPtr SymmetricClock::p2p(const comm::ConstBuffer& b, int peer, int tag,
     st->comm_busy += end - start;
     ++st->comm_ops;
   }
-  return std::make_shared<ClockWork>(state_, end);
+  return std::make_shared<ClockWork>(state_, end, 0.0);
 }
 
 comm::WorkPtr SymmetricClock::do_all_reduce(comm::ConstBuffer, comm::Buffer recv,
@@ -391,7 +404,11 @@ void SymmetricClock::do_compute(const comm::ComputeCost& c) {
   ClockState& s = *state_;
   const double dt = sim::compute_seconds(s.topology, c.flops, c.bytes);
   s.compute += dt;
-  if (ClockStep* st = s.current()) st->compute_busy += dt;
+  ++s.events;
+  if (ClockStep* st = s.current()) {
+    st->compute_busy += dt;
+    st->forced_busy += dt;
+  }
 }
 
 void SymmetricClock::do_begin_step(int step) {
@@ -400,7 +417,8 @@ void SymmetricClock::do_begin_step(int step) {
     if (st->step == step) return;
     st->end = s.compute;
   }
-  s.steps.push_back({step, s.compute, s.compute, 0, 0, 0});
+  ++s.events;
+  s.steps.push_back({step, s.compute, s.compute, 0, 0, 0, 0});
 }
 
 comm::MemoryTracker& SymmetricClock::do_memory() {

@@ -42,6 +42,13 @@ struct ClockStep {
   double compute_busy = 0;  // seconds of compute ops
   double comm_busy = 0;     // seconds of communication ops (collectives and point to point)
   std::size_t comm_ops = 0;
+  // A lower bound of seconds(), whatever the other stages do: compute_busy plus every collective
+  // waited with no compute op, message or step boundary since it was issued.
+  // Those collectives' intervals on the comm stream (which runs one collective at a time) lie
+  // between the compute ops that bracket them, so none overlaps a compute op or another. It
+  // depends only on the program's order and the ops' own costs, so a representative timed alone
+  // (no StageWorld) gives the bound it would have among the stages.
+  double forced_busy = 0;
   double seconds() const { return end - start; }
 };
 

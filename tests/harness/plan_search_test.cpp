@@ -2,8 +2,10 @@
 // - the ranking is sorted, and every ranked candidate fits;
 // - the winner's step time is what `plan` gives that configuration;
 // - nothing listed in the scenario's matrix beats the winner;
-// - the compute bound is below every timed step (also with long sequences, where attention is
-//   most of the FLOPs), and where it prunes it does not change the answer;
+// - the bound is below every timed step (also with long sequences, where attention is most of the
+//   FLOPs, and on a slow network, where blocking collectives are most of the step), and where it
+//   prunes it does not change the answer; a pipeline's stage bound, extended from two short
+//   pipelines, is the one timed at the full microbatch count;
 // - a device too small says why for every family;
 // - the CLI's exit codes and its JSON.
 #include <gtest/gtest.h>
@@ -12,6 +14,7 @@
 #include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 #include <utility>
 
@@ -164,6 +167,66 @@ TEST(PlanSearch, TheComputeBoundDoesNotChangeTheAnswer) {
   ASSERT_EQ(all.families.size(), pruned.families.size());
   for (std::size_t i = 0; i < all.families.size(); ++i)
     EXPECT_EQ(all.families[i].best.label, pruned.families[i].best.label) << all.families[i].family;
+}
+
+// The stage bound of a pipeline with many microbatches is extended from two short ones
+// (plan.hpp's stage_bound): for every pipeline candidate of the small search with more than
+// 2 x pp microbatches, it equals the bound timed at its full count.
+TEST(PlanSearch, TheStageBoundsLineIsTheBoundAtTheFullCount) {
+  const SearchResult& r = small_search();
+  PlanOptions po;
+  po.steps = 1;
+  int compared = 0;
+  std::set<std::string> schedules;
+  for (const SearchCandidate& c : r.ranked) {
+    const int pp = c.spec.mesh.pp;
+    if (pp == 1 || 64 / c.spec.mesh.dp / c.micro_batch <= 2 * pp) continue;
+    Scenario s = small();
+    s.train.micro_batch = c.micro_batch;
+    s.train.recompute = c.recompute;
+    const std::vector<double> full = stage_lower_bounds(s, c.spec, c.spec.mesh.dp, 64, po);
+    const double want = *std::max_element(full.begin(), full.end());
+    EXPECT_NEAR(stage_bound(s, c.spec, 64, po), want, 1e-9 * want) << c.label;
+    EXPECT_GT(want, 0) << c.label;
+    ++compared;
+    schedules.insert(c.spec.pp_schedule);
+  }
+  EXPECT_GE(compared, 20);
+  EXPECT_EQ(schedules.size(), 3U);  // gpipe, 1f1b and interleaved
+}
+
+// The stage bound counts the collectives a stage's compute stream waits on at once: on a slow
+// network (0.05 GB/s) it is above the compute bound for tensor-parallel candidates (their TP
+// collectives block), and it rules candidates out where the compute bound alone times them all;
+// the answer is the same as when every fitting candidate is timed.
+TEST(PlanSearch, TheStageBoundPrunesBlockingCommunicationAndKeepsTheAnswer) {
+  Scenario s = small();
+  for (LinkSpec* l : {&s.topology.intra_node, &s.topology.inter_node}) l->bandwidth_gbps = 0.05;
+  SearchOptions o;
+  o.world = 8;
+  o.top = 5;
+  o.prune = false;
+  const SearchResult all = search_plans(s, o);
+  const double peak = s.topology.peak_tflops * 1e12;
+  int above = 0;
+  for (const SearchCandidate& c : all.ranked) {
+    EXPECT_LE(c.bound_s, c.eval.step_time_s * (1 + 1e-12)) << c.label;
+    if (c.spec.mesh.tp > 1 && c.bound_s > 2 * c.hardware_flops / (8 * peak)) ++above;
+  }
+  EXPECT_GT(above, 0);
+  o.prune = true;
+  const SearchResult pruned = search_plans(s, o);
+  EXPECT_GT(pruned.bound_pruned, all.timed / 2);
+  for (std::size_t i = 0; i < 5 && i < all.ranked.size(); ++i) {
+    ASSERT_LT(i, pruned.ranked.size());
+    EXPECT_EQ(all.ranked[i].label, pruned.ranked[i].label) << i;
+  }
+  ASSERT_EQ(all.families.size(), pruned.families.size());
+  for (std::size_t i = 0; i < all.families.size(); ++i)
+    EXPECT_EQ(all.families[i].best.label, pruned.families[i].best.label)
+        << all.families[i].family << " " << all.families[i].best.eval.step_time_s << " "
+        << pruned.families[i].best.eval.step_time_s << " " << all.families[i].best.bound_s << " "
+        << pruned.families[i].best.bound_s;
 }
 
 TEST(PlanSearch, ADeviceTooSmallSaysWhyForEveryFamily) {

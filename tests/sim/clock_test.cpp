@@ -1,7 +1,8 @@
 // sim::StageWorld against sim::SimWorld in meta mode: a two-stage program (collectives inside a
 // stage, messages between the stages, a collective over the whole world) gives the same step
 // times through one representative per stage as through every rank; stages whose programs do not
-// match fail with a message instead of hanging.
+// match fail with a message instead of hanging; the clock's lower bound of a step (forced_busy)
+// counts compute and the collectives waited at once, the same among the stages as alone.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "sim/clock.hpp"
+#include "sim/topology.hpp"
 #include "sim/world.hpp"
 
 namespace shardcheck {
@@ -82,6 +84,54 @@ TEST(StageWorld, EqualsSimWorldMeta) {
   ASSERT_EQ(s.stage_steps().size(), 2u);
   EXPECT_EQ(s.stage_steps()[0].size(), 2u);
   EXPECT_GT(s.stage_steps()[1][0].compute_busy, s.stage_steps()[0][0].compute_busy);
+}
+
+// forced_busy, the clock's lower bound of a step: compute plus the collectives waited with nothing
+// between issue and wait; a collective that a compute op or a message overlaps is left out.
+TEST(SymmetricClock, ForcedBusyIsComputeAndTheCollectivesWaitedAtOnce) {
+  const sim::Topology t = topology();
+  sim::SymmetricClock c(kPerStage, t);
+  c.begin_step(1);
+  c.compute({.name = "a", .flops = 1e12});
+  c.all_reduce(null(1 << 22, comm::DType::f32))->wait();  // counted
+  comm::WorkPtr overlapped = c.all_reduce(null(1 << 22, comm::DType::f32));
+  c.compute({.name = "b", .flops = 1e12});
+  overlapped->wait();  // a compute op ran meanwhile: left out
+  comm::WorkPtr x = c.all_reduce(null(1 << 20, comm::DType::f32));
+  comm::WorkPtr y = c.all_reduce(null(1 << 20, comm::DType::f32));
+  x->wait();  // both counted: the comm stream runs them one after the other
+  y->wait();
+  y->wait();  // counted once
+  comm::WorkPtr z = c.all_reduce(null(1 << 20, comm::DType::f32));
+  comm::WorkPtr m = c.send(null(8, comm::DType::f32), 1);
+  z->wait();  // a message was posted meanwhile: left out
+  m->wait();
+  const std::vector<int> members = {0, 1, 2, 3};
+  const sim::LinkCost link = sim::group_link(t, members);
+  const double want =
+      2 * sim::compute_seconds(t, 1e12, 0) +
+      sim::op_seconds(sim::OpKind::all_reduce, kPerStage, 4.0 * (1 << 22), link) +
+      2 * sim::op_seconds(sim::OpKind::all_reduce, kPerStage, 4.0 * (1 << 20), link);
+  const sim::ClockStep st = c.steps().at(0);
+  EXPECT_NEAR(st.forced_busy, want, 1e-12 * want);
+  EXPECT_GT(st.seconds(), st.forced_busy);
+}
+
+// Each stage's forced_busy among the stages is the one its representative has timed alone, and
+// below the stage's step.
+TEST(StageWorld, ForcedBusyIsTheRepresentativesAloneAndBelowTheStep) {
+  sim::StageWorld s = stage_world();
+  s.run([](comm::Communicator& c) { program(c); });
+  for (std::size_t stage = 0; stage < 2; ++stage) {
+    sim::SymmetricClock alone(kRanks, topology(), rules(), static_cast<int>(stage) * kPerStage);
+    program(alone);
+    for (std::size_t step = 0; step < 2; ++step) {
+      const sim::ClockStep& st = s.stage_steps()[stage][step];
+      EXPECT_GT(st.forced_busy, st.compute_busy) << stage;  // the dp all_reduce waited at once
+      EXPECT_DOUBLE_EQ(st.forced_busy, alone.steps()[step].forced_busy) << stage;
+      EXPECT_LE(st.forced_busy, st.seconds()) << stage;
+    }
+  }
 }
 
 TEST(StageWorld, StagesThatDoNotMatchFailInsteadOfHanging) {
