@@ -62,6 +62,33 @@ costs::UlyssesShape attention(const ref::ModelConfig& m, int heads, int kv_heads
 
 }  // namespace
 
+// ep_moe_forward on one EP rank (untimed_reason: no expert parallelism): the router on the
+// rank's own rows (SP: its TP part of the CP rank's), the whole sequence's probabilities gathered
+// (tokens.cpp's gather_sequence: over TP under SP, then over CP), the local experts on every
+// top-k assignment of those rows (the routing assumption: none dropped, an upper bound).
+void SequenceOps::moe_forward() {
+  const ref::ModelConfig& m = *s_.model;
+  const double n = moe_rows(), h = m.hidden, e = m.moe->experts;
+  world_.compute(costs::moe_router(n, h, e, s_.elem));
+  if (sp())
+    tp_->all_gather(null_buf(count_of(static_cast<int64_t>(n * e)), activation()),
+                    null_buf(count_of(static_cast<int64_t>(rows() * e)), activation()))
+        ->wait();
+  if (cp_)
+    cp_->all_gather(null_buf(count_of(static_cast<int64_t>(rows() * e)), activation()),
+                    null_buf(count_of(static_cast<int64_t>(rows() * s_.cp * e)), activation()))
+        ->wait();
+  world_.compute(costs::moe_experts_forward(n * m.moe->top_k, h, m.ffn));
+}
+
+// ep_moe_backward: no TP or CP collectives (each rank routed its own rows).
+void SequenceOps::moe_backward() {
+  const ref::ModelConfig& m = *s_.model;
+  const double n = moe_rows(), h = m.hidden;
+  world_.compute(costs::moe_experts_backward(n * m.moe->top_k, h, m.ffn));
+  world_.compute(costs::moe_router_backward(n, h, m.moe->experts));
+}
+
 // mp_block_forward (tp_block.cpp, cp_attention.cpp, ep_moe.cpp).
 void SequenceOps::block_forward(int layer) {
   const ref::ModelConfig& m = *s_.model;
@@ -77,9 +104,8 @@ void SequenceOps::block_forward(int layer) {
   ulysses_exchange(s * q);  // heads_to_rows of the output
   world_.compute(costs::wo(s, q, h));
   reduce_out();
-  if (m.is_moe_layer(layer)) {  // untimed_reason: no MoE under TP or CP
-    world_.compute(costs::moe_router(s, h, m.moe->experts, s_.elem));
-    world_.compute(costs::moe_experts_forward(s * m.moe->top_k, h, m.ffn));
+  if (m.is_moe_layer(layer)) {
+    moe_forward();
   } else {
     gather_in();
     world_.compute(costs::mlp(s, h, static_cast<double>(m.ffn) / s_.tp));
@@ -94,8 +120,7 @@ void SequenceOps::block_backward(int layer) {
                kv = local_kv_heads() * m.head_dim();
   const costs::UlyssesShape a = attention(m, local_heads(), local_kv_heads(), s_.cp);
   if (m.is_moe_layer(layer)) {
-    world_.compute(costs::moe_experts_backward(s * m.moe->top_k, h, m.ffn));
-    world_.compute(costs::moe_router_backward(s, h, m.moe->experts));
+    moe_backward();
   } else {
     reduce_out_backward();
     world_.compute(costs::mlp_backward(s, h, static_cast<double>(m.ffn) / s_.tp));

@@ -2,8 +2,8 @@
 // planner's step skeleton (plan_skeleton.hpp): the compute reports (parallel/costs.hpp) and the
 // TP and CP collectives of tp_block.cpp (the block: SP gathers and reduce_scatters or the
 // row-parallel all_reduces, their backwards), cp_attention.cpp (Ulysses' all_to_alls),
-// vocab_parallel.cpp (the embedding and the head's loss all_reduces) and ep_moe.cpp (the router
-// and experts on one EP rank). Sizes from the model, the token layout and the TP / CP sizes;
+// vocab_parallel.cpp (the embedding and the head's loss all_reduces) and ep_moe.cpp (the router,
+// its probabilities gathered over TP under SP and over CP, and the experts, on one EP rank). Sizes from the model, the token layout and the TP / CP sizes;
 // null buffers. The conformance test compares what it issues with the engine's numeric run.
 #pragma once
 
@@ -56,6 +56,8 @@ class SequenceOps {
   bool sp() const { return s_.sequence_parallel && s_.tp > 1; }
   // The CP rank's rows (SP: the TP group's together).
   double rows() const { return static_cast<double>(s_.layout->cp_row_count()); }
+  // The rows a MoE layer routes on this rank: the CP rank's (SP: this TP rank's part of them).
+  double moe_rows() const { return sp() ? rows() / s_.tp : rows(); }
   int local_heads() const { return s_.model->heads / s_.tp; }
   int local_kv_heads() const;
   void tp_all_reduce_rows(double width);
@@ -68,6 +70,8 @@ class SequenceOps {
   void reduce_out() { gather_in_backward(); }
   void reduce_out_backward() { sp_gather(); }
   void ulysses_exchange(double elems);
+  void moe_forward();
+  void moe_backward();
 
   Shape s_;
   comm::Communicator& world_;

@@ -38,8 +38,6 @@ std::string untimed_reason(const ParallelSpec& p, const ref::ModelConfig& m) {
   if (s.cp > 1 && p.cp_algo != "ulysses")
     return "ring context parallelism is not timed yet (its ranks' per-step work differs, which "
            "one representative clock cannot stand for); Ulysses is";
-  if (s.cp > 1 && m.moe) return "MoE layers under context parallelism are not timed yet";
-  if (s.tp > 1 && m.moe) return "MoE layers under tensor parallelism are not timed yet";
   if (s.tp > m.kv_heads) return "kv heads replicated over TP ranks are not timed yet";
   if ((s.tp > 1 || s.pp > 1 || s.cp > 1) && p.fsdp && *p.fsdp == "hybrid_shard")
     return "hybrid_shard with tensor, pipeline or context parallelism is not timed yet";
@@ -432,7 +430,8 @@ class SkeletonRun {
   }
 
   // mesh_bf16.hpp's round_microbatch_gradient over some parameters (`only`: one class's; else
-  // those reduced at the step's end): the CP ranks' and, under SP, the TP ranks' partials summed.
+  // those reduced at the step's end): the CP ranks' and, under SP, the TP ranks' partials summed,
+  // dense parameters first, then the experts.
   void round_presums(bool deferred, const std::vector<std::size_t>* only = nullptr) {
     if (cp_) {
       const int64_t n = numel_where([](const LocalParam& p) { return !p.expert; }, deferred, only);
@@ -443,6 +442,11 @@ class SkeletonRun {
           [](const LocalParam& p) { return p.tp_replicated && !p.expert; }, deferred, only);
       if (n > 0) tp_->all_reduce(null_buf(count_of(n), numeric()))->wait();
     }
+    // The experts' partials: over the expert-parts group (one EP rank: the ranks reading the same
+    // sequences, the CP group; one part), then under SP over TP.
+    const int64_t e = numel_where([](const LocalParam& p) { return p.expert; }, deferred, only);
+    if (e > 0 && cp_) cp_->all_reduce(null_buf(count_of(e), numeric()))->wait();
+    if (e > 0 && sp()) tp_->all_reduce(null_buf(count_of(e), numeric()))->wait();
   }
 
   // MeshImpl::unit_ready: each buffer the step completes is rounded (bf16), its TP-replicated

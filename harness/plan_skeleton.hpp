@@ -47,8 +47,8 @@ struct SkeletonSpec {
   int steps = 2;
 };
 
-// Why the skeleton does not time p yet ("" when it does): pipeline, context and expert
-// parallelism, MoE layers under TP, kv heads replicated over TP, hybrid shard with TP.
+// Why the skeleton does not time p yet ("" when it does): ring context parallelism, expert
+// parallelism, kv heads replicated over TP, hybrid shard with TP, PP or CP.
 std::string untimed_reason(const ParallelSpec& p, const ref::ModelConfig& m);
 
 // The skeleton of configuration p at DP size dp with this global batch (sequences per step).

@@ -6,6 +6,7 @@
 
 #include <filesystem>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "cli_support.hpp"
@@ -28,7 +29,7 @@ std::vector<fs::path> parity_scenarios() {
 }
 
 TEST(Conformance, ThePlannerIssuesWhatTheEngineIssuesOnEveryConfigurationItTimes) {
-  int checked = 0, tensor_parallel = 0, model_parallel_left = 0;
+  int checked = 0, tensor_parallel = 0, moe_model_parallel = 0, model_parallel_left = 0;
   for (const fs::path& file : parity_scenarios()) {
     const Scenario s = load_scenario(file.string());
     for (const ParallelSpec& p : s.configs) {
@@ -39,15 +40,52 @@ TEST(Conformance, ThePlannerIssuesWhatTheEngineIssuesOnEveryConfigurationItTimes
       }
       ++checked;
       if (p.mesh.tp > 1) ++tensor_parallel;
+      if (s.model.moe && (p.mesh.tp > 1 || p.mesh.cp > 1)) ++moe_model_parallel;
       EXPECT_EQ(conformance(s, p), "") << file.filename().string();
     }
   }
   EXPECT_GT(checked, 56);
   EXPECT_GT(tensor_parallel, 0);
+  EXPECT_GT(moe_model_parallel, 0);  // MoE layers under TP
   std::printf(
-      "conformance: %d configurations checked (%d with TP); %d the planner does not time "
-      "yet\n",
-      checked, tensor_parallel, model_parallel_left);
+      "conformance: %d configurations checked (%d with TP, %d MoE under TP or CP); %d the "
+      "planner does not time yet\n",
+      checked, tensor_parallel, moe_model_parallel, model_parallel_left);
+}
+
+// MoE layers on one EP rank under TP with and without SP, and under Ulysses CP (the parity
+// matrix has no such entry without EP): the router on each rank's own rows, the probabilities
+// gathered over TP and CP, and in bf16 the experts' TP partials summed before the rounding; f64
+// and the bf16 recipe, DDP, ZeRO-1 and ZeRO-3.
+TEST(Conformance, MoeLayersUnderTensorAndContextParallelism) {
+  const Scenario base =
+      load_scenario(shardcheck::testing::kScenarios + "/parity/mp_compose_moe.json");
+  int checked = 0;
+  for (const ref::Precision precision : {ref::Precision::kF64, ref::Precision::kBf16}) {
+    Scenario s = base;
+    s.train.precision = precision;
+    for (const auto& [tp, cp, sp, zero] :
+         std::vector<std::tuple<int, int, bool, int>>{{2, 1, true, 0},
+                                                      {2, 1, false, 1},
+                                                      {2, 1, true, 3},
+                                                      {1, 2, false, 0},
+                                                      {2, 2, true, 1}}) {
+      ParallelSpec p = s.parallel;
+      p.mesh = comm::MeshShape{};
+      p.mesh.dp = 8 / tp / cp;
+      p.mesh.tp = tp;
+      p.mesh.cp = cp;
+      p.sequence_parallel = sp;
+      p.cp_algo = "ulysses";
+      p.zero = zero;
+      p.fsdp.reset();
+      ASSERT_EQ(unsupported(s, p), "") << p.label();
+      ASSERT_EQ(untimed_reason(p, s.model), "") << p.label();
+      EXPECT_EQ(conformance(s, p), "") << p.label();
+      ++checked;
+    }
+  }
+  EXPECT_EQ(checked, 10);
 }
 
 // The check can fail: an engine whose gradient reductions average instead of sum, whose norm
