@@ -272,8 +272,11 @@ bool same(const OpLog& la, const OpRecord& a, const OpLog& lb, const OpRecord& b
   if (a.kind != b.kind) return false;
   if (a.kind == K::compute) {
     if (a.name != b.name || !near(a.bytes, b.bytes, rel)) return false;
-    if (std::find(o.upper_bounds.begin(), o.upper_bounds.end(), a.name) != o.upper_bounds.end())
-      return b.flops >= a.flops * (1 - rel);
+    const auto listed = [&](const std::vector<std::string>& names) {
+      return std::find(names.begin(), names.end(), a.name) != names.end();
+    };
+    if (listed(o.unchecked_flops)) return true;
+    if (listed(o.upper_bounds)) return b.flops >= a.flops * (1 - rel);
     return near(a.flops, b.flops, rel);
   }
   if (a.kind == K::wait) return a.op == b.op;
@@ -281,6 +284,10 @@ bool same(const OpLog& la, const OpRecord& a, const OpLog& lb, const OpRecord& b
   const auto members = [](const OpLog& l, const OpRecord& r) -> const std::vector<int>& {
     return l.groups[static_cast<std::size_t>(r.group)].members;
   };
+  if (a.kind == K::all_to_all_v && o.routed_splits)
+    return members(la, a) == members(lb, b) && a.dtype == b.dtype &&
+           a.send_counts.size() == b.send_counts.size() &&
+           a.recv_counts.size() == b.recv_counts.size();
   return members(la, a) == members(lb, b) && a.dtype == b.dtype && a.send_count == b.send_count &&
          a.recv_count == b.recv_count && a.redop == b.redop && a.root_or_peer == b.root_or_peer &&
          a.tag == b.tag && a.send_counts == b.send_counts && a.recv_counts == b.recv_counts;
@@ -295,6 +302,13 @@ void context(std::ostringstream& os, const char* side, const OpLog& l, std::size
 }
 
 }  // namespace
+
+double flops_named(const OpLog& log, const std::string& name) {
+  double sum = 0;
+  for (const OpRecord& r : log.records)
+    if (r.kind == OpRecord::Kind::compute && r.name == name) sum += r.flops;
+  return sum;
+}
 
 std::string first_difference(const OpLog& a, const OpLog& b, const CompareOptions& o) {
   const std::size_t n = std::max(a.records.size(), b.records.size());

@@ -111,11 +111,21 @@ struct CompareOptions {
   // Compute reports whose FLOPs depend on the data (MoE experts: what the router kept), where the
   // second log states an assumption that bounds the first from above.
   std::vector<std::string> upper_bounds;
+  // Compute reports whose FLOPs depend on other ranks' data and are not compared record by record
+  // (MoE experts under expert parallelism: the rows a rank's experts receive depend on its EP
+  // peers' routing); the caller compares their totals (flops_named).
+  std::vector<std::string> unchecked_flops;
+  // all_to_all_v's splits depend on the data (MoE dispatch and combine): the number of peers
+  // must agree, the counts and their totals need not.
+  bool routed_splits = false;
 };
 // The first difference between two cost views, "" when equal: communication ops must agree in
 // kind, members, dtype, counts, reduction, root or peer and tag; waits in what they wait on;
 // compute in name, and FLOPs and bytes within rel_tol (an upper_bounds name: b's FLOPs at least
-// a's). Each side is described with a few records around it.
+// a's; an unchecked_flops name: bytes only). Each side is described with a few records around it.
 std::string first_difference(const OpLog& a, const OpLog& b, const CompareOptions& o = {});
+
+// The FLOPs of the log's compute reports with this name, added up.
+double flops_named(const OpLog& log, const std::string& name);
 
 }  // namespace shardcheck::comm

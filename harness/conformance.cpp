@@ -60,12 +60,32 @@ std::string conformance(const Scenario& s, const ParallelSpec& p,
                         parallel::testing::Mutation planted) {
   const std::vector<comm::OpLog> engine = engine_op_logs(s, p, planted);
   const std::vector<comm::OpLog> planner = planner_op_logs(s, p);
-  // The planner's routing assumption: every top-k assignment kept (plan_skeleton.hpp).
-  const comm::CompareOptions o{.upper_bounds = {"moe experts forward", "moe experts backward"}};
+  // The planner's routing assumption (plan_skeleton.hpp): every top-k assignment kept, so its
+  // experts' FLOPs bound the engine's from above: on each rank with one EP rank, over the world
+  // with EP (a rank's experts then receive what its EP peers routed), where the dispatch and
+  // combine splits are the assumption's too.
+  const std::vector<std::string> experts = {"moe experts forward", "moe experts backward"};
+  const bool ep = p.mesh.ep > 1;
+  comm::CompareOptions o;
+  (ep ? o.unchecked_flops : o.upper_bounds) = experts;
+  o.routed_splits = ep;
+  std::vector<comm::OpLog> a, b;
   for (std::size_t r = 0; r < engine.size(); ++r) {
-    const std::string d =
-        comm::first_difference(comm::cost_view(engine[r]), comm::cost_view(planner[r]), o);
+    a.push_back(comm::cost_view(engine[r]));
+    b.push_back(comm::cost_view(planner[r]));
+    const std::string d = comm::first_difference(a.back(), b.back(), o);
     if (!d.empty()) return p.label() + ", rank " + std::to_string(r) + ": " + d;
+  }
+  for (const std::string& name : experts) {
+    double engine_flops = 0, planner_flops = 0;
+    for (std::size_t r = 0; r < a.size(); ++r) {
+      engine_flops += comm::flops_named(a[r], name);
+      planner_flops += comm::flops_named(b[r], name);
+    }
+    if (planner_flops < engine_flops * (1 - o.rel_tol))
+      return p.label() + ": the planner's " + name + " FLOPs over the world, " +
+             std::to_string(planner_flops) + ", are below the engine's, " +
+             std::to_string(engine_flops);
   }
   return "";
 }

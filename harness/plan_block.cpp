@@ -2,6 +2,8 @@
 #include "harness/plan_block.hpp"
 
 #include <algorithm>
+#include <cmath>
+#include <vector>
 
 #include "parallel/costs.hpp"
 
@@ -62,10 +64,26 @@ costs::UlyssesShape attention(const ref::ModelConfig& m, int heads, int kv_heads
 
 }  // namespace
 
-// ep_moe_forward on one EP rank (untimed_reason: no expert parallelism): the router on the
-// rank's own rows (SP: its TP part of the CP rank's), the whole sequence's probabilities gathered
-// (tokens.cpp's gather_sequence: over TP under SP, then over CP), the local experts on every
-// top-k assignment of those rows (the routing assumption: none dropped, an upper bound).
+double SequenceOps::routed_rows_per_peer() const {
+  const double assignments = moe_rows() * s_.model->moe->top_k;
+  return ep_ ? std::ceil(assignments / ep_->size()) : assignments;
+}
+
+void SequenceOps::ep_exchange() {
+  if (!ep_) return;
+  const auto peers = static_cast<std::size_t>(ep_->size());
+  const std::size_t split =
+      count_of(static_cast<int64_t>(routed_rows_per_peer())) * count_of(s_.model->hidden);
+  const std::vector<std::size_t> splits(peers, split);
+  ep_->all_to_all_v(null_buf(split * peers, activation()), splits,
+                    null_buf(split * peers, activation()), splits)
+      ->wait();
+}
+
+// ep_moe_forward: the router on the rank's own rows (SP: its TP part of the CP rank's), the whole
+// sequence's probabilities gathered (tokens.cpp's gather_sequence: over TP under SP, then over
+// CP), with EP the per-expert counts exchanged (all_to_all) and the rows dispatched, the local
+// experts on every row they receive, the outputs combined back.
 void SequenceOps::moe_forward() {
   const ref::ModelConfig& m = *s_.model;
   const double n = moe_rows(), h = m.hidden, e = m.moe->experts;
@@ -78,14 +96,25 @@ void SequenceOps::moe_forward() {
     cp_->all_gather(null_buf(count_of(static_cast<int64_t>(rows() * e)), activation()),
                     null_buf(count_of(static_cast<int64_t>(rows() * s_.cp * e)), activation()))
         ->wait();
-  world_.compute(costs::moe_experts_forward(n * m.moe->top_k, h, m.ffn));
+  if (ep_)
+    ep_->all_to_all(null_buf(count_of(m.moe->experts), comm::DType::i64),
+                    null_buf(count_of(m.moe->experts), comm::DType::i64))
+        ->wait();
+  ep_exchange();  // dispatch
+  const double received = routed_rows_per_peer() * (ep_ ? ep_->size() : 1);
+  world_.compute(costs::moe_experts_forward(received, h, m.ffn));
+  ep_exchange();  // combine
 }
 
-// ep_moe_backward: no TP or CP collectives (each rank routed its own rows).
+// ep_moe_backward: the output gradients to the experts, their backward, the input gradients back;
+// no TP or CP collectives (each rank routed its own rows).
 void SequenceOps::moe_backward() {
   const ref::ModelConfig& m = *s_.model;
   const double n = moe_rows(), h = m.hidden;
-  world_.compute(costs::moe_experts_backward(n * m.moe->top_k, h, m.ffn));
+  ep_exchange();
+  const double received = routed_rows_per_peer() * (ep_ ? ep_->size() : 1);
+  world_.compute(costs::moe_experts_backward(received, h, m.ffn));
+  ep_exchange();
   world_.compute(costs::moe_router_backward(n, h, m.moe->experts));
 }
 

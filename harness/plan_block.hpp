@@ -3,8 +3,10 @@
 // TP and CP collectives of tp_block.cpp (the block: SP gathers and reduce_scatters or the
 // row-parallel all_reduces, their backwards), cp_attention.cpp (Ulysses' all_to_alls),
 // vocab_parallel.cpp (the embedding and the head's loss all_reduces) and ep_moe.cpp (the router,
-// its probabilities gathered over TP under SP and over CP, and the experts, on one EP rank). Sizes from the model, the token layout and the TP / CP sizes;
-// null buffers. The conformance test compares what it issues with the engine's numeric run.
+// its probabilities gathered over TP under SP and over CP, the counts and rows exchanged with the
+// EP peers, and the experts; the routing assumption: every top-k assignment kept, spread evenly).
+// Sizes from the model, the token layout and the TP / CP sizes; null buffers. The conformance test
+// compares what it issues with the engine's numeric run.
 #pragma once
 
 #include <cstddef>
@@ -39,9 +41,10 @@ class SequenceOps {
     int tp = 1, cp = 1;
     double elem = 4;  // bytes of the engine's numeric type
   };
-  // world: compute reports; tp, cp: the rank's groups (null when of one rank).
-  SequenceOps(Shape s, comm::Communicator& world, comm::Communicator* tp, comm::Communicator* cp)
-      : s_(s), world_(world), tp_(tp), cp_(cp) {}
+  // world: compute reports; tp, cp, ep: the rank's groups (null when of one rank).
+  SequenceOps(Shape s, comm::Communicator& world, comm::Communicator* tp, comm::Communicator* cp,
+              comm::Communicator* ep = nullptr)
+      : s_(s), world_(world), tp_(tp), cp_(cp), ep_(ep) {}
 
   void embed_forward() { reduce_out(); }
   void embed_backward() { reduce_out_backward(); }
@@ -72,11 +75,17 @@ class SequenceOps {
   void ulysses_exchange(double elems);
   void moe_forward();
   void moe_backward();
+  // ep_moe.cpp's exchange of rows with the EP peers (dispatch, combine and their backwards)
+  // under the routing assumption: each rank's n x k assignments spread evenly over the experts,
+  // ceil(n k / ep) rows to each EP rank, so every rank's experts receive ep times that.
+  double routed_rows_per_peer() const;
+  void ep_exchange();
 
   Shape s_;
   comm::Communicator& world_;
   comm::Communicator* tp_;
   comm::Communicator* cp_;
+  comm::Communicator* ep_;
 };
 
 }  // namespace shardcheck::harness

@@ -7,6 +7,7 @@
 #include <memory>
 #include <optional>
 #include <set>
+#include <span>
 #include <utility>
 
 #include "harness/driver.hpp"
@@ -14,6 +15,7 @@
 #include "parallel/costs.hpp"
 #include "parallel/flops.hpp"
 #include "parallel/layerwise.hpp"
+#include "parallel/mp/mesh_bf16.hpp"
 #include "parallel/mp/mesh_grad_units.hpp"
 #include "parallel/mp/mesh_residency.hpp"
 #include "parallel/mp/pipeline.hpp"
@@ -34,7 +36,8 @@ using skeleton_detail::numeric_dtype;
 
 std::string untimed_reason(const ParallelSpec& p, const ref::ModelConfig& m) {
   const comm::MeshShape& s = p.mesh;
-  if (s.ep > 1) return "expert parallel meshes are not timed yet";
+  if (s.ep > 1 && p.fsdp && *p.fsdp == "hybrid_shard")
+    return "hybrid_shard with expert parallelism is not timed yet";
   if (s.cp > 1 && p.cp_algo != "ulysses")
     return "ring context parallelism is not timed yet (its ranks' per-step work differs, which "
            "one representative clock cannot stand for); Ulysses is";
@@ -109,6 +112,16 @@ std::vector<sim::SplitRule> Skeleton::splits() const {
                                    [](int r) { return r; }});
     }
   }
+  const comm::DeviceMesh mesh = mesh_;
+  if (ep() > 1)
+    for (const comm::Axis a : {comm::Axis::ep, comm::Axis::edp})
+      out.push_back(
+          sim::SplitRule{[mesh, a](int r) { return mesh.group_index(r, std::span(&a, 1)); },
+                         [](int r) { return r; }});
+  if (expert_parts())
+    out.push_back(
+        sim::SplitRule{[mesh](int r) { return parallel::mesh_detail::expert_parts_color(mesh, r); },
+                       [](int r) { return r; }});
   if (shard_size_ == spec_.dp) return out;
   const int s = shard_size_;
   out.push_back(sim::SplitRule{[s](int r) { return r / s; }, [](int r) { return r; }});
@@ -175,6 +188,16 @@ class SkeletonRun {
       if (pp() == 1) pp_.reset();
       if (cp() == 1) cp_.reset();
     }
+    if (k_.ep() > 1) {  // build_groups' ep group, the engine's expert-dp group
+      const comm::Axis ep[] = {comm::Axis::ep}, edp[] = {comm::Axis::edp};
+      ep_ = world_.split(k_.mesh_.group_index(r, ep), r, {.name = "ep"});
+      edp_ = world_.split(k_.mesh_.group_index(r, edp), r, {.name = "expert-dp"});
+    }
+    if (k_.expert_parts()) {  // mesh_bf16.hpp's expert_parts
+      parts_ = world_.split(parallel::mesh_detail::expert_parts_color(k_.mesh_, r), r,
+                            {.name = "expert-parts"});
+      expert_parts_ = parallel::mesh_detail::expert_part_count(k_.mesh_, r);
+    }
     seq_.emplace(SequenceOps::Shape{.model = &sp_.model,
                                     .layout = &k_.layout_,
                                     .precision = sp_.train.precision,
@@ -183,7 +206,7 @@ class SkeletonRun {
                                     .tp = sp_.tp,
                                     .cp = cp(),
                                     .elem = k_.elem_},
-                 world_, tp_.get(), cp_.get());
+                 world_, tp_.get(), cp_.get(), ep_.get());
     if (k_.shard_size_ != sp_.dp) {  // mesh_rows.hpp's hybrid_split over the data-parallel ranks
       const int s = k_.shard_size_;
       shard_ = world_.split(r / s, r, {.name = "dp-cp-shard"});
@@ -239,10 +262,10 @@ class SkeletonRun {
     Pending issue(int u) {
       Pending p;
       for (const FlatClass& c : run->classes_) {
-        if (c.unit != u || run->group_->size() == 1 || c.numel == 0) continue;
-        p.works.push_back(
-            run->group_->all_gather(null_buf(count_of(run->shard(c)), run->sp_.param_dtype),
-                                    null_buf(count_of(run->padded(c)), run->sp_.param_dtype)));
+        comm::Communicator& g = run->group_of(c);
+        if (c.unit != u || g.size() == 1 || c.numel == 0) continue;
+        p.works.push_back(g.all_gather(null_buf(count_of(run->shard(c)), run->sp_.param_dtype),
+                                       null_buf(count_of(run->padded(c)), run->sp_.param_dtype)));
       }
       return p;
     }
@@ -261,9 +284,14 @@ class SkeletonRun {
   using Residency = parallel::mesh_detail::Residency<Gathers>;
 
   int64_t shard(const FlatClass& c) const {
-    return parallel::shard_elems(c.numel, group_->size(), k_.zero_);
+    return parallel::shard_elems(c.numel, group_of(c).size(), k_.zero_);
   }
-  int64_t padded(const FlatClass& c) const { return shard(c) * group_->size(); }
+  int64_t padded(const FlatClass& c) const { return shard(c) * group_of(c).size(); }
+  // The class's sharding and summing group: expert parameters', under EP, the expert-data-parallel
+  // ranks (mesh_zero.cpp's env.expert); the others' (and every class's without EP) group_.
+  comm::Communicator& group_of(const FlatClass& c) const {
+    return c.expert && edp_ ? *edp_ : *group_;
+  }
   const LocalParam& spec(std::size_t i) const { return specs_[i]; }
   comm::DType numeric() const { return sp_.grad_dtype; }
   // What activations and their gradients move in: the engine's numeric type.
@@ -442,11 +470,15 @@ class SkeletonRun {
           [](const LocalParam& p) { return p.tp_replicated && !p.expert; }, deferred, only);
       if (n > 0) tp_->all_reduce(null_buf(count_of(n), numeric()))->wait();
     }
-    // The experts' partials: over the expert-parts group (one EP rank: the ranks reading the same
-    // sequences, the CP group; one part), then under SP over TP.
+    // The experts' partials, once or once per part (an EP group whose members read several data
+    // ranks): over the expert-parts group (the ranks reading the same sequences), then under SP
+    // over TP.
     const int64_t e = numel_where([](const LocalParam& p) { return p.expert; }, deferred, only);
-    if (e > 0 && cp_) cp_->all_reduce(null_buf(count_of(e), numeric()))->wait();
-    if (e > 0 && sp()) tp_->all_reduce(null_buf(count_of(e), numeric()))->wait();
+    if (e == 0 || !parts_) return;
+    for (int part = 0; part < std::max(1, expert_parts_); ++part) {
+      if (parts_->size() > 1) parts_->all_reduce(null_buf(count_of(e), numeric()))->wait();
+      if (sp()) tp_->all_reduce(null_buf(count_of(e), numeric()))->wait();
+    }
   }
 
   // MeshImpl::unit_ready: each buffer the step completes is rounded (bf16), its TP-replicated
@@ -463,9 +495,9 @@ class SkeletonRun {
       }
       finish_unit_reduce();
       in_flight_ = ci;
-      if (group_->size() > 1)
-        rs_work_ = group_->reduce_scatter(null_buf(count_of(padded(classes_[ci])), numeric()),
-                                          null_buf(count_of(shard(classes_[ci])), numeric()));
+      if (comm::Communicator& g = group_of(classes_[ci]); g.size() > 1)
+        rs_work_ = g.reduce_scatter(null_buf(count_of(padded(classes_[ci])), numeric()),
+                                    null_buf(count_of(shard(classes_[ci])), numeric()));
     }
   }
   // MeshOptimizer::complete_unit_reduce of the one in flight.
@@ -505,7 +537,8 @@ class SkeletonRun {
     if (k_.zero_ >= 2) return;
     for (std::size_t ci = 0; ci < classes_.size(); ++ci) {
       const FlatClass& c = classes_[ci];
-      if (c.numel == 0 || group_->size() == 1) continue;
+      comm::Communicator& g = group_of(c);
+      if (c.numel == 0 || g.size() == 1) continue;
       int64_t n = 0;
       for (const std::size_t i : c.specs) {
         if (issued_spec_[i] || std::find(bucket_.begin(), bucket_.end(), i) == bucket_.end())
@@ -513,7 +546,7 @@ class SkeletonRun {
         issued_spec_[i] = true;
         n += ref::numel_of(spec(i).local_shape);
       }
-      if (n > 0) issued_.emplace_back(ci, group_->all_reduce(null_buf(count_of(n), numeric())));
+      if (n > 0) issued_.emplace_back(ci, g.all_reduce(null_buf(count_of(n), numeric())));
     }
   }
 
@@ -522,22 +555,22 @@ class SkeletonRun {
     for (std::size_t ci = 0; ci < classes_.size(); ++ci) {
       const FlatClass& c = classes_[ci];
       if (c.numel == 0) continue;
+      comm::Communicator& g = group_of(c);
       if (k_.zero_ >= 2) {
         if (reduce_chunk_[ci] >= 0) continue;  // reduced every microbatch (unit_ready)
-        if (group_->size() > 1)
-          group_
-              ->reduce_scatter(null_buf(count_of(padded(c)), numeric()),
-                               null_buf(count_of(shard(c)), numeric()))
+        if (g.size() > 1)
+          g.reduce_scatter(null_buf(count_of(padded(c)), numeric()),
+                           null_buf(count_of(shard(c)), numeric()))
               ->wait();
         if (replicas_ && replicas_->size() > 1)
           replicas_->all_reduce(null_buf(count_of(shard(c)), numeric()))->wait();
         continue;
       }
-      if (group_->size() == 1) continue;
+      if (g.size() == 1) continue;
       int64_t rest = 0;
       for (const std::size_t i : c.specs)
         if (!issued_spec_[i]) rest += ref::numel_of(spec(i).local_shape);
-      if (rest > 0) group_->all_reduce(null_buf(count_of(rest), numeric()))->wait();
+      if (rest > 0) g.all_reduce(null_buf(count_of(rest), numeric()))->wait();
       for (auto& [cls, work] : issued_)
         if (cls == ci) work->wait();
     }
@@ -548,15 +581,15 @@ class SkeletonRun {
   // then one AdamW report.
   void update() {
     int64_t owned = 0;
-    const int r = group_->rank();
     for (const FlatClass& c : classes_) {
+      comm::Communicator& g = group_of(c);
+      const int r = g.rank();
       const int64_t sh = shard(c);
       owned +=
           k_.zero_ == 0 ? c.numel : std::min(c.numel, (r + 1) * sh) - std::min(c.numel, r * sh);
-      if ((k_.zero_ == 1 || k_.zero_ == 2) && group_->size() > 1 && c.numel > 0)
-        group_
-            ->all_gather(null_buf(count_of(sh), sp_.param_dtype),
-                         null_buf(count_of(padded(c)), sp_.param_dtype))
+      if ((k_.zero_ == 1 || k_.zero_ == 2) && g.size() > 1 && c.numel > 0)
+        g.all_gather(null_buf(count_of(sh), sp_.param_dtype),
+                     null_buf(count_of(padded(c)), sp_.param_dtype))
             ->wait();
     }
     world_.compute(costs::adamw(static_cast<double>(owned), sp_.recipe));
@@ -568,6 +601,10 @@ class SkeletonRun {
   comm::Communicator* data_;   // the data-parallel ranks (the loss denominators)
   comm::Communicator* group_;  // each class's sharding (and summing) group
   std::unique_ptr<comm::Communicator> tp_, dp_, pp_, cp_, dense_, shard_, replicas_;
+  // EP (null without): the expert group, the expert-data-parallel ranks; the bf16 recipe's
+  // expert-parts group (mesh_bf16.hpp) and how many parts it keeps (0: whole).
+  std::unique_ptr<comm::Communicator> ep_, edp_, parts_;
+  int expert_parts_ = 0;
   int stage_ = 0;
   parallel::StagePlan plan_;
   std::vector<LocalParam> specs_;  // this rank's parameters

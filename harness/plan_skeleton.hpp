@@ -1,7 +1,8 @@
 // The step skeleton of a configuration: what the mesh engine (parallel/mp/mesh_engine.cpp)
 // issues on a dp x tp x pp x cp mesh (data parallelism with DDP / ZeRO / FSDP, tensor parallelism
 // with or without sequence parallelism, GPipe / 1F1B / interleaved pipelines, Ulysses context
-// parallelism; untimed_reason() says which meshes it does not cover yet), sized for the real
+// parallelism, expert parallelism; untimed_reason() says which meshes it does not cover yet),
+// sized for the real
 // model, with null buffers and real counts. Its layout and order come from the engine's own
 // pieces: its parameters (local_params), stage plans, flat buffers and shards (flat_classes),
 // ZeRO-3 / FSDP residency (Residency over chunk_uses) and per-microbatch unit reductions
@@ -14,7 +15,8 @@
 // planner's sim::SymmetricClock (one representative rank: every rank of a mesh without a pipeline
 // issues alike) or sim::StageWorld (one representative per pipeline stage). Timing only: no
 // numerics, no memory books. Stated assumption: MoE experts keep every top-k assignment (no
-// capacity drops; an upper bound).
+// capacity drops; an upper bound), and under EP each rank's assignments spread evenly over the
+// EP ranks (ceil(rows x top_k / ep) rows to each).
 #pragma once
 
 #include <cstddef>
@@ -63,8 +65,9 @@ class Skeleton {
  public:
   explicit Skeleton(SkeletonSpec spec);
   const SkeletonSpec& spec() const { return spec_; }
-  // Rules of the splits run() makes (the tp and dp groups; hybrid shard: shard group, then
-  // replicate group), for a sim::SymmetricClock.
+  // Rules of the splits run() makes (the tp, dp, pp, cp and dp x cp groups; EP: the ep and
+  // expert-dp groups; bf16 MoE: expert parts; hybrid shard: shard group, then replicate group),
+  // for a sim::SymmetricClock.
   std::vector<sim::SplitRule> splits() const;
   // Issues spec().steps steps on this rank of the world (dp x tp ranks).
   void run(comm::Communicator& world) const;
@@ -83,6 +86,11 @@ class Skeleton {
   comm::DeviceMesh mesh_{comm::MeshShape{}};
   parallel::TokenLayout layout_{1, 1, 1, false};
   bool model_parallel() const;  // tp, pp or cp above 1: the engine's groups are split
+  int ep() const { return mesh_.size(comm::Axis::ep); }
+  // The bf16 recipe on a MoE model: the engine's expert-parts group (mesh_bf16.hpp).
+  bool expert_parts() const {
+    return spec_.train.precision == ref::Precision::kBf16 && spec_.model.moe.has_value();
+  }
   // The groups run() splits, in order: tp, dp, pp, cp, and the dense gradient group dp x cp.
   static std::vector<std::vector<comm::Axis>> group_axes();
   std::map<int, int> wrap_of_;  // layerwise unit -> wrap unit

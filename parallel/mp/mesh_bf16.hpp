@@ -45,6 +45,15 @@ inline int expert_part_count(const comm::DeviceMesh& mesh, int rank) {
   return n > 1 ? n : 0;
 }
 
+// The expert-parts group of `rank`, as a split color: the expert-data-parallel ranks whose EP
+// groups read the same data ranks as its own (one EP rank: its CP group), named by the first.
+inline int expert_parts_color(const comm::DeviceMesh& mesh, int rank) {
+  const std::set<int> mine = ep_data_ranks(mesh, rank);
+  for (int m : mesh.group(rank, comm::Axis::edp))
+    if (ep_data_ranks(mesh, m) == mine) return m;
+  return rank;
+}
+
 inline ExpertParts expert_parts(comm::Communicator& world, const comm::DeviceMesh& mesh) {
   using comm::Axis;
   const auto data_ranks = [&](int rank) { return ep_data_ranks(mesh, rank); };
@@ -56,13 +65,7 @@ inline ExpertParts expert_parts(comm::Communicator& world, const comm::DeviceMes
     for (int m : mesh.group(r, Axis::ep))
       x.part_of_source.push_back(
           static_cast<int>(std::distance(mine.begin(), mine.find(mesh.coord(m, Axis::dp)))));
-  int color = r;
-  for (int m : mesh.group(r, Axis::edp))
-    if (data_ranks(m) == mine) {
-      color = m;
-      break;
-    }
-  x.group = world.split(color, r, {.name = "expert-parts"});
+  x.group = world.split(expert_parts_color(mesh, r), r, {.name = "expert-parts"});
   return x;
 }
 

@@ -29,7 +29,8 @@ std::vector<fs::path> parity_scenarios() {
 }
 
 TEST(Conformance, ThePlannerIssuesWhatTheEngineIssuesOnEveryConfigurationItTimes) {
-  int checked = 0, tensor_parallel = 0, moe_model_parallel = 0, model_parallel_left = 0;
+  int checked = 0, tensor_parallel = 0, moe_model_parallel = 0, expert_parallel = 0,
+      model_parallel_left = 0;
   for (const fs::path& file : parity_scenarios()) {
     const Scenario s = load_scenario(file.string());
     for (const ParallelSpec& p : s.configs) {
@@ -41,16 +42,18 @@ TEST(Conformance, ThePlannerIssuesWhatTheEngineIssuesOnEveryConfigurationItTimes
       ++checked;
       if (p.mesh.tp > 1) ++tensor_parallel;
       if (s.model.moe && (p.mesh.tp > 1 || p.mesh.cp > 1)) ++moe_model_parallel;
+      if (p.mesh.ep > 1) ++expert_parallel;
       EXPECT_EQ(conformance(s, p), "") << file.filename().string();
     }
   }
   EXPECT_GT(checked, 56);
   EXPECT_GT(tensor_parallel, 0);
   EXPECT_GT(moe_model_parallel, 0);  // MoE layers under TP
+  EXPECT_GT(expert_parallel, 20);    // f64, f32 and bf16; with DP, TP (+SP), PP, Ulysses CP, ZeRO
   std::printf(
-      "conformance: %d configurations checked (%d with TP, %d MoE under TP or CP); %d the "
-      "planner does not time yet\n",
-      checked, tensor_parallel, moe_model_parallel, model_parallel_left);
+      "conformance: %d configurations checked (%d with TP, %d MoE under TP or CP, %d with EP); "
+      "%d the planner does not time yet\n",
+      checked, tensor_parallel, moe_model_parallel, expert_parallel, model_parallel_left);
 }
 
 // MoE layers on one EP rank under TP with and without SP, and under Ulysses CP (the parity
@@ -117,6 +120,18 @@ TEST(Conformance, APlantedReductionBugIsADifference) {
         << p.label();
   }
   EXPECT_GT(tp_checked, 0);
+  // Expert parallelism: expert gradients summed over the dense group instead of the experts'
+  // data-parallel ranks; the MoE dispatch's splits are left to the data, its group is not.
+  const Scenario e = load_scenario(shardcheck::testing::kScenarios + "/parity/mp_ep.json");
+  int ep_checked = 0;
+  for (const ParallelSpec& p : e.configs) {
+    if (p.mesh.ep == 1 || !untimed_reason(p, e.model).empty() || !unsupported(e, p).empty())
+      continue;
+    ++ep_checked;
+    EXPECT_NE(conformance(e, p, parallel::testing::Mutation::kExpertSumOverDenseGroup), "")
+        << p.label();
+  }
+  EXPECT_GT(ep_checked, 4);
 }
 
 }  // namespace

@@ -229,6 +229,29 @@ TEST(PlanSearch, TheStageBoundPrunesBlockingCommunicationAndKeepsTheAnswer) {
         << pruned.families[i].best.bound_s;
 }
 
+// A MoE model (the EP parity scenario) on 8 ranks: expert-parallel meshes are timed, the + EP
+// family has a best, and its step is what plan's evaluate gives that configuration.
+TEST(PlanSearch, ExpertParallelMeshesAreTimed) {
+  const Scenario s = load_scenario(std::string(SHARDCHECK_SCENARIOS_DIR) + "/parity/mp_ep.json");
+  SearchOptions o;
+  o.world = 8;
+  const SearchResult r = search_plans(s, o);
+  const auto ep = std::find_if(r.families.begin(), r.families.end(),
+                               [](const FamilyBest& f) { return f.family == "+ EP"; });
+  ASSERT_NE(ep, r.families.end());
+  ASSERT_TRUE(ep->found) << ep->why;
+  EXPECT_GT(ep->best.spec.mesh.ep, 1);
+  Scenario sc = s;
+  sc.train.micro_batch = ep->best.micro_batch;
+  sc.train.recompute = ep->best.recompute;
+  PlanOptions po;
+  po.steps = 1;
+  const StepEval e =
+      evaluate(sc, ep->best.spec, ep->best.spec.mesh.dp, s.train.global_batch, po, false, false);
+  EXPECT_DOUBLE_EQ(e.step_time_s, ep->best.eval.step_time_s);
+  EXPECT_LE(ep->best.bound_s, e.step_time_s * (1 + 1e-12));
+}
+
 TEST(PlanSearch, ADeviceTooSmallSaysWhyForEveryFamily) {
   SearchOptions o;
   o.world = 8;

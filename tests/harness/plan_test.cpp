@@ -17,6 +17,7 @@
 #include "cli_support.hpp"
 #include "harness/driver.hpp"
 #include "harness/plan.hpp"
+#include "harness/plan_skeleton.hpp"
 #include "harness/runner.hpp"
 #include "harness/scenario.hpp"
 #include "parallel/costs.hpp"
@@ -289,6 +290,27 @@ TEST(Plan, StepTimeIsTheEnginesOnModelParallelMeshes) {
     }
   }
   EXPECT_GT(compared, 9);
+}
+
+// Expert-parallel meshes (bf16: the expert-parts sums too; with TP, SP, PP, Ulysses CP, ZeRO-1
+// and ZeRO-3): the symmetric clock or the stage representatives give the step time that every
+// rank on SimWorld in meta mode gives, running the same skeleton (its routing assumption:
+// ceil(rows x top_k / ep) rows to each EP rank).
+TEST(Plan, ExpertParallelMeshesAreTimedAsOnEveryRank) {
+  int compared = 0;
+  for (const char* name : {"mp_ep_bf16.json", "mp_compose_moe.json"}) {
+    const Scenario s = load_scenario(shardcheck::testing::kScenarios + "/parity/" + name);
+    for (const ParallelSpec& p : s.configs) {
+      if (p.mesh.ep == 1 || !untimed_reason(p, s.model).empty()) continue;
+      const StepEval clock = evaluate(s, p, p.mesh.dp, s.train.global_batch, {});
+      const StepEval world = evaluate(s, p, p.mesh.dp, s.train.global_batch, {}, true);
+      EXPECT_GT(clock.step_time_s, 0) << p.label();
+      EXPECT_NEAR(clock.step_time_s, world.step_time_s, 1e-9 * world.step_time_s) << p.label();
+      EXPECT_GT(clock.comm_s, 0) << p.label();
+      ++compared;
+    }
+  }
+  EXPECT_GE(compared, 10);
 }
 
 // A mesh the scenario accepts but the engine does not build yet (FSDP no_shard with TP) is

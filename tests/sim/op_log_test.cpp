@@ -1,6 +1,6 @@
 // comm::RecordingCommunicator over the simulator: what it records (splits' groups included, waits
 // once), the cost view (one-rank groups and splits dropped, waits renumbered), and
-// first_difference finding a changed count.
+// first_difference finding a changed count, and what it leaves to the data with routed splits.
 #include <gtest/gtest.h>
 
 #include <vector>
@@ -75,6 +75,43 @@ TEST(OpLog, FirstDifferenceNamesTheRecord) {
   EXPECT_NE(d.find("f32 x 17"), std::string::npos) << d;
   // The two ranks' sends go to different peers.
   EXPECT_NE(comm::first_difference(comm::cost_view(a[0]), comm::cost_view(a[1])), "");
+}
+
+// A MoE dispatch (all_to_all_v) whose splits differ and an expert report whose FLOPs differ:
+// different by default; the same with routed_splits and unchecked_flops, which still compare
+// the group, the dtype and the number of peers; flops_named adds a name's FLOPs up.
+TEST(OpLog, RoutedSplitsAndUncheckedFlopsCompareWhatTheDataDoesNotDecide) {
+  const auto log = [](std::vector<std::size_t> splits, double flops, comm::DType t) {
+    comm::OpLog l;
+    l.groups.push_back({"ep", {0, 1}});
+    comm::OpRecord a;
+    a.kind = K::all_to_all_v;
+    a.group = 0;
+    a.dtype = t;
+    a.send_counts = splits;
+    a.recv_counts = splits;
+    for (const std::size_t n : splits) a.send_count += n;
+    a.recv_count = a.send_count;
+    l.records.push_back(a);
+    comm::OpRecord c;
+    c.kind = K::compute;
+    c.name = "moe experts forward";
+    c.flops = flops;
+    l.records.push_back(c);
+    l.records.push_back(c);
+    return l;
+  };
+  const comm::OpLog a = log({4, 6}, 100, comm::DType::f32), b = log({5, 5}, 80, comm::DType::f32);
+  EXPECT_NE(comm::first_difference(a, b), "");
+  comm::CompareOptions o;
+  o.routed_splits = true;
+  EXPECT_NE(comm::first_difference(a, b, o), "");  // the FLOPs still differ
+  o.unchecked_flops = {"moe experts forward"};
+  EXPECT_EQ(comm::first_difference(a, b, o), "");
+  EXPECT_NE(comm::first_difference(a, log({5, 5}, 80, comm::DType::f64), o), "");
+  EXPECT_NE(comm::first_difference(a, log({10}, 80, comm::DType::f32), o), "");
+  EXPECT_DOUBLE_EQ(comm::flops_named(a, "moe experts forward"), 200);
+  EXPECT_DOUBLE_EQ(comm::flops_named(a, "moe router"), 0);
 }
 
 }  // namespace
