@@ -34,14 +34,13 @@ using skeleton_detail::numeric_dtype;
 
 }  // namespace
 
-std::string untimed_reason(const ParallelSpec& p, const ref::ModelConfig& m) {
+std::string untimed_reason(const ParallelSpec& p, const ref::ModelConfig& /*model*/) {
   const comm::MeshShape& s = p.mesh;
   if (s.ep > 1 && p.fsdp && *p.fsdp == "hybrid_shard")
     return "hybrid_shard with expert parallelism is not timed yet";
   if (s.cp > 1 && p.cp_algo != "ulysses")
     return "ring context parallelism is not timed yet (its ranks' per-step work differs, which "
            "one representative clock cannot stand for); Ulysses is";
-  if (s.tp > m.kv_heads) return "kv heads replicated over TP ranks are not timed yet";
   if ((s.tp > 1 || s.pp > 1 || s.cp > 1) && p.fsdp && *p.fsdp == "hybrid_shard")
     return "hybrid_shard with tensor, pipeline or context parallelism is not timed yet";
   return "";
@@ -111,6 +110,11 @@ std::vector<sim::SplitRule> Skeleton::splits() const {
       out.push_back(sim::SplitRule{[mesh, axes](int r) { return mesh.group_index(r, axes); },
                                    [](int r) { return r; }});
     }
+  }
+  if (kv_replicas() > 1) {  // split from the tp group: colours of its group ranks
+    const int replicas = kv_replicas();
+    out.push_back(
+        sim::SplitRule{[replicas](int r) { return r / replicas; }, [](int r) { return r; }});
   }
   const comm::DeviceMesh mesh = mesh_;
   if (ep() > 1)
@@ -184,6 +188,10 @@ class SkeletonRun {
       }
       data_ = dp_.get();
       group_ = dense_.get();
+      if (k_.kv_replicas() > 1) {  // the engine's tp-kv group, split from tp
+        const int replicas = k_.kv_replicas();
+        kv_ = tp_->split(tp_->rank() / replicas, tp_->rank(), {.name = "tp-kv"});
+      }
       if (sp_.tp == 1) tp_.reset();
       if (pp() == 1) pp_.reset();
       if (cp() == 1) cp_.reset();
@@ -238,6 +246,10 @@ class SkeletonRun {
       if (sp() && tp_) {
         const int64_t n = numel_where([](const LocalParam& p) { return p.tp_replicated; }, true);
         if (n > 0) tp_->all_reduce(null_buf(count_of(n), numeric()))->wait();
+      }
+      if (kv_) {  // the TP ranks sharing a replicated kv head
+        const int64_t n = numel_where([](const LocalParam& p) { return p.kv_replicas > 1; }, true);
+        if (n > 0) kv_->all_reduce(null_buf(count_of(n), numeric()))->wait();
       }
       if (!k_.no_shard_) reduce();
       // 4. norm and numerators, the health check.
@@ -465,6 +477,11 @@ class SkeletonRun {
       const int64_t n = numel_where([](const LocalParam& p) { return !p.expert; }, deferred, only);
       if (n > 0) cp_->all_reduce(null_buf(count_of(n), numeric()))->wait();
     }
+    if (kv_) {
+      const int64_t n =
+          numel_where([](const LocalParam& p) { return p.kv_replicas > 1; }, deferred, only);
+      if (n > 0) kv_->all_reduce(null_buf(count_of(n), numeric()))->wait();
+    }
     if (sp()) {
       const int64_t n = numel_where(
           [](const LocalParam& p) { return p.tp_replicated && !p.expert; }, deferred, only);
@@ -492,6 +509,11 @@ class SkeletonRun {
         const int64_t n =
             numel_where([](const LocalParam& p) { return p.tp_replicated; }, false, &only);
         if (n > 0) tp_->all_reduce(null_buf(count_of(n), numeric()))->wait();
+      }
+      if (kv_) {
+        const int64_t n =
+            numel_where([](const LocalParam& p) { return p.kv_replicas > 1; }, false, &only);
+        if (n > 0) kv_->all_reduce(null_buf(count_of(n), numeric()))->wait();
       }
       finish_unit_reduce();
       in_flight_ = ci;
@@ -521,7 +543,8 @@ class SkeletonRun {
       const LocalParam& p = spec(i);
       if (!pick(p) || !bucketed_.insert(p.name).second) continue;
       if (p.name == "embed.weight" && sp_.model.tie_embeddings && pp() > 1) continue;
-      if (p.tp_replicated && sp()) continue;  // summed over TP first, in sync_gradients
+      // Summed over TP (or the kv replicas) first, in sync_gradients.
+      if ((p.tp_replicated && sp()) || p.kv_replicas > 1) continue;
       bucket_.push_back(i);
       bucket_fill_ += count_of(ref::numel_of(p.local_shape));
     }
@@ -604,6 +627,7 @@ class SkeletonRun {
   // EP (null without): the expert group, the expert-data-parallel ranks; the bf16 recipe's
   // expert-parts group (mesh_bf16.hpp) and how many parts it keeps (0: whole).
   std::unique_ptr<comm::Communicator> ep_, edp_, parts_;
+  std::unique_ptr<comm::Communicator> kv_;  // the TP ranks sharing a replicated kv head
   int expert_parts_ = 0;
   int stage_ = 0;
   parallel::StagePlan plan_;

@@ -49,8 +49,8 @@ struct SkeletonSpec {
   int steps = 2;
 };
 
-// Why the skeleton does not time p yet ("" when it does): ring context parallelism, expert
-// parallelism, kv heads replicated over TP, hybrid shard with TP, PP or CP.
+// Why the skeleton does not time p yet ("" when it does): ring context parallelism, hybrid
+// shard with TP, PP, CP or EP.
 std::string untimed_reason(const ParallelSpec& p, const ref::ModelConfig& m);
 
 // The skeleton of configuration p at DP size dp with this global batch (sequences per step).
@@ -65,8 +65,8 @@ class Skeleton {
  public:
   explicit Skeleton(SkeletonSpec spec);
   const SkeletonSpec& spec() const { return spec_; }
-  // Rules of the splits run() makes (the tp, dp, pp, cp and dp x cp groups; EP: the ep and
-  // expert-dp groups; bf16 MoE: expert parts; hybrid shard: shard group, then replicate group),
+  // Rules of the splits run() makes (the tp, dp, pp, cp and dp x cp groups; replicated kv heads:
+  // tp-kv; EP: the ep and expert-dp groups; bf16 MoE: expert parts; hybrid shard: shard group, then replicate group),
   // for a sim::SymmetricClock.
   std::vector<sim::SplitRule> splits() const;
   // Issues spec().steps steps on this rank of the world (dp x tp ranks).
@@ -87,6 +87,10 @@ class Skeleton {
   parallel::TokenLayout layout_{1, 1, 1, false};
   bool model_parallel() const;  // tp, pp or cp above 1: the engine's groups are split
   int ep() const { return mesh_.size(comm::Axis::ep); }
+  // TP ranks sharing one kv head (tp above kv_heads), 1 otherwise.
+  int kv_replicas() const {
+    return spec_.tp > spec_.model.kv_heads ? spec_.tp / spec_.model.kv_heads : 1;
+  }
   // The bf16 recipe on a MoE model: the engine's expert-parts group (mesh_bf16.hpp).
   bool expert_parts() const {
     return spec_.train.precision == ref::Precision::kBf16 && spec_.model.moe.has_value();

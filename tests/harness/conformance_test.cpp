@@ -91,6 +91,35 @@ TEST(Conformance, MoeLayersUnderTensorAndContextParallelism) {
   EXPECT_EQ(checked, 10);
 }
 
+// kv heads replicated over TP (tp 4 over 2 kv heads, from the TP parity scenario): their
+// gradients left out of the DDP buckets and summed over the tp-kv group after the pipeline (bf16:
+// per microbatch before the rounding too), per unit before ZeRO-3's reduce_scatter; with SP.
+TEST(Conformance, KvHeadsReplicatedOverTensorParallelRanks) {
+  Scenario base = load_scenario(shardcheck::testing::kScenarios + "/parity/mp_tp.json");
+  base.model.kv_heads = 2;
+  int checked = 0;
+  for (const ref::Precision precision : {ref::Precision::kF64, ref::Precision::kBf16}) {
+    Scenario s = base;
+    s.train.precision = precision;
+    for (const auto& [sp, zero, pp] : std::vector<std::tuple<bool, int, int>>{
+             {false, 0, 1}, {true, 1, 1}, {false, 3, 1}, {true, 3, 1}, {false, 0, 2}}) {
+      ParallelSpec p = s.parallel;
+      p.mesh = comm::MeshShape{};
+      p.mesh.dp = 8 / 4 / pp;
+      p.mesh.tp = 4;
+      p.mesh.pp = pp;
+      p.sequence_parallel = sp;
+      p.zero = zero;
+      p.fsdp.reset();
+      ASSERT_EQ(unsupported(s, p), "") << p.label();
+      ASSERT_EQ(untimed_reason(p, s.model), "") << p.label();
+      EXPECT_EQ(conformance(s, p), "") << p.label();
+      ++checked;
+    }
+  }
+  EXPECT_EQ(checked, 10);
+}
+
 // The check can fail: an engine whose gradient reductions average instead of sum, whose norm
 // all_reduce leaves the squared norm out (the local-norm clipping bug), or whose row-parallel
 // layers are not reduced over TP issues a different op log from the planner's.
