@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <memory>
+#include <numeric>
 #include <optional>
 #include <set>
 #include <span>
@@ -18,6 +19,7 @@
 #include "parallel/mp/mesh_bf16.hpp"
 #include "parallel/mp/mesh_grad_units.hpp"
 #include "parallel/mp/mesh_residency.hpp"
+#include "parallel/mp/mesh_rows.hpp"
 #include "parallel/mp/pipeline.hpp"
 
 namespace shardcheck::harness {
@@ -36,13 +38,9 @@ using skeleton_detail::numeric_dtype;
 
 std::string untimed_reason(const ParallelSpec& p, const ref::ModelConfig& /*model*/) {
   const comm::MeshShape& s = p.mesh;
-  if (s.ep > 1 && p.fsdp && *p.fsdp == "hybrid_shard")
-    return "hybrid_shard with expert parallelism is not timed yet";
   if (s.cp > 1 && p.cp_algo != "ulysses")
     return "ring context parallelism is not timed yet (its ranks' per-step work differs, which "
            "one representative clock cannot stand for); Ulysses is";
-  if ((s.tp > 1 || s.pp > 1 || s.cp > 1) && p.fsdp && *p.fsdp == "hybrid_shard")
-    return "hybrid_shard with tensor, pipeline or context parallelism is not timed yet";
   return "";
 }
 
@@ -97,6 +95,14 @@ bool Skeleton::model_parallel() const {
   return spec_.tp > 1 || mesh_.size(comm::Axis::pp) > 1 || mesh_.size(comm::Axis::cp) > 1;
 }
 
+std::vector<Skeleton::HybridAxes> Skeleton::hybrid_axes() const {
+  using comm::Axis;
+  const int s = shard_size_ * mesh_.size(Axis::cp);
+  std::vector<HybridAxes> out = {{{Axis::cp, Axis::dp}, s}};
+  if (spec_.model.moe) out.push_back({{Axis::edp}, std::gcd(s, mesh_.size(Axis::edp))});
+  return out;
+}
+
 std::vector<std::vector<comm::Axis>> Skeleton::group_axes() {
   using comm::Axis;
   return {{Axis::tp}, {Axis::dp}, {Axis::pp}, {Axis::cp}, {Axis::dp, Axis::cp}};
@@ -127,9 +133,14 @@ std::vector<sim::SplitRule> Skeleton::splits() const {
         sim::SplitRule{[mesh](int r) { return parallel::mesh_detail::expert_parts_color(mesh, r); },
                        [](int r) { return r; }});
   if (shard_size_ == spec_.dp) return out;
-  const int s = shard_size_;
-  out.push_back(sim::SplitRule{[s](int r) { return r / s; }, [](int r) { return r; }});
-  out.push_back(sim::SplitRule{[s](int r) { return r % s; }, [](int r) { return r; }});
+  for (const HybridAxes& h : hybrid_axes())
+    for (const bool shard : {true, false})
+      out.push_back(sim::SplitRule{[mesh, h, shard](int r) {
+                                     const parallel::mesh_detail::HybridColors c =
+                                         parallel::mesh_detail::hybrid_colors(mesh, h.axes, h.s, r);
+                                     return shard ? c.shard : c.replicas;
+                                   },
+                                   [](int r) { return r; }});
   return out;
 }
 
@@ -215,10 +226,18 @@ class SkeletonRun {
                                     .cp = cp(),
                                     .elem = k_.elem_},
                  world_, tp_.get(), cp_.get(), ep_.get());
-    if (k_.shard_size_ != sp_.dp) {  // mesh_rows.hpp's hybrid_split over the data-parallel ranks
-      const int s = k_.shard_size_;
-      shard_ = world_.split(r / s, r, {.name = "dp-cp-shard"});
-      replicas_ = world_.split(r % s, r, {.name = "dp-cp-replicas"});
+    if (k_.shard_size_ != sp_.dp) {  // mesh_rows.hpp's hybrid_split: dense, then experts
+      const std::vector<Skeleton::HybridAxes> h = k_.hybrid_axes();
+      std::unique_ptr<comm::Communicator>* slots[][2] = {{&shard_, &replicas_},
+                                                         {&expert_shard_, &expert_replicas_}};
+      const char* names[][2] = {{"dp-cp-shard", "dp-cp-replicas"},
+                                {"expert-dp-shard", "expert-dp-replicas"}};
+      for (std::size_t i = 0; i < h.size(); ++i) {
+        const parallel::mesh_detail::HybridColors c =
+            parallel::mesh_detail::hybrid_colors(k_.mesh_, h[i].axes, h[i].s, r);
+        *slots[i][0] = world_.split(c.shard, r, {.name = names[i][0]});
+        *slots[i][1] = world_.split(c.replicas, r, {.name = names[i][1]});
+      }
       group_ = shard_.get();
     }
     const parallel::FsdpOptions f = sp_.mesh.fsdp.value_or(parallel::FsdpOptions{.prefetch = 0});
@@ -302,7 +321,12 @@ class SkeletonRun {
   // The class's sharding and summing group: expert parameters', under EP, the expert-data-parallel
   // ranks (mesh_zero.cpp's env.expert); the others' (and every class's without EP) group_.
   comm::Communicator& group_of(const FlatClass& c) const {
+    if (c.expert && expert_shard_) return *expert_shard_;
     return c.expert && edp_ ? *edp_ : *group_;
+  }
+  // Its replica group under hybrid shard (null otherwise).
+  comm::Communicator* replicas_of(const FlatClass& c) const {
+    return c.expert && expert_replicas_ ? expert_replicas_.get() : replicas_.get();
   }
   const LocalParam& spec(std::size_t i) const { return specs_[i]; }
   comm::DType numeric() const { return sp_.grad_dtype; }
@@ -527,11 +551,9 @@ class SkeletonRun {
     if (in_flight_ < 0) return;
     if (rs_work_) rs_work_->wait();
     rs_work_.reset();
-    if (replicas_ && replicas_->size() > 1)
-      replicas_
-          ->all_reduce(
-              null_buf(count_of(shard(classes_[static_cast<std::size_t>(in_flight_)])), numeric()))
-          ->wait();
+    const FlatClass& c = classes_[static_cast<std::size_t>(in_flight_)];
+    if (comm::Communicator* rep = replicas_of(c); rep && rep->size() > 1)
+      rep->all_reduce(null_buf(count_of(shard(c)), numeric()))->wait();
     in_flight_ = -1;
   }
 
@@ -585,8 +607,8 @@ class SkeletonRun {
           g.reduce_scatter(null_buf(count_of(padded(c)), numeric()),
                            null_buf(count_of(shard(c)), numeric()))
               ->wait();
-        if (replicas_ && replicas_->size() > 1)
-          replicas_->all_reduce(null_buf(count_of(shard(c)), numeric()))->wait();
+        if (comm::Communicator* rep = replicas_of(c); rep && rep->size() > 1)
+          rep->all_reduce(null_buf(count_of(shard(c)), numeric()))->wait();
         continue;
       }
       if (g.size() == 1) continue;
@@ -624,6 +646,7 @@ class SkeletonRun {
   comm::Communicator* data_;   // the data-parallel ranks (the loss denominators)
   comm::Communicator* group_;  // each class's sharding (and summing) group
   std::unique_ptr<comm::Communicator> tp_, dp_, pp_, cp_, dense_, shard_, replicas_;
+  std::unique_ptr<comm::Communicator> expert_shard_, expert_replicas_;  // hybrid shard, MoE
   // EP (null without): the expert group, the expert-data-parallel ranks; the bf16 recipe's
   // expert-parts group (mesh_bf16.hpp) and how many parts it keeps (0: whole).
   std::unique_ptr<comm::Communicator> ep_, edp_, parts_;

@@ -49,8 +49,7 @@ struct SkeletonSpec {
   int steps = 2;
 };
 
-// Why the skeleton does not time p yet ("" when it does): ring context parallelism, hybrid
-// shard with TP, PP, CP or EP.
+// Why the skeleton does not time p yet ("" when it does): ring context parallelism.
 std::string untimed_reason(const ParallelSpec& p, const ref::ModelConfig& m);
 
 // The skeleton of configuration p at DP size dp with this global batch (sequences per step).
@@ -66,8 +65,8 @@ class Skeleton {
   explicit Skeleton(SkeletonSpec spec);
   const SkeletonSpec& spec() const { return spec_; }
   // Rules of the splits run() makes (the tp, dp, pp, cp and dp x cp groups; replicated kv heads:
-  // tp-kv; EP: the ep and expert-dp groups; bf16 MoE: expert parts; hybrid shard: shard group, then replicate group),
-  // for a sim::SymmetricClock.
+  // tp-kv; EP: the ep and expert-dp groups; bf16 MoE: expert parts; hybrid shard: shard group, then
+  // replicate group), for a sim::SymmetricClock.
   std::vector<sim::SplitRule> splits() const;
   // Issues spec().steps steps on this rank of the world (dp x tp ranks).
   void run(comm::Communicator& world) const;
@@ -81,7 +80,7 @@ class Skeleton {
   SkeletonSpec spec_;
   int zero_ = 0;           // the engine's stage (FSDP other than no_shard: 3)
   bool no_shard_ = false;  // FSDP no_shard: each microbatch's gradient all_reduced
-  int shard_size_ = 1;     // members of each class's sharding group (hybrid: the shard group)
+  int shard_size_ = 1;     // DP ranks in each shard group (hybrid: shard_group_size; else dp)
   double elem_ = 4;        // bytes of the engine's numeric type
   comm::DeviceMesh mesh_{comm::MeshShape{}};
   parallel::TokenLayout layout_{1, 1, 1, false};
@@ -97,6 +96,14 @@ class Skeleton {
   }
   // The groups run() splits, in order: tp, dp, pp, cp, and the dense gradient group dp x cp.
   static std::vector<std::vector<comm::Axis>> group_axes();
+  // Hybrid shard's splits (mesh_rows.hpp's hybrid_split), in order: the dense classes' over
+  // {cp, dp} with shard groups of shard_group_size x cp, then (MoE) the experts' over {edp} with
+  // gcd of that and the expert-data-parallel size.
+  struct HybridAxes {
+    std::vector<comm::Axis> axes;
+    int s = 1;
+  };
+  std::vector<HybridAxes> hybrid_axes() const;
   std::map<int, int> wrap_of_;  // layerwise unit -> wrap unit
 };
 

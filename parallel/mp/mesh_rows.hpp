@@ -33,21 +33,29 @@ inline std::unique_ptr<comm::Communicator> split_over(comm::Communicator& world,
 // replica groups (the same position modulo s), as torchtitan's dp_shard x dp_replicate. Dense:
 // axes {cp, dp} and s = shard_group_size * cp (each shard group holds every CP rank); experts:
 // axes {edp}.
+struct HybridColors {
+  int shard = 0, replicas = 0;  // split colours of world rank `rank`
+};
+inline HybridColors hybrid_colors(const comm::DeviceMesh& mesh, const std::vector<comm::Axis>& axes,
+                                  int s, int rank) {
+  const int base = mesh.group_index(rank, axes);
+  int pos = 0, n = 1;
+  for (comm::Axis a : axes) {
+    pos += mesh.coord(rank, a) * n;
+    n *= mesh.size(a);
+  }
+  return {base * (n / s) + pos / s, base * s + pos % s};
+}
 struct HybridGroups {
   std::unique_ptr<comm::Communicator> shard, replicas;
 };
 inline HybridGroups hybrid_split(comm::Communicator& world, const comm::DeviceMesh& mesh,
                                  const std::vector<comm::Axis>& axes, int s, const char* name) {
   const int r = world.rank();
-  const int base = mesh.group_index(r, axes);
-  int pos = 0, n = 1;
-  for (comm::Axis a : axes) {
-    pos += mesh.coord(r, a) * n;
-    n *= mesh.size(a);
-  }
+  const HybridColors c = hybrid_colors(mesh, axes, s, r);
   HybridGroups g;
-  g.shard = world.split(base * (n / s) + pos / s, r, {.name = std::string(name) + "-shard"});
-  g.replicas = world.split(base * s + pos % s, r, {.name = std::string(name) + "-replicas"});
+  g.shard = world.split(c.shard, r, {.name = std::string(name) + "-shard"});
+  g.replicas = world.split(c.replicas, r, {.name = std::string(name) + "-replicas"});
   return g;
 }
 
