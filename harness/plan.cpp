@@ -181,6 +181,25 @@ Goodput goodput_of(const PlanSpec& f, int world, double step_s, double tokens_pe
   return g;
 }
 
+Representatives representatives(const ParallelSpec& p, int dp) {
+  using comm::Axis;
+  comm::MeshShape shape = p.mesh;
+  shape.dp = dp;
+  const comm::DeviceMesh m(shape, p.order);
+  const bool ring = shape.cp > 1 && p.cp_algo == "ring";
+  const int cp = ring ? shape.cp : 1;
+  Representatives out;
+  out.class_of = [m, cp, ring](int r) {
+    return m.coord(r, Axis::pp) * cp + (ring ? m.coord(r, Axis::cp) : 0);
+  };
+  std::vector<Axis> axes = {Axis::pp};
+  if (ring) axes.insert(axes.begin(), Axis::cp);
+  const std::vector<int> members = m.group(0, axes);
+  out.reps.assign(members.size(), 0);
+  for (const int r : members) out.reps[static_cast<std::size_t>(out.class_of(r))] = r;
+  return out;
+}
+
 StepEval evaluate(const Scenario& s, const ParallelSpec& p, int dp, int global_batch,
                   const PlanOptions& o, bool simulate, bool bubble) {
   const auto t0 = Clock::now();
@@ -200,14 +219,9 @@ StepEval evaluate(const Scenario& s, const ParallelSpec& p, int dp, int global_b
     sim::SimWorld w(world, so);
     w.run([&](comm::Communicator& c) { k.run(c); });
     e.step_time_s = sim::summarize(w.step_times()).step_time;
-  } else if (p.mesh.pp > 1) {  // one representative per stage: the pp group of rank 0
-    comm::MeshShape shape = p.mesh;
-    shape.dp = dp;
-    const comm::DeviceMesh m(shape, p.order);
+  } else if (const Representatives reps = representatives(p, dp); reps.reps.size() > 1) {
     const auto run = [&](const sim::Topology& t) {
-      sim::StageWorld w(
-          world, t, k.splits(), [m](int r) { return m.coord(r, comm::Axis::pp); },
-          m.group(0, comm::Axis::pp));
+      sim::StageWorld w(world, t, k.splits(), reps.class_of, reps.reps);
       w.run([&](comm::Communicator& c) { k.run(c); });
       return w;
     };
@@ -233,7 +247,7 @@ StepEval evaluate(const Scenario& s, const ParallelSpec& p, int dp, int global_b
     e.exposed_comm_s = std::max(0.0, e.step_time_s - e.compute_s);
     e.asymmetric = w.asymmetric();
     // The schedule's own bubble: the same step with free communication.
-    if (bubble) {
+    if (bubble && p.mesh.pp > 1) {
       sim::Topology free = topo;
       for (sim::Link* l : {&free.intra_node, &free.inter_node}) *l = {1e30, 0};
       const double free_step = sim::summarize(run(free).step_times()).step_time;
@@ -272,14 +286,8 @@ std::vector<double> stage_lower_bounds(const Scenario& s, const ParallelSpec& p,
   const int world = dp * p.mesh.tp * p.mesh.pp * p.mesh.cp;
   sim::Topology topo = sim_options(s, world).topology;
   topo.compute_efficiency = o.compute_efficiency;
-  std::vector<int> reps = {0};
-  if (p.mesh.pp > 1) {
-    comm::MeshShape shape = p.mesh;
-    shape.dp = dp;
-    reps = comm::DeviceMesh(shape, p.order).group(0, comm::Axis::pp);
-  }
   std::vector<double> out;
-  for (const int rep : reps) {
+  for (const int rep : representatives(p, dp).reps) {
     sim::SymmetricClock c(world, topo, k.splits(), rep);
     k.run(c);
     double forced = 0;
@@ -295,9 +303,12 @@ double stage_bound(const Scenario& s, const ParallelSpec& p, int global_batch,
   const int dp = p.mesh.dp;
   const int mb = s.train.micro_batch;
   const int m = global_batch / dp / mb;
-  const int m1 =
-      p.mesh.pp;  // every schedule needs a microbatch per stage; interleaved, groups of pp
-  if (m <= 2 * m1) {
+  // Every schedule needs a microbatch per stage; interleaving goes in groups of pp.
+  const int m1 = p.mesh.pp;
+  // ZeRO-3 / FSDP: whether a unit's gather or reduce_scatter waits at once depends on where the
+  // schedule puts its microbatch (residency, prefetch, the reduce in flight), not a line.
+  const bool sharded = p.zero == 3 || (p.fsdp && *p.fsdp != "no_shard");
+  if (m <= 2 * m1 || sharded) {
     const std::vector<double> b = stage_lower_bounds(s, p, dp, global_batch, o);
     return *std::max_element(b.begin(), b.end());
   }

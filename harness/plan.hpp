@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -29,6 +30,16 @@ struct PlanOptions {
   std::optional<comm::DType> reduce_dtype;  // what-if gradient reduction dtype (default: recipe)
   int steps = 2;                            // steps simulated (all alike; the mean is reported)
 };
+
+// The ranks whose programs differ, one representative each: per pipeline stage and, with ring
+// attention, per CP rank of it (its ring steps' blocks differ); every other rank issues what the
+// representative of its class issues (tp, dp, and ep ranks alike). class_of maps a world rank to
+// its class, reps[class] is its representative: the pp (x cp) group of rank 0.
+struct Representatives {
+  std::vector<int> reps;
+  std::function<int(int world_rank)> class_of;
+};
+Representatives representatives(const ParallelSpec& p, int dp);
 
 // One timed evaluation of a configuration at a world size and global batch.
 struct StepEval {
@@ -121,10 +132,10 @@ PlanResult plan_scenario(const Scenario& s, const PlanOptions& o = {});
 StepEval evaluate(const Scenario& s, const ParallelSpec& p, int dp, int global_batch,
                   const PlanOptions& o, bool simulate = false, bool bubble = true);
 
-// A lower bound of evaluate()'s step time for each pipeline stage (one entry without a
-// pipeline): that stage representative's sim::ClockStep::forced_busy, the mean over the steps,
-// from each representative timed alone on a sim::SymmetricClock (no StageWorld: what the other
-// stages do only delays it further). The step time is at least the largest entry.
+// A lower bound of evaluate()'s step time for each representative (pipeline stage, and ring CP
+// rank: representatives(); one entry without either): its sim::ClockStep::forced_busy, the mean
+// over the steps, timed alone on a sim::SymmetricClock (no StageWorld: what the other
+// representatives do only delays it further). The step time is at least the largest entry.
 std::vector<double> stage_lower_bounds(const Scenario& s, const ParallelSpec& p, int dp,
                                        int global_batch, const PlanOptions& o);
 
@@ -133,7 +144,9 @@ std::vector<double> stage_lower_bounds(const Scenario& s, const ParallelSpec& p,
 // same compute and collectives, in the same order within its chunks; the step's own ops are the
 // constant), so with many microbatches they are timed at the fewest the schedule allows (m1 = pp:
 // a microbatch per stage, and interleaving goes in groups of pp) and at twice that, and extended
-// along the line through both: a pipeline of m microbatches costs two of at most 2 x pp.
+// along the line through both: a pipeline of m microbatches costs two of at most 2 x pp. Not
+// under ZeRO-3 / FSDP (sharded parameters): whether a unit's gather or reduce_scatter is waited at
+// once depends on where the schedule puts the microbatch, so those are timed at the full count.
 double stage_bound(const Scenario& s, const ParallelSpec& p, int global_batch,
                    const PlanOptions& o);
 

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "parallel/costs.hpp"
+#include "parallel/mp/cp_attention.hpp"
 
 namespace shardcheck::harness {
 
@@ -52,6 +53,43 @@ void SequenceOps::ulysses_exchange(double elems) {
   if (!cp_) return;
   const std::size_t n = count_of(static_cast<int64_t>(elems));
   cp_->all_to_all(null_buf(n, activation()), null_buf(n, activation()))->wait();
+}
+
+void SequenceOps::ring_attention(bool forward) {
+  const int p = cp_->size(), r = cp_->rank();
+  if (ring_pairs_.empty()) {
+    const std::vector<int64_t> own = s_.layout->cp_rows(r);
+    for (int step = 0; step < p; ++step)
+      ring_pairs_.push_back(
+          costs::ring_block_pairs(own, s_.layout->cp_rows((r - step + p) % p), false));
+  }
+  const double n = rows(), d = s_.model->head_dim();
+  const int heads = local_heads(), kv = local_kv_heads();
+  const std::size_t block = count_of(static_cast<int64_t>(2 * n * kv * d));  // k and v
+  const int next = (r + 1) % p, prev = (r + p - 1) % p;
+  const int tag = forward ? parallel::kRingKvForwardTag : parallel::kRingKvBackwardTag;
+  for (int step = 0; step < p; ++step) {
+    comm::WorkPtr ws, wr;
+    if (step < p - 1) {
+      ws = cp_->send(null_buf(block, activation()), next, {.tag = tag});
+      wr = cp_->recv(null_buf(block, activation()), prev, {.tag = tag});
+    }
+    const double pairs = ring_pairs_[static_cast<std::size_t>(step)];
+    world_.compute(forward ? costs::ring_forward(pairs, n, heads, kv, d, s_.elem)
+                           : costs::ring_backward(pairs, n, heads, kv, d, s_.elem));
+    if (step < p - 1) {
+      ws->wait();
+      wr->wait();
+    }
+    if (!forward && p > 1) {
+      comm::WorkPtr dws =
+          cp_->send(null_buf(block, activation()), next, {.tag = parallel::kRingDkvTag});
+      comm::WorkPtr dwr =
+          cp_->recv(null_buf(block, activation()), prev, {.tag = parallel::kRingDkvTag});
+      dws->wait();
+      dwr->wait();
+    }
+  }
 }
 
 namespace {
@@ -126,11 +164,15 @@ void SequenceOps::block_forward(int layer) {
   const costs::UlyssesShape a = attention(m, local_heads(), local_kv_heads(), s_.cp);
   gather_in();
   world_.compute(costs::qkv(s, h, q, kv));
-  ulysses_exchange(s * q);  // rows_to_heads of q, k and v
-  ulysses_exchange(s * kv);
-  ulysses_exchange(s * kv);
-  world_.compute(costs::ulysses_forward(a, s_.elem));
-  ulysses_exchange(s * q);  // heads_to_rows of the output
+  if (s_.ring && cp_) {
+    ring_attention(true);
+  } else {
+    ulysses_exchange(s * q);  // rows_to_heads of q, k and v
+    ulysses_exchange(s * kv);
+    ulysses_exchange(s * kv);
+    world_.compute(costs::ulysses_forward(a, s_.elem));
+    ulysses_exchange(s * q);  // heads_to_rows of the output
+  }
   world_.compute(costs::wo(s, q, h));
   reduce_out();
   if (m.is_moe_layer(layer)) {
@@ -156,13 +198,17 @@ void SequenceOps::block_backward(int layer) {
     gather_in_backward();
   }
   reduce_out_backward();
-  ulysses_exchange(s * q);  // rows_to_heads of the output gradient
-  const bool selective = s_.recompute == ref::Recompute::kSelective;
-  if (selective) world_.compute(costs::ulysses_recompute(a, s_.elem));
-  world_.compute(costs::ulysses_backward(a, !selective, s_.elem));
-  ulysses_exchange(s * q);  // heads_to_rows of dq, dk, dv
-  ulysses_exchange(s * kv);
-  ulysses_exchange(s * kv);
+  if (s_.ring && cp_) {  // flash-style: the scores again inside the backward, whatever recompute
+    ring_attention(false);
+  } else {
+    ulysses_exchange(s * q);  // rows_to_heads of the output gradient
+    const bool selective = s_.recompute == ref::Recompute::kSelective;
+    if (selective) world_.compute(costs::ulysses_recompute(a, s_.elem));
+    world_.compute(costs::ulysses_backward(a, !selective, s_.elem));
+    ulysses_exchange(s * q);  // heads_to_rows of dq, dk, dv
+    ulysses_exchange(s * kv);
+    ulysses_exchange(s * kv);
+  }
   world_.compute(costs::projections_backward(s, h, q, kv));
   gather_in_backward();
 }

@@ -1,7 +1,8 @@
 // What one sequence's sublayers issue on one rank of the mesh engine, without data, for the
 // planner's step skeleton (plan_skeleton.hpp): the compute reports (parallel/costs.hpp) and the
 // TP and CP collectives of tp_block.cpp (the block: SP gathers and reduce_scatters or the
-// row-parallel all_reduces, their backwards), cp_attention.cpp (Ulysses' all_to_alls),
+// row-parallel all_reduces, their backwards), cp_attention.cpp (Ulysses' all_to_alls, the ring's
+// messages),
 // vocab_parallel.cpp (the embedding and the head's loss all_reduces) and ep_moe.cpp (the router,
 // its probabilities gathered over TP under SP and over CP, the counts and rows exchanged with the
 // EP peers, and the experts; the routing assumption: every top-k assignment kept, spread evenly).
@@ -11,6 +12,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "comm/communicator.hpp"
 #include "parallel/mp/tokens.hpp"
@@ -38,6 +40,7 @@ class SequenceOps {
     ref::Precision precision = ref::Precision::kF32;
     ref::Recompute recompute = ref::Recompute::kNone;
     bool sequence_parallel = false;  // and tp > 1
+    bool ring = false;               // CP's algorithm: ring attention (else Ulysses)
     int tp = 1, cp = 1;
     double elem = 4;  // bytes of the engine's numeric type
   };
@@ -73,6 +76,12 @@ class SequenceOps {
   void reduce_out() { gather_in_backward(); }
   void reduce_out_backward() { sp_gather(); }
   void ulysses_exchange(double elems);
+  // cp_ring.cpp's ring attention on this CP rank: cp steps, each a K/V block to the next rank and
+  // one from the previous (cp - 1 hops) around the block kernels over the pairs the causal mask
+  // leaves of this rank's rows against the block owner's; the backward also passes the dK/dV
+  // accumulators (cp hops).
+  void ring_attention(bool forward);
+  std::vector<double> ring_pairs_;  // per ring step, this rank's (computed once)
   void moe_forward();
   void moe_backward();
   // ep_moe.cpp's exchange of rows with the EP peers (dispatch, combine and their backwards)

@@ -40,11 +40,13 @@ constexpr std::size_t kBatch = 8;
 // The FLOPs of one step the clock counts at least: the hardware FLOPs (parallel/flops.hpp: the
 // full s x s attention core, backward twice the forward) with each layer's attention core counted
 // as the engine's causal kernel reports it (parallel/costs.hpp: forward 4, backward 10, recompute
-// 4 FLOPs per query-key pair and channel). Without this, a long sequence's bound exceeds the step.
-double clock_flops(const ref::ModelConfig& m, ref::Recompute rc, double hardware_flops,
+// 4 FLOPs per query-key pair and channel; ring attention computes whole blocks, at least the
+// causal pairs, and recomputes inside its backward, so selective recompute adds nothing there).
+// Without this, a long sequence's bound exceeds the step.
+double clock_flops(const ref::ModelConfig& m, bool attention_recomputed, double hardware_flops,
                    int sequences) {
   const int64_t s = m.seq_len;
-  const double recompute = rc == ref::Recompute::kNone ? 0 : 1;
+  const double recompute = attention_recomputed ? 1 : 0;
   const double full = parallel::attention_core_flops(m, static_cast<double>(s)) * (3 + recompute);
   const double causal =
       parallel::costs::causal_attention_flops(s, m.heads, m.head_dim(), 14 + 4 * recompute);
@@ -421,7 +423,9 @@ SearchResult search_plans(const Scenario& s, const SearchOptions& o) {
     const int dp = c.spec.mesh.dp;
     const Skeleton k(skeleton_spec(sc, c.spec, dp, s.train.global_batch,
                                    po.reduce_dtype ? &*po.reduce_dtype : nullptr));
-    c.bound_s = clock_flops(m, c.recompute, k.hardware_flops_per_step(), s.train.global_batch) /
+    const bool recomputed = c.recompute == ref::Recompute::kFull ||
+                            (c.recompute == ref::Recompute::kSelective && !k.ring_attention());
+    c.bound_s = clock_flops(m, recomputed, k.hardware_flops_per_step(), s.train.global_batch) /
                 (r.world * peak);
     c.bound_s = std::max(c.bound_s, stage_bound(sc, c.spec, s.train.global_batch, po));
     c.model_flops = k.model_flops_per_step();

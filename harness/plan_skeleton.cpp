@@ -37,10 +37,7 @@ using skeleton_detail::numeric_dtype;
 }  // namespace
 
 std::string untimed_reason(const ParallelSpec& p, const ref::ModelConfig& /*model*/) {
-  const comm::MeshShape& s = p.mesh;
-  if (s.cp > 1 && p.cp_algo != "ulysses")
-    return "ring context parallelism is not timed yet (its ranks' per-step work differs, which "
-           "one representative clock cannot stand for); Ulysses is";
+  (void)p;
   return "";
 }
 
@@ -154,7 +151,7 @@ double Skeleton::hardware_flops_per_step() const {
   for (int i = 0; i < spec_.model.layers; ++i) {
     if (spec_.train.recompute == ref::Recompute::kFull)
       recompute += parallel::block_forward_flops(spec_.model, i, spec_.model.seq_len);
-    if (spec_.train.recompute == ref::Recompute::kSelective)
+    if (spec_.train.recompute == ref::Recompute::kSelective && !ring_attention())
       recompute += parallel::attention_core_flops(spec_.model, spec_.model.seq_len);
   }
   return model_flops_per_step() + recompute * static_cast<double>(spec_.local_batch) * spec_.dp;
@@ -222,6 +219,7 @@ class SkeletonRun {
                                     .precision = sp_.train.precision,
                                     .recompute = sp_.train.recompute,
                                     .sequence_parallel = sp(),
+                                    .ring = sp_.mesh.cp_algo == parallel::CpAlgo::ring,
                                     .tp = sp_.tp,
                                     .cp = cp(),
                                     .elem = k_.elem_},

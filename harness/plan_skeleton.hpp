@@ -70,6 +70,11 @@ class Skeleton {
   std::vector<sim::SplitRule> splits() const;
   // Issues spec().steps steps on this rank of the world (dp x tp ranks).
   void run(comm::Communicator& world) const;
+  // Ring attention over CP ranks (cp_ring.cpp): flash-style, its backward computes the scores
+  // again itself, so selective recompute adds no attention core.
+  bool ring_attention() const {
+    return mesh_.size(comm::Axis::cp) > 1 && spec_.mesh.cp_algo == parallel::CpAlgo::ring;
+  }
   // Model FLOPs of one step over the whole world (forward + backward = 3 x forward, recompute
   // not counted) and the hardware FLOPs actually issued (recompute included).
   double model_flops_per_step() const;

@@ -9,6 +9,9 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
+#include <utility>
+#include <vector>
 
 #include "comm/communicator.hpp"
 #include "parallel/flops.hpp"
@@ -73,6 +76,44 @@ inline comm::ComputeCost ulysses_backward(const UlyssesShape& a, bool kept_probs
   return {.name = "cp ulysses attention backward",
           .flops = causal_attention_flops(a.s, a.heads, a.d, 10),
           .bytes = (3 * a.q_elems() + 4 * a.kv_elems() + (kept_probs ? a.prob_elems() : 0)) * elem};
+}
+
+// Ring attention (parallel/mp/cp_ring.cpp) at one ring step: this CP rank's query rows against
+// the K/V block of another rank's rows. Each maximal run of consecutive query rows meets each run
+// of key rows as a whole block, skipped only when every key is after every query (`unmasked`, a
+// planted bug's diagonal: nothing skipped); the query-key pairs of the blocks computed.
+inline double ring_block_pairs(std::span<const int64_t> q_rows, std::span<const int64_t> k_rows,
+                               bool unmasked) {
+  const auto runs = [](std::span<const int64_t> rows) {
+    std::vector<std::pair<int64_t, int64_t>> out;  // [begin, end) of global rows
+    for (const int64_t r : rows) {
+      if (!out.empty() && out.back().second == r)
+        ++out.back().second;
+      else
+        out.emplace_back(r, r + 1);
+    }
+    return out;
+  };
+  double pairs = 0;
+  for (const auto& [qb, qe] : runs(q_rows))
+    for (const auto& [kb, ke] : runs(k_rows))
+      if (unmasked || kb <= qe - 1) pairs += static_cast<double>((qe - qb) * (ke - kb));
+  return pairs;
+}
+// The ring step's kernels over those pairs for `heads` query and `kv_heads` key/value heads of
+// width d, n query rows: the forward reads q and the K/V block and updates the accumulator; the
+// backward reads dout twice and the K/V block and its dK/dV accumulator twice.
+inline comm::ComputeCost ring_forward(double pairs, double n, int heads, int kv_heads, double d,
+                                      double elem) {
+  return {.name = "cp ring attention forward",
+          .flops = 4.0 * pairs * heads * d,
+          .bytes = (n * heads * d + 4 * n * kv_heads * d) * elem};
+}
+inline comm::ComputeCost ring_backward(double pairs, double n, int heads, int kv_heads, double d,
+                                       double elem) {
+  return {.name = "cp ring attention backward",
+          .flops = 10.0 * pairs * heads * d,
+          .bytes = (2 * n * heads * d + 8 * n * kv_heads * d) * elem};
 }
 
 // The vocab-parallel head over n tokens of width h, vl = the local vocabulary slice.

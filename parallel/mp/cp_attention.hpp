@@ -35,6 +35,12 @@ namespace shardcheck::parallel {
 enum class CpAlgo : std::uint8_t { ring, ulysses };
 std::string_view name_of(CpAlgo a);
 
+// The ring's message tags (cp_ring.cpp): K/V blocks in the forward and in the backward, and the
+// dK/dV accumulators that travel with them.
+inline constexpr int kRingKvForwardTag = 71;
+inline constexpr int kRingKvBackwardTag = 72;
+inline constexpr int kRingDkvTag = 73;
+
 // What cp_attention_backward needs from the forward of the same rank.
 template <class T>
 struct CpAttentionCache {

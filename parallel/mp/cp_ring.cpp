@@ -12,14 +12,15 @@
 #include <limits>
 #include <utility>
 
+#include "parallel/costs.hpp"
 #include "parallel/testing.hpp"
 
 namespace shardcheck::parallel::detail {
 namespace {
 
-constexpr int kKvForward = 71;
-constexpr int kKvBackward = 72;
-constexpr int kDkv = 73;
+constexpr int kKvForward = kRingKvForwardTag;
+constexpr int kKvBackward = kRingKvBackwardTag;
+constexpr int kDkv = kRingDkvTag;
 
 // A maximal run of consecutive global rows: global [begin, end), local index of `begin`.
 struct Segment {
@@ -81,21 +82,19 @@ bool diagonal_unmasked(const CpAttentionCache<T>& cache, int step) {
   return step == 0 && cache.planted == testing::Mutation::kRingDiagonalUnmasked;
 }
 
-// Online-softmax update of (m, l, acc) with one K/V block; returns the flops done.
+// Online-softmax update of (m, l, acc) with one K/V block.
 template <class T>
-double forward_block(const Ctx<T>& x, const ref::Tensor<T>& q, const std::vector<T>& kv,
-                     const std::vector<Segment>& keys, bool unmasked, std::vector<T>& m,
-                     std::vector<T>& l, ref::Tensor<T>& acc) {
+void forward_block(const Ctx<T>& x, const ref::Tensor<T>& q, const std::vector<T>& kv,
+                   const std::vector<Segment>& keys, bool unmasked, std::vector<T>& m,
+                   std::vector<T>& l, ref::Tensor<T>& acc) {
   const int64_t kvw = x.kv_heads * x.d;
   const T* kb = kv.data();
   const T* vb = kv.data() + x.n * kvw;
   std::vector<T> sc;
-  double flops = 0;
   for (const Segment& qs : x.own) {
     for (const Segment& ks : keys) {
       if (x.skipped(qs, ks, unmasked)) continue;
       const int64_t klen = ks.end - ks.begin;
-      flops += 4.0 * static_cast<double>((qs.end - qs.begin) * klen * x.heads * x.d);
       sc.assign(static_cast<std::size_t>(klen), T{0});
       for (int h = 0; h < x.heads; ++h) {
         const int64_t g = h / x.group;
@@ -133,26 +132,23 @@ double forward_block(const Ctx<T>& x, const ref::Tensor<T>& q, const std::vector
       }
     }
   }
-  return flops;
 }
 
 // Gradient contributions of one K/V block: dq (local) and the block's dK/dV accumulator.
 template <class T>
-double backward_block(const Ctx<T>& x, const ref::Tensor<T>& dout, const std::vector<T>& dsum,
-                      const std::vector<T>& kv, const std::vector<Segment>& keys, bool unmasked,
-                      ref::Tensor<T>& dq, std::vector<T>& dkv) {
+void backward_block(const Ctx<T>& x, const ref::Tensor<T>& dout, const std::vector<T>& dsum,
+                    const std::vector<T>& kv, const std::vector<Segment>& keys, bool unmasked,
+                    ref::Tensor<T>& dq, std::vector<T>& dkv) {
   const ref::Tensor<T>& q = x.c.q;
   const int64_t kvw = x.kv_heads * x.d;
   const T* kb = kv.data();
   const T* vb = kv.data() + x.n * kvw;
   T* dkb = dkv.data();
   T* dvb = dkv.data() + x.n * kvw;
-  double flops = 0;
   for (const Segment& qs : x.own) {
     for (const Segment& ks : keys) {
       if (x.skipped(qs, ks, unmasked)) continue;
       const int64_t klen = ks.end - ks.begin;
-      flops += 10.0 * static_cast<double>((qs.end - qs.begin) * klen * x.heads * x.d);
       for (int h = 0; h < x.heads; ++h) {
         const int64_t g = h / x.group;
         for (int64_t gi = qs.begin; gi < qs.end; ++gi) {
@@ -187,7 +183,6 @@ double backward_block(const Ctx<T>& x, const ref::Tensor<T>& dout, const std::ve
       }
     }
   }
-  return flops;
 }
 
 template <class T>
@@ -222,17 +217,18 @@ ref::Tensor<T> ring_attention_forward(comm::Communicator& cp, const ref::Tensor<
   const auto hn = static_cast<std::size_t>(x.heads * x.n);
   std::vector<T> m(hn, -std::numeric_limits<T>::infinity()), l(hn, T{0});
   ref::Tensor<T> acc({x.n, x.heads * x.d});
-  const double bytes =
-      static_cast<double>((q.numel() + 2 * static_cast<int64_t>(cur.size())) * sizeof(T));
+  const auto& own = cache.rows[static_cast<std::size_t>(cp.rank())];
   for (int s = 0; s < p; ++s) {
     comm::WorkPtr ws, wr;
     if (s < p - 1) {
       ws = cp.send(comm::cview(std::span<const T>(cur)), next_of(cp), {.tag = kKvForward});
       wr = cp.recv(comm::view(std::span<T>(nxt)), prev_of(cp), {.tag = kKvForward});
     }
-    const auto keys = segments_of(cache.rows[static_cast<std::size_t>(owner_at(cp, s))]);
-    const double flops = forward_block(x, q, cur, keys, diagonal_unmasked(cache, s), m, l, acc);
-    cp.compute({.name = "cp ring attention forward", .flops = flops, .bytes = bytes});
+    const auto& owner = cache.rows[static_cast<std::size_t>(owner_at(cp, s))];
+    forward_block(x, q, cur, segments_of(owner), diagonal_unmasked(cache, s), m, l, acc);
+    cp.compute(costs::ring_forward(costs::ring_block_pairs(own, owner, diagonal_unmasked(cache, s)),
+                                   static_cast<double>(x.n), x.heads, x.kv_heads,
+                                   static_cast<double>(x.d), sizeof(T)));
     if (s < p - 1) {
       ws->wait();
       wr->wait();
@@ -270,18 +266,18 @@ void ring_attention_backward(comm::Communicator& cp, const ref::Tensor<T>& dout,
   dq = ref::Tensor<T>(cache.q.shape());
   std::vector<T> cur = pack_kv(cache.k, cache.v), nxt(cur.size());
   std::vector<T> dcur(cur.size(), T{0}), dnxt(cur.size());
-  const double bytes =
-      static_cast<double>((2 * dout.numel() + 4 * static_cast<int64_t>(cur.size())) * sizeof(T));
+  const auto& own = cache.rows[static_cast<std::size_t>(cp.rank())];
   for (int s = 0; s < p; ++s) {
     comm::WorkPtr ws, wr;
     if (s < p - 1) {
       ws = cp.send(comm::cview(std::span<const T>(cur)), next_of(cp), {.tag = kKvBackward});
       wr = cp.recv(comm::view(std::span<T>(nxt)), prev_of(cp), {.tag = kKvBackward});
     }
-    const auto keys = segments_of(cache.rows[static_cast<std::size_t>(owner_at(cp, s))]);
-    const double flops =
-        backward_block(x, dout, dsum, cur, keys, diagonal_unmasked(cache, s), dq, dcur);
-    cp.compute({.name = "cp ring attention backward", .flops = flops, .bytes = bytes});
+    const auto& owner = cache.rows[static_cast<std::size_t>(owner_at(cp, s))];
+    backward_block(x, dout, dsum, cur, segments_of(owner), diagonal_unmasked(cache, s), dq, dcur);
+    cp.compute(costs::ring_backward(
+        costs::ring_block_pairs(own, owner, diagonal_unmasked(cache, s)), static_cast<double>(x.n),
+        x.heads, x.kv_heads, static_cast<double>(x.d), sizeof(T)));
     if (s < p - 1) {
       ws->wait();
       wr->wait();

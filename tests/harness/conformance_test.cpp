@@ -48,8 +48,9 @@ TEST(Conformance, ThePlannerIssuesWhatTheEngineIssuesOnEveryConfigurationItTimes
   }
   EXPECT_GT(checked, 56);
   EXPECT_GT(tensor_parallel, 0);
-  EXPECT_GT(moe_model_parallel, 0);  // MoE layers under TP
-  EXPECT_GT(expert_parallel, 20);    // f64, f32 and bf16; with DP, TP (+SP), PP, Ulysses CP, ZeRO
+  EXPECT_GT(moe_model_parallel, 0);   // MoE layers under TP
+  EXPECT_GT(expert_parallel, 20);     // f64, f32 and bf16; with DP, TP (+SP), PP, CP, ZeRO, FSDP
+  EXPECT_EQ(model_parallel_left, 0);  // every configuration of the matrix is timed
   std::printf(
       "conformance: %d configurations checked (%d with TP, %d MoE under TP or CP, %d with EP); "
       "%d the planner does not time yet\n",
@@ -207,6 +208,17 @@ TEST(Conformance, APlantedReductionBugIsADifference) {
         << p.label();
   }
   EXPECT_GT(ep_checked, 4);
+  // Ring attention: a rank's own block computed without the causal mask (the planted diagonal)
+  // is more FLOPs than the skeleton's blocks.
+  const Scenario c = load_scenario(shardcheck::testing::kScenarios + "/parity/mp_cp.json");
+  int ring_checked = 0;
+  for (const ParallelSpec& p : c.configs) {
+    if (p.mesh.cp == 1 || p.cp_algo != "ring" || !unsupported(c, p).empty()) continue;
+    ++ring_checked;
+    const std::string diff = conformance(c, p, parallel::testing::Mutation::kRingDiagonalUnmasked);
+    EXPECT_NE(diff.find("cp ring attention"), std::string::npos) << p.label() << ": " << diff;
+  }
+  EXPECT_GT(ring_checked, 2);
 }
 
 }  // namespace
