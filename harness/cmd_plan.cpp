@@ -103,14 +103,6 @@ void print_table(std::ostream& os, const Scenario& s, const PlanResult& r, const
       os << line;
       continue;
     }
-    if (!c.modelled) {
-      std::snprintf(line, sizeof line, "  %-34s %-20s %5d %10s %10s %10s %10s %4s  not timed yet\n",
-                    c.config.c_str(), "mesh", c.world_size, "-", "-", "-",
-                    human_bytes(static_cast<double>(c.memory_per_rank_bytes)).c_str(),
-                    c.fits ? "yes" : "NO");
-      os << line;
-      continue;
-    }
     char good[16] = "-";
     if (c.goodput.valid) std::snprintf(good, sizeof good, "%.2f%%", 100 * c.goodput.fraction);
     std::snprintf(line, sizeof line, "  %-34s %-20s %5d %10s %10s %10s %10s %4s %11.4g %5.1f%% %8s",
@@ -171,15 +163,11 @@ void print_search(std::ostream& os, const Scenario& s, const SearchResult& r) {
      << t.ranks_per_node << " per node, " << t.memory_gib << " GiB each), global batch "
      << r.global_batch << " x " << s.model.seq_len << " tokens\n"
      << "# meshes (dp, tp, pp, cp, ep, CP algorithm): " << r.meshes << " considered, "
-     << r.meshes_not_built << " not built by the engine, " << r.meshes_not_timed
-     << " not timed yet\n"
+     << r.meshes_not_built << " not built by the engine\n"
      << "# candidates (ZeRO/FSDP, sequence parallel, schedule, micro batch, recompute, order): "
-     << r.candidates << "; not built " << r.not_built << ", not timed " << r.not_timed
-     << ", do not fit " << r.not_fitting << ", heavier recompute of a fitting one "
-     << r.recompute_pruned << ", ruled out by the bound " << r.bound_pruned << ", timed " << r.timed
-     << "\n";
-  for (const auto& [why, n] : r.not_timed_reasons)
-    os << "#   not timed (" << n << "): " << why << "\n";
+     << r.candidates << "; not built " << r.not_built << ", do not fit " << r.not_fitting
+     << ", heavier recompute of a fitting one " << r.recompute_pruned << ", ruled out by the bound "
+     << r.bound_pruned << ", timed " << r.timed << "\n";
   char line[512];
   std::snprintf(line, sizeof line, "  %4s %-52s %-13s %10s %10s %10s %6s %6s\n", "rank", "config",
                 "family", "step", "exposed", "mem/rank", "MFU", "HFU");

@@ -37,8 +37,6 @@ std::vector<comm::OpLog> engine_op_logs(const Scenario& scenario, const Parallel
 }
 
 std::vector<comm::OpLog> planner_op_logs(const Scenario& scenario, const ParallelSpec& p) {
-  const std::string why = untimed_reason(p, scenario.model);
-  if (!why.empty()) throw ScenarioError("$.parallel", p.label() + ": " + why);
   const Scenario s = calm(scenario);
   const int n = p.mesh.world_size();
   SkeletonSpec spec = skeleton_spec(s, p, p.mesh.dp, s.train.global_batch);

@@ -20,13 +20,13 @@ namespace shardcheck::harness {
 std::vector<comm::OpLog> engine_op_logs(
     const Scenario& s, const ParallelSpec& p,
     parallel::testing::Mutation planted = parallel::testing::Mutation::kNone);
-// The same for the planner's timing-only run of p (throws ScenarioError for a mesh the planner
-// does not time yet: plan_skeleton.hpp's untimed_reason).
+// The same for the planner's timing-only run of p.
 std::vector<comm::OpLog> planner_op_logs(const Scenario& s, const ParallelSpec& p);
 
 // "" when every rank's cost views agree, else the first rank's first difference (engine first).
 // MoE experts' FLOPs follow the engine's routing: the planner's (every assignment kept) must be at
-// least the engine's.
+// least the engine's, on each rank or (EP) over the world, and under EP the dispatch's splits are
+// the planner's routing assumption (compared by group, dtype and peers).
 std::string conformance(const Scenario& s, const ParallelSpec& p,
                         parallel::testing::Mutation planted = parallel::testing::Mutation::kNone);
 

@@ -1,6 +1,6 @@
-// index.html's plan search section (`plan --search --report`): what was enumerated and why some
-// of it was not timed, the fastest candidates with their reasons, the best of each family with why
-// it lost, and where the search spent its time. Reads report.json's `search` object only.
+// index.html's plan search section (`plan --search --report`): what was enumerated and what the
+// engine does not build, the fastest candidates with their reasons, the best of each family with
+// why it lost, and where the search spent its time. Reads report.json's `search` object only.
 #include "harness/html.hpp"
 
 namespace shardcheck::harness::html {
@@ -44,12 +44,6 @@ std::string search_section(const Json& s) {
   if (const Json* m = object_of(s, "meshes")) o += "<h3>Meshes</h3>\n" + kv_table(*m, {}, {});
   if (const Json* c = object_of(s, "candidates"))
     o += "<h3>Candidates</h3>\n" + kv_table(*c, {}, {});
-  if (const Json* why = array_of(s, "not_timed_reasons")) {
-    o += "<h3>Not timed yet</h3><ul>\n";
-    for (const Json& w : *why)
-      o += "<li>" + escape(str(w, "count")) + ": " + escape(str(w, "reason")) + "</li>\n";
-    o += "</ul>\n";
-  }
   if (const Json* top = array_of(s, "top")) {
     o += "<h3>Fastest that fit</h3><table><tr><th>rank</th>" + std::string(kSearchHead) +
          "<th>why</th></tr>\n";
@@ -82,7 +76,7 @@ std::string search_section(const Json& s) {
          " wall</p>\n" +
          kv_table(*w,
                   {{"enumerate_and_ledger", "enumeration and memory ledger", fmt_seconds},
-                   {"compute_bounds", "compute bounds", fmt_seconds},
+                   {"bounds", "lower bounds", fmt_seconds},
                    {"timing", "clock", fmt_seconds}},
                   {});
   }

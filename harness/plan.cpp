@@ -101,11 +101,6 @@ void explain(PlanResult& r) {
       c.note = "not built by the engine yet: " + c.not_built;
       continue;
     }
-    if (!c.modelled) {
-      c.note = "not timed yet: " + c.untimed + "; memory " + gib(mem) + " GiB of " + gib(dev) +
-               " on rank " + std::to_string(c.memory_rank) + (c.fits ? ", fits" : ", does not fit");
-      continue;
-    }
     const std::string exposed = "; communication exposed " +
                                 fmt("%.0f", 100.0 * c.eval.exposed_comm_s / c.eval.step_time_s) +
                                 "% of the step";
@@ -350,11 +345,6 @@ PlanResult plan_scenario(const Scenario& s, const PlanOptions& o) {
     c.memory_rank = fullest.rank;
     c.memory_per_rank_bytes = c.ledger.total();
     c.fits = static_cast<double>(c.memory_per_rank_bytes) <= r.device_memory_bytes;
-    c.untimed = untimed_reason(p, s.model);
-    if (!c.untimed.empty()) {
-      r.configs.push_back(c);
-      continue;
-    }
     c.modelled = true;
     const int dp = p.mesh.dp, n = c.world_size;
     const parallel::DataParallelOptions opts = data_parallel_view(engine_options(s, p));

@@ -1,10 +1,9 @@
-// The planner behind `shardcheck plan`: for every configuration of a scenario, memory on its
-// fullest rank (model-parallel meshes: the mesh engine's own ledger, parallel/mp/mesh_ledger.hpp)
-// and where its groups sit (placement.hpp); for the data-parallel ones also the step skeleton
-// (plan_skeleton.hpp) timed on the symmetric clock (sim/clock.hpp), tokens/s, MFU, strong and
+// The planner behind `shardcheck plan`: for every configuration of a scenario that the engine
+// builds, memory on its fullest rank (the mesh engine's own ledger, parallel/mp/mesh_ledger.hpp)
+// and where its groups sit (placement.hpp); the step skeleton (plan_skeleton.hpp) timed on the
+// symmetric clock or one clock per representative (sim/clock.hpp), tokens/s, MFU, strong and
 // weak scaling over plan.world_sizes, goodput under the scenario's failure model, and a ranking
-// of the candidates with a reason. Formulas are in harness/PLANNER.md. Tensor/pipeline/context/
-// expert parallel configurations are not timed yet (reported so, never guessed).
+// of the candidates with a reason. Formulas are in harness/PLANNER.md.
 #pragma once
 
 #include <cstddef>
@@ -85,9 +84,8 @@ struct ConfigPlan {
   ParallelSpec spec;
   std::string strategy;
   int world_size = 0;
-  bool modelled = false;                 // timed (untimed_reason() empty)
-  std::string untimed;                   // why not (plan_skeleton.hpp's untimed_reason)
-  std::string note;                      // the ranking's one-line why (or why not timed)
+  bool modelled = false;                 // timed (every configuration the engine builds)
+  std::string note;                      // the ranking's one-line why (or why not built)
   std::vector<AxisPlacement> placement;  // every configuration the engine builds
   std::string not_built;                 // why the engine does not build this mesh ("" if it does)
   StepEval eval;

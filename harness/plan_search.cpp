@@ -186,13 +186,13 @@ void parallel_for(std::size_t n, unsigned threads, const F& f) {
 
 // One order of a setting, its recompute modes lightest first (a heavier one that also fits only
 // adds compute): those built but over device memory, then the first that fits, or why the rest is
-// not built or not timed.
+// not built.
 struct Tried {
   std::vector<SearchCandidate> over;
   std::optional<SearchCandidate> fit;
   std::size_t fit_at = 0;   // fit's recompute: 0 none, 1 selective, 2 full
-  std::size_t refused = 0;  // recompute modes not built or not timed
-  std::string not_built, not_timed;
+  std::size_t refused = 0;  // recompute modes not built
+  std::string not_built;
 };
 
 // A mesh's settings but the rank order and recompute (spec.order is the base's; every order of
@@ -227,11 +227,6 @@ void try_setting(const Scenario& s, const std::vector<std::string>& orders, Sett
       if (const std::string why = unsupported(sc, p); !why.empty()) {
         t.refused = 3 - k;
         t.not_built = why;
-        break;
-      }
-      if (const std::string why = untimed_reason(p, s.model); !why.empty()) {
-        t.refused = 3 - k;
-        t.not_timed = why;
         break;
       }
       SearchCandidate c;
@@ -297,17 +292,12 @@ SearchResult search_plans(const Scenario& s, const SearchOptions& o) {
   std::map<std::string, FamilyBest> fam;
   std::map<std::string, std::string> fam_refusal;  // a family's first reason, when none is built
   for (const std::string& f : family_names) fam[f].family = f;
-  std::map<std::string, std::size_t> untimed;
   std::vector<SearchCandidate> fitting;
   std::vector<MeshSettings> meshes;  // in enumeration order
 
-  // A family's first refusal is what it says when none of its candidates is built or timed.
+  // A family's first refusal is what it says when none of its candidates is built.
   const auto refuse = [&](const std::string& family, const std::string& why) {
     if (fam_refusal[family].empty()) fam_refusal[family] = why;
-  };
-  const auto note_untimed = [&](const std::string& why, const std::string& family) {
-    ++untimed[why];
-    refuse(family, "not timed yet: " + why);
   };
   // Every mesh of the world: tp x cp x pp x dp (ep among the dp*cp ranks), each CP algorithm.
   for (int tp : divisors(r.world))
@@ -334,13 +324,6 @@ SearchResult search_plans(const Scenario& s, const SearchOptions& o) {
               ++r.meshes_not_built;
               for (const std::string& family : families)
                 ms.refusals.emplace_back(family, "not built: " + why);
-              continue;
-            }
-            if (const std::string why = untimed_reason(base, m); !why.empty()) {
-              ++r.meshes_not_timed;
-              ++untimed[why];
-              for (const std::string& family : families)
-                ms.refusals.emplace_back(family, "not timed yet: " + why);
               continue;
             }
             // Orders that place the groups differently.
@@ -404,10 +387,6 @@ SearchResult search_plans(const Scenario& s, const SearchOptions& o) {
         if (!t.not_built.empty()) {
           r.not_built += t.refused;
           refuse(st.family, "not built: " + t.not_built);
-        }
-        if (!t.not_timed.empty()) {
-          r.not_timed += t.refused;
-          note_untimed(t.not_timed, st.family);
         }
       }
   }
@@ -515,7 +494,6 @@ SearchResult search_plans(const Scenario& s, const SearchOptions& o) {
     }
     r.families.push_back(f);
   }
-  for (const auto& [why, n] : untimed) r.not_timed_reasons.emplace_back(why, n);
   r.wall_s = std::chrono::duration<double>(Clock::now() - t0).count();
   return r;
 }
@@ -567,32 +545,24 @@ nlohmann::json search_json(const SearchResult& r) {
     j["config"] = f.any_built || f.found ? cand(f.best) : nlohmann::json(nullptr);
     fams.push_back(j);
   }
-  nlohmann::json why_untimed = nlohmann::json::array();
-  for (const auto& [why, n] : r.not_timed_reasons)
-    why_untimed.push_back({{"reason", why}, {"count", n}});
   return {{"world_size", r.world},
           {"global_batch", r.global_batch},
           {"device_memory_bytes", r.device_memory_bytes},
-          {"meshes",
-           {{"considered", r.meshes},
-            {"not_built", r.meshes_not_built},
-            {"not_timed", r.meshes_not_timed}}},
+          {"meshes", {{"considered", r.meshes}, {"not_built", r.meshes_not_built}}},
           {"candidates",
            {{"enumerated", r.candidates},
             {"not_built", r.not_built},
-            {"not_timed", r.not_timed},
             {"not_fitting", r.not_fitting},
             {"heavier_recompute_skipped", r.recompute_pruned},
-            {"ruled_out_by_compute_bound", r.bound_pruned},
+            {"ruled_out_by_bound", r.bound_pruned},
             {"timed", r.timed}}},
-          {"not_timed_reasons", why_untimed},
           {"top", top},
           {"best", r.ranked.empty() ? nlohmann::json(nullptr) : nlohmann::json(r.ranked[0].label)},
           {"families", fams},
           {"wall_s", r.wall_s},
           {"wall_split_s",
            {{"enumerate_and_ledger", r.enumerate_s},
-            {"compute_bounds", r.bound_wall_s},
+            {"bounds", r.bound_wall_s},
             {"timing", r.timing_s}}}};
 }
 

@@ -3,9 +3,8 @@
 // schedule and virtual stages, micro batch, recompute, rank order) over the scenario's model,
 // global batch, precision and cluster. Each candidate then goes through these steps, in order:
 //   1. the engine's own validation (parallel::validate_mesh);
-//   2. the planner's untimed_reason;
-//   3. the mesh engine's memory ledger against the device memory;
-//   4. the planner's clock (plan.hpp's evaluate), unless a bound rules it out.
+//   2. the mesh engine's memory ledger against the device memory;
+//   3. the planner's clock (plan.hpp's evaluate), unless a bound rules it out.
 // The bound, the larger of two lower bounds of the step: the FLOPs the clock counts at least
 // (attention as the causal kernel reports it) at peak over the world, and the busiest stage's
 // compute plus the collectives its compute stream waits on at once (TP and SP collectives, the
@@ -73,16 +72,14 @@ struct SearchResult {
   // Meshes: (dp, tp, pp, cp, ep, CP algorithm) of the world size; those the engine refuses at
   // its most permissive settings, and those the planner does not time (their settings are not
   // enumerated).
-  std::size_t meshes = 0, meshes_not_built = 0, meshes_not_timed = 0;
+  std::size_t meshes = 0, meshes_not_built = 0;
   // Candidates: every setting of the other meshes (orders that place every group alike: one).
   std::size_t candidates = 0;
   std::size_t not_built = 0;         // refused by the engine's validation
-  std::size_t not_timed = 0;         // built, but the planner does not time it yet
   std::size_t not_fitting = 0;       // over device memory
   std::size_t recompute_pruned = 0;  // a lighter recompute of the same settings fits
-  std::size_t bound_pruned = 0;      // fit, ruled out by the compute bound
+  std::size_t bound_pruned = 0;      // fit, ruled out by the bound
   std::size_t timed = 0;
-  std::vector<std::pair<std::string, std::size_t>> not_timed_reasons;  // reason, count
   std::vector<SearchCandidate> ranked;  // timed and fitting, fastest first (all of them)
   std::vector<FamilyBest> families;
   int top = 10;

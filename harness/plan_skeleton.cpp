@@ -36,11 +36,6 @@ using skeleton_detail::numeric_dtype;
 
 }  // namespace
 
-std::string untimed_reason(const ParallelSpec& p, const ref::ModelConfig& /*model*/) {
-  (void)p;
-  return "";
-}
-
 SkeletonSpec skeleton_spec(const Scenario& s, const ParallelSpec& p, int dp, int global_batch,
                            const comm::DType* reduce_dtype) {
   ParallelSpec q = p;

@@ -1,8 +1,7 @@
 // The step skeleton of a configuration: what the mesh engine (parallel/mp/mesh_engine.cpp)
 // issues on a dp x tp x pp x cp mesh (data parallelism with DDP / ZeRO / FSDP, tensor parallelism
-// with or without sequence parallelism, GPipe / 1F1B / interleaved pipelines, Ulysses context
-// parallelism, expert parallelism; untimed_reason() says which meshes it does not cover yet),
-// sized for the real
+// with or without sequence parallelism, GPipe / 1F1B / interleaved pipelines, ring and Ulysses
+// context parallelism, expert parallelism), sized for the real
 // model, with null buffers and real counts. Its layout and order come from the engine's own
 // pieces: its parameters (local_params), stage plans, flat buffers and shards (flat_classes),
 // ZeRO-3 / FSDP residency (Residency over chunk_uses) and per-microbatch unit reductions
@@ -48,9 +47,6 @@ struct SkeletonSpec {
   int local_batch = 1;                          // sequences per rank per step
   int steps = 2;
 };
-
-// Why the skeleton does not time p yet ("" when it does): ring context parallelism.
-std::string untimed_reason(const ParallelSpec& p, const ref::ModelConfig& m);
 
 // The skeleton of configuration p at DP size dp with this global batch (sequences per step).
 // reduce_dtype overrides the gradient reduction dtype (a what-if: the engine reduces in its

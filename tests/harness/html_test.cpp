@@ -192,10 +192,8 @@ json sample_report(int ranks) {
        {{"world_size", 1024},
         {"global_batch", 1024},
         {"device_memory_bytes", 1.51e11},
-        {"meshes", {{"considered", 506}, {"not_built", 218}, {"not_timed", 218}}},
+        {"meshes", {{"considered", 506}, {"not_built", 218}}},
         {"candidates", {{"enumerated", 70728}, {"not_fitting", 32636}, {"timed", 12813}}},
-        {"not_timed_reasons",
-         {{{"reason", "ring context parallelism is not timed yet"}, {"count", 200}}}},
         {"top", {top}},
         {"best", "dp32-tp4-pp8-zero2-mb1"},
         {"families",
@@ -212,7 +210,7 @@ json sample_report(int ranks) {
            {"config", top}}}},
         {"wall_s", 2748.7},
         {"wall_split_s",
-         {{"enumerate_and_ledger", 1491.7}, {"compute_bounds", 18.5}, {"timing", 1238.3}}}}},
+         {{"enumerate_and_ledger", 1491.7}, {"bounds", 18.5}, {"timing", 1238.3}}}}},
   };
 }
 
@@ -254,14 +252,14 @@ TEST(Html, EverySectionAppearsWhenItsDataIsPresent) {
 }
 
 // A step timeline with step_timeline's `memory` draws the memory over the step under it.
-// The search section: what was enumerated, why some was not timed, the fastest with their
+// The search section: what was enumerated and not built, the fastest with their
 // reasons, each family's best (a family where nothing fits marked so) and the search's time.
 TEST(Html, SearchShowsTheRankingAndEachFamilysBest) {
   const std::string h = render_html(sample_report(2));
   const std::string sec = h.substr(h.find("<section id=\"search\">"));
   EXPECT_NE(sec.find("Every mesh of 1024 ranks, global batch 1024 sequences"), std::string::npos);
   EXPECT_NE(sec.find("Best: <code>dp32-tp4-pp8-zero2-mb1</code>"), std::string::npos);
-  EXPECT_NE(sec.find("<li>200: ring context parallelism is not timed yet</li>"), std::string::npos);
+  EXPECT_NE(sec.find("<th>not_built</th><td>218</td>"), std::string::npos);
   EXPECT_NE(sec.find("<th>not_fitting</th><td>32636</td>"), std::string::npos);
   EXPECT_NE(sec.find("<td class=\"num\">56.7%</td><td class=\"num\">58.1%</td>"),
             std::string::npos);
@@ -271,6 +269,7 @@ TEST(Html, SearchShowsTheRankingAndEachFamilysBest) {
   EXPECT_NE(sec.find("<td>TP + PP + DP</td><td class=\"num\">20016</td><td class=\"fits\">yes"),
             std::string::npos);
   EXPECT_NE(sec.find("<th>clock</th><td class=\"num\">1238 s</td>"), std::string::npos);
+  EXPECT_NE(sec.find("<th>lower bounds</th><td class=\"num\">18.5 s</td>"), std::string::npos);
   EXPECT_NE(h.find("<a href=\"#search\">search</a>"), std::string::npos);
   // A search without any fitting candidate says so; no search, no section and no nav entry.
   json none = sample_report(2);

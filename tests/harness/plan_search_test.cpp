@@ -53,8 +53,8 @@ TEST(PlanSearch, RanksFittingCandidatesFastestFirst) {
   EXPECT_EQ(r.world, 8);
   EXPECT_GT(r.meshes, 1U);
   // Every candidate is accounted for once.
-  EXPECT_EQ(r.candidates, r.not_built + r.not_timed + r.not_fitting + r.recompute_pruned +
-                              r.bound_pruned + r.timed);
+  EXPECT_EQ(r.candidates,
+            r.not_built + r.not_fitting + r.recompute_pruned + r.bound_pruned + r.timed);
   EXPECT_EQ(r.timed, r.ranked.size());
   for (std::size_t i = 0; i < r.ranked.size(); ++i) {
     const SearchCandidate& c = r.ranked[i];
