@@ -181,17 +181,9 @@ Representatives representatives(const ParallelSpec& p, int dp) {
   comm::MeshShape shape = p.mesh;
   shape.dp = dp;
   const comm::DeviceMesh m(shape, p.order);
-  const bool ring = shape.cp > 1 && p.cp_algo == "ring";
-  const int cp = ring ? shape.cp : 1;
   Representatives out;
-  out.class_of = [m, cp, ring](int r) {
-    return m.coord(r, Axis::pp) * cp + (ring ? m.coord(r, Axis::cp) : 0);
-  };
-  std::vector<Axis> axes = {Axis::pp};
-  if (ring) axes.insert(axes.begin(), Axis::cp);
-  const std::vector<int> members = m.group(0, axes);
-  out.reps.assign(members.size(), 0);
-  for (const int r : members) out.reps[static_cast<std::size_t>(out.class_of(r))] = r;
+  out.class_of = [m](int r) { return m.coord(r, Axis::pp); };
+  out.reps = m.group(0, Axis::pp);  // group rank = pp coordinate
   return out;
 }
 

@@ -30,10 +30,10 @@ struct PlanOptions {
   int steps = 2;                            // steps simulated (all alike; the mean is reported)
 };
 
-// The ranks whose programs differ, one representative each: per pipeline stage and, with ring
-// attention, per CP rank of it (its ring steps' blocks differ); every other rank issues what the
-// representative of its class issues (tp, dp, and ep ranks alike). class_of maps a world rank to
-// its class, reps[class] is its representative: the pp (x cp) group of rank 0.
+// The ranks whose programs differ, one representative each: one per pipeline stage; every other
+// rank issues what the representative of its stage issues (tp, dp, cp and ep ranks alike: ring
+// attention's blocks are alike on every CP rank at each step, costs::ring_block_pairs). class_of
+// maps a world rank to its stage, reps[stage] is its representative: the pp group of rank 0.
 struct Representatives {
   std::vector<int> reps;
   std::function<int(int world_rank)> class_of;
@@ -130,8 +130,8 @@ PlanResult plan_scenario(const Scenario& s, const PlanOptions& o = {});
 StepEval evaluate(const Scenario& s, const ParallelSpec& p, int dp, int global_batch,
                   const PlanOptions& o, bool simulate = false, bool bubble = true);
 
-// A lower bound of evaluate()'s step time for each representative (pipeline stage, and ring CP
-// rank: representatives(); one entry without either): its sim::ClockStep::forced_busy, the mean
+// A lower bound of evaluate()'s step time for each representative (pipeline stage:
+// representatives(); one entry without a pipeline): its sim::ClockStep::forced_busy, the mean
 // over the steps, timed alone on a sim::SymmetricClock (no StageWorld: what the other
 // representatives do only delays it further). The step time is at least the largest entry.
 std::vector<double> stage_lower_bounds(const Scenario& s, const ParallelSpec& p, int dp,

@@ -59,9 +59,10 @@ void SequenceOps::ring_attention(bool forward) {
   const int p = cp_->size(), r = cp_->rank();
   if (ring_pairs_.empty()) {
     const std::vector<int64_t> own = s_.layout->cp_rows(r);
+    const int64_t chunk = costs::ring_chunk(s_.layout->seq_len(), p);
     for (int step = 0; step < p; ++step)
       ring_pairs_.push_back(
-          costs::ring_block_pairs(own, s_.layout->cp_rows((r - step + p) % p), false));
+          costs::ring_block_pairs(own, s_.layout->cp_rows((r - step + p) % p), chunk, false));
   }
   const double n = rows(), d = s_.model->head_dim();
   const int heads = local_heads(), kv = local_kv_heads();

@@ -79,15 +79,21 @@ inline comm::ComputeCost ulysses_backward(const UlyssesShape& a, bool kept_probs
 }
 
 // Ring attention (parallel/mp/cp_ring.cpp) at one ring step: this CP rank's query rows against
-// the K/V block of another rank's rows. Each maximal run of consecutive query rows meets each run
-// of key rows as a whole block, skipped only when every key is after every query (`unmasked`, a
-// planted bug's diagonal: nothing skipped); the query-key pairs of the blocks computed.
+// the K/V block of another rank's rows. The rows come in the layout's chunks of `chunk` rows
+// (TokenLayout: seq_len / (2 cp), two per rank), and each run of consecutive query rows inside a
+// chunk meets each such run of key rows as a whole block, skipped only when every key is after
+// every query (`unmasked`, a planted bug's diagonal: nothing skipped); the query-key pairs of the
+// blocks computed. With the chunks apart, every rank computes the same at each step: its own
+// block three chunk pairs, every other block two.
+inline int64_t ring_chunk(int64_t seq_len, int cp) {
+  return seq_len / (2 * int64_t{cp});
+}
 inline double ring_block_pairs(std::span<const int64_t> q_rows, std::span<const int64_t> k_rows,
-                               bool unmasked) {
-  const auto runs = [](std::span<const int64_t> rows) {
+                               int64_t chunk, bool unmasked) {
+  const auto runs = [chunk](std::span<const int64_t> rows) {
     std::vector<std::pair<int64_t, int64_t>> out;  // [begin, end) of global rows
     for (const int64_t r : rows) {
-      if (!out.empty() && out.back().second == r)
+      if (!out.empty() && out.back().second == r && r % chunk != 0)
         ++out.back().second;
       else
         out.emplace_back(r, r + 1);

@@ -22,15 +22,17 @@ constexpr int kKvForward = kRingKvForwardTag;
 constexpr int kKvBackward = kRingKvBackwardTag;
 constexpr int kDkv = kRingDkvTag;
 
-// A maximal run of consecutive global rows: global [begin, end), local index of `begin`.
+// A run of consecutive global rows inside one of the layout's chunks (seq_len / (2 cp) rows;
+// costs::ring_block_pairs): global [begin, end), local index of `begin`. Adjacent chunks stay
+// apart, so every rank's blocks are alike at each step (TokenLayout's balance).
 struct Segment {
   int64_t begin = 0, end = 0, local = 0;
 };
 
-std::vector<Segment> segments_of(const std::vector<int64_t>& rows) {
+std::vector<Segment> segments_of(const std::vector<int64_t>& rows, int64_t chunk) {
   std::vector<Segment> out;
   for (std::size_t i = 0; i < rows.size(); ++i) {
-    if (!out.empty() && out.back().end == rows[i]) {
+    if (!out.empty() && out.back().end == rows[i] && rows[i] % chunk != 0) {
       ++out.back().end;
     } else {
       out.push_back({rows[i], rows[i] + 1, static_cast<int64_t>(i)});
@@ -47,6 +49,7 @@ struct Ctx {
   int64_t d, n;
   T scale;
   ref::AttentionDropoutMask mask;
+  int64_t chunk;             // rows of one of the layout's chunks
   std::vector<Segment> own;  // this rank's query segments
 
   Ctx(const CpAttentionCache<T>& cache, int rank)
@@ -60,7 +63,8 @@ struct Ctx {
         mask(cache.dropout,
              cache.dropout.total_heads > 0 ? cache.dropout.total_heads : cache.shape.heads,
              cache.seq_len),
-        own(segments_of(cache.rows[static_cast<std::size_t>(rank)])) {}
+        chunk(costs::ring_chunk(cache.seq_len, static_cast<int>(cache.rows.size()))),
+        own(segments_of(cache.rows[static_cast<std::size_t>(rank)], chunk)) {}
 
   T drop(int h, int64_t i, int64_t j) const {
     return static_cast<T>(mask.scale(c.dropout.head_offset + h, i, j));
@@ -225,10 +229,10 @@ ref::Tensor<T> ring_attention_forward(comm::Communicator& cp, const ref::Tensor<
       wr = cp.recv(comm::view(std::span<T>(nxt)), prev_of(cp), {.tag = kKvForward});
     }
     const auto& owner = cache.rows[static_cast<std::size_t>(owner_at(cp, s))];
-    forward_block(x, q, cur, segments_of(owner), diagonal_unmasked(cache, s), m, l, acc);
-    cp.compute(costs::ring_forward(costs::ring_block_pairs(own, owner, diagonal_unmasked(cache, s)),
-                                   static_cast<double>(x.n), x.heads, x.kv_heads,
-                                   static_cast<double>(x.d), sizeof(T)));
+    forward_block(x, q, cur, segments_of(owner, x.chunk), diagonal_unmasked(cache, s), m, l, acc);
+    cp.compute(costs::ring_forward(
+        costs::ring_block_pairs(own, owner, x.chunk, diagonal_unmasked(cache, s)),
+        static_cast<double>(x.n), x.heads, x.kv_heads, static_cast<double>(x.d), sizeof(T)));
     if (s < p - 1) {
       ws->wait();
       wr->wait();
@@ -274,10 +278,11 @@ void ring_attention_backward(comm::Communicator& cp, const ref::Tensor<T>& dout,
       wr = cp.recv(comm::view(std::span<T>(nxt)), prev_of(cp), {.tag = kKvBackward});
     }
     const auto& owner = cache.rows[static_cast<std::size_t>(owner_at(cp, s))];
-    backward_block(x, dout, dsum, cur, segments_of(owner), diagonal_unmasked(cache, s), dq, dcur);
+    backward_block(x, dout, dsum, cur, segments_of(owner, x.chunk), diagonal_unmasked(cache, s), dq,
+                   dcur);
     cp.compute(costs::ring_backward(
-        costs::ring_block_pairs(own, owner, diagonal_unmasked(cache, s)), static_cast<double>(x.n),
-        x.heads, x.kv_heads, static_cast<double>(x.d), sizeof(T)));
+        costs::ring_block_pairs(own, owner, x.chunk, diagonal_unmasked(cache, s)),
+        static_cast<double>(x.n), x.heads, x.kv_heads, static_cast<double>(x.d), sizeof(T)));
     if (s < p - 1) {
       ws->wait();
       wr->wait();

@@ -1,7 +1,8 @@
 // Context-parallel attention (ring and Ulysses) against the reference on the full sequence:
 // forward rows and all three gradients, with several documents whose boundaries cut through the
 // CP chunks, GQA, and dropout of a head-sharded (TP) caller. The planted ring-diagonal bug must
-// break parity; the ring's send/recv must show on the virtual timeline.
+// break parity; the ring's send/recv must show on the virtual timeline; every rank's ring blocks
+// are alike at each step.
 #include "parallel/mp/cp_attention.hpp"
 
 #include <gtest/gtest.h>
@@ -14,6 +15,8 @@
 #include <random>
 #include <string>
 
+#include "parallel/costs.hpp"
+#include "parallel/mp/tokens.hpp"
 #include "parallel/testing.hpp"
 #include "reference/attention.hpp"
 #include "sim/world.hpp"
@@ -298,6 +301,28 @@ TEST(CpAttention, UlyssesTimelineShowsTheAllToAlls) {
   // forward: q, k, v in and o out; backward: dout in and dq, dk, dv out.
   EXPECT_EQ(a2a[0], 8);
   EXPECT_EQ(a2a[1], 8);
+}
+
+// What the planner's one representative per stage rests on: at every ring step every CP rank
+// computes the same query-key pairs (its own block 3 chunk pairs, every other 2), for the layout
+// of any CP size; the middle rank's two adjacent chunks stay apart.
+TEST(CpAttention, RingBlocksAreAlikeOnEveryRankAtEachStep) {
+  for (const int cp : {2, 3, 4, 8, 16}) {
+    const int64_t seq = 2 * cp * 6;
+    const TokenLayout layout(seq, cp, 1, false);
+    const int64_t chunk = costs::ring_chunk(seq, cp);
+    for (int step = 0; step < cp; ++step) {
+      const double want = (step == 0 ? 3.0 : 2.0) * static_cast<double>(chunk * chunk);
+      for (int r = 0; r < cp; ++r) {
+        const std::vector<int64_t> own = layout.cp_rows(r);
+        const std::vector<int64_t> owner = layout.cp_rows((r - step + cp) % cp);
+        EXPECT_EQ(costs::ring_block_pairs(own, owner, chunk, false), want)
+            << "cp " << cp << " step " << step << " rank " << r;
+        EXPECT_EQ(costs::ring_block_pairs(own, owner, chunk, true),
+                  4.0 * static_cast<double>(chunk * chunk));  // nothing skipped
+      }
+    }
+  }
 }
 
 }  // namespace
