@@ -32,6 +32,7 @@ struct PlanArgs {
   bool search = false;
   int world = 0;
   int top = 10;
+  int max_cp = SearchOptions{}.max_cp;
   bool time_all = false;
 };
 
@@ -162,8 +163,8 @@ void print_search(std::ostream& os, const Scenario& s, const SearchResult& r) {
   os << "# plan --search " << r.scenario << ": every mesh of " << r.world << " ranks ("
      << t.ranks_per_node << " per node, " << t.memory_gib << " GiB each), global batch "
      << r.global_batch << " x " << s.model.seq_len << " tokens\n"
-     << "# meshes (dp, tp, pp, cp, ep, CP algorithm): " << r.meshes << " considered, "
-     << r.meshes_not_built << " not built by the engine\n"
+     << "# meshes (dp, tp, pp, cp up to " << r.max_cp << ", ep, CP algorithm): " << r.meshes
+     << " considered, " << r.meshes_not_built << " not built by the engine\n"
      << "# candidates (ZeRO/FSDP, sequence parallel, schedule, micro batch, recompute, order): "
      << r.candidates << "; not built " << r.not_built << ", do not fit " << r.not_fitting
      << ", heavier recompute of a fitting one " << r.recompute_pruned << ", ruled out by the bound "
@@ -199,6 +200,7 @@ int search_cmd(const PlanArgs& a, const Scenario& s, const PlanOptions& po) {
   SearchOptions o;
   o.world = a.world;
   o.top = a.top;
+  o.max_cp = a.max_cp;
   o.plan = po;
   o.prune = !a.time_all;
   SearchResult r;
@@ -298,6 +300,8 @@ void add_plan_command(CLI::App& app, int& exit_code) {
                   "With --search: ranks to plan for (default: the scenario's parallel block's)")
       ->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--top", args->top, "With --search: candidates listed (default 10)")
+      ->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--max-cp", args->max_cp, "With --search: CP sizes tried up to this (default 16)")
       ->check(CLI::Range(1, 1 << 20));
   cmd->add_flag("--time-all", args->time_all,
                 "With --search: time every candidate that fits, also those the bound rules out "

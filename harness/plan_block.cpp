@@ -57,15 +57,18 @@ void SequenceOps::ulysses_exchange(double elems) {
 
 void SequenceOps::ring_attention(bool forward) {
   const int p = cp_->size(), r = cp_->rank();
-  if (ring_pairs_.empty()) {
-    const std::vector<int64_t> own = s_.layout->cp_rows(r);
-    const int64_t chunk = costs::ring_chunk(s_.layout->seq_len(), p);
-    for (int step = 0; step < p; ++step)
-      ring_pairs_.push_back(
-          costs::ring_block_pairs(own, s_.layout->cp_rows((r - step + p) % p), chunk, false));
-  }
   const double n = rows(), d = s_.model->head_dim();
   const int heads = local_heads(), kv = local_kv_heads();
+  if (ring_forward_.empty()) {
+    const std::vector<int64_t> own = s_.layout->cp_rows(r);
+    const int64_t chunk = costs::ring_chunk(s_.layout->seq_len(), p);
+    for (int step = 0; step < p; ++step) {
+      const double pairs =
+          costs::ring_block_pairs(own, s_.layout->cp_rows((r - step + p) % p), chunk, false);
+      ring_forward_.push_back(costs::ring_forward(pairs, n, heads, kv, d, s_.elem));
+      ring_backward_.push_back(costs::ring_backward(pairs, n, heads, kv, d, s_.elem));
+    }
+  }
   const std::size_t block = count_of(static_cast<int64_t>(2 * n * kv * d));  // k and v
   const int next = (r + 1) % p, prev = (r + p - 1) % p;
   const int tag = forward ? parallel::kRingKvForwardTag : parallel::kRingKvBackwardTag;
@@ -75,9 +78,7 @@ void SequenceOps::ring_attention(bool forward) {
       ws = cp_->send(null_buf(block, activation()), next, {.tag = tag});
       wr = cp_->recv(null_buf(block, activation()), prev, {.tag = tag});
     }
-    const double pairs = ring_pairs_[static_cast<std::size_t>(step)];
-    world_.compute(forward ? costs::ring_forward(pairs, n, heads, kv, d, s_.elem)
-                           : costs::ring_backward(pairs, n, heads, kv, d, s_.elem));
+    world_.compute((forward ? ring_forward_ : ring_backward_)[static_cast<std::size_t>(step)]);
     if (step < p - 1) {
       ws->wait();
       wr->wait();

@@ -81,7 +81,8 @@ class SequenceOps {
   // leaves of this rank's rows against the block owner's; the backward also passes the dK/dV
   // accumulators (cp hops).
   void ring_attention(bool forward);
-  std::vector<double> ring_pairs_;  // per ring step, this rank's (computed once)
+  // Per ring step, this rank's block kernels, forward and backward (computed once).
+  std::vector<comm::ComputeCost> ring_forward_, ring_backward_;
   void moe_forward();
   void moe_backward();
   // ep_moe.cpp's exchange of rows with the EP peers (dispatch, combine and their backwards)

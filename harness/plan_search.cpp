@@ -275,6 +275,7 @@ SearchResult search_plans(const Scenario& s, const SearchOptions& o) {
   SearchResult r;
   r.scenario = s.name;
   r.world = o.world > 0 ? o.world : s.parallel.mesh.world_size();
+  r.max_cp = o.max_cp;
   if (o.world < 0 || r.world < 1 || r.world > comm::kMaxWorldSize)
     throw ScenarioError("--world", "expected a world size from 1 to " +
                                        std::to_string(comm::kMaxWorldSize) + ", got " +
@@ -301,7 +302,8 @@ SearchResult search_plans(const Scenario& s, const SearchOptions& o) {
   };
   // Every mesh of the world: tp x cp x pp x dp (ep among the dp*cp ranks), each CP algorithm.
   for (int tp : divisors(r.world))
-    for (int cp : divisors(r.world / tp))
+    for (int cp : divisors(r.world / tp)) {
+      if (cp > o.max_cp) continue;
       for (int pp : divisors(r.world / tp / cp)) {
         const int dp = r.world / tp / cp / pp;
         const std::vector<int> eps = m.moe ? divisors(dp * cp) : std::vector<int>{1};
@@ -356,6 +358,7 @@ SearchResult search_plans(const Scenario& s, const SearchOptions& o) {
                   }
           }
       }
+    }
 
   // Each setting's recompute modes in every order, on every thread: the ledger is the cost.
   std::vector<std::pair<const MeshSettings*, Setting*>> work;
@@ -548,7 +551,8 @@ nlohmann::json search_json(const SearchResult& r) {
   return {{"world_size", r.world},
           {"global_batch", r.global_batch},
           {"device_memory_bytes", r.device_memory_bytes},
-          {"meshes", {{"considered", r.meshes}, {"not_built", r.meshes_not_built}}},
+          {"meshes",
+           {{"considered", r.meshes}, {"not_built", r.meshes_not_built}, {"max_cp", r.max_cp}}},
           {"candidates",
            {{"enumerated", r.candidates},
             {"not_built", r.not_built},

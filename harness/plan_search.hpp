@@ -36,6 +36,9 @@ struct SearchOptions {
   bool prune = true;
   // Micro batches tried: the divisors of the per-rank batch up to this.
   int max_micro_batch = 8;
+  // CP sizes tried: up to this (Llama 3 trained its 128K context with 16). A ring's steps grow
+  // with cp, and so does the clock's work: cp ring steps per layer and microbatch.
+  int max_cp = 16;
 };
 
 struct SearchCandidate {
@@ -73,6 +76,7 @@ struct SearchResult {
   // its most permissive settings, and those the planner does not time (their settings are not
   // enumerated).
   std::size_t meshes = 0, meshes_not_built = 0;
+  int max_cp = 0;  // SearchOptions's
   // Candidates: every setting of the other meshes (orders that place every group alike: one).
   std::size_t candidates = 0;
   std::size_t not_built = 0;         // refused by the engine's validation
