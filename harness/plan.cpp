@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdio>
 #include <set>
+#include <utility>
 
 #include "harness/driver.hpp"
 #include "harness/plan_skeleton.hpp"
@@ -176,6 +177,29 @@ Goodput goodput_of(const PlanSpec& f, int world, double step_s, double tokens_pe
   return g;
 }
 
+namespace {
+
+// What evaluate() and stage_lower_bounds() time: p's skeleton at dp data-parallel ranks and this
+// global batch, its world size, and the scenario's topology at the plan's compute efficiency.
+struct TimedSkeleton {
+  Skeleton skeleton;
+  int world = 1;
+  sim::Topology topology;
+};
+
+TimedSkeleton timed_skeleton(const Scenario& s, const ParallelSpec& p, int dp, int global_batch,
+                             const PlanOptions& o) {
+  SkeletonSpec spec =
+      skeleton_spec(s, p, dp, global_batch, o.reduce_dtype ? &*o.reduce_dtype : nullptr);
+  spec.steps = o.steps;
+  const int world = dp * p.mesh.tp * p.mesh.pp * p.mesh.cp;
+  sim::Topology topo = sim_options(s, world).topology;
+  topo.compute_efficiency = o.compute_efficiency;
+  return {Skeleton(std::move(spec)), world, topo};
+}
+
+}  // namespace
+
 Representatives representatives(const ParallelSpec& p, int dp) {
   using comm::Axis;
   comm::MeshShape shape = p.mesh;
@@ -190,13 +214,10 @@ Representatives representatives(const ParallelSpec& p, int dp) {
 StepEval evaluate(const Scenario& s, const ParallelSpec& p, int dp, int global_batch,
                   const PlanOptions& o, bool simulate, bool bubble) {
   const auto t0 = Clock::now();
-  SkeletonSpec spec =
-      skeleton_spec(s, p, dp, global_batch, o.reduce_dtype ? &*o.reduce_dtype : nullptr);
-  spec.steps = o.steps;
-  const Skeleton k(spec);
-  const int world = dp * p.mesh.tp * p.mesh.pp * p.mesh.cp;
-  sim::Topology topo = sim_options(s, world).topology;
-  topo.compute_efficiency = o.compute_efficiency;
+  const TimedSkeleton timed = timed_skeleton(s, p, dp, global_batch, o);
+  const Skeleton& k = timed.skeleton;
+  const int world = timed.world;
+  const sim::Topology& topo = timed.topology;
   StepEval e;
   if (simulate) {
     sim::SimOptions so;
@@ -266,17 +287,11 @@ StepEval evaluate(const Scenario& s, const ParallelSpec& p, int dp, int global_b
 
 std::vector<double> stage_lower_bounds(const Scenario& s, const ParallelSpec& p, int dp,
                                        int global_batch, const PlanOptions& o) {
-  SkeletonSpec spec =
-      skeleton_spec(s, p, dp, global_batch, o.reduce_dtype ? &*o.reduce_dtype : nullptr);
-  spec.steps = o.steps;
-  const Skeleton k(spec);
-  const int world = dp * p.mesh.tp * p.mesh.pp * p.mesh.cp;
-  sim::Topology topo = sim_options(s, world).topology;
-  topo.compute_efficiency = o.compute_efficiency;
+  const TimedSkeleton t = timed_skeleton(s, p, dp, global_batch, o);
   std::vector<double> out;
   for (const int rep : representatives(p, dp).reps) {
-    sim::SymmetricClock c(world, topo, k.splits(), rep);
-    k.run(c);
+    sim::SymmetricClock c(t.world, t.topology, t.skeleton.splits(), rep);
+    t.skeleton.run(c);
     double forced = 0;
     const std::vector<sim::ClockStep> steps = c.steps();
     for (const sim::ClockStep& st : steps) forced += st.forced_busy;

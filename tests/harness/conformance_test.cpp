@@ -5,8 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <optional>
 #include <string>
-#include <tuple>
 #include <vector>
 
 #include "cli_support.hpp"
@@ -53,108 +53,89 @@ TEST(Conformance, ThePlannerIssuesWhatTheEngineIssuesOnEveryConfiguration) {
       checked, tensor_parallel, moe_model_parallel, expert_parallel, ring);
 }
 
+// One configuration beside the parity matrix's: the scenario's base with this mesh, Ulysses CP,
+// and these settings.
+struct Variant {
+  comm::MeshShape mesh;
+  bool sp = false;
+  int zero = 0;
+  int shard_group = 0;  // > 0: FSDP hybrid_shard with shard groups of this many DP ranks
+};
+
+// Each variant the model takes (EP only for MoE) in each precision conforms; returns how many ran.
+int check_variants(const Scenario& base, const std::vector<ref::Precision>& precisions,
+                   const std::vector<Variant>& variants) {
+  int checked = 0;
+  for (const ref::Precision precision : precisions) {
+    Scenario s = base;
+    s.train.precision = precision;
+    for (const Variant& v : variants) {
+      if (v.mesh.ep > 1 && !s.model.moe) continue;
+      ParallelSpec p = s.parallel;
+      p.mesh = v.mesh;
+      p.sequence_parallel = v.sp;
+      p.cp_algo = "ulysses";
+      p.zero = v.zero;
+      p.fsdp = v.shard_group > 0 ? std::optional<std::string>("hybrid_shard") : std::nullopt;
+      p.fsdp_shard_group = v.shard_group;
+      if (const std::string why = unsupported(s, p); !why.empty()) {
+        ADD_FAILURE() << p.label() << ": " << why;
+        continue;
+      }
+      EXPECT_EQ(conformance(s, p), "") << p.label();
+      ++checked;
+    }
+  }
+  return checked;
+}
+
+comm::MeshShape mesh(int dp, int tp, int pp, int cp, int ep) {
+  return {.dp = dp, .tp = tp, .pp = pp, .cp = cp, .ep = ep};
+}
+
 // MoE layers on one EP rank under TP with and without SP, and under Ulysses CP (the parity
 // matrix has no such entry without EP): the router on each rank's own rows, the probabilities
 // gathered over TP and CP, and in bf16 the experts' TP partials summed before the rounding; f64
 // and the bf16 recipe, DDP, ZeRO-1 and ZeRO-3.
 TEST(Conformance, MoeLayersUnderTensorAndContextParallelism) {
-  const Scenario base =
-      load_scenario(shardcheck::testing::kScenarios + "/parity/mp_compose_moe.json");
-  int checked = 0;
-  for (const ref::Precision precision : {ref::Precision::kF64, ref::Precision::kBf16}) {
-    Scenario s = base;
-    s.train.precision = precision;
-    for (const auto& [tp, cp, sp, zero] :
-         std::vector<std::tuple<int, int, bool, int>>{{2, 1, true, 0},
-                                                      {2, 1, false, 1},
-                                                      {2, 1, true, 3},
-                                                      {1, 2, false, 0},
-                                                      {2, 2, true, 1}}) {
-      ParallelSpec p = s.parallel;
-      p.mesh = comm::MeshShape{};
-      p.mesh.dp = 8 / tp / cp;
-      p.mesh.tp = tp;
-      p.mesh.cp = cp;
-      p.sequence_parallel = sp;
-      p.cp_algo = "ulysses";
-      p.zero = zero;
-      p.fsdp.reset();
-      ASSERT_EQ(unsupported(s, p), "") << p.label();
-      EXPECT_EQ(conformance(s, p), "") << p.label();
-      ++checked;
-    }
-  }
-  EXPECT_EQ(checked, 10);
+  const Scenario s = load_scenario(shardcheck::testing::kScenarios + "/parity/mp_compose_moe.json");
+  EXPECT_EQ(check_variants(s, {ref::Precision::kF64, ref::Precision::kBf16},
+                           {{mesh(4, 2, 1, 1, 1), true, 0, 0},
+                            {mesh(4, 2, 1, 1, 1), false, 1, 0},
+                            {mesh(4, 2, 1, 1, 1), true, 3, 0},
+                            {mesh(4, 1, 1, 2, 1), false, 0, 0},
+                            {mesh(2, 2, 1, 2, 1), true, 1, 0}}),
+            10);
 }
 
 // kv heads replicated over TP (tp 4 over 2 kv heads, from the TP parity scenario): their
 // gradients left out of the DDP buckets and summed over the tp-kv group after the pipeline (bf16:
 // per microbatch before the rounding too), per unit before ZeRO-3's reduce_scatter; with SP.
 TEST(Conformance, KvHeadsReplicatedOverTensorParallelRanks) {
-  Scenario base = load_scenario(shardcheck::testing::kScenarios + "/parity/mp_tp.json");
-  base.model.kv_heads = 2;
-  int checked = 0;
-  for (const ref::Precision precision : {ref::Precision::kF64, ref::Precision::kBf16}) {
-    Scenario s = base;
-    s.train.precision = precision;
-    for (const auto& [sp, zero, pp] : std::vector<std::tuple<bool, int, int>>{
-             {false, 0, 1}, {true, 1, 1}, {false, 3, 1}, {true, 3, 1}, {false, 0, 2}}) {
-      ParallelSpec p = s.parallel;
-      p.mesh = comm::MeshShape{};
-      p.mesh.dp = 8 / 4 / pp;
-      p.mesh.tp = 4;
-      p.mesh.pp = pp;
-      p.sequence_parallel = sp;
-      p.zero = zero;
-      p.fsdp.reset();
-      ASSERT_EQ(unsupported(s, p), "") << p.label();
-      EXPECT_EQ(conformance(s, p), "") << p.label();
-      ++checked;
-    }
-  }
-  EXPECT_EQ(checked, 10);
+  Scenario s = load_scenario(shardcheck::testing::kScenarios + "/parity/mp_tp.json");
+  s.model.kv_heads = 2;
+  EXPECT_EQ(check_variants(s, {ref::Precision::kF64, ref::Precision::kBf16},
+                           {{mesh(2, 4, 1, 1, 1), false, 0, 0},
+                            {mesh(2, 4, 1, 1, 1), true, 1, 0},
+                            {mesh(2, 4, 1, 1, 1), false, 3, 0},
+                            {mesh(2, 4, 1, 1, 1), true, 3, 0},
+                            {mesh(1, 4, 2, 1, 1), false, 0, 0}}),
+            10);
 }
 
 // FSDP hybrid_shard with model parallelism: shard groups of shard_group_size x cp over {cp, dp}
 // and, for MoE, the experts' over the expert-data-parallel ranks (mesh_rows.hpp), with TP, a
 // pipeline, Ulysses CP and EP; dense f64, MoE f64 and bf16.
 TEST(Conformance, HybridShardWithModelParallelism) {
-  struct Mesh {
-    int dp, tp, pp, cp, ep, group;
-  };
-  int checked = 0;
-  for (const char* name : {"mp_tp.json", "mp_compose_moe.json"}) {
-    const Scenario base = load_scenario(shardcheck::testing::kScenarios + "/parity/" + name);
-    for (const ref::Precision precision : {ref::Precision::kF64, ref::Precision::kBf16}) {
-      if (!base.model.moe && precision == ref::Precision::kBf16) continue;
-      Scenario s = base;
-      s.train.precision = precision;
-      for (const Mesh& m :
-           {Mesh{4, 2, 1, 1, 1, 2}, Mesh{2, 2, 2, 1, 1, 1}, Mesh{4, 1, 1, 2, 1, 2},
-            Mesh{4, 1, 1, 2, 2, 2}, Mesh{4, 1, 2, 1, 2, 2}, Mesh{4, 1, 1, 1, 2, 2}}) {
-        if (m.ep > 1 && !s.model.moe) continue;
-        ParallelSpec p = s.parallel;
-        p.mesh = comm::MeshShape{};
-        p.mesh.dp = m.dp;
-        p.mesh.tp = m.tp;
-        p.mesh.pp = m.pp;
-        p.mesh.cp = m.cp;
-        p.mesh.ep = m.ep;
-        p.cp_algo = "ulysses";
-        p.sequence_parallel = false;
-        p.zero = 0;
-        p.fsdp = "hybrid_shard";
-        p.fsdp_shard_group = m.group;
-        if (const std::string why = unsupported(s, p); !why.empty()) {
-          ADD_FAILURE() << p.label() << ": " << why;
-          continue;
-        }
-        EXPECT_EQ(conformance(s, p), "") << p.label();
-        ++checked;
-      }
-    }
-  }
-  EXPECT_EQ(checked, 3 + 2 * 6);
+  const std::vector<Variant> meshes = {
+      {mesh(4, 2, 1, 1, 1), false, 0, 2}, {mesh(2, 2, 2, 1, 1), false, 0, 1},
+      {mesh(4, 1, 1, 2, 1), false, 0, 2}, {mesh(4, 1, 1, 2, 2), false, 0, 2},
+      {mesh(4, 1, 2, 1, 2), false, 0, 2}, {mesh(4, 1, 1, 1, 2), false, 0, 2}};
+  const std::string dir = shardcheck::testing::kScenarios + "/parity/";
+  EXPECT_EQ(check_variants(load_scenario(dir + "mp_tp.json"), {ref::Precision::kF64}, meshes), 3);
+  EXPECT_EQ(check_variants(load_scenario(dir + "mp_compose_moe.json"),
+                           {ref::Precision::kF64, ref::Precision::kBf16}, meshes),
+            12);
 }
 
 // The check can fail: an engine whose gradient reductions average instead of sum, whose norm
