@@ -89,7 +89,7 @@ int check_variants(const Scenario& base, const std::vector<ref::Precision>& prec
   return checked;
 }
 
-comm::MeshShape mesh(int dp, int tp, int pp, int cp, int ep) {
+comm::MeshShape sizes(int dp, int tp, int pp, int cp, int ep) {
   return {.dp = dp, .tp = tp, .pp = pp, .cp = cp, .ep = ep};
 }
 
@@ -100,11 +100,11 @@ comm::MeshShape mesh(int dp, int tp, int pp, int cp, int ep) {
 TEST(Conformance, MoeLayersUnderTensorAndContextParallelism) {
   const Scenario s = load_scenario(shardcheck::testing::kScenarios + "/parity/mp_compose_moe.json");
   EXPECT_EQ(check_variants(s, {ref::Precision::kF64, ref::Precision::kBf16},
-                           {{mesh(4, 2, 1, 1, 1), true, 0, 0},
-                            {mesh(4, 2, 1, 1, 1), false, 1, 0},
-                            {mesh(4, 2, 1, 1, 1), true, 3, 0},
-                            {mesh(4, 1, 1, 2, 1), false, 0, 0},
-                            {mesh(2, 2, 1, 2, 1), true, 1, 0}}),
+                           {{sizes(4, 2, 1, 1, 1), true, 0, 0},
+                            {sizes(4, 2, 1, 1, 1), false, 1, 0},
+                            {sizes(4, 2, 1, 1, 1), true, 3, 0},
+                            {sizes(4, 1, 1, 2, 1), false, 0, 0},
+                            {sizes(2, 2, 1, 2, 1), true, 1, 0}}),
             10);
 }
 
@@ -115,11 +115,11 @@ TEST(Conformance, KvHeadsReplicatedOverTensorParallelRanks) {
   Scenario s = load_scenario(shardcheck::testing::kScenarios + "/parity/mp_tp.json");
   s.model.kv_heads = 2;
   EXPECT_EQ(check_variants(s, {ref::Precision::kF64, ref::Precision::kBf16},
-                           {{mesh(2, 4, 1, 1, 1), false, 0, 0},
-                            {mesh(2, 4, 1, 1, 1), true, 1, 0},
-                            {mesh(2, 4, 1, 1, 1), false, 3, 0},
-                            {mesh(2, 4, 1, 1, 1), true, 3, 0},
-                            {mesh(1, 4, 2, 1, 1), false, 0, 0}}),
+                           {{sizes(2, 4, 1, 1, 1), false, 0, 0},
+                            {sizes(2, 4, 1, 1, 1), true, 1, 0},
+                            {sizes(2, 4, 1, 1, 1), false, 3, 0},
+                            {sizes(2, 4, 1, 1, 1), true, 3, 0},
+                            {sizes(1, 4, 2, 1, 1), false, 0, 0}}),
             10);
 }
 
@@ -128,9 +128,9 @@ TEST(Conformance, KvHeadsReplicatedOverTensorParallelRanks) {
 // pipeline, Ulysses CP and EP; dense f64, MoE f64 and bf16.
 TEST(Conformance, HybridShardWithModelParallelism) {
   const std::vector<Variant> meshes = {
-      {mesh(4, 2, 1, 1, 1), false, 0, 2}, {mesh(2, 2, 2, 1, 1), false, 0, 1},
-      {mesh(4, 1, 1, 2, 1), false, 0, 2}, {mesh(4, 1, 1, 2, 2), false, 0, 2},
-      {mesh(4, 1, 2, 1, 2), false, 0, 2}, {mesh(4, 1, 1, 1, 2), false, 0, 2}};
+      {sizes(4, 2, 1, 1, 1), false, 0, 2}, {sizes(2, 2, 2, 1, 1), false, 0, 1},
+      {sizes(4, 1, 1, 2, 1), false, 0, 2}, {sizes(4, 1, 1, 2, 2), false, 0, 2},
+      {sizes(4, 1, 2, 1, 2), false, 0, 2}, {sizes(4, 1, 1, 1, 2), false, 0, 2}};
   const std::string dir = shardcheck::testing::kScenarios + "/parity/";
   EXPECT_EQ(check_variants(load_scenario(dir + "mp_tp.json"), {ref::Precision::kF64}, meshes), 3);
   EXPECT_EQ(check_variants(load_scenario(dir + "mp_compose_moe.json"),
