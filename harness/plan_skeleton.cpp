@@ -255,14 +255,8 @@ class SkeletonRun {
       // 3. gradient sums (sync_gradients): the tied embedding between the first and last stage,
       // SP's TP-replicated parameters over TP, then the optimizer's.
       sync_tied_embedding();
-      if (sp() && tp_) {
-        const int64_t n = numel_where([](const LocalParam& p) { return p.tp_replicated; }, true);
-        if (n > 0) tp_->all_reduce(null_buf(count_of(n), numeric()))->wait();
-      }
-      if (kv_) {  // the TP ranks sharing a replicated kv head
-        const int64_t n = numel_where([](const LocalParam& p) { return p.kv_replicas > 1; }, true);
-        if (n > 0) kv_->all_reduce(null_buf(count_of(n), numeric()))->wait();
-      }
+      sum_picked(sp() ? tp_.get() : nullptr, tp_replicated, true);
+      sum_picked(kv_.get(), kv_replicated, true);  // the TP ranks sharing a replicated kv head
       if (!k_.no_shard_) reduce();
       // 4. norm and numerators, the health check.
       world_.all_reduce(null_buf(4, comm::DType::f64))->wait();
@@ -486,32 +480,37 @@ class SkeletonRun {
     return n;
   }
 
+  // mesh_detail::all_reduce_picked: the picked parameters' gradients (reduced at the step's end,
+  // deferred, or not; `only`: one class's) summed over g in one all_reduce (none when g is null
+  // or of one rank).
+  template <class Pick>
+  void sum_picked(comm::Communicator* g, const Pick& pick, bool deferred,
+                  const std::vector<std::size_t>* only = nullptr) {
+    if (g == nullptr || g->size() == 1) return;
+    const int64_t n = numel_where(pick, deferred, only);
+    if (n > 0) g->all_reduce(null_buf(count_of(n), numeric()))->wait();
+  }
+  static bool tp_replicated(const LocalParam& p) { return p.tp_replicated; }
+  static bool kv_replicated(const LocalParam& p) { return p.kv_replicas > 1; }
+
   // mesh_bf16.hpp's round_microbatch_gradient over some parameters (`only`: one class's; else
   // those reduced at the step's end): the CP ranks' and, under SP, the TP ranks' partials summed,
   // dense parameters first, then the experts.
   void round_presums(bool deferred, const std::vector<std::size_t>* only = nullptr) {
-    if (cp_) {
-      const int64_t n = numel_where([](const LocalParam& p) { return !p.expert; }, deferred, only);
-      if (n > 0) cp_->all_reduce(null_buf(count_of(n), numeric()))->wait();
-    }
-    if (kv_) {
-      const int64_t n =
-          numel_where([](const LocalParam& p) { return p.kv_replicas > 1; }, deferred, only);
-      if (n > 0) kv_->all_reduce(null_buf(count_of(n), numeric()))->wait();
-    }
-    if (sp()) {
-      const int64_t n = numel_where(
-          [](const LocalParam& p) { return p.tp_replicated && !p.expert; }, deferred, only);
-      if (n > 0) tp_->all_reduce(null_buf(count_of(n), numeric()))->wait();
-    }
+    sum_picked(
+        cp_.get(), [](const LocalParam& p) { return !p.expert; }, deferred, only);
+    sum_picked(kv_.get(), kv_replicated, deferred, only);
+    sum_picked(
+        sp() ? tp_.get() : nullptr,
+        [](const LocalParam& p) { return p.tp_replicated && !p.expert; }, deferred, only);
     // The experts' partials, once or once per part (an EP group whose members read several data
     // ranks): over the expert-parts group (the ranks reading the same sequences), then under SP
     // over TP.
-    const int64_t e = numel_where([](const LocalParam& p) { return p.expert; }, deferred, only);
-    if (e == 0 || !parts_) return;
+    if (!parts_) return;
+    const auto expert = [](const LocalParam& p) { return p.expert; };
     for (int part = 0; part < std::max(1, expert_parts_); ++part) {
-      if (parts_->size() > 1) parts_->all_reduce(null_buf(count_of(e), numeric()))->wait();
-      if (sp()) tp_->all_reduce(null_buf(count_of(e), numeric()))->wait();
+      sum_picked(parts_.get(), expert, deferred, only);
+      sum_picked(sp() ? tp_.get() : nullptr, expert, deferred, only);
     }
   }
 
@@ -522,16 +521,8 @@ class SkeletonRun {
     for (const std::size_t ci : schedules_[static_cast<std::size_t>(chunk)].ready[step]) {
       const std::vector<std::size_t>& only = classes_[ci].specs;
       if (sp_.train.precision == ref::Precision::kBf16) round_presums(false, &only);
-      if (sp()) {
-        const int64_t n =
-            numel_where([](const LocalParam& p) { return p.tp_replicated; }, false, &only);
-        if (n > 0) tp_->all_reduce(null_buf(count_of(n), numeric()))->wait();
-      }
-      if (kv_) {
-        const int64_t n =
-            numel_where([](const LocalParam& p) { return p.kv_replicas > 1; }, false, &only);
-        if (n > 0) kv_->all_reduce(null_buf(count_of(n), numeric()))->wait();
-      }
+      sum_picked(sp() ? tp_.get() : nullptr, tp_replicated, false, &only);
+      sum_picked(kv_.get(), kv_replicated, false, &only);
       finish_unit_reduce();
       in_flight_ = ci;
       if (comm::Communicator& g = group_of(classes_[ci]); g.size() > 1)
