@@ -285,17 +285,22 @@ StepEval evaluate(const Scenario& s, const ParallelSpec& p, int dp, int global_b
   return e;
 }
 
-std::vector<double> stage_lower_bounds(const Scenario& s, const ParallelSpec& p, int dp,
-                                       int global_batch, const PlanOptions& o) {
+std::vector<StageLowerBound> stage_lower_bounds(const Scenario& s, const ParallelSpec& p, int dp,
+                                                int global_batch, const PlanOptions& o) {
   const TimedSkeleton t = timed_skeleton(s, p, dp, global_batch, o);
-  std::vector<double> out;
+  std::vector<StageLowerBound> out;
   for (const int rep : representatives(p, dp).reps) {
     sim::SymmetricClock c(t.world, t.topology, t.skeleton.splits(), rep);
+    c.list_groups(Skeleton::block_groups());
     t.skeleton.run(c);
-    double forced = 0;
+    StageLowerBound b;
     const std::vector<sim::ClockStep> steps = c.steps();
-    for (const sim::ClockStep& st : steps) forced += st.forced_busy;
-    out.push_back(forced / static_cast<double>(std::max<std::size_t>(1, steps.size())));
+    for (const sim::ClockStep& st : steps) {
+      b.forced += st.forced_busy;
+      b.listed += st.forced_listed;
+    }
+    const auto n = static_cast<double>(std::max<std::size_t>(1, steps.size()));
+    out.push_back({b.forced / n, b.listed / n});
   }
   return out;
 }
@@ -307,18 +312,22 @@ double stage_bound(const Scenario& s, const ParallelSpec& p, int global_batch,
   const int m = global_batch / dp / mb;
   // Every schedule needs a microbatch per stage; interleaving goes in groups of pp.
   const int m1 = p.mesh.pp;
+  if (m <= 2 * m1) {
+    double bound = 0;
+    for (const StageLowerBound& b : stage_lower_bounds(s, p, dp, global_batch, o))
+      bound = std::max(bound, b.forced);
+    return bound;
+  }
   // ZeRO-3 / FSDP: whether a unit's gather or reduce_scatter waits at once depends on where the
   // schedule puts its microbatch (residency, prefetch, the reduce in flight), not a line.
   const bool sharded = p.zero == 3 || (p.fsdp && *p.fsdp != "no_shard");
-  if (m <= 2 * m1 || sharded) {
-    const std::vector<double> b = stage_lower_bounds(s, p, dp, global_batch, o);
-    return *std::max_element(b.begin(), b.end());
-  }
-  const std::vector<double> a = stage_lower_bounds(s, p, dp, dp * mb * m1, o);
-  const std::vector<double> b = stage_lower_bounds(s, p, dp, dp * mb * 2 * m1, o);
+  const auto pick = [&](const StageLowerBound& b) { return sharded ? b.listed : b.forced; };
+  const std::vector<StageLowerBound> a = stage_lower_bounds(s, p, dp, dp * mb * m1, o);
+  const std::vector<StageLowerBound> b = stage_lower_bounds(s, p, dp, dp * mb * 2 * m1, o);
   double bound = 0;
   for (std::size_t i = 0; i < a.size(); ++i)
-    bound = std::max(bound, a[i] + (b[i] - a[i]) * static_cast<double>(m - m1) / m1);
+    bound =
+        std::max(bound, pick(a[i]) + (pick(b[i]) - pick(a[i])) * static_cast<double>(m - m1) / m1);
   return bound;
 }
 

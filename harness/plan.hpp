@@ -130,21 +130,27 @@ PlanResult plan_scenario(const Scenario& s, const PlanOptions& o = {});
 StepEval evaluate(const Scenario& s, const ParallelSpec& p, int dp, int global_batch,
                   const PlanOptions& o, bool simulate = false, bool bubble = true);
 
-// A lower bound of evaluate()'s step time for each representative (pipeline stage:
-// representatives(); one entry without a pipeline): its sim::ClockStep::forced_busy, the mean
-// over the steps, timed alone on a sim::SymmetricClock (no StageWorld: what the other
-// representatives do only delays it further). The step time is at least the largest entry.
-std::vector<double> stage_lower_bounds(const Scenario& s, const ParallelSpec& p, int dp,
-                                       int global_batch, const PlanOptions& o);
+// Lower bounds of evaluate()'s step time for each representative (pipeline stage:
+// representatives(); one entry without a pipeline), the means over the steps of its
+// sim::ClockStep::forced_busy and forced_listed (the collectives of Skeleton::block_groups()
+// only), timed alone on a sim::SymmetricClock (no StageWorld: what the other representatives do
+// only delays it further). The step time is at least the largest entry of either.
+struct StageLowerBound {
+  double forced = 0;
+  double listed = 0;
+};
+std::vector<StageLowerBound> stage_lower_bounds(const Scenario& s, const ParallelSpec& p, int dp,
+                                                int global_batch, const PlanOptions& o);
 
 // The largest of stage_lower_bounds for p (p.mesh.dp ranks in data parallelism, the scenario's
 // micro batch). Each stage's bound grows by the same amount with each microbatch (each issues the
 // same compute and collectives, in the same order within its chunks; the step's own ops are the
 // constant), so with many microbatches they are timed at the fewest the schedule allows (m1 = pp:
 // a microbatch per stage, and interleaving goes in groups of pp) and at twice that, and extended
-// along the line through both: a pipeline of m microbatches costs two of at most 2 x pp. Not
-// under ZeRO-3 / FSDP (sharded parameters): whether a unit's gather or reduce_scatter is waited at
-// once depends on where the schedule puts the microbatch, so those are timed at the full count.
+// along the line through both: a pipeline of m microbatches costs two of at most 2 x pp. Under
+// ZeRO-3 / FSDP (sharded parameters) whether a unit's gather or reduce_scatter is waited at once
+// depends on where the schedule puts the microbatch, so there the line goes through the listed
+// bound (compute and the blocks' own collectives), which it does not change.
 double stage_bound(const Scenario& s, const ParallelSpec& p, int global_batch,
                    const PlanOptions& o);
 

@@ -88,7 +88,8 @@ struct ClockState {
   std::vector<ClockStep> steps;
   comm::MemoryTracker memory;
   std::string asymmetry;
-  std::shared_ptr<StageHub> hub;  // StageWorld representatives only
+  std::shared_ptr<StageHub> hub;    // StageWorld representatives only
+  std::vector<std::string> listed;  // SymmetricClock::list_groups
   double now() const { return std::max(compute, comm_free); }
   ClockStep* current() { return steps.empty() ? nullptr : &steps.back(); }
 };
@@ -97,14 +98,21 @@ namespace {
 
 class ClockWork final : public comm::Work {
  public:
-  // forced: the op's seconds when it is a collective (its wait may count in forced_busy), else 0.
-  ClockWork(std::shared_ptr<ClockState> s, double end, double forced)
-      : state_(std::move(s)), end_(end), forced_(forced), events_(state_->events) {}
+  // forced: the op's seconds when it is a collective (its wait may count in forced_busy), else 0;
+  // listed: on a group of list_groups (it counts in forced_listed too).
+  ClockWork(std::shared_ptr<ClockState> s, double end, double forced, bool listed)
+      : state_(std::move(s)),
+        end_(end),
+        forced_(forced),
+        events_(state_->events),
+        listed_(listed) {}
   void wait() override {
     ClockState& s = *state_;
     s.compute = std::max(s.compute, end_);
-    if (forced_ > 0 && s.events == events_ && !s.steps.empty())
+    if (forced_ > 0 && s.events == events_ && !s.steps.empty()) {
       s.steps.back().forced_busy += forced_;
+      if (listed_) s.steps.back().forced_listed += forced_;
+    }
     forced_ = 0;  // once
   }
   bool is_completed() override { return true; }
@@ -113,6 +121,7 @@ class ClockWork final : public comm::Work {
   std::shared_ptr<ClockState> state_;
   double end_, forced_;
   std::uint64_t events_;
+  bool listed_;
 };
 
 // A message between stages: its end is known once the peer has posted too.
@@ -183,11 +192,12 @@ int SymmetricClock::stages_spanned() const {
 }
 
 SymmetricClock::SymmetricClock(std::shared_ptr<ClockState> state, std::vector<int> members,
-                               int rank, std::string name, sim::LinkCost link)
+                               int rank, std::string name, sim::LinkCost link, bool listed)
     : state_(std::move(state)),
       members_(std::move(members)),
       rank_(rank),
       name_(std::make_shared<const std::string>(std::move(name))),
+      listed_(listed),
       link_(link) {}
 
 std::vector<ClockStep> SymmetricClock::steps() const {
@@ -207,6 +217,9 @@ bool SymmetricClock::asymmetric() const {
 }
 const std::string& SymmetricClock::asymmetry() const {
   return state_->asymmetry;
+}
+void SymmetricClock::list_groups(std::vector<std::string> names) {
+  state_->listed = std::move(names);
 }
 
 double SymmetricClock::meet(double arrival, const WaitSite& what) {
@@ -242,7 +255,7 @@ comm::WorkPtr SymmetricClock::collective(sim::OpKind k, double bytes) {
     st->comm_busy += end - start;
     ++st->comm_ops;
   }
-  return std::make_shared<ClockWork>(state_, end, end - start);
+  return std::make_shared<ClockWork>(state_, end, end - start, listed_);
 }
 
 comm::WorkPtr SymmetricClock::p2p(const comm::ConstBuffer& b, int peer, int tag, bool send) {
@@ -286,7 +299,7 @@ comm::WorkPtr SymmetricClock::p2p(const comm::ConstBuffer& b, int peer, int tag,
     st->comm_busy += end - start;
     ++st->comm_ops;
   }
-  return std::make_shared<ClockWork>(state_, end, 0.0);
+  return std::make_shared<ClockWork>(state_, end, 0.0, false);
 }
 
 comm::WorkPtr SymmetricClock::do_all_reduce(comm::ConstBuffer, comm::Buffer recv,
@@ -396,8 +409,9 @@ std::unique_ptr<comm::Communicator> SymmetricClock::do_split(int color, int key,
   const int me = world_rank();
   const int r = static_cast<int>(std::find(mine.begin(), mine.end(), me) - mine.begin());
   const std::string name = (o.name.empty() ? "split" : o.name) + comm::rank_list(mine);
+  const bool listed = std::find(s.listed.begin(), s.listed.end(), o.name) != s.listed.end();
   return std::unique_ptr<comm::Communicator>(
-      new SymmetricClock(state_, std::move(mine), r, name, link));
+      new SymmetricClock(state_, std::move(mine), r, name, link, listed));
 }
 
 void SymmetricClock::do_compute(const comm::ComputeCost& c) {
@@ -408,6 +422,7 @@ void SymmetricClock::do_compute(const comm::ComputeCost& c) {
   if (ClockStep* st = s.current()) {
     st->compute_busy += dt;
     st->forced_busy += dt;
+    st->forced_listed += dt;
   }
 }
 

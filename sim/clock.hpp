@@ -49,6 +49,10 @@ struct ClockStep {
   // depends only on the program's order and the ops' own costs, so a representative timed alone
   // (no StageWorld) gives the bound it would have among the stages.
   double forced_busy = 0;
+  // forced_busy counting only the collectives of groups split under a name given to
+  // SymmetricClock::list_groups (compute in full): a lower bound as well, of the part a program
+  // fixes wherever its caller's schedule puts the waits of the other groups' collectives.
+  double forced_listed = 0;
   double seconds() const { return end - start; }
 };
 
@@ -79,6 +83,9 @@ class SymmetricClock final : public comm::Communicator {
   // representative's times are not exact (the clock then charges the slowest group's link).
   bool asymmetric() const;
   const std::string& asymmetry() const;
+  // The split names (comm::SplitOptions::name) whose groups' collectives count in
+  // ClockStep::forced_listed; called before the program splits (none listed by default).
+  void list_groups(std::vector<std::string> names);
 
  protected:
   comm::WorkPtr do_all_reduce(comm::ConstBuffer send, comm::Buffer recv,
@@ -103,7 +110,7 @@ class SymmetricClock final : public comm::Communicator {
 
  private:
   SymmetricClock(std::shared_ptr<ClockState> state, std::vector<int> members, int rank,
-                 std::string name, sim::LinkCost link);
+                 std::string name, sim::LinkCost link, bool listed);
   // A collective on this group whose cost-formula S is `bytes` (sim/README.md's table).
   comm::WorkPtr collective(sim::OpKind k, double bytes);
   comm::WorkPtr p2p(const comm::ConstBuffer& b, int peer, int tag, bool send);
@@ -117,6 +124,7 @@ class SymmetricClock final : public comm::Communicator {
   std::vector<int> members_;
   int rank_;
   std::shared_ptr<const std::string> name_;  // shared with the works waiting on this group
+  bool listed_ = false;                      // split under a name of list_groups
   sim::LinkCost link_;
   std::uint64_t seq_ = 0;
   std::map<std::tuple<int, int, bool>, std::uint64_t> p2p_seq_;  // (peer, tag, send)

@@ -117,6 +117,32 @@ TEST(SymmetricClock, ForcedBusyIsComputeAndTheCollectivesWaitedAtOnce) {
   EXPECT_GT(st.seconds(), st.forced_busy);
 }
 
+// forced_listed counts compute and the forced collectives of the groups split under a listed
+// name only: the world's and an unlisted group's leave it, a listed group's stays.
+TEST(SymmetricClock, ForcedListedCountsOnlyTheListedGroups) {
+  const sim::Topology t = topology();
+  const auto halves = [](int r) { return r / 2; };
+  const auto same = [](int r) { return r; };
+  sim::SymmetricClock c(kPerStage, t, {{halves, same}, {halves, same}});
+  c.list_groups({"in-block"});
+  const auto listed = c.split(0, 0, {.name = "in-block"});
+  const auto other = c.split(0, 0, {.name = "data"});
+  c.begin_step(1);
+  c.compute({.name = "a", .flops = 1e12});
+  c.all_reduce(null(1 << 20, comm::DType::f32))->wait();        // the world: forced only
+  other->all_reduce(null(1 << 20, comm::DType::f32))->wait();   // unlisted: forced only
+  listed->all_reduce(null(1 << 20, comm::DType::f32))->wait();  // listed: both
+  const std::vector<int> world = {0, 1, 2, 3}, half = {0, 1};
+  const double pair =
+      sim::op_seconds(sim::OpKind::all_reduce, 2, 4.0 * (1 << 20), sim::group_link(t, half));
+  const double compute = sim::compute_seconds(t, 1e12, 0);
+  const double all = sim::op_seconds(sim::OpKind::all_reduce, kPerStage, 4.0 * (1 << 20),
+                                     sim::group_link(t, world));
+  const sim::ClockStep st = c.steps().at(0);
+  EXPECT_NEAR(st.forced_listed, compute + pair, 1e-12 * st.forced_listed);
+  EXPECT_NEAR(st.forced_busy, compute + all + 2 * pair, 1e-12 * st.forced_busy);
+}
+
 // Each stage's forced_busy among the stages is the one its representative has timed alone, and
 // below the stage's step.
 TEST(StageWorld, ForcedBusyIsTheRepresentativesAloneAndBelowTheStep) {
