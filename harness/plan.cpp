@@ -17,6 +17,7 @@
 #include "harness/runner.hpp"
 #include "harness/sim_options.hpp"
 #include "parallel/mp/mesh_ledger.hpp"
+#include "parallel/mp/mesh_params.hpp"
 #include "parallel/mp/pipeline.hpp"
 #include "sim/clock.hpp"
 #include "sim/world.hpp"
@@ -285,11 +286,37 @@ StepEval evaluate(const Scenario& s, const ParallelSpec& p, int dp, int global_b
   return e;
 }
 
+namespace {
+
+// The representatives of the distinct stage programs (the first of each): stages that hold the
+// same layers' kinds per chunk, the embedding or not, the head or not.
+std::vector<int> distinct_stages(const ref::ModelConfig& m, const ParallelSpec& p,
+                                 const std::vector<int>& reps) {
+  std::set<std::vector<int>> seen;
+  std::vector<int> out;
+  for (std::size_t stage = 0; stage < reps.size(); ++stage) {
+    const parallel::StagePlan plan =
+        parallel::stage_plan(m, p.mesh.pp, p.virtual_stages, static_cast<int>(stage));
+    std::vector<int> kinds = {plan.has_embed, plan.has_head};
+    for (const auto& [first, last] : plan.chunk_layers) {
+      kinds.push_back(-1);
+      for (int l = first; l < last; ++l) kinds.push_back(m.is_moe_layer(l));
+    }
+    if (seen.insert(kinds).second) out.push_back(reps[stage]);
+  }
+  return out;
+}
+
+}  // namespace
+
 std::vector<StageLowerBound> stage_lower_bounds(const Scenario& s, const ParallelSpec& p, int dp,
-                                                int global_batch, const PlanOptions& o) {
+                                                int global_batch, const PlanOptions& o,
+                                                bool every_stage) {
   const TimedSkeleton t = timed_skeleton(s, p, dp, global_batch, o);
+  std::vector<int> reps = representatives(p, dp).reps;
+  if (!every_stage) reps = distinct_stages(s.model, p, reps);
   std::vector<StageLowerBound> out;
-  for (const int rep : representatives(p, dp).reps) {
+  for (const int rep : reps) {
     sim::SymmetricClock c(t.world, t.topology, t.skeleton.splits(), rep);
     c.list_groups(Skeleton::block_groups());
     t.skeleton.run(c);

@@ -130,17 +130,20 @@ PlanResult plan_scenario(const Scenario& s, const PlanOptions& o = {});
 StepEval evaluate(const Scenario& s, const ParallelSpec& p, int dp, int global_batch,
                   const PlanOptions& o, bool simulate = false, bool bubble = true);
 
-// Lower bounds of evaluate()'s step time for each representative (pipeline stage:
+// Lower bounds of evaluate()'s step time for representatives (pipeline stages:
 // representatives(); one entry without a pipeline), the means over the steps of its
 // sim::ClockStep::forced_busy and forced_listed (the collectives of Skeleton::block_groups()
 // only), timed alone on a sim::SymmetricClock (no StageWorld: what the other representatives do
-// only delays it further). The step time is at least the largest entry of either.
+// only delays it further). The step time is at least the largest entry of either. Unless
+// every_stage, only the first stage of each distinct program is timed (the same layers' kinds
+// per chunk, embedding and head): the largest of a subset is a lower bound as well.
 struct StageLowerBound {
   double forced = 0;
   double listed = 0;
 };
 std::vector<StageLowerBound> stage_lower_bounds(const Scenario& s, const ParallelSpec& p, int dp,
-                                                int global_batch, const PlanOptions& o);
+                                                int global_batch, const PlanOptions& o,
+                                                bool every_stage = false);
 
 // The largest of stage_lower_bounds for p (p.mesh.dp ranks in data parallelism, the scenario's
 // micro batch). Each stage's bound grows by the same amount with each microbatch (each issues the

@@ -205,6 +205,36 @@ TEST(PlanSearch, TheStageBoundsLineIsTheBoundAtTheFullCount) {
   EXPECT_EQ(schedules.size(), 3U);  // gpipe, 1f1b and interleaved
 }
 
+// The stage bound times one stage per distinct program (plan.hpp's stage_lower_bounds): fewer
+// than every stage of a deep pipeline, and the same largest bound as every stage gives.
+TEST(PlanSearch, TheDistinctStagesGiveTheBoundOfEveryStage) {
+  const SearchResult& r = small_search();
+  PlanOptions po;
+  po.steps = 1;
+  int fewer = 0;
+  for (const SearchCandidate& c : r.ranked) {
+    if (c.spec.mesh.pp == 1) continue;
+    Scenario s = small();
+    s.train.micro_batch = c.micro_batch;
+    s.train.recompute = c.recompute;
+    const auto largest = [&](bool every) {
+      StageLowerBound m;
+      const std::vector<StageLowerBound> b =
+          stage_lower_bounds(s, c.spec, c.spec.mesh.dp, 64, po, every);
+      for (const StageLowerBound& x : b)
+        m = {std::max(m.forced, x.forced), std::max(m.listed, x.listed)};
+      return std::pair{m, b.size()};
+    };
+    const auto [some, n] = largest(false);
+    const auto [all, every] = largest(true);
+    EXPECT_EQ(some.forced, all.forced) << c.label;
+    EXPECT_EQ(some.listed, all.listed) << c.label;
+    EXPECT_EQ(every, static_cast<std::size_t>(c.spec.mesh.pp));
+    fewer += n < every;
+  }
+  EXPECT_GT(fewer, 0);
+}
+
 // The stage bound counts the collectives a stage's compute stream waits on at once: on a slow
 // network (0.05 GB/s) it is above the compute bound for tensor-parallel candidates (their TP
 // collectives block), and it rules candidates out where the compute bound alone times them all;
