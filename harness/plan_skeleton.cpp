@@ -237,6 +237,7 @@ class SkeletonRun {
     if (k_.zero_ == 3) {
       const bool keep =
           f.sharding == parallel::ShardingStrategy::shard_grad_op || !f.reshard_after_forward;
+      chunk_uses_.resize(static_cast<std::size_t>(2 * sp_.mesh.virtual_stages));
       residency_ = std::make_unique<Residency>(
           Gathers{this}, world_.memory(), sp_.recipe.param,
           Residency::Options{.prefetch = f.prefetch, .keep_after_forward = keep});
@@ -372,11 +373,13 @@ class SkeletonRun {
   void begin_uses(int mb, int chunk, bool forward) {
     if (!residency_) return;
     const int vs = virtual_stage(chunk);
-    residency_->begin(
-        mb, chunk, forward,
-        parallel::mesh_detail::chunk_uses(sp_.model, k_.wrap_of_,
-                                          plan_.chunk_layers[static_cast<std::size_t>(chunk)],
-                                          vs == 0, vs == last_virtual_stage(), forward));
+    // The same for every microbatch: built once per chunk and direction.
+    std::optional<Uses>& uses = chunk_uses_[static_cast<std::size_t>(2 * chunk + forward)];
+    if (!uses)
+      uses = parallel::mesh_detail::chunk_uses(sp_.model, k_.wrap_of_,
+                                               plan_.chunk_layers[static_cast<std::size_t>(chunk)],
+                                               vs == 0, vs == last_virtual_stage(), forward);
+    residency_->begin(mb, chunk, forward, *uses);
   }
   void use() {
     if (residency_) residency_->next();
@@ -641,7 +644,9 @@ class SkeletonRun {
   std::vector<LocalParam> specs_;  // this rank's parameters
   std::vector<FlatClass> classes_;
   std::unique_ptr<Residency> residency_;
-  std::optional<SequenceOps> seq_;  // one sequence's sublayers on this rank
+  using Uses = std::vector<std::vector<int>>;
+  std::vector<std::optional<Uses>> chunk_uses_;  // per chunk: backward, forward (residency_'s)
+  std::optional<SequenceOps> seq_;               // one sequence's sublayers on this rank
   int microbatches_ = 1;
   std::set<std::string> bucketed_;
   std::vector<std::size_t> bucket_;  // the open bucket: spec indices

@@ -320,10 +320,10 @@ class MeshImpl final : public MeshEngine::Impl {
   void begin_uses(int mb, int chunk, bool forward) {
     if (!residency_) return;
     const int vs = virtual_stage(chunk);
-    residency_->begin(mb, chunk, forward,
-                      mesh_detail::chunk_uses(model_, wrap_of_,
-                                              plan_.chunk_layers[static_cast<std::size_t>(chunk)],
-                                              vs == 0, vs == last_virtual_stage(), forward));
+    callback_uses_ = mesh_detail::chunk_uses(model_, wrap_of_,
+                                             plan_.chunk_layers[static_cast<std::size_t>(chunk)],
+                                             vs == 0, vs == last_virtual_stage(), forward);
+    residency_->begin(mb, chunk, forward, callback_uses_);
   }
   // ZeRO-3: before each use of the callback's units, and after the callback.
   void use() {
@@ -617,6 +617,7 @@ class MeshImpl final : public MeshEngine::Impl {
   comm::TrackedBytes params_held_;
   std::unique_ptr<MeshOptimizer<T>> zopt_;
   std::unique_ptr<MeshResidency<T>> residency_;         // zero 3
+  std::vector<std::vector<int>> callback_uses_;         // what residency_'s callback uses
   std::unique_ptr<mesh_detail::UnitReducer<T>> units_;  // zero 3: per-microbatch reductions
   std::string prefix_;
   int steps_ = 0;

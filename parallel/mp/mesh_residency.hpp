@@ -72,27 +72,33 @@ class Residency {
   Residency(Ops ops, comm::MemoryTracker& mem, std::size_t bytes_per_elem, Options o)
       : ops_(std::move(ops)), mem_(mem), bytes_(bytes_per_elem), o_(o) {}
 
-  // A callback of microbatch mb, chunk that uses these groups of wrap units in this order.
-  void begin(int mb, int chunk, bool forward, std::vector<std::vector<int>> uses) {
+  // A callback of microbatch mb, chunk that uses these groups of wrap units in this order (read
+  // until end(): the caller keeps them).
+  void begin(int mb, int chunk, bool forward, const std::vector<std::vector<int>>& uses) {
     key_ = {mb, chunk};
     forward_ = forward;
-    uses_ = std::move(uses);
+    uses_ = &uses;
     at_ = 0;
-    last_use_.clear();
-    for (std::size_t j = 0; j < uses_.size(); ++j)
-      for (const int u : uses_[j]) last_use_[u] = j;
+    int units = 0;
+    for (const std::vector<int>& g : uses)
+      for (const int u : g) units = std::max(units, u + 1);
+    last_use_.assign(static_cast<std::size_t>(units), 0);
+    for (std::size_t j = 0; j < uses.size(); ++j)
+      for (const int u : uses[j]) last_use_[static_cast<std::size_t>(u)] = j + 1;
   }
   // Before the callback's next group: the previous group is retired, this one gathered (or its
   // prefetch waited for), and the gathers of the next `prefetch` distinct units after it issued.
   void next() {
     retire();
-    const std::vector<int>& now = uses_.at(at_++);
+    const std::vector<int>& now = uses_->at(at_++);
     for (const int u : now) ensure(u);
-    std::set<int> seen(now.begin(), now.end());
+    if (o_.prefetch == 0) return;
+    std::vector<int> seen(now.begin(), now.end());
     int issued = 0;
-    for (std::size_t j = at_; j < uses_.size() && issued < o_.prefetch; ++j)
-      for (const int u : uses_[j]) {
-        if (issued == o_.prefetch || !seen.insert(u).second) continue;
+    for (std::size_t j = at_; j < uses_->size() && issued < o_.prefetch; ++j)
+      for (const int u : (*uses_)[j]) {
+        if (issued == o_.prefetch || std::find(seen.begin(), seen.end(), u) != seen.end()) continue;
+        seen.push_back(u);
         issue(u);
         ++issued;
       }
@@ -104,12 +110,12 @@ class Residency {
     if (!forward_) {
       std::vector<int> units;
       for (auto& [u, h] : held_) {
-        h.kept.erase(key_);
+        std::erase(h.kept, key_);
         units.push_back(u);
       }
       for (const int u : units) free_if_unused(u);
     }
-    uses_.clear();
+    uses_ = &kNoUses;
     last_use_.clear();
     at_ = 0;
   }
@@ -122,13 +128,13 @@ class Residency {
     typename Ops::Pending pending;
     bool ready = false;
     comm::TrackedBytes bytes;
-    std::set<std::pair<int, int>> kept;  // the (microbatch, chunk) forwards that keep it
+    std::vector<std::pair<int, int>> kept;  // the (microbatch, chunk) forwards that keep it
   };
 
   // Whether a group at or after at_ uses u (the last group using each unit, from begin()).
   bool used_later(int u) const {
-    const auto it = last_use_.find(u);
-    return it != last_use_.end() && it->second >= at_;
+    const auto i = static_cast<std::size_t>(u);
+    return i < last_use_.size() && last_use_[i] > at_;  // last group + 1 > at_
   }
   void issue(int u) {
     if (held_.count(u) > 0) return;
@@ -149,9 +155,12 @@ class Residency {
   // forward under keep_after_forward) or freed.
   void retire() {
     if (at_ == 0) return;
-    for (const int u : uses_[at_ - 1]) {
+    for (const int u : (*uses_)[at_ - 1]) {
       if (used_later(u) || held_.count(u) == 0) continue;
-      if (forward_ && o_.keep_after_forward) held_.at(u).kept.insert(key_);
+      std::vector<std::pair<int, int>>& kept = held_.at(u).kept;
+      if (forward_ && o_.keep_after_forward &&
+          std::find(kept.begin(), kept.end(), key_) == kept.end())
+        kept.push_back(key_);
       free_if_unused(u);
     }
   }
@@ -170,8 +179,9 @@ class Residency {
   std::map<int, Held> held_;
   std::pair<int, int> key_{};
   bool forward_ = true;
-  std::vector<std::vector<int>> uses_;
-  std::unordered_map<int, std::size_t> last_use_;
+  static inline const std::vector<std::vector<int>> kNoUses;
+  const std::vector<std::vector<int>>* uses_ = &kNoUses;
+  std::vector<std::size_t> last_use_;  // per unit: its last group in the callback + 1, 0 if none
   std::size_t at_ = 0;
 };
 
