@@ -109,10 +109,11 @@ class Residency {
     retire();
     if (!forward_) {
       std::vector<int> units;
-      for (auto& [u, h] : held_) {
-        std::erase(h.kept, key_);
-        units.push_back(u);
+      if (const auto it = kept_by_.find(key_); it != kept_by_.end()) {
+        for (const int u : it->second) --held_.at(u).kept;
+        kept_by_.erase(it);
       }
+      for (const auto& [u, h] : held_) units.push_back(u);
       for (const int u : units) free_if_unused(u);
     }
     uses_ = &kNoUses;
@@ -128,7 +129,7 @@ class Residency {
     typename Ops::Pending pending;
     bool ready = false;
     comm::TrackedBytes bytes;
-    std::vector<std::pair<int, int>> kept;  // the (microbatch, chunk) forwards that keep it
+    int kept = 0;  // the (microbatch, chunk) forwards that keep it (kept_by_)
   };
 
   // Whether a group at or after at_ uses u (the last group using each unit, from begin()).
@@ -157,16 +158,19 @@ class Residency {
     if (at_ == 0) return;
     for (const int u : (*uses_)[at_ - 1]) {
       if (used_later(u) || held_.count(u) == 0) continue;
-      std::vector<std::pair<int, int>>& kept = held_.at(u).kept;
-      if (forward_ && o_.keep_after_forward &&
-          std::find(kept.begin(), kept.end(), key_) == kept.end())
-        kept.push_back(key_);
+      if (forward_ && o_.keep_after_forward) {
+        std::vector<int>& units = kept_by_[key_];
+        if (std::find(units.begin(), units.end(), u) == units.end()) {
+          units.push_back(u);
+          ++held_.at(u).kept;
+        }
+      }
       free_if_unused(u);
     }
   }
   void free_if_unused(int u) {
     const auto it = held_.find(u);
-    if (it == held_.end() || !it->second.kept.empty() || used_later(u)) return;
+    if (it == held_.end() || it->second.kept > 0 || used_later(u)) return;
     if (!it->second.ready) ops_.complete(it->second.pending);
     ops_.release(u);
     held_.erase(it);
@@ -177,6 +181,7 @@ class Residency {
   std::size_t bytes_;
   Options o_;
   std::map<int, Held> held_;
+  std::map<std::pair<int, int>, std::vector<int>> kept_by_;  // forward (mb, chunk) -> units kept
   std::pair<int, int> key_{};
   bool forward_ = true;
   static inline const std::vector<std::vector<int>> kNoUses;
