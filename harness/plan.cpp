@@ -319,6 +319,7 @@ std::vector<StageLowerBound> stage_lower_bounds(const Scenario& s, const Paralle
   for (const int rep : reps) {
     sim::SymmetricClock c(t.world, t.topology, t.skeleton.splits(), rep);
     c.list_groups(Skeleton::block_groups());
+    c.bound_only();
     t.skeleton.run(c);
     StageLowerBound b;
     const std::vector<sim::ClockStep> steps = c.steps();

@@ -90,6 +90,7 @@ struct ClockState {
   std::string asymmetry;
   std::shared_ptr<StageHub> hub;    // StageWorld representatives only
   std::vector<std::string> listed;  // SymmetricClock::list_groups
+  bool bound_only = false;          // SymmetricClock::bound_only
   double now() const { return std::max(compute, comm_free); }
   ClockStep* current() { return steps.empty() ? nullptr : &steps.back(); }
 };
@@ -147,6 +148,19 @@ class MeetWork final : public comm::Work {
   WaitSite what_;
   bool counted_ = false;
 };
+
+// What bound_only's messages return: nothing to wait for.
+class DoneWork final : public comm::Work {
+ public:
+  void wait() override {}
+  bool is_completed() override { return true; }
+};
+
+// One per thread: a count shared between threads would bounce between their caches.
+const comm::WorkPtr& done_work() {
+  thread_local const comm::WorkPtr done = std::make_shared<DoneWork>();
+  return done;
+}
 
 bool same_link(const sim::LinkCost& a, const sim::LinkCost& b) {
   return a.alpha == b.alpha && a.beta == b.beta;
@@ -221,10 +235,15 @@ const std::string& SymmetricClock::asymmetry() const {
 void SymmetricClock::list_groups(std::vector<std::string> names) {
   state_->listed = std::move(names);
 }
+void SymmetricClock::bound_only() {
+  if (state_->hub) throw std::logic_error("SymmetricClock: bound_only on a stage representative");
+  state_->bound_only = true;
+}
 
-double SymmetricClock::meet(double arrival, const WaitSite& what) {
+double SymmetricClock::meet(double arrival, std::string_view op, std::string_view detail) {
   const std::uint64_t seq = seq_++;
   if (stages_spanned() == 1) return arrival;
+  const WaitSite what{op, name_, -1, detail};
   StageHub& hub = *state_->hub;
   const auto key = std::tuple{*name_, members_, seq};
   std::shared_ptr<StageHub::Meet>& slot = hub.meets[key];
@@ -248,7 +267,7 @@ comm::WorkPtr SymmetricClock::collective(sim::OpKind k, double bytes) {
   // Every member of a stage arrives at this same time, so the op starts on arrival (SimWorld:
   // the max of the members' arrivals); a group spanning stages starts at the latest
   // representative's arrival.
-  const double start = meet(s.now(), WaitSite{sim::name_of(k), name_, -1, {}});
+  const double start = meet(s.now(), sim::name_of(k));
   const double end = start + sim::op_seconds(k, size(), bytes, link_);
   s.comm_free = end;
   if (ClockStep* st = s.current()) {
@@ -262,6 +281,7 @@ comm::WorkPtr SymmetricClock::p2p(const comm::ConstBuffer& b, int peer, int tag,
   if (peer < 0 || peer >= size()) throw std::invalid_argument("SymmetricClock: peer out of range");
   ClockState& s = *state_;
   ++s.events;  // a message may overlap a collective: it leaves the bound (forced_busy) out
+  if (s.bound_only) return done_work();
   const int pair[2] = {world_rank(), members_[static_cast<std::size_t>(peer)]};
   if (s.hub && s.hub->stage_of(pair[0]) != s.hub->stage_of(pair[1])) {
     // Between stages: the representatives meet (sim/p2p.cpp: the later post starts it).
@@ -372,7 +392,7 @@ std::unique_ptr<comm::Communicator> SymmetricClock::do_split(int color, int key,
   if (rule.color(rank_) != color || rule.key(rank_) != key)
     throw std::logic_error("SymmetricClock: split arguments differ from the stated rule");
   // A split synchronises (SimWorld: a zero-cost collective whose end the compute clock joins).
-  const double end = meet(s.now(), WaitSite{"split", name_, -1, o.name});
+  const double end = meet(s.now(), "split", o.name);
   s.comm_free = end;
   s.compute = std::max(s.compute, end);
   std::map<int, std::vector<std::pair<int, int>>> by_color;  // color -> (key, group rank)

@@ -16,6 +16,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <tuple>
 #include <vector>
 
@@ -86,6 +87,10 @@ class SymmetricClock final : public comm::Communicator {
   // The split names (comm::SplitOptions::name) whose groups' collectives count in
   // ClockStep::forced_listed; called before the program splits (none listed by default).
   void list_groups(std::vector<std::string> names);
+  // Keeps ClockStep::forced_busy and forced_listed exact and nothing else: a message only marks
+  // its event (it is not timed), so step times and comm_busy leave messages out. Called before
+  // the program runs; not on a stage representative.
+  void bound_only();
 
  protected:
   comm::WorkPtr do_all_reduce(comm::ConstBuffer send, comm::Buffer recv,
@@ -118,7 +123,7 @@ class SymmetricClock final : public comm::Communicator {
   int stages_spanned() const;
   // The start of this group's next op for a member arriving at `arrival`: the arrival itself
   // within one stage, else the latest representative's (blocks until all have arrived).
-  double meet(double arrival, const WaitSite& what);
+  double meet(double arrival, std::string_view op, std::string_view detail = {});
 
   std::shared_ptr<ClockState> state_;
   std::vector<int> members_;

@@ -86,11 +86,8 @@ TEST(StageWorld, EqualsSimWorldMeta) {
   EXPECT_GT(s.stage_steps()[1][0].compute_busy, s.stage_steps()[0][0].compute_busy);
 }
 
-// forced_busy, the clock's lower bound of a step: compute plus the collectives waited with nothing
-// between issue and wait; a collective that a compute op or a message overlaps is left out.
-TEST(SymmetricClock, ForcedBusyIsComputeAndTheCollectivesWaitedAtOnce) {
-  const sim::Topology t = topology();
-  sim::SymmetricClock c(kPerStage, t);
+// The program of ForcedBusyIsComputeAndTheCollectivesWaitedAtOnce.
+void forced_program(sim::SymmetricClock& c) {
   c.begin_step(1);
   c.compute({.name = "a", .flops = 1e12});
   c.all_reduce(null(1 << 22, comm::DType::f32))->wait();  // counted
@@ -106,6 +103,17 @@ TEST(SymmetricClock, ForcedBusyIsComputeAndTheCollectivesWaitedAtOnce) {
   comm::WorkPtr m = c.send(null(8, comm::DType::f32), 1);
   z->wait();  // a message was posted meanwhile: left out
   m->wait();
+}
+
+// forced_busy, the clock's lower bound of a step: compute plus the collectives waited with nothing
+// between issue and wait; a collective that a compute op or a message overlaps is left out.
+TEST(SymmetricClock, ForcedBusyIsComputeAndTheCollectivesWaitedAtOnce) {
+  const sim::Topology t = topology();
+  sim::SymmetricClock c(kPerStage, t);
+  // A bound_only clock gives the same bounds with its messages untimed.
+  sim::SymmetricClock b(kPerStage, t);
+  b.bound_only();
+  for (sim::SymmetricClock* x : {&b, &c}) forced_program(*x);
   const std::vector<int> members = {0, 1, 2, 3};
   const sim::LinkCost link = sim::group_link(t, members);
   const double want =
@@ -115,6 +123,9 @@ TEST(SymmetricClock, ForcedBusyIsComputeAndTheCollectivesWaitedAtOnce) {
   const sim::ClockStep st = c.steps().at(0);
   EXPECT_NEAR(st.forced_busy, want, 1e-12 * want);
   EXPECT_GT(st.seconds(), st.forced_busy);
+  EXPECT_EQ(b.steps().at(0).forced_busy, st.forced_busy);
+  EXPECT_EQ(b.steps().at(0).forced_listed, st.forced_listed);
+  EXPECT_LT(b.steps().at(0).comm_busy, st.comm_busy);  // the message is not timed
 }
 
 // forced_listed counts compute and the forced collectives of the groups split under a listed
