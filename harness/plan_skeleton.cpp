@@ -157,12 +157,17 @@ double Skeleton::hardware_flops_per_step() const {
 class SkeletonRun {
  public:
   SkeletonRun(const Skeleton& k, comm::Communicator& world)
-      : k_(k), sp_(k.spec_), world_(world), data_(&world), group_(&world) {
+      : k_(k),
+        sp_(k.spec_),
+        world_(world),
+        data_(&world),
+        group_(&world),
+        params_(parallel::shared_local_params(k.spec_.model, k.mesh_, world.world_rank(),
+                                              k.spec_.mesh.virtual_stages)) {
     const ref::ModelConfig& m = sp_.model;
     const int v = sp_.mesh.virtual_stages;
     stage_ = k_.mesh_.coord(world.world_rank(), comm::Axis::pp);
     plan_ = parallel::stage_plan(m, pp(), v, stage_);
-    specs_ = parallel::local_params(m, k_.mesh_, world.world_rank(), v);
     classes_ = parallel::flat_classes(specs_, k_.zero_, [&](const LocalParam& p) {
       return k_.wrap_of_.at(parallel::unit_of(m, p.name));
     });
@@ -641,7 +646,8 @@ class SkeletonRun {
   int expert_parts_ = 0;
   int stage_ = 0;
   parallel::StagePlan plan_;
-  std::vector<LocalParam> specs_;  // this rank's parameters
+  std::shared_ptr<const std::vector<LocalParam>> params_;  // this rank's parameters
+  const std::vector<LocalParam>& specs_ = *params_;
   std::vector<FlatClass> classes_;
   std::unique_ptr<Residency> residency_;
   using Uses = std::vector<std::vector<int>>;

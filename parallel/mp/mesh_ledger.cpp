@@ -58,32 +58,6 @@ Shape shape_of(const ref::ModelConfig& m, const MeshOptions& o) {
   return x;
 }
 
-// local_params of one rank, remembered per thread for the last calls' exact inputs (model, mesh
-// shape and order, rank, virtual stages): a search asks for the same ranks' parameters for every
-// ZeRO, schedule, micro batch and recompute setting of a mesh, and building them (names, shapes)
-// is most of a ledger's cost. The reference is valid until the next call on the thread.
-const std::vector<LocalParam>& rank_params(const ref::ModelConfig& model,
-                                           const comm::DeviceMesh& mesh, int world_rank,
-                                           int virtual_stages) {
-  struct Entry {
-    ref::ModelConfig model;
-    comm::MeshShape shape;
-    std::string order;
-    int rank = 0, virtual_stages = 1;
-    std::vector<LocalParam> params;
-  };
-  thread_local std::vector<Entry> cache;
-  const std::string order = mesh.order_string();
-  for (const Entry& e : cache)
-    if (e.rank == world_rank && e.virtual_stages == virtual_stages && e.shape == mesh.shape() &&
-        e.order == order && e.model == model)
-      return e.params;
-  if (cache.size() >= 256) cache.clear();
-  cache.push_back(Entry{model, mesh.shape(), order, world_rank, virtual_stages,
-                        local_params(model, mesh, world_rank, virtual_stages)});
-  return cache.back().params;
-}
-
 double head_elems(const Shape& x) {
   // x, rstd (own rows); y_full, logits (vocab split over TP), row max and sum (CP rank's rows).
   return x.rows * x.h + x.rows + x.cp_rows * x.h + x.cp_rows * x.vocab_local + 2 * x.cp_rows;
@@ -132,7 +106,9 @@ LedgerRow mesh_ledger(const ref::ModelConfig& model, const ref::TrainConfig& tra
   const std::map<int, int> wrap = mesh_detail::wrap_map(model, f);
 
   // Model state: the optimizer's flat buffers and their shards.
-  const std::vector<LocalParam>& specs = rank_params(model, mesh, world_rank, o.virtual_stages);
+  const std::shared_ptr<const std::vector<LocalParam>> params =
+      shared_local_params(model, mesh, world_rank, o.virtual_stages);
+  const std::vector<LocalParam>& specs = *params;
   const auto wrap_unit = [&](const LocalParam& p) { return wrap.at(unit_of(model, p.name)); };
   const int cp = o.shape.cp, edp = mesh.size(comm::Axis::edp);
   const bool hybrid = o.fsdp && f.sharding == ShardingStrategy::hybrid_shard;

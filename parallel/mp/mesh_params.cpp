@@ -167,4 +167,28 @@ bool chunk_writes(const ref::ModelConfig& model, const StagePlan& plan, int chun
   return head && (p.name == "final_norm.weight" || p.name == "lm_head.weight");
 }
 
+std::shared_ptr<const std::vector<LocalParam>> shared_local_params(const ref::ModelConfig& model,
+                                                                   const comm::DeviceMesh& mesh,
+                                                                   int world_rank,
+                                                                   int virtual_stages) {
+  struct Entry {
+    ref::ModelConfig model;
+    comm::MeshShape shape;
+    std::string order;
+    int rank = 0, virtual_stages = 1;
+    std::shared_ptr<const std::vector<LocalParam>> params;
+  };
+  thread_local std::vector<Entry> cache;
+  const std::string order = mesh.order_string();
+  for (const Entry& e : cache)
+    if (e.rank == world_rank && e.virtual_stages == virtual_stages && e.shape == mesh.shape() &&
+        e.order == order && e.model == model)
+      return e.params;
+  if (cache.size() >= 256) cache.clear();
+  cache.push_back(Entry{model, mesh.shape(), order, world_rank, virtual_stages,
+                        std::make_shared<const std::vector<LocalParam>>(
+                            local_params(model, mesh, world_rank, virtual_stages))});
+  return cache.back().params;
+}
+
 }  // namespace shardcheck::parallel

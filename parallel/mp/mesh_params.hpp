@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -87,5 +88,13 @@ bool chunk_writes(const ref::ModelConfig& model, const StagePlan& plan, int chun
 std::vector<LocalParam> local_params(const ref::ModelConfig& model, const comm::DeviceMesh& mesh,
                                      int world_rank, int virtual_stages,
                                      testing::Mutation planted = testing::Mutation::kNone);
+// local_params (nothing planted), remembered per thread for the last 256 inputs (model, mesh
+// shape and order, rank, virtual stages): a search asks for the same ranks' parameters for every
+// ZeRO, schedule, micro batch and recompute setting of a mesh and for each stage bound, and
+// building them (names, shapes) was most of a ledger's and a skeleton's set-up.
+std::shared_ptr<const std::vector<LocalParam>> shared_local_params(const ref::ModelConfig& model,
+                                                                   const comm::DeviceMesh& mesh,
+                                                                   int world_rank,
+                                                                   int virtual_stages);
 
 }  // namespace shardcheck::parallel
