@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <map>
+#include <optional>
 #include <set>
 #include <unordered_map>
 #include <utility>
@@ -110,10 +111,11 @@ class Residency {
     if (!forward_) {
       std::vector<int> units;
       if (const auto it = kept_by_.find(key_); it != kept_by_.end()) {
-        for (const int u : it->second) --held_.at(u).kept;
+        for (const int u : it->second) --held(u)->kept;
         kept_by_.erase(it);
       }
-      for (const auto& [u, h] : held_) units.push_back(u);
+      for (std::size_t u = 0; u < held_.size(); ++u)
+        if (held_[u]) units.push_back(static_cast<int>(u));
       for (const int u : units) free_if_unused(u);
     }
     uses_ = &kNoUses;
@@ -122,7 +124,7 @@ class Residency {
   }
   // No unit is held (gathered, prefetched or kept): a callback begun now does the same, byte for
   // byte, as any other begun idle with the same uses.
-  bool idle() const { return held_.empty(); }
+  bool idle() const { return held_count_ == 0; }
 
  private:
   struct Held {
@@ -138,15 +140,18 @@ class Residency {
     return i < last_use_.size() && last_use_[i] > at_;  // last group + 1 > at_
   }
   void issue(int u) {
-    if (held_.count(u) > 0) return;
-    Held& h = held_[u];
+    if (held(u)) return;
+    const auto i = static_cast<std::size_t>(u);
+    if (i >= held_.size()) held_.resize(i + 1);
+    Held& h = held_[i].emplace();
+    ++held_count_;
     h.bytes = comm::TrackedBytes(mem_, comm::MemCategory::params,
                                  static_cast<std::size_t>(ops_.elems(u)) * bytes_);
     h.pending = ops_.issue(u);
   }
   void ensure(int u) {
     issue(u);
-    Held& h = held_.at(u);
+    Held& h = *held(u);
     if (!h.ready) {
       ops_.complete(h.pending);
       h.ready = true;
@@ -157,30 +162,38 @@ class Residency {
   void retire() {
     if (at_ == 0) return;
     for (const int u : (*uses_)[at_ - 1]) {
-      if (used_later(u) || held_.count(u) == 0) continue;
+      if (used_later(u) || !held(u)) continue;
       if (forward_ && o_.keep_after_forward) {
         std::vector<int>& units = kept_by_[key_];
         if (std::find(units.begin(), units.end(), u) == units.end()) {
           units.push_back(u);
-          ++held_.at(u).kept;
+          ++held(u)->kept;
         }
       }
       free_if_unused(u);
     }
   }
   void free_if_unused(int u) {
-    const auto it = held_.find(u);
-    if (it == held_.end() || it->second.kept > 0 || used_later(u)) return;
-    if (!it->second.ready) ops_.complete(it->second.pending);
+    Held* h = held(u);
+    if (!h || h->kept > 0 || used_later(u)) return;
+    if (!h->ready) ops_.complete(h->pending);
     ops_.release(u);
-    held_.erase(it);
+    held_[static_cast<std::size_t>(u)].reset();
+    --held_count_;
   }
 
   Ops ops_;
   comm::MemoryTracker& mem_;
   std::size_t bytes_;
   Options o_;
-  std::map<int, Held> held_;
+  // What unit u holds, if anything.
+  Held* held(int u) {
+    const auto i = static_cast<std::size_t>(u);
+    return i < held_.size() && held_[i] ? &*held_[i] : nullptr;
+  }
+
+  std::vector<std::optional<Held>> held_;  // per unit (wrap units are 0, 1, ...)
+  std::size_t held_count_ = 0;
   std::map<std::pair<int, int>, std::vector<int>> kept_by_;  // forward (mb, chunk) -> units kept
   std::pair<int, int> key_{};
   bool forward_ = true;
