@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 #include <numeric>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -58,6 +59,22 @@ Shape shape_of(const ref::ModelConfig& m, const MeshOptions& o) {
   return x;
 }
 
+// mesh_detail::wrap_map, remembered per thread for the last model and wrap policy: a search asks
+// for it with every ledger. The reference is valid until the next call on the thread.
+const std::map<int, int>& wrap_of(const ref::ModelConfig& model, const FsdpOptions& f) {
+  struct Last {
+    ref::ModelConfig model;
+    WrapPolicy wrap = WrapPolicy::block;
+    int blocks_per_unit = 0;
+    std::map<int, int> map;
+  };
+  thread_local std::optional<Last> last;
+  if (!last || last->wrap != f.wrap || last->blocks_per_unit != f.blocks_per_unit ||
+      !(last->model == model))
+    last = Last{model, f.wrap, f.blocks_per_unit, mesh_detail::wrap_map(model, f)};
+  return last->map;
+}
+
 double head_elems(const Shape& x) {
   // x, rstd (own rows); y_full, logits (vocab split over TP), row max and sum (CP rank's rows).
   return x.rows * x.h + x.rows + x.cp_rows * x.h + x.cp_rows * x.vocab_local + 2 * x.cp_rows;
@@ -103,7 +120,7 @@ LedgerRow mesh_ledger(const ref::ModelConfig& model, const ref::TrainConfig& tra
   const comm::DeviceMesh mesh(o.shape, o.order);
   const Recipe r = recipe_of(train.precision);
   const FsdpOptions f = o.fsdp.value_or(FsdpOptions{.prefetch = 0});
-  const std::map<int, int> wrap = mesh_detail::wrap_map(model, f);
+  const std::map<int, int>& wrap = wrap_of(model, f);
 
   // Model state: the optimizer's flat buffers and their shards.
   const std::shared_ptr<const std::vector<LocalParam>> params =

@@ -179,15 +179,22 @@ std::shared_ptr<const std::vector<LocalParam>> shared_local_params(const ref::Mo
     std::shared_ptr<const std::vector<LocalParam>> params;
   };
   thread_local std::vector<Entry> cache;
+  thread_local std::size_t held = 0;  // parameters in the cache, all entries
   const std::string order = mesh.order_string();
   for (const Entry& e : cache)
     if (e.rank == world_rank && e.virtual_stages == virtual_stages && e.shape == mesh.shape() &&
         e.order == order && e.model == model)
       return e.params;
-  if (cache.size() >= 256) cache.clear();
+  // A mesh has up to pp x tp distinct ranks (1,024-rank searches: hundreds); bounded by the
+  // parameters held (names and shapes, about 100 bytes each).
+  if (held > (1U << 18)) {
+    cache.clear();
+    held = 0;
+  }
   cache.push_back(Entry{model, mesh.shape(), order, world_rank, virtual_stages,
                         std::make_shared<const std::vector<LocalParam>>(
                             local_params(model, mesh, world_rank, virtual_stages))});
+  held += cache.back().params->size();
   return cache.back().params;
 }
 
