@@ -347,7 +347,8 @@ double stage_bound(const Scenario& s, const ParallelSpec& p, int global_batch,
     return bound;
   }
   // ZeRO-3 / FSDP: whether a unit's gather or reduce_scatter waits at once depends on where the
-  // schedule puts its microbatch (residency, prefetch, the reduce in flight), not a line.
+  // schedule puts its microbatch (residency, prefetch, the reduce in flight), so the line goes
+  // through the listed bound, which leaves those out.
   const bool sharded = p.zero == 3 || (p.fsdp && *p.fsdp != "no_shard");
   const auto pick = [&](const StageLowerBound& b) { return sharded ? b.listed : b.forced; };
   const std::vector<StageLowerBound> a = stage_lower_bounds(s, p, dp, dp * mb * m1, o);
