@@ -111,10 +111,16 @@ Scenario with_train(const Scenario& s, int mb, ref::Recompute rc) {
   return c;
 }
 
-parallel::RankLedger fullest(const Scenario& s, const ParallelSpec& p) {
+constexpr ref::Recompute kModes[] = {ref::Recompute::kNone, ref::Recompute::kSelective,
+                                     ref::Recompute::kFull};
+
+// The fullest rank under each of kModes (one residency replay for the three).
+std::vector<parallel::RankLedger> fullest(const Scenario& s, const ParallelSpec& p) {
   const parallel::MeshOptions o = engine_options(s, p);
-  if (p.mesh.pp > 1) return parallel::fullest_of(parallel::mesh_ledger_stages(s.model, s.train, o));
-  return parallel::mesh_ledger_fullest(s.model, s.train, o);
+  std::vector<parallel::RankLedger> out;
+  for (const auto& stages : parallel::mesh_ledger_stages_modes(s.model, s.train, o, kModes))
+    out.push_back(parallel::fullest_of(stages));
+  return out;
 }
 
 // What one candidate differs in from another, in words ("" when nothing).
@@ -214,16 +220,14 @@ struct MeshSettings {
 // by the orders: every order holds the same coordinates) against the device memory.
 void try_setting(const Scenario& s, const std::vector<std::string>& orders, Setting& st,
                  double device_bytes) {
-  const ref::Recompute modes[] = {ref::Recompute::kNone, ref::Recompute::kSelective,
-                                  ref::Recompute::kFull};
-  std::optional<parallel::RankLedger> ledgers[3];
+  std::vector<parallel::RankLedger> ledgers;  // per mode, once one is needed
   st.tried.assign(orders.size(), {});
   for (std::size_t o = 0; o < orders.size(); ++o) {
     Tried& t = st.tried[o];
     ParallelSpec p = st.spec;
     p.order = orders[o];
     for (std::size_t k = 0; k < 3; ++k) {
-      const Scenario sc = with_train(s, st.micro_batch, modes[k]);
+      const Scenario sc = with_train(s, st.micro_batch, kModes[k]);
       if (const std::string why = unsupported(sc, p); !why.empty()) {
         t.refused = 3 - k;
         t.not_built = why;
@@ -232,11 +236,11 @@ void try_setting(const Scenario& s, const std::vector<std::string>& orders, Sett
       SearchCandidate c;
       c.spec = p;
       c.micro_batch = st.micro_batch;
-      c.recompute = modes[k];
+      c.recompute = kModes[k];
       c.family = st.family;
-      c.label = label_of(p, st.micro_batch, modes[k]);
-      if (!ledgers[k]) ledgers[k] = fullest(sc, p);
-      c.ledger = ledgers[k]->row;
+      c.label = label_of(p, st.micro_batch, kModes[k]);
+      if (ledgers.empty()) ledgers = fullest(sc, p);
+      c.ledger = ledgers[k].row;
       c.memory_per_rank_bytes = c.ledger.total();
       if (static_cast<double>(c.memory_per_rank_bytes) > device_bytes) {
         t.over.push_back(std::move(c));

@@ -114,6 +114,12 @@ double mesh_block_activation_elems(const ref::ModelConfig& m, const MeshOptions&
 
 LedgerRow mesh_ledger(const ref::ModelConfig& model, const ref::TrainConfig& train,
                       const MeshOptions& options, int world_rank) {
+  return mesh_ledger_modes(model, train, options, world_rank, {&train.recompute, 1})[0];
+}
+
+std::vector<LedgerRow> mesh_ledger_modes(const ref::ModelConfig& model,
+                                         const ref::TrainConfig& train, const MeshOptions& options,
+                                         int world_rank, std::span<const ref::Recompute> modes) {
   validate_mesh(model, train, options);
   MeshOptions o = options;
   if (o.fsdp && o.fsdp->sharding != ShardingStrategy::no_shard) o.zero = 3;
@@ -201,7 +207,8 @@ LedgerRow mesh_ledger(const ref::ModelConfig& model, const ref::TrainConfig& tra
   // What each of the rank's chunks holds per microbatch (and its widest block's whole cache), and
   // the units its forward and backward use: the same for every microbatch, so computed once.
   struct ChunkHold {
-    double held = 0, widest = 0;
+    std::vector<double> held;  // per mode
+    double widest = 0;
     std::vector<std::vector<int>> uses[2];  // [backward, forward]
   };
   std::vector<ChunkHold> chunks(static_cast<std::size_t>(o.virtual_stages));
@@ -213,15 +220,16 @@ LedgerRow mesh_ledger(const ref::ModelConfig& model, const ref::TrainConfig& tra
     if (res)
       for (const bool forward : {false, true})
         h.uses[forward] = mesh_detail::chunk_uses(model, wrap, layers, vs == 0, last, forward);
-    h.held = last ? head_elems(x) : 0.0;
+    h.held.assign(modes.size(), last ? head_elems(x) : 0.0);
     for (int l = layers.first; l < layers.second; ++l) {
-      h.held += mesh_block_activation_elems(model, o, l, train.recompute);
+      for (std::size_t k = 0; k < modes.size(); ++k)
+        h.held[k] += mesh_block_activation_elems(model, o, l, modes[k]);
       h.widest =
           std::max(h.widest, mesh_block_activation_elems(model, o, l, ref::Recompute::kNone));
     }
-    h.held *= mbs;
+    for (double& e : h.held) e *= mbs;
   }
-  double act = 0, peak = 0;
+  std::vector<double> act(modes.size(), 0.0), peak(modes.size(), 0.0);
   // The (chunk, direction) callbacks replayed from an idle residency back to idle: another from
   // idle repeats their bytes exactly and cannot raise the peak, so it is not replayed (without
   // units kept after the forward, every callback is one of these).
@@ -238,44 +246,87 @@ LedgerRow mesh_ledger(const ref::ModelConfig& model, const ref::TrainConfig& tra
       res->end();
       if (from_idle && res->idle()) idle_to_idle.insert({a.chunk, forward});
     }
-    const double held = h.held, widest = h.widest;
-    if (forward) {
-      act += held;
-      peak = std::max(peak, act);
-    } else {
-      // Full recompute: one block's whole cache at a time during the backward.
-      if (train.recompute == ref::Recompute::kFull) peak = std::max(peak, act + widest);
-      act -= held;
+    for (std::size_t k = 0; k < modes.size(); ++k) {
+      if (forward) {
+        act[k] += h.held[k];
+        peak[k] = std::max(peak[k], act[k]);
+      } else {
+        // Full recompute: one block's whole cache at a time during the backward.
+        if (modes[k] == ref::Recompute::kFull) peak[k] = std::max(peak[k], act[k] + h.widest);
+        act[k] -= h.held[k];
+      }
     }
   }
   row.gather_peak = mem.category_peaks()[comm::MemCategory::params];
+  std::vector<LedgerRow> rows(modes.size(), row);
   // Saturated at 2^60 bytes (an exabyte): a hostile seq_len squared must not overflow the sums.
-  row.activation_peak =
-      static_cast<std::size_t>(std::min(peak * static_cast<double>(r.activation), 0x1p60));
-  return row;
+  for (std::size_t k = 0; k < modes.size(); ++k)
+    rows[k].activation_peak =
+        static_cast<std::size_t>(std::min(peak[k] * static_cast<double>(r.activation), 0x1p60));
+  return rows;
 }
+
+namespace {
+
+// What mesh_ledger reads of a rank's parameters: names (their units and chunks), local shapes and
+// the expert flag. Ranks of one stage equal in these (TP ranks of a model whose heads, kv heads,
+// FFN and vocabulary split evenly) have the same row.
+bool same_ledger_params(const std::vector<LocalParam>& a, const std::vector<LocalParam>& b) {
+  return std::equal(a.begin(), a.end(), b.begin(), b.end(), [](const auto& x, const auto& y) {
+    return x.expert == y.expert && x.local_shape == y.local_shape && x.name == y.name;
+  });
+}
+
+}  // namespace
 
 std::vector<RankLedger> mesh_ledger_stages(const ref::ModelConfig& model,
                                            const ref::TrainConfig& train,
                                            const MeshOptions& options) {
+  return mesh_ledger_stages_modes(model, train, options, {&train.recompute, 1})[0];
+}
+
+std::vector<std::vector<RankLedger>> mesh_ledger_stages_modes(
+    const ref::ModelConfig& model, const ref::TrainConfig& train, const MeshOptions& options,
+    std::span<const ref::Recompute> modes) {
   const comm::DeviceMesh mesh(options.shape, options.order);
-  std::vector<RankLedger> best(static_cast<std::size_t>(options.shape.pp));
-  std::vector<bool> seen(best.size(), false);
-  // mesh_ledger reads a rank only through its stage, its TP and EP coordinates (local_params)
-  // and its expert part count: ranks alike in those (the CP ranks, the expert-data ranks) have
-  // one row, computed once (tests/mp: equal to every rank's own ledger).
-  std::map<std::array<int, 4>, LedgerRow> rows;
+  const auto stages = static_cast<std::size_t>(options.shape.pp);
+  std::vector<std::vector<RankLedger>> best(modes.size(), std::vector<RankLedger>(stages));
+  std::vector<bool> seen(stages, false);
+  // mesh_ledger reads a rank only through its stage, its parameters (local_params: its TP and EP
+  // coordinates) and its expert part count: ranks alike in those (the CP ranks, the expert-data
+  // ranks, TP ranks with equal slices) have one row, computed once (tests/mp: equal to every
+  // rank's own ledger).
+  struct Computed {
+    int stage = 0, parts = 0;
+    std::shared_ptr<const std::vector<LocalParam>> params;
+    std::vector<LedgerRow> rows;  // per mode
+  };
+  std::vector<Computed> computed;
+  std::map<std::array<int, 4>, std::size_t> by_coord;  // -> computed
   for (int r = 0; r < options.shape.world_size(); ++r) {
     if (mesh.coord(r, comm::Axis::dp) != 0) continue;
-    const auto stage = static_cast<std::size_t>(mesh.coord(r, comm::Axis::pp));
-    const std::array<int, 4> key{static_cast<int>(stage), mesh.coord(r, comm::Axis::tp),
-                                 mesh.coord(r, comm::Axis::ep),
-                                 mesh_detail::expert_part_count(mesh, r)};
-    auto it = rows.find(key);
-    if (it == rows.end()) it = rows.emplace(key, mesh_ledger(model, train, options, r)).first;
-    const LedgerRow& l = it->second;
-    if (!seen[stage] || l.total() > best[stage].row.total()) best[stage] = {r, l};
-    seen[stage] = true;
+    const int stage = mesh.coord(r, comm::Axis::pp);
+    const int parts = mesh_detail::expert_part_count(mesh, r);
+    const std::array<int, 4> key{stage, mesh.coord(r, comm::Axis::tp),
+                                 mesh.coord(r, comm::Axis::ep), parts};
+    auto it = by_coord.find(key);
+    if (it == by_coord.end()) {
+      auto params = shared_local_params(model, mesh, r, options.virtual_stages);
+      std::size_t i = 0;
+      while (i < computed.size() && !(computed[i].stage == stage && computed[i].parts == parts &&
+                                      same_ledger_params(*computed[i].params, *params)))
+        ++i;
+      if (i == computed.size())
+        computed.push_back(
+            {stage, parts, params, mesh_ledger_modes(model, train, options, r, modes)});
+      it = by_coord.emplace(key, i).first;
+    }
+    const auto s = static_cast<std::size_t>(stage);
+    for (std::size_t k = 0; k < modes.size(); ++k) {
+      const LedgerRow& l = computed[it->second].rows[k];
+      if (!seen[s] || l.total() > best[k][s].row.total()) best[k][s] = {r, l};
+    }
+    seen[s] = true;
   }
   return best;
 }

@@ -11,6 +11,7 @@
 // exact; MoE layers an upper bound (every routed assignment kept, capacity permitting).
 #pragma once
 
+#include <span>
 #include <vector>
 
 #include "parallel/ledger.hpp"
@@ -24,6 +25,11 @@ namespace shardcheck::parallel {
 // train.precision). Throws MeshConfigError as validate_mesh does.
 LedgerRow mesh_ledger(const ref::ModelConfig& model, const ref::TrainConfig& train,
                       const MeshOptions& options, int world_rank);
+// The same under each recompute mode of `modes` (train.recompute is not read), in their order: the
+// model state and the residency replay are shared, only the activations differ.
+std::vector<LedgerRow> mesh_ledger_modes(const ref::ModelConfig& model,
+                                         const ref::TrainConfig& train, const MeshOptions& options,
+                                         int world_rank, std::span<const ref::Recompute> modes);
 
 // The rank holding the most at once (LedgerRow::total) and its row. Ranks at data-parallel
 // position 0 stand for the others, which hold the same amounts (their shards are padded alike).
@@ -38,6 +44,10 @@ RankLedger mesh_ledger_fullest(const ref::ModelConfig& model, const ref::TrainCo
 std::vector<RankLedger> mesh_ledger_stages(const ref::ModelConfig& model,
                                            const ref::TrainConfig& train,
                                            const MeshOptions& options);
+// The same under each recompute mode of `modes`: [mode][stage].
+std::vector<std::vector<RankLedger>> mesh_ledger_stages_modes(
+    const ref::ModelConfig& model, const ref::TrainConfig& train, const MeshOptions& options,
+    std::span<const ref::Recompute> modes);
 // The fullest of mesh_ledger_stages' rows (the first of equals); `stages` not empty.
 RankLedger fullest_of(const std::vector<RankLedger>& stages);
 

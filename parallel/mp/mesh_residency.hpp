@@ -94,7 +94,8 @@ class Residency {
     const std::vector<int>& now = uses_->at(at_++);
     for (const int u : now) ensure(u);
     if (o_.prefetch == 0) return;
-    std::vector<int> seen(now.begin(), now.end());
+    std::vector<int>& seen = scratch_;
+    seen.assign(now.begin(), now.end());
     int issued = 0;
     for (std::size_t j = at_; j < uses_->size() && issued < o_.prefetch; ++j)
       for (const int u : (*uses_)[j]) {
@@ -109,14 +110,12 @@ class Residency {
   void end() {
     retire();
     if (!forward_) {
-      std::vector<int> units;
       if (const auto it = kept_by_.find(key_); it != kept_by_.end()) {
         for (const int u : it->second) --held(u)->kept;
         kept_by_.erase(it);
       }
       for (std::size_t u = 0; u < held_.size(); ++u)
-        if (held_[u]) units.push_back(static_cast<int>(u));
-      for (const int u : units) free_if_unused(u);
+        if (held_[u]) free_if_unused(static_cast<int>(u));
     }
     uses_ = &kNoUses;
     last_use_.clear();
@@ -201,6 +200,7 @@ class Residency {
   const std::vector<std::vector<int>>* uses_ = &kNoUses;
   std::vector<std::size_t> last_use_;  // per unit: its last group in the callback + 1, 0 if none
   std::size_t at_ = 0;
+  std::vector<int> scratch_;  // next()'s units seen, kept to spare an allocation per group
 };
 
 // The engine's Ops: the optimizer's all_gathers into the working parameters.

@@ -136,10 +136,11 @@ TEST(MeshLedger, Zero3HoldsAUnitsGradientNotTheModels) {
   }
 }
 
-// mesh_ledger_stages computes one row per (stage, TP coordinate, EP coordinate, expert part
-// count): each stage's fullest row is still the largest of its ranks' own ledgers, on dense and
-// MoE meshes with CP, EP, hybrid shard and the bf16 recipe. Fails if mesh_ledger comes to read
-// another coordinate of the rank.
+// mesh_ledger_stages_modes computes one row per (stage, parameters, expert part count) for every
+// recompute mode at once: each stage's fullest row under each mode is still the largest of its
+// ranks' own ledgers under that mode, on dense and MoE meshes with CP, EP, hybrid shard and the
+// bf16 recipe. Fails if mesh_ledger comes to read another coordinate of the rank, or a mode's
+// activations leak into another's.
 TEST(MeshLedger, StagesEqualTheFullestOfEveryRanksOwnLedger) {
   std::vector<std::pair<Scenario, MeshOptions>> cases;
   for (const Case& c : ledger_cases()) cases.emplace_back(mesh_dense(), c.options);
@@ -152,20 +153,30 @@ TEST(MeshLedger, StagesEqualTheFullestOfEveryRanksOwnLedger) {
     cases.emplace_back(mesh_moe(), o);
     cases.emplace_back(bf16, o);
   }
-  for (const auto& [s, o] : cases) {
-    const std::vector<LedgerRow> every = mesh_ledger_ranks(s.model, s.train, o);
-    const std::vector<RankLedger> stages = mesh_ledger_stages(s.model, s.train, o);
-    const comm::DeviceMesh m(o.shape, o.order);
-    std::vector<std::size_t> fullest(stages.size(), 0);
-    for (std::size_t r = 0; r < every.size(); ++r) {
-      auto& f = fullest[static_cast<std::size_t>(m.coord(static_cast<int>(r), comm::Axis::pp))];
-      f = std::max(f, every[r].total());
-    }
-    for (std::size_t st = 0; st < stages.size(); ++st) {
-      EXPECT_EQ(stages[st].row.total(), fullest[st])
-          << "dp" << o.shape.dp << " tp" << o.shape.tp << " pp" << o.shape.pp << " cp" << o.shape.cp
-          << " ep" << o.shape.ep << " stage " << st;
-      EXPECT_EQ(every[static_cast<std::size_t>(stages[st].rank)].total(), stages[st].row.total());
+  const ref::Recompute modes[] = {ref::Recompute::kFull, ref::Recompute::kNone,
+                                  ref::Recompute::kSelective};
+  for (const auto& [scenario, o] : cases) {
+    const auto all = mesh_ledger_stages_modes(scenario.model, scenario.train, o, modes);
+    ASSERT_EQ(all.size(), std::size(modes));
+    for (std::size_t k = 0; k < all.size(); ++k) {
+      Scenario s = scenario;
+      s.train.recompute = modes[k];
+      const std::vector<LedgerRow> every = mesh_ledger_ranks(s.model, s.train, o);
+      const std::vector<RankLedger>& stages = all[k];
+      EXPECT_EQ(mesh_ledger_stages(s.model, s.train, o)[0].row.total(), stages[0].row.total());
+      const comm::DeviceMesh m(o.shape, o.order);
+      std::vector<std::size_t> fullest(stages.size(), 0);
+      for (std::size_t r = 0; r < every.size(); ++r) {
+        auto& f = fullest[static_cast<std::size_t>(m.coord(static_cast<int>(r), comm::Axis::pp))];
+        f = std::max(f, every[r].total());
+      }
+      for (std::size_t st = 0; st < stages.size(); ++st) {
+        EXPECT_EQ(stages[st].row.total(), fullest[st])
+            << "dp" << o.shape.dp << " tp" << o.shape.tp << " pp" << o.shape.pp << " cp"
+            << o.shape.cp << " ep" << o.shape.ep << " stage " << st << " "
+            << ref::to_string(modes[k]);
+        EXPECT_EQ(every[static_cast<std::size_t>(stages[st].rank)].total(), stages[st].row.total());
+      }
     }
   }
 }
