@@ -168,7 +168,8 @@ void print_search(std::ostream& os, const Scenario& s, const SearchResult& r) {
      << "# candidates (ZeRO/FSDP, sequence parallel, schedule, micro batch, recompute, order): "
      << r.candidates << "; not built " << r.not_built << ", do not fit " << r.not_fitting
      << ", heavier recompute of a fitting one " << r.recompute_pruned << ", ruled out by the bound "
-     << r.bound_pruned << ", timed " << r.timed << "\n";
+     << r.bound_pruned << " (" << r.any_order_pruned << " by the bound of every rank order), timed "
+     << r.timed << "\n";
   char line[512];
   std::snprintf(line, sizeof line, "  %4s %-52s %-13s %10s %10s %10s %6s %6s\n", "rank", "config",
                 "family", "step", "exposed", "mem/rank", "MFU", "HFU");

@@ -360,6 +360,17 @@ double stage_bound(const Scenario& s, const ParallelSpec& p, int global_batch,
   return bound;
 }
 
+double stage_bound_any_order(const Scenario& s, const ParallelSpec& p, int global_batch,
+                             const PlanOptions& o) {
+  Scenario best = s;
+  TopologySpec& t = best.topology;
+  const LinkSpec link{std::max(t.intra_node.bandwidth_gbps, t.inter_node.bandwidth_gbps),
+                      std::min(t.intra_node.latency_us, t.inter_node.latency_us)};
+  t.intra_node = link;
+  t.inter_node = link;
+  return stage_bound(best, p, global_batch, o);
+}
+
 PlanResult plan_scenario(const Scenario& s, const PlanOptions& o) {
   if (!(o.compute_efficiency > 0 && o.compute_efficiency <= 1))
     throw ScenarioError("--compute-efficiency", "expected a number in (0, 1]");

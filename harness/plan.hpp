@@ -157,6 +157,13 @@ std::vector<StageLowerBound> stage_lower_bounds(const Scenario& s, const Paralle
 double stage_bound(const Scenario& s, const ParallelSpec& p, int global_batch,
                    const PlanOptions& o);
 
+// At most stage_bound(s, p, ...) under every rank order of p's mesh, and the same number for all
+// of them: the stage bound with every group on the scenario's best link (the larger bandwidth
+// and the smaller latency of its two). The stage bound is a sum of op seconds, each falling with
+// the link's latency and time per byte, and a rank order only places groups on links.
+double stage_bound_any_order(const Scenario& s, const ParallelSpec& p, int global_batch,
+                             const PlanOptions& o);
+
 // Goodput of a run of `world` ranks at this step time under the plan's failure model
 // (harness/PLANNER.md).
 Goodput goodput_of(const PlanSpec& f, int world, double step_s, double tokens_per_s);

@@ -399,48 +399,92 @@ SearchResult search_plans(const Scenario& s, const SearchOptions& o) {
   }
 
   r.enumerate_s = std::chrono::duration<double>(Clock::now() - t0).count();
-  // The compute bound of each fitting candidate, then timing in bound order.
+  // The bound of each fitting candidate, then timing in bound order. Candidates alike but for
+  // their rank order first get one bound for all of them: the compute bound and the stage bound
+  // of every order (stage_bound_any_order). A candidate's own order's stage bound is computed when
+  // that does not rule it out (at once for a setting of one order, or when nothing is pruned).
   PlanOptions po = o.plan;
   po.steps = 1;
   const double peak = s.topology.peak_tflops * 1e12 * po.compute_efficiency;
-  parallel_for(fitting.size(), threads, [&](std::size_t i) {
-    SearchCandidate& c = fitting[i];
+  std::vector<std::vector<std::size_t>> alike;  // fitting's indices, alike but for the order
+  {
+    std::map<std::string, std::size_t> group;
+    for (std::size_t i = 0; i < fitting.size(); ++i) {
+      ParallelSpec q = fitting[i].spec;
+      q.order = kOrders.front();
+      const auto [it, fresh] =
+          group.emplace(label_of(q, fitting[i].micro_batch, fitting[i].recompute), alike.size());
+      if (fresh) alike.emplace_back();
+      alike[it->second].push_back(i);
+    }
+  }
+  const auto own_order_bound = [&](SearchCandidate& c) {
     const Scenario sc = with_train(s, c.micro_batch, c.recompute);
-    const int dp = c.spec.mesh.dp;
-    const Skeleton k(skeleton_spec(sc, c.spec, dp, s.train.global_batch,
-                                   po.reduce_dtype ? &*po.reduce_dtype : nullptr));
-    const bool recomputed = c.recompute == ref::Recompute::kFull ||
-                            (c.recompute == ref::Recompute::kSelective && !k.ring_attention());
-    c.bound_s = clock_flops(m, recomputed, k.hardware_flops_per_step(), s.train.global_batch) /
-                (r.world * peak);
     c.bound_s = std::max(c.bound_s, stage_bound(sc, c.spec, s.train.global_batch, po));
-    c.model_flops = k.model_flops_per_step();
-    c.hardware_flops = k.hardware_flops_per_step();
-    if (c.spec.mesh.pp > 1)
-      c.bubble_formula = parallel::bubble_formula(
-          c.spec.mesh.pp, s.train.global_batch / dp / c.micro_batch, c.spec.virtual_stages);
+    c.bound_own_order = true;
+  };
+  parallel_for(alike.size(), threads, [&](std::size_t g) {
+    double any_order = 0;
+    for (const std::size_t i : alike[g]) {
+      SearchCandidate& c = fitting[i];
+      const Scenario sc = with_train(s, c.micro_batch, c.recompute);
+      const int dp = c.spec.mesh.dp;
+      const Skeleton k(skeleton_spec(sc, c.spec, dp, s.train.global_batch,
+                                     po.reduce_dtype ? &*po.reduce_dtype : nullptr));
+      const bool recomputed = c.recompute == ref::Recompute::kFull ||
+                              (c.recompute == ref::Recompute::kSelective && !k.ring_attention());
+      c.bound_s = clock_flops(m, recomputed, k.hardware_flops_per_step(), s.train.global_batch) /
+                  (r.world * peak);
+      c.model_flops = k.model_flops_per_step();
+      c.hardware_flops = k.hardware_flops_per_step();
+      if (c.spec.mesh.pp > 1)
+        c.bubble_formula = parallel::bubble_formula(
+            c.spec.mesh.pp, s.train.global_batch / dp / c.micro_batch, c.spec.virtual_stages);
+      if (!o.prune || alike[g].size() == 1) {
+        own_order_bound(c);
+        continue;
+      }
+      if (i == alike[g].front())
+        any_order = stage_bound_any_order(sc, c.spec, s.train.global_batch, po);
+      c.bound_s = std::max(c.bound_s, any_order);
+    }
   });
   std::sort(fitting.begin(), fitting.end(), [](const SearchCandidate& a, const SearchCandidate& b) {
     return a.bound_s != b.bound_s ? a.bound_s < b.bound_s : a.label < b.label;
   });
   r.bound_wall_s = std::chrono::duration<double>(Clock::now() - t0).count() - r.enumerate_s;
+  double own_order_s = 0;  // of the timing loop: own orders' stage bounds (counted in bounds)
   std::vector<double> best_times;  // sorted ascending, of the timed
   std::map<std::string, double> fam_best;
   for (std::size_t i = 0; i < fitting.size(); i += kBatch) {
     const double kth = best_times.size() >= static_cast<std::size_t>(o.top)
                            ? best_times[static_cast<std::size_t>(o.top) - 1]
                            : 1e300;
-    std::vector<SearchCandidate*> todo;
-    for (std::size_t j = i; j < std::min(fitting.size(), i + kBatch); ++j) {
-      SearchCandidate& c = fitting[j];
+    // The bound and the step add the same seconds in other orders: where the step is all
+    // compute and blocking collectives, the bound may exceed it by rounding (1e-15 relative).
+    const auto ruled_out = [&](const SearchCandidate& c) {
       const auto fb = fam_best.find(c.family);
       const double threshold = std::max(kth, fb == fam_best.end() ? 1e300 : fb->second);
-      // The bound and the step add the same seconds in other orders: where the step is all
-      // compute and blocking collectives, the bound may exceed it by rounding (1e-15 relative).
-      if (o.prune && c.bound_s > threshold * (1 + 1e-9))
+      return o.prune && c.bound_s > threshold * (1 + 1e-9);
+    };
+    std::vector<SearchCandidate*> todo, unplaced;
+    for (std::size_t j = i; j < std::min(fitting.size(), i + kBatch); ++j) {
+      SearchCandidate& c = fitting[j];
+      if (ruled_out(c)) {
+        ++r.bound_pruned;
+        r.any_order_pruned += !c.bound_own_order;
+      } else {
+        (c.bound_own_order ? todo : unplaced).push_back(&c);
+      }
+    }
+    const auto t1 = Clock::now();
+    parallel_for(unplaced.size(), threads, [&](std::size_t k) { own_order_bound(*unplaced[k]); });
+    own_order_s += std::chrono::duration<double>(Clock::now() - t1).count();
+    for (SearchCandidate* c : unplaced) {
+      if (ruled_out(*c))
         ++r.bound_pruned;
       else
-        todo.push_back(&c);
+        todo.push_back(c);
     }
     time_all(todo, s, po, threads);
     for (SearchCandidate* c : todo) {
@@ -451,6 +495,7 @@ SearchResult search_plans(const Scenario& s, const SearchOptions& o) {
       if (!fresh) it->second = std::min(it->second, t);
     }
   }
+  r.bound_wall_s += own_order_s;
   r.timing_s =
       std::chrono::duration<double>(Clock::now() - t0).count() - r.enumerate_s - r.bound_wall_s;
   for (SearchCandidate& c : fitting)
@@ -563,6 +608,7 @@ nlohmann::json search_json(const SearchResult& r) {
             {"not_fitting", r.not_fitting},
             {"heavier_recompute_skipped", r.recompute_pruned},
             {"ruled_out_by_bound", r.bound_pruned},
+            {"ruled_out_by_bound_of_every_order", r.any_order_pruned},
             {"timed", r.timed}}},
           {"top", top},
           {"best", r.ranked.empty() ? nlohmann::json(nullptr) : nlohmann::json(r.ranked[0].label)},

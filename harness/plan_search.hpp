@@ -50,6 +50,9 @@ struct SearchCandidate {
   parallel::LedgerRow ledger;  // the fullest rank's
   std::size_t memory_per_rank_bytes = 0;
   double bound_s = 0;  // the bound (a lower bound of the step: see the file's opening)
+  // bound_s includes the stage bound of the candidate's own order (else only the one of every
+  // order: plan.hpp's stage_bound_any_order).
+  bool bound_own_order = false;
   bool timed = false;
   StepEval eval;
   double bubble_formula = 0;                   // (p-1)/(v*m+p-1); 0 without a pipeline
@@ -83,6 +86,7 @@ struct SearchResult {
   std::size_t not_fitting = 0;       // over device memory
   std::size_t recompute_pruned = 0;  // a lighter recompute of the same settings fits
   std::size_t bound_pruned = 0;      // fit, ruled out by the bound
+  std::size_t any_order_pruned = 0;  // of those: by the bound of every order of the setting
   std::size_t timed = 0;
   std::vector<SearchCandidate> ranked;  // timed and fitting, fastest first (all of them)
   std::vector<FamilyBest> families;

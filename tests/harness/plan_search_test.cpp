@@ -14,11 +14,13 @@
 #include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <string>
 #include <utility>
 
 #include "cli_support.hpp"
+#include "harness/driver.hpp"
 #include "harness/plan.hpp"
 #include "harness/plan_search.hpp"
 #include "harness/scenario.hpp"
@@ -203,6 +205,39 @@ TEST(PlanSearch, TheStageBoundsLineIsTheBoundAtTheFullCount) {
   EXPECT_GT(sharded, 0);
   EXPECT_GT(apart, 0);  // the sharded groups' gathers and reductions leave the listed bound
   EXPECT_EQ(schedules.size(), 3U);  // gpipe, 1f1b and interleaved
+}
+
+// The stage bound of every rank order (plan.hpp's stage_bound_any_order) is one number for all the
+// orders of a candidate's mesh and at most each order's own stage bound, and below some: the small
+// scenario has 4 ranks per node, so some orders put a group across nodes. The search rules
+// candidates out by it before it computes their own order's bound.
+TEST(PlanSearch, TheBoundOfEveryOrderIsBelowEachOrdersBound) {
+  const SearchResult& r = small_search();
+  EXPECT_GT(r.any_order_pruned, 0U);
+  EXPECT_LE(r.any_order_pruned, r.bound_pruned);
+  PlanOptions po;
+  po.steps = 1;
+  const std::vector<std::string> orders = {"tp-cp-ep-dp-pp", "tp-pp-cp-ep-dp", "tp-cp-ep-pp-dp"};
+  int below = 0;
+  for (std::size_t i = 0; i < r.ranked.size(); i += 3) {
+    const SearchCandidate& c = r.ranked[i];
+    Scenario s = small();
+    s.train.micro_batch = c.micro_batch;
+    s.train.recompute = c.recompute;
+    std::optional<double> any;
+    for (const std::string& order : orders) {
+      ParallelSpec p = c.spec;
+      p.order = order;
+      if (!unsupported(s, p).empty()) continue;  // tp or pp between cp and ep
+      const double a = stage_bound_any_order(s, p, 64, po);
+      if (!any) any = a;
+      EXPECT_EQ(a, *any) << c.label << " " << order;
+      const double own = stage_bound(s, p, 64, po);
+      EXPECT_LE(a, own * (1 + 1e-12)) << c.label << " " << order;  // the line's rounding
+      below += a < own * (1 - 1e-9);
+    }
+  }
+  EXPECT_GT(below, 0);
 }
 
 // The stage bound times one stage per distinct program (plan.hpp's stage_lower_bounds): fewer
