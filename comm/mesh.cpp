@@ -163,14 +163,22 @@ std::vector<int> DeviceMesh::group(int rank, std::span<const Axis> axes) const {
 }
 
 int DeviceMesh::group_index(int rank, std::span<const Axis> axes) const {
-  int index = 0;
+  SC_CHECK(rank >= 0 && rank < world_size(),
+           "rank " << rank << " outside mesh of " << world_size());
+  return group_indexer(axes).index(rank);
+}
+
+DeviceMesh::GroupIndexer DeviceMesh::group_indexer(std::span<const Axis> axes) const {
+  GroupIndexer g;
   int radix = 1;
   for (Axis a : view(axes)) {
     if (std::find(axes.begin(), axes.end(), a) != axes.end()) continue;
-    index += coord(rank, a) * radix;
+    g.stride_[g.n_] = stride_[idx(a)];
+    g.size_[g.n_] = shape_.size(a);
+    g.radix_[g.n_++] = radix;
     radix *= shape_.size(a);
   }
-  return index;
+  return g;
 }
 
 std::string DeviceMesh::table() const {

@@ -70,6 +70,22 @@ class DeviceMesh {
   }
   // Which group of that kind `rank` is in: 0 .. world/prod(sizes of axes) - 1. Used as split color.
   int group_index(int rank, std::span<const Axis> axes) const;
+  // group_index for one `axes`, with the view worked out once: index(rank) for every rank of the
+  // mesh (a split rule's color, evaluated for each member).
+  class GroupIndexer {
+   public:
+    int index(int rank) const {
+      int out = 0;
+      for (std::size_t i = 0; i < n_; ++i) out += (rank / stride_[i]) % size_[i] * radix_[i];
+      return out;
+    }
+
+   private:
+    friend class DeviceMesh;
+    std::array<int, 4> stride_{}, size_{}, radix_{};
+    std::size_t n_ = 0;
+  };
+  GroupIndexer group_indexer(std::span<const Axis> axes) const;
 
   // The rank -> group table: one line per rank with its coordinates, each axis group and the
   // expert-data-parallel group (edp).

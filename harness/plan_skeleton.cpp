@@ -103,11 +103,9 @@ std::vector<std::vector<comm::Axis>> Skeleton::group_axes() {
 std::vector<sim::SplitRule> Skeleton::splits() const {
   std::vector<sim::SplitRule> out;
   if (model_parallel()) {  // build_groups' tp, dp, pp and cp groups, the dense dp x cp group
-    for (const std::vector<comm::Axis>& axes : group_axes()) {
-      const comm::DeviceMesh mesh = mesh_;
-      out.push_back(sim::SplitRule{[mesh, axes](int r) { return mesh.group_index(r, axes); },
+    for (const std::vector<comm::Axis>& axes : group_axes())
+      out.push_back(sim::SplitRule{[g = mesh_.group_indexer(axes)](int r) { return g.index(r); },
                                    [](int r) { return r; }});
-    }
   }
   if (kv_replicas() > 1) {  // split from the tp group: colours of its group ranks
     const int replicas = kv_replicas();
@@ -118,7 +116,7 @@ std::vector<sim::SplitRule> Skeleton::splits() const {
   if (ep() > 1)
     for (const comm::Axis a : {comm::Axis::ep, comm::Axis::edp})
       out.push_back(
-          sim::SplitRule{[mesh, a](int r) { return mesh.group_index(r, std::span(&a, 1)); },
+          sim::SplitRule{[g = mesh_.group_indexer(std::span(&a, 1))](int r) { return g.index(r); },
                          [](int r) { return r; }});
   if (expert_parts())
     out.push_back(

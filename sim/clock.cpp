@@ -156,10 +156,11 @@ class DoneWork final : public comm::Work {
   bool is_completed() override { return true; }
 };
 
-// One per thread: a count shared between threads would bounce between their caches.
-const comm::WorkPtr& done_work() {
-  thread_local const comm::WorkPtr done = std::make_shared<DoneWork>();
-  return done;
+// Owned by no one (the aliasing constructor with an empty owner): copies and releases touch no
+// count, which threads would otherwise share or pay for with atomic operations per message.
+comm::WorkPtr done_work() {
+  static DoneWork done;  // no state: the threads' calls do not race
+  return comm::WorkPtr(std::shared_ptr<void>(), &done);
 }
 
 bool same_link(const sim::LinkCost& a, const sim::LinkCost& b) {
@@ -395,35 +396,46 @@ std::unique_ptr<comm::Communicator> SymmetricClock::do_split(int color, int key,
   const double end = meet(s.now(), "split", o.name);
   s.comm_free = end;
   s.compute = std::max(s.compute, end);
-  std::map<int, std::vector<std::pair<int, int>>> by_color;  // color -> (key, group rank)
+  // Each colour's group: its size and whether it crosses nodes (sim::group_link: a member on
+  // another node than its first), in one pass over the members.
+  struct Group {
+    std::size_t size = 0;
+    int node = 0;
+    bool inter = false;
+  };
+  std::map<int, Group> groups;           // by colour, ascending (the first is the reference)
+  std::vector<std::pair<int, int>> own;  // (key, group rank) of this rank's colour
+  const int per_node = s.topology.ranks_per_node;
   for (int r = 0; r < size(); ++r) {
     const int c = rule.color(r);
-    if (c >= 0) by_color[c].push_back({rule.key(r), r});
+    if (c < 0) continue;
+    const int node = members_[static_cast<std::size_t>(r)] / per_node;
+    Group& g = groups[c];
+    if (g.size++ == 0) g.node = node;
+    g.inter = g.inter || node != g.node;
+    if (c == color) own.push_back({rule.key(r), r});
   }
-  std::vector<int> mine;
-  sim::LinkCost link{}, worst{};
+  const auto link_of = [&](const Group& g) { return sim::link_cost(s.topology, g.inter); };
+  sim::LinkCost worst{};
   std::size_t first_size = 0;
   bool first = true;
-  for (auto& [c, v] : by_color) {
-    std::sort(v.begin(), v.end());
-    std::vector<int> m;
-    for (auto [k, r] : v) m.push_back(members_[static_cast<std::size_t>(r)]);
-    const sim::LinkCost l = sim::group_link(s.topology, m);
+  for (const auto& [c, g] : groups) {
+    const sim::LinkCost l = link_of(g);
     if (first) {
       worst = l;
-      first_size = m.size();
+      first_size = g.size;
       first = false;
-    } else if (!same_link(l, worst) || m.size() != first_size) {
+    } else if (!same_link(l, worst) || g.size != first_size) {
       if (s.asymmetry.empty())
         s.asymmetry = "split \"" + o.name + "\" makes groups of different sizes or links";
       if (l.beta > worst.beta || (l.beta == worst.beta && l.alpha > worst.alpha)) worst = l;
     }
-    if (c == color) {
-      mine = std::move(m);
-      link = l;
-    }
   }
   if (color < 0) return nullptr;
+  std::sort(own.begin(), own.end());
+  std::vector<int> mine;
+  for (const auto& [k, r] : own) mine.push_back(members_[static_cast<std::size_t>(r)]);
+  sim::LinkCost link = link_of(groups.at(color));
   if (!s.asymmetry.empty())
     link = worst;  // ranks differ: charge the slowest group (an upper bound)
   const int me = world_rank();

@@ -41,8 +41,12 @@ LinkCost group_link(const Topology& t, std::span<const int> world_ranks) {
     inter = std::any_of(world_ranks.begin(), world_ranks.end(),
                         [&](int r) { return r / t.ranks_per_node != node; });
   }
-  const Link& l = inter ? t.inter_node : t.intra_node;
-  return {l.latency_us * 1e-6, 1.0 / (l.bandwidth_gbps * 1e9), inter};
+  return link_cost(t, inter);
+}
+
+LinkCost link_cost(const Topology& t, bool inter_node) {
+  const Link& l = inter_node ? t.inter_node : t.intra_node;
+  return {l.latency_us * 1e-6, 1.0 / (l.bandwidth_gbps * 1e9), inter_node};
 }
 
 double compute_seconds(const Topology& t, double flops, double bytes) {

@@ -42,6 +42,9 @@ struct LinkCost {
   bool inter_node = false;
 };
 LinkCost group_link(const Topology& t, std::span<const int> world_ranks);
+// The intra-node or the inter-node link's cost (what group_link gives a group within one node, or
+// one that crosses nodes).
+LinkCost link_cost(const Topology& t, bool inter_node);
 
 // Seconds a compute op takes: max(flops / (peak * efficiency), bytes / hbm).
 double compute_seconds(const Topology& t, double flops, double bytes);
