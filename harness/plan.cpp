@@ -131,8 +131,7 @@ void explain(PlanResult& r) {
       }
     }
     if (c.eval.asymmetric) n += "; groups differ in size or link, times are an upper bound";
-    const bool sharded = c.spec.fsdp.has_value() && *c.spec.fsdp != "no_shard";
-    if (sharded || c.spec.zero == 3)
+    if (c.spec.shards_params())
       n += "; each unit's gradient is reduce-scattered every microbatch during the backward "
            "(PyTorch FSDP's default), only the shards accumulate";
     else if (c.spec.zero == 2)
@@ -349,7 +348,7 @@ double stage_bound(const Scenario& s, const ParallelSpec& p, int global_batch,
   // ZeRO-3 / FSDP: whether a unit's gather or reduce_scatter waits at once depends on where the
   // schedule puts its microbatch (residency, prefetch, the reduce in flight), so the line goes
   // through the listed bound, which leaves those out.
-  const bool sharded = p.zero == 3 || (p.fsdp && *p.fsdp != "no_shard");
+  const bool sharded = p.shards_params();
   const auto pick = [&](const StageLowerBound& b) { return sharded ? b.listed : b.forced; };
   const std::vector<StageLowerBound> a = stage_lower_bounds(s, p, dp, dp * mb * m1, o);
   const std::vector<StageLowerBound> b = stage_lower_bounds(s, p, dp, dp * mb * 2 * m1, o);

@@ -93,10 +93,6 @@ std::vector<Schedule> schedules(int pp) {
   return {{"1f1b", 1}, {"gpipe", 1}, {"interleaved", 2}, {"interleaved", 4}};
 }
 
-bool shards_params(const ParallelSpec& p) {
-  return p.zero == 3 || (p.fsdp && *p.fsdp != "no_shard");
-}
-
 std::string label_of(const ParallelSpec& p, int mb, ref::Recompute rc) {
   std::string l = p.label() + "-mb" + std::to_string(mb);
   if (rc != ref::Recompute::kNone) l += "-rc_" + ref::to_string(rc);
@@ -270,8 +266,8 @@ std::string family_of(const ParallelSpec& p) {
   if (p.mesh.ep > 1) return "+ EP";
   if (p.mesh.cp > 1) return "+ CP";
   if (p.mesh.pp > 1) return "TP + PP + DP";
-  if (p.mesh.tp > 1) return shards_params(p) ? "FSDP + TP" : "TP + DP";
-  return shards_params(p) ? "FSDP" : "DDP";
+  if (p.mesh.tp > 1) return p.shards_params() ? "FSDP + TP" : "TP + DP";
+  return p.shards_params() ? "FSDP" : "DDP";
 }
 
 SearchResult search_plans(const Scenario& s, const SearchOptions& o) {

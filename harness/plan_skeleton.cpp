@@ -134,6 +134,12 @@ std::vector<sim::SplitRule> Skeleton::splits() const {
   return out;
 }
 
+std::vector<std::string> Skeleton::block_groups() {
+  using comm::Axis;
+  return {std::string(comm::name_of(Axis::tp)), parallel::mesh_detail::kTpKvGroup,
+          std::string(comm::name_of(Axis::cp)), std::string(comm::name_of(Axis::ep))};
+}
+
 double Skeleton::model_flops_per_step() const {
   return 3.0 * parallel::model_forward_flops(spec_.model, spec_.model.seq_len) *
          static_cast<double>(spec_.local_batch) * spec_.dp;
@@ -186,17 +192,18 @@ class SkeletonRun {
     const int r = world_.rank();
     if (k_.model_parallel()) {  // comm::build_groups' groups, the dense dp x cp group
       std::unique_ptr<comm::Communicator>* slots[] = {&tp_, &dp_, &pp_, &cp_, &dense_};
-      const char* names[] = {"tp", "dp", "pp", "cp", "dp-cp"};
       std::size_t i = 0;
       for (const std::vector<comm::Axis>& axes : Skeleton::group_axes()) {
-        *slots[i] = world_.split(k_.mesh_.group_index(r, axes), r, {.name = names[i]});
-        ++i;
+        // build_groups' names (an axis's own), "dp-cp" for the dense group
+        const std::string name = axes.size() == 1 ? std::string(comm::name_of(axes[0])) : "dp-cp";
+        *slots[i++] = world_.split(k_.mesh_.group_index(r, axes), r, {.name = name});
       }
       data_ = dp_.get();
       group_ = dense_.get();
       if (k_.kv_replicas() > 1) {  // the engine's tp-kv group, split from tp
         const int replicas = k_.kv_replicas();
-        kv_ = tp_->split(tp_->rank() / replicas, tp_->rank(), {.name = "tp-kv"});
+        kv_ = tp_->split(tp_->rank() / replicas, tp_->rank(),
+                         {.name = parallel::mesh_detail::kTpKvGroup});
       }
       if (sp_.tp == 1) tp_.reset();
       if (pp() == 1) pp_.reset();
@@ -204,7 +211,8 @@ class SkeletonRun {
     }
     if (k_.ep() > 1) {  // build_groups' ep group, the engine's expert-dp group
       const comm::Axis ep[] = {comm::Axis::ep}, edp[] = {comm::Axis::edp};
-      ep_ = world_.split(k_.mesh_.group_index(r, ep), r, {.name = "ep"});
+      ep_ = world_.split(k_.mesh_.group_index(r, ep), r,
+                         {.name = std::string(comm::name_of(comm::Axis::ep))});
       edp_ = world_.split(k_.mesh_.group_index(r, edp), r, {.name = "expert-dp"});
     }
     if (k_.expert_parts()) {  // mesh_bf16.hpp's expert_parts

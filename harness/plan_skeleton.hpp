@@ -69,7 +69,8 @@ class Skeleton {
   // The names of the groups whose collectives run inside a microbatch's blocks and are waited
   // where the block's own program waits them, whatever the schedule (tp, tp-kv, cp, ep): a
   // sim::SymmetricClock::list_groups list (the data-parallel groups' are not among them).
-  static std::vector<std::string> block_groups() { return {"tp", "tp-kv", "cp", "ep"}; }
+  // The names are the splits' own (build_groups' axis names, mesh_rows.hpp's kTpKvGroup).
+  static std::vector<std::string> block_groups();
   // Ring attention over CP ranks (cp_ring.cpp): flash-style, its backward computes the scores
   // again itself, so selective recompute adds no attention core.
   bool ring_attention() const {

@@ -35,6 +35,8 @@ struct ParallelSpec {
   int virtual_stages = 1;
   std::string cp_algo = "ring";  // ring, ulysses
   std::string label() const;     // "dp2-tp2-zero3"
+  // Parameters sharded over the data-parallel ranks (ZeRO-3, or FSDP other than no_shard).
+  bool shards_params() const { return zero == 3 || (fsdp && *fsdp != "no_shard"); }
 };
 
 // The engine's typed options for a configuration (the mesh and its layout, schedule, CP

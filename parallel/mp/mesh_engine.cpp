@@ -80,7 +80,8 @@ class MeshImpl final : public MeshEngine::Impl {
     expert_ = split_over(world, mesh, wrong ? dense : std::vector<Axis>{Axis::edp}, "expert-dp");
     if (opt_.shape.tp > model_.kv_heads) {  // TP ranks sharing one replicated kv head
       const int replicas = opt_.shape.tp / model_.kv_heads;
-      kv_ = g_.tp->split(g_.tp->rank() / replicas, g_.tp->rank(), {.name = "tp-kv"});
+      kv_ =
+          g_.tp->split(g_.tp->rank() / replicas, g_.tp->rank(), {.name = mesh_detail::kTpKvGroup});
     }
     if (train_.precision == ref::Precision::kBf16 && model_.moe) {
       experts_ = std::make_unique<mesh_detail::ExpertParts>(mesh_detail::expert_parts(world, mesh));

@@ -21,6 +21,9 @@ namespace shardcheck::parallel::mesh_detail {
 
 using ref::Tensor;
 
+// The name of the TP ranks sharing one replicated kv head (split from the tp group).
+inline constexpr const char* kTpKvGroup = "tp-kv";
+
 inline std::unique_ptr<comm::Communicator> split_over(comm::Communicator& world,
                                                       const comm::DeviceMesh& mesh,
                                                       std::vector<comm::Axis> axes,

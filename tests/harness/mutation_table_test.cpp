@@ -134,10 +134,7 @@ const std::vector<Case>& cases() {
            {"fsdp_dense.json", "data_parallel_f32.json", "bf16_recipe.json"}},
       Case{"same_samples", Mutation::kSameSamples, dp},
       Case{"unit_reduced_early", Mutation::kUnitReducedEarly,
-           [](const Scenario&, const ParallelSpec& p) {
-             return p.zero == 3 || (p.fsdp.has_value() && p.fsdp != "no_shard");
-           },
-           true},
+           [](const Scenario&, const ParallelSpec& p) { return p.shards_params(); }, true},
       Case{"skip_replica_sum", Mutation::kSkipReplicaSum,
            [](const Scenario&, const ParallelSpec& p) {
              return p.fsdp == "hybrid_shard" && p.mesh.dp > p.fsdp_shard_group &&

@@ -187,7 +187,7 @@ TEST(PlanSearch, TheStageBoundsLineIsTheBoundAtTheFullCount) {
     Scenario s = small();
     s.train.micro_batch = c.micro_batch;
     s.train.recompute = c.recompute;
-    const bool shards = c.spec.zero == 3 || (c.spec.fsdp && *c.spec.fsdp != "no_shard");
+    const bool shards = c.spec.shards_params();
     double want = 0, forced = 0;
     for (const StageLowerBound& b : stage_lower_bounds(s, c.spec, c.spec.mesh.dp, 64, po)) {
       EXPECT_LE(b.listed, b.forced) << c.label;
