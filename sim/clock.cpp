@@ -403,23 +403,43 @@ std::unique_ptr<comm::Communicator> SymmetricClock::do_split(int color, int key,
     int node = 0;
     bool inter = false;
   };
-  std::map<int, Group> groups;           // by colour, ascending (the first is the reference)
+  // The colours, once per member; a vector of groups by colour when every colour is below the
+  // member count (a mesh's splits: group indices), else a map. Either way by ascending colour.
+  const int n = size();
+  thread_local std::vector<int> colors;
+  colors.resize(static_cast<std::size_t>(n));
+  bool small = true;
+  for (int r = 0; r < n; ++r) {
+    const int c = rule.color(r);
+    colors[static_cast<std::size_t>(r)] = c;
+    small = small && c < n;
+  }
+  std::vector<Group> by_index(small ? static_cast<std::size_t>(n) : 0);
+  std::map<int, Group> by_map;
+  const auto group_of = [&](int c) -> Group& {
+    return small ? by_index[static_cast<std::size_t>(c)] : by_map[c];
+  };
   std::vector<std::pair<int, int>> own;  // (key, group rank) of this rank's colour
   const int per_node = s.topology.ranks_per_node;
-  for (int r = 0; r < size(); ++r) {
-    const int c = rule.color(r);
+  for (int r = 0; r < n; ++r) {
+    const int c = colors[static_cast<std::size_t>(r)];
     if (c < 0) continue;
     const int node = members_[static_cast<std::size_t>(r)] / per_node;
-    Group& g = groups[c];
+    Group& g = group_of(c);
     if (g.size++ == 0) g.node = node;
     g.inter = g.inter || node != g.node;
     if (c == color) own.push_back({rule.key(r), r});
   }
+  std::vector<const Group*> groups;  // the non-empty ones, by ascending colour
+  for (const Group& g : by_index)
+    if (g.size > 0) groups.push_back(&g);
+  for (const auto& [c, g] : by_map) groups.push_back(&g);
   const auto link_of = [&](const Group& g) { return sim::link_cost(s.topology, g.inter); };
   sim::LinkCost worst{};
   std::size_t first_size = 0;
   bool first = true;
-  for (const auto& [c, g] : groups) {
+  for (const Group* gp : groups) {
+    const Group& g = *gp;
     const sim::LinkCost l = link_of(g);
     if (first) {
       worst = l;
@@ -435,7 +455,7 @@ std::unique_ptr<comm::Communicator> SymmetricClock::do_split(int color, int key,
   std::sort(own.begin(), own.end());
   std::vector<int> mine;
   for (const auto& [k, r] : own) mine.push_back(members_[static_cast<std::size_t>(r)]);
-  sim::LinkCost link = link_of(groups.at(color));
+  sim::LinkCost link = link_of(group_of(color));
   if (!s.asymmetry.empty())
     link = worst;  // ranks differ: charge the slowest group (an upper bound)
   const int me = world_rank();
