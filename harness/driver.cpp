@@ -17,6 +17,12 @@ parallel::MeshOptions engine_options(const Scenario& s, const ParallelSpec& p) {
   return o;
 }
 
+parallel::MeshOptions planning_options(const Scenario& s, const ParallelSpec& p) {
+  parallel::MeshOptions o = engine_options(s, p);
+  if (s.plan.attention_kernel == "flash") o.attention = parallel::AttentionKernel::flash;
+  return o;
+}
+
 parallel::DataParallelOptions data_parallel_view(const parallel::MeshOptions& m) {
   using parallel::Strategy;
   parallel::DataParallelOptions d;

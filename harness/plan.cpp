@@ -50,7 +50,7 @@ int dp_at(const ParallelSpec& p, int n) {
 parallel::RankLedger ledger_at(const Scenario& s, const ParallelSpec& p, int dp) {
   ParallelSpec q = p;
   q.mesh.dp = dp;
-  return parallel::mesh_ledger_fullest(s.model, s.train, engine_options(s, q));
+  return parallel::mesh_ledger_fullest(s.model, s.train, planning_options(s, q));
 }
 
 // Strong (global batch fixed) and weak (per-rank batch fixed) curves over the plan's world sizes.
@@ -380,6 +380,7 @@ PlanResult plan_scenario(const Scenario& s, const PlanOptions& o) {
   r.description = s.description;
   r.device_memory_bytes = s.topology.memory_gib * kGiB;
   r.compute_efficiency = o.compute_efficiency;
+  r.attention_kernel = s.plan.attention_kernel;
   const double peak = s.topology.peak_tflops * 1e12;
   for (const ParallelSpec& p : s.configs) {
     ConfigPlan c;
@@ -393,7 +394,7 @@ PlanResult plan_scenario(const Scenario& s, const PlanOptions& o) {
     }
     c.placement = placement_of(s, p);
     if (p.mesh.pp > 1)  // each stage's fullest rank, and the fullest of them
-      c.stages = parallel::mesh_ledger_stages(s.model, s.train, engine_options(s, p));
+      c.stages = parallel::mesh_ledger_stages(s.model, s.train, planning_options(s, p));
     const parallel::RankLedger fullest =
         c.stages.empty() ? ledger_at(s, p, p.mesh.dp) : parallel::fullest_of(c.stages);
     c.ledger = fullest.row;
@@ -616,6 +617,7 @@ nlohmann::json plan_json(const PlanResult& r) {
        "spanning two nodes is priced at the inter-node link"}};
   out["assumptions"] = {{"compute_efficiency", r.compute_efficiency},
                         {"gradient_reduce_dtype", r.reduce_dtype},
+                        {"attention_kernel", r.attention_kernel},
                         {"evaluation",
                          "symmetric clock: one representative rank with the "
                          "simulator's cost model (sim/topology.hpp)"}};

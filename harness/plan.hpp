@@ -112,7 +112,8 @@ struct PlanResult {
   std::string description;
   double device_memory_bytes = 0;
   double compute_efficiency = 1;
-  std::string reduce_dtype;  // dtype of gradient reductions in the skeleton
+  std::string reduce_dtype;                 // dtype of gradient reductions in the skeleton
+  std::string attention_kernel = "engine";  // the scenario's plan.attention_kernel
   std::vector<ConfigPlan> configs;
   int best = -1;            // fastest configuration that fits, or -1
   int fastest = -1;         // fastest modelled configuration, fitting or not

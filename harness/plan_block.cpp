@@ -172,7 +172,8 @@ void SequenceOps::block_forward(int layer) {
     ulysses_exchange(s * q);  // rows_to_heads of q, k and v
     ulysses_exchange(s * kv);
     ulysses_exchange(s * kv);
-    world_.compute(costs::ulysses_forward(a, s_.elem));
+    world_.compute(s_.flash ? costs::flash_forward(a, s_.elem)
+                            : costs::ulysses_forward(a, s_.elem));
     ulysses_exchange(s * q);  // heads_to_rows of the output
   }
   world_.compute(costs::wo(s, q, h));
@@ -205,8 +206,12 @@ void SequenceOps::block_backward(int layer) {
   } else {
     ulysses_exchange(s * q);  // rows_to_heads of the output gradient
     const bool selective = s_.recompute == ref::Recompute::kSelective;
-    if (selective) world_.compute(costs::ulysses_recompute(a, s_.elem));
-    world_.compute(costs::ulysses_backward(a, !selective, s_.elem));
+    if (s_.flash) {  // the scores again inside the backward, whatever the recompute
+      world_.compute(costs::flash_backward(a, s_.elem));
+    } else {
+      if (selective) world_.compute(costs::ulysses_recompute(a, s_.elem));
+      world_.compute(costs::ulysses_backward(a, !selective, s_.elem));
+    }
     ulysses_exchange(s * q);  // heads_to_rows of dq, dk, dv
     ulysses_exchange(s * kv);
     ulysses_exchange(s * kv);

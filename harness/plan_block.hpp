@@ -41,6 +41,7 @@ class SequenceOps {
     ref::Recompute recompute = ref::Recompute::kNone;
     bool sequence_parallel = false;  // and tp > 1
     bool ring = false;               // CP's algorithm: ring attention (else Ulysses)
+    bool flash = false;  // without the ring: a flash kernel's costs (else the engine's kernel's)
     int tp = 1, cp = 1;
     double elem = 4;  // bytes of the engine's numeric type
   };

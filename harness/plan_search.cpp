@@ -112,7 +112,7 @@ constexpr ref::Recompute kModes[] = {ref::Recompute::kNone, ref::Recompute::kSel
 
 // The fullest rank under each of kModes (one residency replay for the three).
 std::vector<parallel::RankLedger> fullest(const Scenario& s, const ParallelSpec& p) {
-  const parallel::MeshOptions o = engine_options(s, p);
+  const parallel::MeshOptions o = planning_options(s, p);
   std::vector<parallel::RankLedger> out;
   for (const auto& stages : parallel::mesh_ledger_stages_modes(s.model, s.train, o, kModes))
     out.push_back(parallel::fullest_of(stages));
@@ -427,8 +427,9 @@ SearchResult search_plans(const Scenario& s, const SearchOptions& o) {
       const int dp = c.spec.mesh.dp;
       const Skeleton k(skeleton_spec(sc, c.spec, dp, s.train.global_batch,
                                      po.reduce_dtype ? &*po.reduce_dtype : nullptr));
-      const bool recomputed = c.recompute == ref::Recompute::kFull ||
-                              (c.recompute == ref::Recompute::kSelective && !k.ring_attention());
+      const bool recomputed =
+          c.recompute == ref::Recompute::kFull ||
+          (c.recompute == ref::Recompute::kSelective && !k.flash_style_attention());
       c.bound_s = clock_flops(m, recomputed, k.hardware_flops_per_step(), s.train.global_batch) /
                   (r.world * peak);
       c.model_flops = k.model_flops_per_step();

@@ -43,7 +43,7 @@ SkeletonSpec skeleton_spec(const Scenario& s, const ParallelSpec& p, int dp, int
   SkeletonSpec k;
   k.model = s.model;
   k.train = s.train;
-  k.mesh = engine_options(s, q);
+  k.mesh = planning_options(s, q);
   k.recipe = parallel::recipe_of(s.train.precision);
   k.param_dtype = s.train.precision == ref::Precision::kBf16 ? comm::DType::bf16
                                                              : numeric_dtype(s.train.precision);
@@ -150,7 +150,7 @@ double Skeleton::hardware_flops_per_step() const {
   for (int i = 0; i < spec_.model.layers; ++i) {
     if (spec_.train.recompute == ref::Recompute::kFull)
       recompute += parallel::block_forward_flops(spec_.model, i, spec_.model.seq_len);
-    if (spec_.train.recompute == ref::Recompute::kSelective && !ring_attention())
+    if (spec_.train.recompute == ref::Recompute::kSelective && !flash_style_attention())
       recompute += parallel::attention_core_flops(spec_.model, spec_.model.seq_len);
   }
   return model_flops_per_step() + recompute * static_cast<double>(spec_.local_batch) * spec_.dp;
@@ -226,6 +226,7 @@ class SkeletonRun {
                                     .recompute = sp_.train.recompute,
                                     .sequence_parallel = sp(),
                                     .ring = sp_.mesh.cp_algo == parallel::CpAlgo::ring,
+                                    .flash = sp_.mesh.attention == parallel::AttentionKernel::flash,
                                     .tp = sp_.tp,
                                     .cp = cp(),
                                     .elem = k_.elem_},

@@ -76,6 +76,11 @@ class Skeleton {
   bool ring_attention() const {
     return mesh_.size(comm::Axis::cp) > 1 && spec_.mesh.cp_algo == parallel::CpAlgo::ring;
   }
+  // Attention whose backward computes the scores again itself, so selective recompute adds no
+  // attention core: the ring, or a flash kernel (MeshOptions::attention).
+  bool flash_style_attention() const {
+    return ring_attention() || spec_.mesh.attention == parallel::AttentionKernel::flash;
+  }
   // Model FLOPs of one step over the whole world (forward + backward = 3 x forward, recompute
   // not counted) and the hardware FLOPs actually issued (recompute included).
   double model_flops_per_step() const;

@@ -83,6 +83,9 @@ struct PlanSpec {
   int checkpoint_every_steps = 100;  // checkpoint interval (0: never)
   double checkpoint_save_s = 10;     // time a save blocks training
   double restart_s = 300;            // detect, reschedule, reload after a failure
+  // The attention kernel the plan prices (without CP, or Ulysses): "engine", the engine's own
+  // (keeps the s x s probabilities), or "flash" (parallel/costs.hpp's flash_forward).
+  std::string attention_kernel = "engine";
 };
 
 struct CheckpointSpec {

@@ -78,6 +78,25 @@ inline comm::ComputeCost ulysses_backward(const UlyssesShape& a, bool kept_probs
           .bytes = (3 * a.q_elems() + 4 * a.kv_elems() + (kept_probs ? a.prob_elems() : 0)) * elem};
 }
 
+// A flash-style kernel over the same shape (what a GPU run's FlashAttention does, not the
+// engine's kernel; the planner's `plan.attention_kernel: "flash"`): the forward reads q, k, v and
+// writes o and a log-sum-exp per row and head, never the probabilities; the backward reads q, k,
+// v, o, dout and the log-sum-exp, computes the scores again (2 of its 10 FLOPs per pair and
+// channel) and writes dq, dk, dv. Selective recompute adds nothing: there are no probabilities
+// to drop.
+inline comm::ComputeCost flash_forward(const UlyssesShape& a, double elem) {
+  const double lse = static_cast<double>(a.s * a.heads);
+  return {.name = "flash attention forward",
+          .flops = causal_attention_flops(a.s, a.heads, a.d, 4),
+          .bytes = (2 * a.q_elems() + 2 * a.kv_elems() + lse) * elem};
+}
+inline comm::ComputeCost flash_backward(const UlyssesShape& a, double elem) {
+  const double lse = static_cast<double>(a.s * a.heads);
+  return {.name = "flash attention backward",
+          .flops = causal_attention_flops(a.s, a.heads, a.d, 10),
+          .bytes = (4 * a.q_elems() + 4 * a.kv_elems() + lse) * elem};
+}
+
 // Ring attention (parallel/mp/cp_ring.cpp) at one ring step: this CP rank's query rows against
 // the K/V block of another rank's rows. The rows come in the layout's chunks of `chunk` rows
 // (TokenLayout: seq_len / (2 cp), two per rank), and each run of consecutive query rows inside a

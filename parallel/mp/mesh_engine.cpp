@@ -70,6 +70,10 @@ class MeshImpl final : public MeshEngine::Impl {
         mem_(world.memory()),
         recipe_(recipe_of(train.precision)),
         layout_(model.seq_len, opt_.shape.cp, opt_.shape.tp, opt_.sequence_parallel) {
+    if (opt_.attention != AttentionKernel::engine)
+      throw MeshConfigError("attention_kernel",
+                            "the numeric engine computes attention with its own kernel; flash is "
+                            "a planning input (plan.attention_kernel)");
     g_ = comm::build_groups(mesh, world);
     // The expert ranks are carved out of the dp x cp ranks: experts sum over edp (dp x cp / ep).
     using comm::Axis;

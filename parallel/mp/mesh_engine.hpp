@@ -53,6 +53,8 @@ inline bool rounds_gradient_parts(const ref::ModelConfig& model, const ref::Trai
   return train.precision == ref::Precision::kBf16 && model.tie_embeddings && shape.pp > 1;
 }
 
+enum class AttentionKernel : std::uint8_t { engine, flash };
+
 struct MeshOptions {
   comm::MeshShape shape;
   std::string order = "tp-cp-ep-dp-pp";
@@ -60,6 +62,11 @@ struct MeshOptions {
   PipeSchedule schedule = PipeSchedule::one_f_one_b;
   int virtual_stages = 1;
   CpAlgo cp_algo = CpAlgo::ring;
+  // The attention kernel (without CP, or Ulysses) the planner's timing-only run and the ledger
+  // describe: the engine's own, which keeps the s x s probabilities, or flash (costs.hpp's
+  // flash_forward: a log-sum-exp per row and head instead). The numeric engine has only its own
+  // and refuses flash. Ring CP is flash-style either way.
+  AttentionKernel attention = AttentionKernel::engine;
   // ZeRO stage on the data-parallel axes (mesh_zero.hpp): 0 replicated optimizer state; 1 moments
   // and bf16 master sharded over each parameter class's gradient-sum group (dp x cp for
   // non-expert, dp x cp for expert parameters), updated shards all_gathered; 2 also gradients

@@ -95,9 +95,13 @@ double mesh_block_activation_elems(const ref::ModelConfig& m, const MeshOptions&
     e += x.cp_rows * (2 * x.hl * x.d + 2 * x.kvl * x.d) + x.hl * x.cp_rows;
   } else {
     // Ulysses (or one CP rank): q, k, v of the whole sequence for heads / cp, and the
-    // probabilities [heads / tp / cp, s, s] unless the attention core is recomputed.
+    // probabilities [heads / tp / cp, s, s] unless the attention core is recomputed (a flash
+    // kernel: a log-sum-exp per row and head instead, whatever the recompute).
     e += x.s * (x.hl / x.cp) * x.d + 2 * x.s * (x.kvl / x.cp) * x.d;
-    if (recompute != ref::Recompute::kSelective) e += (x.hl / x.cp) * x.s * x.s;
+    if (o.attention == AttentionKernel::flash)
+      e += (x.hl / x.cp) * x.s;
+    else if (recompute != ref::Recompute::kSelective)
+      e += (x.hl / x.cp) * x.s * x.s;
   }
   if (m.is_moe_layer(layer)) {
     const double experts = m.moe->experts, k = m.moe->top_k, f = m.ffn;

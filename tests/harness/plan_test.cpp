@@ -98,45 +98,52 @@ TEST(Plan, SymmetricClockEqualsSimWorldMeta) {
 // microbatch, f32: step = all_reduce(3 i64 denominators) + compute + all_reduce(N f32) +
 // all_reduce(4 f64: squared norm and numerators) + all_gather(1 i32 per rank) + AdamW, with the
 // ring formulas written out and each compute report timed as max(FLOPs / peak, bytes / HBM).
+// The same with plan.attention_kernel "flash": each block's attention is costed as
+// costs.hpp's flash kernel (no probabilities through HBM).
 TEST(Plan, DdpOneBucketIsTheClosedForm) {
-  namespace costs = parallel::costs;
-  json j = small_json();
-  j["train"]["precision"] = "f32";
-  Scenario s = with(j, {{"zero", 0}, {"bucket_elems", 1 << 30}}, 16);
-  s.train.global_batch = 32;  // one microbatch of 2 per rank
-  const ParallelSpec& p = s.configs.front();
-  const StepEval e = evaluate(s, p, 16, 32, {});
+  for (const bool flash : {false, true}) {
+    namespace costs = parallel::costs;
+    json j = small_json();
+    j["train"]["precision"] = "f32";
+    j["plan"]["attention_kernel"] = flash ? "flash" : "engine";
+    Scenario s = with(j, {{"zero", 0}, {"bucket_elems", 1 << 30}}, 16);
+    s.train.global_batch = 32;  // one microbatch of 2 per rank
+    const ParallelSpec& p = s.configs.front();
+    const StepEval e = evaluate(s, p, 16, 32, {});
 
-  const double n = 16, a = 10e-6, b = 1.0 / 50e9, peak = 989e12, hbm = 4800e9;
-  const auto ring_all_reduce = [&](double bytes) {
-    return 2 * (n - 1) * a + 2 * (n - 1) / n * bytes * b;
-  };
-  const auto all_gather = [&](double bytes) { return (n - 1) * a + (n - 1) / n * bytes * b; };
-  const auto t = [&](const comm::ComputeCost& c) {
-    return std::max(c.flops / peak, c.bytes / hbm);
-  };
-  double params = 0;
-  for (const auto& [name, shape] : ref::param_shapes(s.model)) {
-    double x = 1;
-    for (auto d : shape) x *= static_cast<double>(d);
-    params += x;
+    const double n = 16, a = 10e-6, b = 1.0 / 50e9, peak = 989e12, hbm = 4800e9;
+    const auto ring_all_reduce = [&](double bytes) {
+      return 2 * (n - 1) * a + 2 * (n - 1) / n * bytes * b;
+    };
+    const auto all_gather = [&](double bytes) { return (n - 1) * a + (n - 1) / n * bytes * b; };
+    const auto t = [&](const comm::ComputeCost& c) {
+      return std::max(c.flops / peak, c.bytes / hbm);
+    };
+    double params = 0;
+    for (const auto& [name, shape] : ref::param_shapes(s.model)) {
+      double x = 1;
+      for (auto d : shape) x *= static_cast<double>(d);
+      params += x;
+    }
+    const ref::ModelConfig& m = s.model;
+    const double sq = m.seq_len, h = m.hidden, q = m.heads * m.head_dim(),
+                 kv = m.kv_heads * m.head_dim();
+    const costs::UlyssesShape u{m.seq_len, m.heads, m.kv_heads, m.head_dim()};
+    const double attention =
+        flash ? t(costs::flash_forward(u, 4)) + t(costs::flash_backward(u, 4))
+              : t(costs::ulysses_forward(u, 4)) + t(costs::ulysses_backward(u, true, 4));
+    const double block = t(costs::qkv(sq, h, q, kv)) + attention + t(costs::wo(sq, q, h)) +
+                         t(costs::mlp(sq, h, m.ffn)) + t(costs::mlp_backward(sq, h, m.ffn)) +
+                         t(costs::projections_backward(sq, h, q, kv));
+    const double sequence = m.layers * block + t(costs::vocab_head_forward(sq, h, m.vocab, 4)) +
+                            t(costs::vocab_head_backward(sq, h, m.vocab, 4));
+    const double compute = 2 * sequence;
+    const double adam = t(costs::adamw(params, parallel::recipe_of(ref::Precision::kF32)));
+    const double want = ring_all_reduce(24) + compute + ring_all_reduce(4 * params) +
+                        ring_all_reduce(32) + all_gather(4 * n) + adam;
+    EXPECT_NEAR(e.step_time_s, want, 1e-12 * want) << flash;
+    EXPECT_NEAR(e.exposed_comm_s, want - compute - adam, 1e-9 * want) << flash;
   }
-  const ref::ModelConfig& m = s.model;
-  const double sq = m.seq_len, h = m.hidden, q = m.heads * m.head_dim(),
-               kv = m.kv_heads * m.head_dim();
-  const costs::UlyssesShape u{m.seq_len, m.heads, m.kv_heads, m.head_dim()};
-  const double block =
-      t(costs::qkv(sq, h, q, kv)) + t(costs::ulysses_forward(u, 4)) + t(costs::wo(sq, q, h)) +
-      t(costs::mlp(sq, h, m.ffn)) + t(costs::mlp_backward(sq, h, m.ffn)) +
-      t(costs::ulysses_backward(u, true, 4)) + t(costs::projections_backward(sq, h, q, kv));
-  const double sequence = m.layers * block + t(costs::vocab_head_forward(sq, h, m.vocab, 4)) +
-                          t(costs::vocab_head_backward(sq, h, m.vocab, 4));
-  const double compute = 2 * sequence;
-  const double adam = t(costs::adamw(params, parallel::recipe_of(ref::Precision::kF32)));
-  const double want = ring_all_reduce(24) + compute + ring_all_reduce(4 * params) +
-                      ring_all_reduce(32) + all_gather(4 * n) + adam;
-  EXPECT_NEAR(e.step_time_s, want, 1e-12 * want);
-  EXPECT_NEAR(e.exposed_comm_s, want - compute - adam, 1e-9 * want);
 }
 
 TEST(Plan, StrongScalingEfficiencyFallsAcrossNodes) {
@@ -343,15 +350,35 @@ TEST(Plan, GoodputFollowsTheStatedFormula) {
   EXPECT_NEAR(c.goodput.effective_tokens_per_s, c.tokens_per_s * want, 1e-6 * c.tokens_per_s);
 }
 
+// Selective recompute recomputes the engine kernel's attention core (hardware FLOPs above the
+// model's), not a flash kernel's, which keeps no probabilities to drop (the same FLOPs).
+TEST(Plan, SelectiveRecomputeAddsNoAttentionCoreToAFlashKernel) {
+  for (const bool flash : {false, true}) {
+    json j = small_json();
+    j["plan"]["attention_kernel"] = flash ? "flash" : "engine";
+    j["train"]["activation_checkpointing"] = "selective";
+    const Scenario s = with(j, {{"zero", 0}}, 8);
+    const Skeleton k(skeleton_spec(s, s.configs.front(), 8, s.train.global_batch));
+    if (flash)
+      EXPECT_DOUBLE_EQ(k.hardware_flops_per_step(), k.model_flops_per_step());
+    else
+      EXPECT_GT(k.hardware_flops_per_step(), k.model_flops_per_step());
+  }
+}
+
 TEST(Plan, BadInputExitsTwo) {
   const fs::path dir = temp_dir("shardcheck_plan_bad");
   fs::create_directories(dir);
   json j = small_json();
   j["plan"]["world_sizes"] = {0};
   std::ofstream(dir / "bad.json") << j.dump();
+  j = small_json();
+  j["plan"]["attention_kernel"] = "xformers";
+  std::ofstream(dir / "kernel.json") << j.dump();
   const std::pair<std::string, std::string> cases[] = {
       {"plan " + (dir / "missing.json").string(), "missing.json"},
       {"plan " + (dir / "bad.json").string(), "world_sizes"},
+      {"plan " + (dir / "kernel.json").string(), "$.plan.attention_kernel"},
       {"plan " + kSmall + " --compute-efficiency 1.5", "--compute-efficiency"},
       {"plan " + kSmall + " --reduce-dtype i8", "--reduce-dtype"},
       {"plan", "scenario"},

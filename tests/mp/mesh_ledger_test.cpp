@@ -181,6 +181,48 @@ TEST(MeshLedger, StagesEqualTheFullestOfEveryRanksOwnLedger) {
   }
 }
 
+// A flash kernel (MeshOptions::attention, a planning input) keeps a log-sum-exp per row and local
+// head instead of the s x s probabilities: the activations of one block without recompute drop by
+// the probabilities and gain the log-sum-exp, without CP and under Ulysses; under selective
+// recompute (no probabilities kept either way) and full recompute only the log-sum-exp differs
+// or nothing; the ring is flash-style already. The numeric engine refuses it.
+TEST(MeshLedger, AFlashKernelKeepsNoProbabilities) {
+  const Scenario s = mesh_dense();
+  const auto& m = s.model;
+  MeshOptions ulysses = mesh({.dp = 2, .cp = 2});
+  ulysses.cp_algo = CpAlgo::ulysses;
+  for (const MeshOptions& engine : {mesh({.tp = 2}), ulysses}) {
+    MeshOptions flash = engine;
+    flash.attention = AttentionKernel::flash;
+    const double heads = static_cast<double>(m.heads) / engine.shape.tp / engine.shape.cp;
+    const double probs = heads * m.seq_len * m.seq_len, lse = heads * m.seq_len;
+    const auto elems = [&](const MeshOptions& o, ref::Recompute r) {
+      return mesh_block_activation_elems(m, o, 0, r);
+    };
+    using ref::Recompute;
+    EXPECT_DOUBLE_EQ(elems(flash, Recompute::kNone), elems(engine, Recompute::kNone) - probs + lse);
+    EXPECT_DOUBLE_EQ(elems(flash, Recompute::kSelective),
+                     elems(engine, Recompute::kSelective) + lse);
+    EXPECT_DOUBLE_EQ(elems(flash, Recompute::kFull), elems(engine, Recompute::kFull));
+    EXPECT_LT(mesh_ledger(m, s.train, flash, 0).activation_peak,
+              mesh_ledger(m, s.train, engine, 0).activation_peak);
+  }
+  MeshOptions ring = mesh({.dp = 2, .cp = 2});
+  MeshOptions ring_flash = ring;
+  ring_flash.attention = AttentionKernel::flash;
+  EXPECT_EQ(mesh_block_activation_elems(m, ring_flash, 0, ref::Recompute::kNone),
+            mesh_block_activation_elems(m, ring, 0, ref::Recompute::kNone));
+  MeshOptions refused = mesh({.dp = 2});
+  refused.attention = AttentionKernel::flash;
+  try {
+    mesh_run(s, refused);
+    ADD_FAILURE() << "the engine ran a flash kernel it does not have";
+  } catch (const std::exception& e) {  // the world names the rank that threw
+    EXPECT_NE(std::string(e.what()).find("flash is a planning input"), std::string::npos)
+        << e.what();
+  }
+}
+
 // The rank order moves ranks, not coordinates: every stage's fullest row is the same under another
 // order (the search computes a mesh's ledger once for all its orders).
 TEST(MeshLedger, TheFullestRowDoesNotDependOnTheRankOrder) {
