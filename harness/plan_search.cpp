@@ -274,6 +274,7 @@ SearchResult search_plans(const Scenario& s, const SearchOptions& o) {
   const auto t0 = Clock::now();
   SearchResult r;
   r.scenario = s.name;
+  r.attention_kernel = s.plan.attention_kernel;
   r.world = o.world > 0 ? o.world : s.parallel.mesh.world_size();
   r.max_cp = o.max_cp;
   if (o.world < 0 || r.world < 1 || r.world > comm::kMaxWorldSize)
@@ -596,6 +597,7 @@ nlohmann::json search_json(const SearchResult& r) {
   }
   return {{"world_size", r.world},
           {"global_batch", r.global_batch},
+          {"attention_kernel", r.attention_kernel},
           {"device_memory_bytes", r.device_memory_bytes},
           {"meshes",
            {{"considered", r.meshes}, {"not_built", r.meshes_not_built}, {"max_cp", r.max_cp}}},

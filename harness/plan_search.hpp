@@ -72,6 +72,7 @@ struct FamilyBest {
 
 struct SearchResult {
   std::string scenario;
+  std::string attention_kernel = "engine";  // the scenario's plan.attention_kernel
   int world = 0;
   int global_batch = 0;
   double device_memory_bytes = 0;

@@ -376,6 +376,7 @@ TEST(PlanSearch, CommandLine) {
   const json j = json::parse(out.substr(out.find('{')));
   const json& s = j.at("search");
   EXPECT_EQ(s.at("world_size"), 8);
+  EXPECT_EQ(s.at("attention_kernel"), "engine");
   ASSERT_FALSE(s.at("top").empty());
   EXPECT_EQ(s.at("top")[0].at("rank"), 1);
   EXPECT_EQ(s.at("best"), s.at("top")[0].at("config"));
