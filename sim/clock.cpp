@@ -420,11 +420,10 @@ std::unique_ptr<comm::Communicator> SymmetricClock::do_split(int color, int key,
     return small ? by_index[static_cast<std::size_t>(c)] : by_map[c];
   };
   std::vector<std::pair<int, int>> own;  // (key, group rank) of this rank's colour
-  const int per_node = s.topology.ranks_per_node;
   for (int r = 0; r < n; ++r) {
     const int c = colors[static_cast<std::size_t>(r)];
     if (c < 0) continue;
-    const int node = members_[static_cast<std::size_t>(r)] / per_node;
+    const int node = sim::node_of(s.topology, members_[static_cast<std::size_t>(r)]);
     Group& g = group_of(c);
     if (g.size++ == 0) g.node = node;
     g.inter = g.inter || node != g.node;

@@ -37,9 +37,9 @@ void Topology::validate() const {
 LinkCost group_link(const Topology& t, std::span<const int> world_ranks) {
   bool inter = false;
   if (!world_ranks.empty()) {
-    const int node = world_ranks[0] / t.ranks_per_node;
+    const int node = node_of(t, world_ranks[0]);
     inter = std::any_of(world_ranks.begin(), world_ranks.end(),
-                        [&](int r) { return r / t.ranks_per_node != node; });
+                        [&](int r) { return node_of(t, r) != node; });
   }
   return link_cost(t, inter);
 }

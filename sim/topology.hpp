@@ -41,6 +41,10 @@ struct LinkCost {
   double beta = 0;   // seconds per byte (1 / bandwidth)
   bool inter_node = false;
 };
+// The node world rank r sits on (Topology::ranks_per_node).
+inline int node_of(const Topology& t, int world_rank) {
+  return world_rank / t.ranks_per_node;
+}
 LinkCost group_link(const Topology& t, std::span<const int> world_ranks);
 // The intra-node or the inter-node link's cost (what group_link gives a group within one node, or
 // one that crosses nodes).
