@@ -310,16 +310,19 @@ std::vector<int> distinct_stages(const ref::ModelConfig& m, const ParallelSpec& 
 
 std::vector<StageLowerBound> stage_lower_bounds(const Scenario& s, const ParallelSpec& p, int dp,
                                                 int global_batch, const PlanOptions& o,
-                                                bool every_stage) {
+                                                bool every_stage,
+                                                std::shared_ptr<sim::SplitMemo> splits) {
   const TimedSkeleton t = timed_skeleton(s, p, dp, global_batch, o);
+  if (!splits) splits = sim::make_split_memo();
   std::vector<int> reps = representatives(p, dp).reps;
   if (!every_stage) reps = distinct_stages(s.model, p, reps);
   std::vector<StageLowerBound> out;
   for (const int rep : reps) {
     sim::SymmetricClock c(t.world, t.topology, t.skeleton.splits(), rep);
     c.list_groups(Skeleton::block_groups());
+    c.share_splits(splits);
     c.bound_only();
-    t.skeleton.run(c);
+    t.skeleton.run_bound(c);
     StageLowerBound b;
     const std::vector<sim::ClockStep> steps = c.steps();
     for (const sim::ClockStep& st : steps) {
@@ -350,8 +353,11 @@ double stage_bound(const Scenario& s, const ParallelSpec& p, int global_batch,
   // through the listed bound, which leaves those out.
   const bool sharded = p.shards_params();
   const auto pick = [&](const StageLowerBound& b) { return sharded ? b.listed : b.forced; };
-  const std::vector<StageLowerBound> a = stage_lower_bounds(s, p, dp, dp * mb * m1, o);
-  const std::vector<StageLowerBound> b = stage_lower_bounds(s, p, dp, dp * mb * 2 * m1, o);
+  const std::shared_ptr<sim::SplitMemo> splits = sim::make_split_memo();
+  const std::vector<StageLowerBound> a =
+      stage_lower_bounds(s, p, dp, dp * mb * m1, o, false, splits);
+  const std::vector<StageLowerBound> b =
+      stage_lower_bounds(s, p, dp, dp * mb * 2 * m1, o, false, splits);
   double bound = 0;
   for (std::size_t i = 0; i < a.size(); ++i)
     bound =

@@ -160,8 +160,10 @@ double Skeleton::hardware_flops_per_step() const {
 // reductions) without any data.
 class SkeletonRun {
  public:
-  SkeletonRun(const Skeleton& k, comm::Communicator& world)
-      : k_(k),
+  // memo: world itself when it is a bound_only clock whose blocks are replayed (run_bound).
+  SkeletonRun(const Skeleton& k, comm::Communicator& world, sim::SymmetricClock* memo = nullptr)
+      : memo_(memo),
+        k_(k),
         sp_(k.spec_),
         world_(world),
         data_(&world),
@@ -400,6 +402,15 @@ class SkeletonRun {
     if (residency_) residency_->end();
   }
 
+  // One sequence's block of this layer (run_bound: each kind of block once per run, replayed
+  // after: a block issues the same ops for every layer of its kind and waits what it issues).
+  void block(int layer, bool forward) {
+    const auto ops = [&] { forward ? seq_->block_forward(layer) : seq_->block_backward(layer); };
+    if (!memo_) return ops();
+    memo_->memo_region(2 * std::uint64_t{forward} + std::uint64_t{sp_.model.is_moe_layer(layer)},
+                       ops);
+  }
+
   // MeshImpl::forward.
   void forward(int mb, int chunk) {
     const int mbs = sp_.train.micro_batch;
@@ -412,7 +423,7 @@ class SkeletonRun {
     }
     for (int layer = first; layer < last; ++layer) {
       use();
-      for (int i = 0; i < mbs; ++i) seq_->block_forward(layer);
+      for (int i = 0; i < mbs; ++i) block(layer, true);
     }
     if (vs == last_virtual_stage()) {
       use();  // the head
@@ -453,8 +464,8 @@ class SkeletonRun {
     for (int layer = last_layer - 1; layer >= first; --layer) {
       use();
       for (int i = 0; i < mbs; ++i) {
-        if (sp_.train.recompute == ref::Recompute::kFull) seq_->block_forward(layer);
-        seq_->block_backward(layer);
+        if (sp_.train.recompute == ref::Recompute::kFull) block(layer, true);
+        block(layer, false);
       }
       const std::string prefix = "layers." + std::to_string(layer) + ".";
       complete([&](const LocalParam& p) { return p.name.rfind(prefix, 0) == 0; });
@@ -639,6 +650,7 @@ class SkeletonRun {
     world_.compute(costs::adamw(static_cast<double>(owned), sp_.recipe));
   }
 
+  sim::SymmetricClock* memo_;
   const Skeleton& k_;
   const SkeletonSpec& sp_;
   comm::Communicator& world_;
@@ -677,6 +689,10 @@ class SkeletonRun {
 
 void Skeleton::run(comm::Communicator& dp) const {
   SkeletonRun(*this, dp).run();
+}
+
+void Skeleton::run_bound(sim::SymmetricClock& clock) const {
+  SkeletonRun(*this, clock, &clock).run();
 }
 
 }  // namespace shardcheck::harness

@@ -9,6 +9,7 @@
 #include <deque>
 #include <exception>
 #include <map>
+#include <optional>
 #include <set>
 #include <stdexcept>
 #include <string_view>
@@ -91,6 +92,14 @@ struct ClockState {
   std::shared_ptr<StageHub> hub;    // StageWorld representatives only
   std::vector<std::string> listed;  // SymmetricClock::list_groups
   bool bound_only = false;          // SymmetricClock::bound_only
+  // SymmetricClock::memo_region: per key, what the region added to its step, and to `compute`.
+  struct Region {
+    double compute_busy = 0, comm_busy = 0, forced_busy = 0, forced_listed = 0, compute = 0;
+    std::size_t comm_ops = 0;
+  };
+  std::map<std::uint64_t, Region> regions;
+  std::size_t split_calls = 0;           // splits so far (their place in the program)
+  std::shared_ptr<SplitMemo> split_memo;  // SymmetricClock::share_splits
   double now() const { return std::max(compute, comm_free); }
   ClockStep* current() { return steps.empty() ? nullptr : &steps.back(); }
 };
@@ -241,6 +250,46 @@ void SymmetricClock::bound_only() {
   state_->bound_only = true;
 }
 
+bool SymmetricClock::replay_region(std::uint64_t key) {
+  ClockState& s = *state_;
+  if (!s.bound_only || s.steps.empty()) return false;
+  const auto found = s.regions.find(key);
+  if (found == s.regions.end()) return false;
+  const ClockState::Region& g = found->second;
+  ClockStep& st = s.steps.back();
+  st.compute_busy += g.compute_busy;
+  st.comm_busy += g.comm_busy;
+  st.comm_ops += g.comm_ops;
+  st.forced_busy += g.forced_busy;
+  st.forced_listed += g.forced_listed;
+  s.compute += g.compute;
+  ++s.events;
+  return true;
+}
+
+SymmetricClock::RegionMark SymmetricClock::region_mark() const {
+  const ClockState& s = *state_;
+  if (!s.bound_only || s.steps.empty()) return {};
+  return {true, s.steps.back(), s.steps.size(), s.events, s.compute};
+}
+
+void SymmetricClock::record_region(std::uint64_t key, const RegionMark& mark) {
+  ClockState& s = *state_;
+  if (!mark.record) return;
+  if (s.steps.size() != mark.steps)
+    throw std::logic_error("SymmetricClock: a memoised region spans a step boundary");
+  if (s.events == mark.events)
+    throw std::logic_error("SymmetricClock: a memoised region holds no compute op or message");
+  const ClockStep& before = mark.step;
+  const ClockStep& after = s.steps.back();
+  s.regions.emplace(key, ClockState::Region{after.compute_busy - before.compute_busy,
+                                            after.comm_busy - before.comm_busy,
+                                            after.forced_busy - before.forced_busy,
+                                            after.forced_listed - before.forced_listed,
+                                            s.compute - mark.compute,
+                                            after.comm_ops - before.comm_ops});
+}
+
 double SymmetricClock::meet(double arrival, std::string_view op, std::string_view detail) {
   const std::uint64_t seq = seq_++;
   if (stages_spanned() == 1) return arrival;
@@ -383,80 +432,131 @@ comm::WorkPtr SymmetricClock::do_barrier() {
   return collective(sim::OpKind::barrier, 0);
 }
 
+namespace {
+
+// One split of a group: every member's colour, and per colour (ascending) its size and whether it
+// crosses nodes (sim::group_link: a member on another node than its first).
+struct SplitGroup {
+  int color = 0;
+  std::size_t size = 0;
+  int node = 0;
+  bool inter = false;
+};
+
+}  // namespace
+
+struct SplitLayout {
+  std::vector<int> colors;  // per member (group rank)
+  std::vector<SplitGroup> groups;
+  bool uneven = false;    // groups of different sizes or links
+  sim::LinkCost worst{};  // the slowest group's link
+  const SplitGroup* find(int color) const {
+    const auto it = std::lower_bound(groups.begin(), groups.end(), color,
+                                     [](const SplitGroup& g, int c) { return g.color < c; });
+    return it != groups.end() && it->color == color ? &*it : nullptr;
+  }
+};
+
+struct SplitMemo {
+  // (the split's place in the program, the members of the group it splits)
+  std::map<std::pair<std::size_t, std::vector<int>>, SplitLayout> layouts;
+};
+
+std::shared_ptr<SplitMemo> make_split_memo() {
+  return std::make_shared<SplitMemo>();
+}
+
+namespace {
+
+// The colours once per member, in one pass: a vector of groups by colour when every colour is
+// below the member count (a mesh's splits: group indices), else a map. Either way by ascending
+// colour.
+SplitLayout split_layout(const SplitRule& rule, const std::vector<int>& members,
+                         const sim::Topology& topology) {
+  SplitLayout out;
+  const auto n = static_cast<int>(members.size());
+  out.colors.resize(members.size());
+  bool small = true;
+  for (int r = 0; r < n; ++r) {
+    const int c = rule.color(r);
+    out.colors[static_cast<std::size_t>(r)] = c;
+    small = small && c < n;
+  }
+  std::vector<SplitGroup> by_index(small ? members.size() : 0);
+  std::map<int, SplitGroup> by_map;
+  for (int r = 0; r < n; ++r) {
+    const int c = out.colors[static_cast<std::size_t>(r)];
+    if (c < 0) continue;
+    const int node = sim::node_of(topology, members[static_cast<std::size_t>(r)]);
+    SplitGroup& g = small ? by_index[static_cast<std::size_t>(c)] : by_map[c];
+    if (g.size++ == 0) {
+      g.color = c;
+      g.node = node;
+    }
+    g.inter = g.inter || node != g.node;
+  }
+  for (const SplitGroup& g : by_index)
+    if (g.size > 0) out.groups.push_back(g);
+  for (const auto& [c, g] : by_map) out.groups.push_back(g);
+  for (std::size_t i = 0; i < out.groups.size(); ++i) {
+    const SplitGroup& g = out.groups[i];
+    const sim::LinkCost l = sim::link_cost(topology, g.inter);
+    if (i == 0) {
+      out.worst = l;
+    } else if (!same_link(l, out.worst) || g.size != out.groups.front().size) {
+      out.uneven = true;
+      if (l.beta > out.worst.beta || (l.beta == out.worst.beta && l.alpha > out.worst.alpha))
+        out.worst = l;
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+void SymmetricClock::share_splits(std::shared_ptr<SplitMemo> memo) {
+  state_->split_memo = std::move(memo);
+}
+
 std::unique_ptr<comm::Communicator> SymmetricClock::do_split(int color, int key,
                                                              const comm::SplitOptions& o) {
   ClockState& s = *state_;
   if (s.splits.empty())
     throw std::logic_error("SymmetricClock: split called without a SplitRule for it");
-  const SplitRule rule = s.splits.front();
+  const SplitRule rule = std::move(s.splits.front());
   s.splits.pop_front();
+  const std::size_t place = s.split_calls++;
   if (rule.color(rank_) != color || rule.key(rank_) != key)
     throw std::logic_error("SymmetricClock: split arguments differ from the stated rule");
   // A split synchronises (SimWorld: a zero-cost collective whose end the compute clock joins).
   const double end = meet(s.now(), "split", o.name);
   s.comm_free = end;
   s.compute = std::max(s.compute, end);
-  // Each colour's group: its size and whether it crosses nodes (sim::group_link: a member on
-  // another node than its first), in one pass over the members.
-  struct Group {
-    std::size_t size = 0;
-    int node = 0;
-    bool inter = false;
-  };
-  // The colours, once per member; a vector of groups by colour when every colour is below the
-  // member count (a mesh's splits: group indices), else a map. Either way by ascending colour.
-  const int n = size();
-  thread_local std::vector<int> colors;
-  colors.resize(static_cast<std::size_t>(n));
-  bool small = true;
-  for (int r = 0; r < n; ++r) {
-    const int c = rule.color(r);
-    colors[static_cast<std::size_t>(r)] = c;
-    small = small && c < n;
+  std::optional<SplitLayout> own_layout;
+  const SplitLayout* layout = nullptr;
+  if (s.split_memo) {
+    const auto k = std::pair{place, members_};
+    auto it = s.split_memo->layouts.find(k);
+    if (it == s.split_memo->layouts.end())
+      it = s.split_memo->layouts.emplace(k, split_layout(rule, members_, s.topology)).first;
+    layout = &it->second;
+  } else {
+    layout = &own_layout.emplace(split_layout(rule, members_, s.topology));
   }
-  std::vector<Group> by_index(small ? static_cast<std::size_t>(n) : 0);
-  std::map<int, Group> by_map;
-  const auto group_of = [&](int c) -> Group& {
-    return small ? by_index[static_cast<std::size_t>(c)] : by_map[c];
-  };
-  std::vector<std::pair<int, int>> own;  // (key, group rank) of this rank's colour
-  for (int r = 0; r < n; ++r) {
-    const int c = colors[static_cast<std::size_t>(r)];
-    if (c < 0) continue;
-    const int node = sim::node_of(s.topology, members_[static_cast<std::size_t>(r)]);
-    Group& g = group_of(c);
-    if (g.size++ == 0) g.node = node;
-    g.inter = g.inter || node != g.node;
-    if (c == color) own.push_back({rule.key(r), r});
-  }
-  std::vector<const Group*> groups;  // the non-empty ones, by ascending colour
-  for (const Group& g : by_index)
-    if (g.size > 0) groups.push_back(&g);
-  for (const auto& [c, g] : by_map) groups.push_back(&g);
-  const auto link_of = [&](const Group& g) { return sim::link_cost(s.topology, g.inter); };
-  sim::LinkCost worst{};
-  std::size_t first_size = 0;
-  bool first = true;
-  for (const Group* gp : groups) {
-    const Group& g = *gp;
-    const sim::LinkCost l = link_of(g);
-    if (first) {
-      worst = l;
-      first_size = g.size;
-      first = false;
-    } else if (!same_link(l, worst) || g.size != first_size) {
-      if (s.asymmetry.empty())
-        s.asymmetry = "split \"" + o.name + "\" makes groups of different sizes or links";
-      if (l.beta > worst.beta || (l.beta == worst.beta && l.alpha > worst.alpha)) worst = l;
-    }
-  }
+  if (layout->uneven && s.asymmetry.empty())
+    s.asymmetry = "split \"" + o.name + "\" makes groups of different sizes or links";
   if (color < 0) return nullptr;
+  std::vector<std::pair<int, int>> own;  // (key, group rank) of this rank's colour
+  const int n = size();
+  for (int r = 0; r < n; ++r)
+    if (layout->colors[static_cast<std::size_t>(r)] == color) own.push_back({rule.key(r), r});
   std::sort(own.begin(), own.end());
   std::vector<int> mine;
+  mine.reserve(own.size());
   for (const auto& [k, r] : own) mine.push_back(members_[static_cast<std::size_t>(r)]);
-  sim::LinkCost link = link_of(group_of(color));
-  if (!s.asymmetry.empty())
-    link = worst;  // ranks differ: charge the slowest group (an upper bound)
+  // Ranks differ: charge the slowest group (an upper bound).
+  const sim::LinkCost link =
+      layout->uneven ? layout->worst : sim::link_cost(s.topology, layout->find(color)->inter);
   const int me = world_rank();
   const int r = static_cast<int>(std::find(mine.begin(), mine.end(), me) - mine.begin());
   const std::string name = (o.name.empty() ? "split" : o.name) + comm::rank_list(mine);

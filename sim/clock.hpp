@@ -58,6 +58,11 @@ struct ClockStep {
 };
 
 struct ClockState;
+struct SplitMemo;
+// What the splits of one program made on one world and topology, for clocks that run that same
+// program with the same SplitRules (SymmetricClock::share_splits): each rule is evaluated over a
+// group's members once for all of them.
+std::shared_ptr<SplitMemo> make_split_memo();
 struct StageHub;
 struct WaitSite;
 
@@ -91,6 +96,25 @@ class SymmetricClock final : public comm::Communicator {
   // its event (it is not timed), so step times and comm_busy leave messages out. Called before
   // the program runs; not on a stage representative.
   void bound_only();
+  // Splits as recorded in (or recorded into) `memo`, shared with the other clocks of the same
+  // world, topology and SplitRules (make_split_memo); called before the program splits.
+  void share_splits(std::shared_ptr<SplitMemo> memo);
+  // Runs `ops` (a region of this clock's program) and returns; on a bound_only clock, a region
+  // under a key met before is not run again: what it added to the step the first time
+  // (compute_busy, comm_busy, comm_ops, forced_busy, forced_listed) is added again, and it counts
+  // as an event (it holds one). Exact when every region under one key issues the same ops with
+  // the same costs (the caller's keys) and waits every work it issues, and none issued before it:
+  // its sums then depend only on its own ops (a collective's forced seconds are its own; one
+  // pending from before is not forced across the region's compute op or message). Throws
+  // std::logic_error when a region under a key holds no compute op or message, or spans a step
+  // boundary. Not for time: the clock's now() only moves by the region's compute.
+  template <class Ops>
+  void memo_region(std::uint64_t key, Ops&& ops) {
+    if (replay_region(key)) return;
+    const RegionMark mark = region_mark();
+    ops();
+    record_region(key, mark);
+  }
 
  protected:
   comm::WorkPtr do_all_reduce(comm::ConstBuffer send, comm::Buffer recv,
@@ -116,6 +140,18 @@ class SymmetricClock final : public comm::Communicator {
  private:
   SymmetricClock(std::shared_ptr<ClockState> state, std::vector<int> members, int rank,
                  std::string name, sim::LinkCost link, bool listed);
+  // memo_region's parts: adds the region recorded under key (false: none, or not bound_only);
+  // the step's sums before a region; records what the region since `mark` added.
+  struct RegionMark {
+    bool record = false;
+    ClockStep step;
+    std::size_t steps = 0;
+    std::uint64_t events = 0;
+    double compute = 0;
+  };
+  bool replay_region(std::uint64_t key);
+  RegionMark region_mark() const;
+  void record_region(std::uint64_t key, const RegionMark& mark);
   // A collective on this group whose cost-formula S is `bytes` (sim/README.md's table).
   comm::WorkPtr collective(sim::OpKind k, double bytes);
   comm::WorkPtr p2p(const comm::ConstBuffer& b, int peer, int tag, bool send);

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdint>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -126,6 +127,71 @@ TEST(SymmetricClock, ForcedBusyIsComputeAndTheCollectivesWaitedAtOnce) {
   EXPECT_EQ(b.steps().at(0).forced_busy, st.forced_busy);
   EXPECT_EQ(b.steps().at(0).forced_listed, st.forced_listed);
   EXPECT_LT(b.steps().at(0).comm_busy, st.comm_busy);  // the message is not timed
+}
+
+// A region memoised on a bound_only clock (SymmetricClock::memo_region) is run once per key and
+// replayed after: the step's sums are those of running it every time, also with a collective
+// pending from before the region (the region's compute leaves it out either way). A clock that is
+// not bound_only runs every region; a region with no compute op or message, or one crossing a
+// step boundary, is refused.
+TEST(SymmetricClock, AMemoisedRegionAddsWhatItAddedTheFirstTime) {
+  const sim::Topology t = topology();
+  const auto halves = [](int r) { return r / 2; };
+  const auto same = [](int r) { return r; };
+  int ran = 0;
+  const auto program = [&](sim::SymmetricClock& c, bool memo) {
+    c.list_groups({"in-block"});
+    const auto tp = c.split(0, 0, {.name = "in-block"});
+    c.begin_step(1);
+    for (int i = 0; i < 4; ++i) {
+      comm::WorkPtr pending = c.all_reduce(null(1 << 22, comm::DType::f32));
+      const auto region = [&](int kind) {
+        ++ran;
+        tp->all_reduce(null(1 << 20, comm::DType::f32))->wait();
+        c.compute({.name = "block", .flops = kind == 0 ? 1e12 : 3e12, .bytes = 1e9});
+        c.all_reduce(null(1 << 18, comm::DType::f32))->wait();
+        tp->send(null(8, comm::DType::f32), 1)->wait();
+      };
+      for (const int kind : {0, 1, 0})
+        if (memo)
+          c.memo_region(static_cast<std::uint64_t>(kind), [&] { region(kind); });
+        else
+          region(kind);
+      pending->wait();
+    }
+  };
+  sim::SymmetricClock plain(kPerStage, t, {{halves, same}});
+  plain.bound_only();
+  program(plain, false);
+  ran = 0;
+  sim::SymmetricClock memo(kPerStage, t, {{halves, same}});
+  memo.bound_only();
+  program(memo, true);
+  EXPECT_EQ(ran, 2);  // each kind once
+  const sim::ClockStep a = plain.steps().at(0), b = memo.steps().at(0);
+  EXPECT_GT(a.forced_listed, 0);
+  EXPECT_LT(a.forced_listed, a.forced_busy);
+  EXPECT_NEAR(b.forced_busy, a.forced_busy, 1e-12 * a.forced_busy);
+  EXPECT_NEAR(b.forced_listed, a.forced_listed, 1e-12 * a.forced_listed);
+  EXPECT_NEAR(b.compute_busy, a.compute_busy, 1e-12 * a.compute_busy);
+  EXPECT_EQ(b.comm_ops, a.comm_ops);
+  // Not bound_only: every region runs.
+  ran = 0;
+  sim::SymmetricClock timed(kPerStage, t, {{halves, same}});
+  program(timed, true);
+  EXPECT_EQ(ran, 12);
+  // No event inside, or a step boundary inside: refused.
+  sim::SymmetricClock c(kPerStage, t);
+  c.bound_only();
+  c.begin_step(1);
+  EXPECT_THROW(c.memo_region(0, [&] { c.all_reduce(null(8, comm::DType::f32))->wait(); }),
+               std::logic_error);
+  EXPECT_THROW(c.memo_region(1,
+                             [&] {
+                               c.compute({.name = "x", .flops = 1});
+                               c.begin_step(2);
+                             }),
+               std::logic_error);
 }
 
 // forced_listed counts compute and the forced collectives of the groups split under a listed
