@@ -230,7 +230,7 @@ StepEval evaluate(const Scenario& s, const ParallelSpec& p, int dp, int global_b
   } else if (const Representatives reps = representatives(p, dp); reps.reps.size() > 1) {
     const auto run = [&](const sim::Topology& t) {
       sim::StageWorld w(world, t, k.splits(), reps.class_of, reps.reps);
-      w.run([&](comm::Communicator& c) { k.run(c); });
+      w.run([&](sim::SymmetricClock& c) { k.run_replaying(c); });
       return w;
     };
     const sim::StageWorld w = run(topo);
@@ -265,7 +265,7 @@ StepEval evaluate(const Scenario& s, const ParallelSpec& p, int dp, int global_b
     }
   } else {
     sim::SymmetricClock c(world, topo, k.splits());
-    k.run(c);
+    k.run_replaying(c);
     const std::vector<sim::ClockStep> steps = c.steps();
     for (const sim::ClockStep& st : steps) {
       e.step_time_s += st.seconds();
@@ -322,7 +322,7 @@ std::vector<StageLowerBound> stage_lower_bounds(const Scenario& s, const Paralle
     c.list_groups(Skeleton::block_groups());
     c.share_splits(splits);
     c.bound_only();
-    t.skeleton.run_bound(c);
+    t.skeleton.run_replaying(c);
     StageLowerBound b;
     const std::vector<sim::ClockStep> steps = c.steps();
     for (const sim::ClockStep& st : steps) {

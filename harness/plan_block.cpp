@@ -60,11 +60,10 @@ void SequenceOps::ring_attention(bool forward) {
   const double n = rows(), d = s_.model->head_dim();
   const int heads = local_heads(), kv = local_kv_heads();
   if (ring_forward_.empty()) {
-    const std::vector<int64_t> own = s_.layout->cp_rows(r);
-    const int64_t chunk = costs::ring_chunk(s_.layout->seq_len(), p);
+    const auto own = s_.layout->cp_chunks(r);
     for (int step = 0; step < p; ++step) {
       const double pairs =
-          costs::ring_block_pairs(own, s_.layout->cp_rows((r - step + p) % p), chunk, false);
+          costs::ring_run_pairs(own, s_.layout->cp_chunks((r - step + p) % p), false);
       ring_forward_.push_back(costs::ring_forward(pairs, n, heads, kv, d, s_.elem));
       ring_backward_.push_back(costs::ring_backward(pairs, n, heads, kv, d, s_.elem));
     }

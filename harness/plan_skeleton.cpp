@@ -160,7 +160,7 @@ double Skeleton::hardware_flops_per_step() const {
 // reductions) without any data.
 class SkeletonRun {
  public:
-  // memo: world itself when it is a bound_only clock whose blocks are replayed (run_bound).
+  // memo: world itself when it is a clock whose blocks may be replayed (run_replaying).
   SkeletonRun(const Skeleton& k, comm::Communicator& world, sim::SymmetricClock* memo = nullptr)
       : memo_(memo),
         k_(k),
@@ -402,8 +402,9 @@ class SkeletonRun {
     if (residency_) residency_->end();
   }
 
-  // One sequence's block of this layer (run_bound: each kind of block once per run, replayed
-  // after: a block issues the same ops for every layer of its kind and waits what it issues).
+  // One sequence's block of this layer (run_replaying: each kind of block once per run, replayed
+  // after: a block issues the same ops for every layer of its kind, waits what it issues, and
+  // its groups are inside the stage).
   void block(int layer, bool forward) {
     const auto ops = [&] { forward ? seq_->block_forward(layer) : seq_->block_backward(layer); };
     if (!memo_) return ops();
@@ -691,7 +692,7 @@ void Skeleton::run(comm::Communicator& dp) const {
   SkeletonRun(*this, dp).run();
 }
 
-void Skeleton::run_bound(sim::SymmetricClock& clock) const {
+void Skeleton::run_replaying(sim::SymmetricClock& clock) const {
   SkeletonRun(*this, clock, &clock).run();
 }
 

@@ -66,10 +66,10 @@ class Skeleton {
   std::vector<sim::SplitRule> splits() const;
   // Issues spec().steps steps on this rank of the world (dp x tp ranks).
   void run(comm::Communicator& world) const;
-  // run() on a sim::SymmetricClock in bound_only mode, each kind of block (forward or backward,
-  // dense or MoE) issued once and replayed for every other layer and sequence
-  // (SymmetricClock::memo_region): the same forced sums, without the blocks' ops each time.
-  void run_bound(sim::SymmetricClock& clock) const;
+  // run() on a sim::SymmetricClock (alone or a StageWorld's representative), each kind of block
+  // (forward or backward, dense or MoE) issued once and replayed for the other layers and
+  // sequences where the clock allows (SymmetricClock::memo_region): the same sums and times.
+  void run_replaying(sim::SymmetricClock& clock) const;
   // The names of the groups whose collectives run inside a microbatch's blocks and are waited
   // where the block's own program waits them, whatever the schedule (tp, tp-kv, cp, ep): a
   // sim::SymmetricClock::list_groups list (the data-parallel groups' are not among them).

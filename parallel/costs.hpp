@@ -107,6 +107,16 @@ inline comm::ComputeCost flash_backward(const UlyssesShape& a, double elem) {
 inline int64_t ring_chunk(int64_t seq_len, int cp) {
   return seq_len / (2 * int64_t{cp});
 }
+// The same from the runs themselves ([begin, end) of global rows, none across a chunk boundary:
+// TokenLayout::cp_chunks).
+inline double ring_run_pairs(std::span<const std::pair<int64_t, int64_t>> q_runs,
+                             std::span<const std::pair<int64_t, int64_t>> k_runs, bool unmasked) {
+  double pairs = 0;
+  for (const auto& [qb, qe] : q_runs)
+    for (const auto& [kb, ke] : k_runs)
+      if (unmasked || kb <= qe - 1) pairs += static_cast<double>((qe - qb) * (ke - kb));
+  return pairs;
+}
 inline double ring_block_pairs(std::span<const int64_t> q_rows, std::span<const int64_t> k_rows,
                                int64_t chunk, bool unmasked) {
   const auto runs = [chunk](std::span<const int64_t> rows) {
@@ -119,11 +129,7 @@ inline double ring_block_pairs(std::span<const int64_t> q_rows, std::span<const 
     }
     return out;
   };
-  double pairs = 0;
-  for (const auto& [qb, qe] : runs(q_rows))
-    for (const auto& [kb, ke] : runs(k_rows))
-      if (unmasked || kb <= qe - 1) pairs += static_cast<double>((qe - qb) * (ke - kb));
-  return pairs;
+  return ring_run_pairs(runs(q_rows), runs(k_rows), unmasked);
 }
 // The ring step's kernels over those pairs for `heads` query and `kv_heads` key/value heads of
 // width d, n query rows: the forward reads q and the K/V block and updates the accumulator; the

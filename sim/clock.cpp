@@ -92,12 +92,15 @@ struct ClockState {
   std::shared_ptr<StageHub> hub;    // StageWorld representatives only
   std::vector<std::string> listed;  // SymmetricClock::list_groups
   bool bound_only = false;          // SymmetricClock::bound_only
-  // SymmetricClock::memo_region: per key, what the region added to its step, and to `compute`.
+  // SymmetricClock::memo_region: per key, what the region added to its step; compute,
+  // comm_free: the streams' ends after it, from the compute stream's time before it.
   struct Region {
-    double compute_busy = 0, comm_busy = 0, forced_busy = 0, forced_listed = 0, compute = 0;
+    double compute_busy = 0, comm_busy = 0, forced_busy = 0, forced_listed = 0, compute = 0,
+           comm_free = 0;
     std::size_t comm_ops = 0;
   };
   std::map<std::uint64_t, Region> regions;
+  std::uint64_t stage_meets = 0;  // ops met with other stages' representatives so far
   std::size_t split_calls = 0;           // splits so far (their place in the program)
   std::shared_ptr<SplitMemo> split_memo;  // SymmetricClock::share_splits
   double now() const { return std::max(compute, comm_free); }
@@ -252,7 +255,7 @@ void SymmetricClock::bound_only() {
 
 bool SymmetricClock::replay_region(std::uint64_t key) {
   ClockState& s = *state_;
-  if (!s.bound_only || s.steps.empty()) return false;
+  if (s.steps.empty() || (!s.bound_only && s.comm_free > s.compute)) return false;
   const auto found = s.regions.find(key);
   if (found == s.regions.end()) return false;
   const ClockState::Region& g = found->second;
@@ -262,15 +265,17 @@ bool SymmetricClock::replay_region(std::uint64_t key) {
   st.comm_ops += g.comm_ops;
   st.forced_busy += g.forced_busy;
   st.forced_listed += g.forced_listed;
-  s.compute += g.compute;
+  const double start = s.compute;
+  s.compute = start + g.compute;
+  s.comm_free = std::max(s.comm_free, start + g.comm_free);
   ++s.events;
   return true;
 }
 
 SymmetricClock::RegionMark SymmetricClock::region_mark() const {
   const ClockState& s = *state_;
-  if (!s.bound_only || s.steps.empty()) return {};
-  return {true, s.steps.back(), s.steps.size(), s.events, s.compute};
+  if (s.steps.empty() || (!s.bound_only && s.comm_free > s.compute)) return {};
+  return {true, s.steps.back(), s.steps.size(), s.events, s.stage_meets, s.compute};
 }
 
 void SymmetricClock::record_region(std::uint64_t key, const RegionMark& mark) {
@@ -280,19 +285,21 @@ void SymmetricClock::record_region(std::uint64_t key, const RegionMark& mark) {
     throw std::logic_error("SymmetricClock: a memoised region spans a step boundary");
   if (s.events == mark.events)
     throw std::logic_error("SymmetricClock: a memoised region holds no compute op or message");
+  if (s.stage_meets != mark.stage_meets) return;  // its times depend on the other stages
   const ClockStep& before = mark.step;
   const ClockStep& after = s.steps.back();
   s.regions.emplace(key, ClockState::Region{after.compute_busy - before.compute_busy,
                                             after.comm_busy - before.comm_busy,
                                             after.forced_busy - before.forced_busy,
                                             after.forced_listed - before.forced_listed,
-                                            s.compute - mark.compute,
+                                            s.compute - mark.compute, s.comm_free - mark.compute,
                                             after.comm_ops - before.comm_ops});
 }
 
 double SymmetricClock::meet(double arrival, std::string_view op, std::string_view detail) {
   const std::uint64_t seq = seq_++;
   if (stages_spanned() == 1) return arrival;
+  ++state_->stage_meets;
   const WaitSite what{op, name_, -1, detail};
   StageHub& hub = *state_->hub;
   const auto key = std::tuple{*name_, members_, seq};
@@ -336,6 +343,7 @@ comm::WorkPtr SymmetricClock::p2p(const comm::ConstBuffer& b, int peer, int tag,
   if (s.hub && s.hub->stage_of(pair[0]) != s.hub->stage_of(pair[1])) {
     // Between stages: the representatives meet (sim/p2p.cpp: the later post starts it).
     StageHub& hub = *s.hub;
+    ++s.stage_meets;
     const std::uint64_t seq = p2p_seq_[{peer, tag, send}]++;
     const auto key =
         send ? std::tuple{pair[0], pair[1], tag, seq} : std::tuple{pair[1], pair[0], tag, seq};
@@ -605,7 +613,7 @@ StageWorld::StageWorld(int ranks, const sim::Topology& topology, std::vector<Spl
 
 StageWorld::~StageWorld() = default;
 
-void StageWorld::run(const std::function<void(comm::Communicator&)>& program) {
+void StageWorld::run(const std::function<void(SymmetricClock&)>& program) {
   const std::size_t n = reps_.size();
   steps_.assign(n, {});
   times_.assign(n, {});

@@ -99,15 +99,16 @@ class SymmetricClock final : public comm::Communicator {
   // Splits as recorded in (or recorded into) `memo`, shared with the other clocks of the same
   // world, topology and SplitRules (make_split_memo); called before the program splits.
   void share_splits(std::shared_ptr<SplitMemo> memo);
-  // Runs `ops` (a region of this clock's program) and returns; on a bound_only clock, a region
-  // under a key met before is not run again: what it added to the step the first time
-  // (compute_busy, comm_busy, comm_ops, forced_busy, forced_listed) is added again, and it counts
-  // as an event (it holds one). Exact when every region under one key issues the same ops with
-  // the same costs (the caller's keys) and waits every work it issues, and none issued before it:
-  // its sums then depend only on its own ops (a collective's forced seconds are its own; one
-  // pending from before is not forced across the region's compute op or message). Throws
-  // std::logic_error when a region under a key holds no compute op or message, or spans a step
-  // boundary. Not for time: the clock's now() only moves by the region's compute.
+  // Runs `ops` (a region of this clock's program) and returns, or adds what a region under the
+  // same key added the first time: to the step (compute_busy, comm_busy, comm_ops, forced_busy,
+  // forced_listed), to the streams' ends from the compute stream's, and one event. Exact when every
+  // region under one key issues the same ops with the same costs (the caller's keys), waits every
+  // work it issues and none issued before it, and meets no other stage: its ops then start where
+  // the compute stream is (sums: a collective's forced seconds are its own, and one pending from
+  // before is not forced across the region's compute op or message). Timed (not bound_only), a
+  // region is replayed or recorded only when the comm stream is idle as it starts, and one that
+  // met another stage's representative is not recorded. Throws std::logic_error when a region
+  // holds no compute op or message, or spans a step boundary.
   template <class Ops>
   void memo_region(std::uint64_t key, Ops&& ops) {
     if (replay_region(key)) return;
@@ -140,13 +141,13 @@ class SymmetricClock final : public comm::Communicator {
  private:
   SymmetricClock(std::shared_ptr<ClockState> state, std::vector<int> members, int rank,
                  std::string name, sim::LinkCost link, bool listed);
-  // memo_region's parts: adds the region recorded under key (false: none, or not bound_only);
-  // the step's sums before a region; records what the region since `mark` added.
+  // memo_region's parts: adds the region recorded under key (false: none, or not now); the
+  // clock before a region; records what the region since `mark` added.
   struct RegionMark {
     bool record = false;
     ClockStep step;
     std::size_t steps = 0;
-    std::uint64_t events = 0;
+    std::uint64_t events = 0, stage_meets = 0;
     double compute = 0;
   };
   bool replay_region(std::uint64_t key);
@@ -187,7 +188,7 @@ class StageWorld {
   ~StageWorld();
   // Throws the first error a stage raised (std::logic_error when the stages do not match, or
   // when messages or collectives between stages were left unmatched).
-  void run(const std::function<void(comm::Communicator&)>& program);
+  void run(const std::function<void(SymmetricClock&)>& program);
   std::vector<sim::StepTime> step_times() const;
   // Per stage representative: its steps (compute and communication busy times).
   const std::vector<std::vector<ClockStep>>& stage_steps() const { return steps_; }

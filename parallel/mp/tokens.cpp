@@ -17,17 +17,20 @@ TokenLayout::TokenLayout(int64_t seq_len, int cp, int tp, bool sp)
   }
 }
 
+std::vector<std::pair<int64_t, int64_t>> TokenLayout::cp_chunks(int cp_rank) const {
+  if (cp_ == 1) return {{0, seq_len_}};
+  const int64_t chunk = seq_len_ / (2 * int64_t{cp_});
+  std::vector<std::pair<int64_t, int64_t>> out;
+  for (const int64_t c : {int64_t{cp_rank}, 2 * int64_t{cp_} - 1 - cp_rank})
+    out.emplace_back(c * chunk, (c + 1) * chunk);
+  return out;
+}
+
 std::vector<int64_t> TokenLayout::cp_rows(int cp_rank) const {
   std::vector<int64_t> out;
   out.reserve(static_cast<std::size_t>(cp_row_count()));
-  if (cp_ == 1) {
-    for (int64_t t = 0; t < seq_len_; ++t) out.push_back(t);
-    return out;
-  }
-  const int64_t chunk = seq_len_ / (2 * int64_t{cp_});
-  for (const int64_t c : {int64_t{cp_rank}, 2 * int64_t{cp_} - 1 - cp_rank}) {
-    for (int64_t t = 0; t < chunk; ++t) out.push_back(c * chunk + t);
-  }
+  for (const auto& [begin, end] : cp_chunks(cp_rank))
+    for (int64_t t = begin; t < end; ++t) out.push_back(t);
   return out;
 }
 

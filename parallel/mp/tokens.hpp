@@ -13,6 +13,7 @@
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "comm/communicator.hpp"
@@ -37,7 +38,10 @@ class TokenLayout {
   int tp() const { return tp_; }
   bool sp() const { return sp_; }
 
-  // Global rows held by CP rank `cp_rank` (before SP), in local order.
+  // The [begin, end) runs of global rows CP rank `cp_rank` holds, in local order: its two chunks
+  // (cp == 1: the whole sequence).
+  std::vector<std::pair<int64_t, int64_t>> cp_chunks(int cp_rank) const;
+  // Global rows held by CP rank `cp_rank` (before SP), in local order: its chunks' rows.
   std::vector<int64_t> cp_rows(int cp_rank) const;
   // Global rows held by (cp_rank, tp_rank) after SP (== cp_rows(cp_rank) without SP).
   std::vector<int64_t> rows(int cp_rank, int tp_rank) const;

@@ -56,7 +56,7 @@ TEST(Conformance, ThePlannerIssuesWhatTheEngineIssuesOnEveryConfiguration) {
       checked, tensor_parallel, moe_model_parallel, expert_parallel, ring);
 }
 
-// The stage bound's run (Skeleton::run_bound: each kind of block issued once and replayed on a
+// The stage bound's run (Skeleton::run_replaying: each kind of block issued once and replayed on a
 // bound_only clock) gives each stage representative the sums of the skeleton's full run on the
 // same clock: for every configuration of the parity matrix (dense and MoE layers, TP, SP, ring and
 // Ulysses CP, EP, pipelines, ZeRO and FSDP), in every precision it has.
@@ -77,7 +77,7 @@ TEST(Conformance, TheBoundsReplayedBlocksGiveTheFullRunsSums) {
           c.list_groups(Skeleton::block_groups());
           c.bound_only();
           if (replay)
-            k.run_bound(c);
+            k.run_replaying(c);
           else
             k.run(c);
           steps[replay] = c.steps();

@@ -305,7 +305,8 @@ TEST(CpAttention, UlyssesTimelineShowsTheAllToAlls) {
 
 // What the planner's one representative per stage rests on: at every ring step every CP rank
 // computes the same query-key pairs (its own block 3 chunk pairs, every other 2), for the layout
-// of any CP size; the middle rank's two adjacent chunks stay apart.
+// of any CP size; the middle rank's two adjacent chunks stay apart. The layout's chunks give the
+// same pairs.
 TEST(CpAttention, RingBlocksAreAlikeOnEveryRankAtEachStep) {
   for (const int cp : {2, 3, 4, 8, 16}) {
     const int64_t seq = 2 * cp * 6;
@@ -320,6 +321,11 @@ TEST(CpAttention, RingBlocksAreAlikeOnEveryRankAtEachStep) {
             << "cp " << cp << " step " << step << " rank " << r;
         EXPECT_EQ(costs::ring_block_pairs(own, owner, chunk, true),
                   4.0 * static_cast<double>(chunk * chunk));  // nothing skipped
+        // The planner's: the same pairs from the layout's chunks.
+        for (const bool unmasked : {false, true})
+          EXPECT_EQ(costs::ring_run_pairs(layout.cp_chunks(r),
+                                          layout.cp_chunks((r - step + cp) % cp), unmasked),
+                    costs::ring_block_pairs(own, owner, chunk, unmasked));
       }
     }
   }

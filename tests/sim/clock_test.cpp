@@ -131,9 +131,9 @@ TEST(SymmetricClock, ForcedBusyIsComputeAndTheCollectivesWaitedAtOnce) {
 
 // A region memoised on a bound_only clock (SymmetricClock::memo_region) is run once per key and
 // replayed after: the step's sums are those of running it every time, also with a collective
-// pending from before the region (the region's compute leaves it out either way). A clock that is
-// not bound_only runs every region; a region with no compute op or message, or one crossing a
-// step boundary, is refused.
+// pending from before the region (the region's compute leaves it out either way). A timed clock
+// replays a region only from an idle comm stream, with the same times. A region with no compute
+// op or message, or one crossing a step boundary, is refused.
 TEST(SymmetricClock, AMemoisedRegionAddsWhatItAddedTheFirstTime) {
   const sim::Topology t = topology();
   const auto halves = [](int r) { return r / 2; };
@@ -175,11 +175,21 @@ TEST(SymmetricClock, AMemoisedRegionAddsWhatItAddedTheFirstTime) {
   EXPECT_NEAR(b.forced_listed, a.forced_listed, 1e-12 * a.forced_listed);
   EXPECT_NEAR(b.compute_busy, a.compute_busy, 1e-12 * a.compute_busy);
   EXPECT_EQ(b.comm_ops, a.comm_ops);
-  // Not bound_only: every region runs.
+  // Timed: a region is replayed only when the comm stream is idle as it starts, so the first of
+  // each round (the pending collective still on the stream) runs each time; the step's times and
+  // sums are those of running every region.
+  sim::SymmetricClock every(kPerStage, t, {{halves, same}});
+  program(every, false);
   ran = 0;
   sim::SymmetricClock timed(kPerStage, t, {{halves, same}});
   program(timed, true);
-  EXPECT_EQ(ran, 12);
+  EXPECT_EQ(ran, 6);
+  const sim::ClockStep x = every.steps().at(0), y = timed.steps().at(0);
+  EXPECT_GT(x.seconds(), x.compute_busy);
+  EXPECT_NEAR(y.seconds(), x.seconds(), 1e-12 * x.seconds());
+  EXPECT_NEAR(y.comm_busy, x.comm_busy, 1e-12 * x.comm_busy);
+  EXPECT_NEAR(y.forced_busy, x.forced_busy, 1e-12 * x.forced_busy);
+  EXPECT_NEAR(y.compute_busy, x.compute_busy, 1e-12 * x.compute_busy);
   // No event inside, or a step boundary inside: refused.
   sim::SymmetricClock c(kPerStage, t);
   c.bound_only();
