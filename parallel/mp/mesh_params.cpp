@@ -1,6 +1,7 @@
 #include "parallel/mp/mesh_params.hpp"
 
 #include <algorithm>
+#include <array>
 #include <map>
 #include <mutex>
 #include <tuple>
@@ -100,57 +101,61 @@ std::vector<LocalParam> local_params(const ref::ModelConfig& model, const comm::
   };
   const int d = model.head_dim();
   std::vector<LocalParam> out;
-  for (const auto& [name, shape] : ref::param_shapes(model)) {
-    LocalParam p;
-    p.name = name;
-    p.global_shape = shape;
-    p.local_shape = shape;
-    const int layer = layer_of(name);
-    if (name == "embed.weight") {
-      if (!plan.has_embed && !(plan.has_head && model.tie_embeddings)) continue;
-      p.tied_copy = !plan.has_embed;
-      p.split = TpSplit::rows;
-    } else if (name == "lm_head.weight") {
-      if (!plan.has_head) continue;
-      p.split = TpSplit::columns;
-    } else if (name == "final_norm.weight") {
-      if (!plan.has_head) continue;
-      p.tp_replicated = true;
-    } else if (layer >= 0) {
-      if (!holds_layer(layer)) continue;
-      const int expert = expert_of(name);
-      if (expert >= 0) {
-        const int per = model.moe->experts / ep;
-        if (expert / per != e) continue;
-        p.expert = true;
-        p.tp_replicated = true;
-      } else if (ends_with(name, "attn.wq") || ends_with(name, "mlp.w_up")) {
-        p.split = TpSplit::columns;
-      } else if (ends_with(name, "attn.wk") || ends_with(name, "attn.wv")) {
-        p.split = TpSplit::columns;
-        // kv heads of TP rank t: [t*kv/tp, (t+1)*kv/tp), the ones its query heads read; with
-        // tp > kv, the one kv head its query heads share, replicated on tp/kv consecutive ranks.
-        const bool replicated = tp > model.kv_heads;
-        p.kv_replicas = replicated ? tp / model.kv_heads : 1;
-        const int64_t kv_cols = int64_t{replicated ? 1 : model.kv_heads / tp} * d;
-        const int64_t first = replicated ? t / p.kv_replicas : t;
-        p.offset = planted == testing::Mutation::kGqaWrongHeadMapping ? 0 : first * kv_cols;
-        p.local_shape[1] = kv_cols;
-      } else if (ends_with(name, "attn.wo") || ends_with(name, "mlp.w_down")) {
+  // param_shapes' parts in its order (embedding, layers, head), only the layers this rank holds.
+  for (int part = -1; part <= model.layers; ++part) {
+    if (part >= 0 && part < model.layers && !holds_layer(part)) continue;
+    for (const auto& [name, shape] : ref::part_param_shapes(model, part)) {
+      LocalParam p;
+      p.name = name;
+      p.global_shape = shape;
+      p.local_shape = shape;
+      const int layer = layer_of(name);
+      if (name == "embed.weight") {
+        if (!plan.has_embed && !(plan.has_head && model.tie_embeddings)) continue;
+        p.tied_copy = !plan.has_embed;
         p.split = TpSplit::rows;
-      } else {
-        p.tp_replicated = true;  // norms, router
+      } else if (name == "lm_head.weight") {
+        if (!plan.has_head) continue;
+        p.split = TpSplit::columns;
+      } else if (name == "final_norm.weight") {
+        if (!plan.has_head) continue;
+        p.tp_replicated = true;
+      } else if (layer >= 0) {
+        if (!holds_layer(layer)) continue;
+        const int expert = expert_of(name);
+        if (expert >= 0) {
+          const int per = model.moe->experts / ep;
+          if (expert / per != e) continue;
+          p.expert = true;
+          p.tp_replicated = true;
+        } else if (ends_with(name, "attn.wq") || ends_with(name, "mlp.w_up")) {
+          p.split = TpSplit::columns;
+        } else if (ends_with(name, "attn.wk") || ends_with(name, "attn.wv")) {
+          p.split = TpSplit::columns;
+          // kv heads of TP rank t: [t*kv/tp, (t+1)*kv/tp), the ones its query heads read; with
+          // tp > kv, the one kv head its query heads share, replicated on tp/kv consecutive ranks.
+          const bool replicated = tp > model.kv_heads;
+          p.kv_replicas = replicated ? tp / model.kv_heads : 1;
+          const int64_t kv_cols = int64_t{replicated ? 1 : model.kv_heads / tp} * d;
+          const int64_t first = replicated ? t / p.kv_replicas : t;
+          p.offset = planted == testing::Mutation::kGqaWrongHeadMapping ? 0 : first * kv_cols;
+          p.local_shape[1] = kv_cols;
+        } else if (ends_with(name, "attn.wo") || ends_with(name, "mlp.w_down")) {
+          p.split = TpSplit::rows;
+        } else {
+          p.tp_replicated = true;  // norms, router
+        }
       }
+      if (p.split == TpSplit::rows) {
+        p.local_shape[0] = shape[0] / tp;
+        p.offset = t * p.local_shape[0];
+      } else if (p.split == TpSplit::columns &&
+                 !(ends_with(name, "attn.wk") || ends_with(name, "attn.wv"))) {
+        p.local_shape[1] = shape[1] / tp;
+        p.offset = t * p.local_shape[1];
+      }
+      out.push_back(std::move(p));
     }
-    if (p.split == TpSplit::rows) {
-      p.local_shape[0] = shape[0] / tp;
-      p.offset = t * p.local_shape[0];
-    } else if (p.split == TpSplit::columns &&
-               !(ends_with(name, "attn.wk") || ends_with(name, "attn.wv"))) {
-      p.local_shape[1] = shape[1] / tp;
-      p.offset = t * p.local_shape[1];
-    }
-    out.push_back(std::move(p));
   }
   return out;
 }
@@ -171,31 +176,31 @@ std::shared_ptr<const std::vector<LocalParam>> shared_local_params(const ref::Mo
                                                                    const comm::DeviceMesh& mesh,
                                                                    int world_rank,
                                                                    int virtual_stages) {
-  struct Entry {
+  // What local_params reads of the mesh and the rank: the tp, ep and pp sizes and the rank's
+  // coordinates on them (not its dp or cp coordinate, nor the order).
+  using Key = std::array<int, 7>;
+  const Key key{mesh.size(comm::Axis::tp),
+                mesh.size(comm::Axis::ep),
+                mesh.size(comm::Axis::pp),
+                mesh.coord(world_rank, comm::Axis::tp),
+                mesh.coord(world_rank, comm::Axis::ep),
+                mesh.coord(world_rank, comm::Axis::pp),
+                virtual_stages};
+  struct Cache {
     ref::ModelConfig model;
-    comm::MeshShape shape;
-    std::string order;
-    int rank = 0, virtual_stages = 1;
-    std::shared_ptr<const std::vector<LocalParam>> params;
+    std::map<Key, std::shared_ptr<const std::vector<LocalParam>>> params;
+    std::size_t held = 0;  // parameters in the cache, all entries
   };
-  thread_local std::vector<Entry> cache;
-  thread_local std::size_t held = 0;  // parameters in the cache, all entries
-  const std::string order = mesh.order_string();
-  for (const Entry& e : cache)
-    if (e.rank == world_rank && e.virtual_stages == virtual_stages && e.shape == mesh.shape() &&
-        e.order == order && e.model == model)
-      return e.params;
-  // A mesh has up to pp x tp distinct ranks (1,024-rank searches: hundreds); bounded by the
-  // parameters held (names and shapes, about 100 bytes each).
-  if (held > (1U << 18)) {
-    cache.clear();
-    held = 0;
+  thread_local Cache cache;
+  // Bounded by the parameters held (names and shapes, about 100 bytes each).
+  if (!(cache.model == model) || cache.held > (1U << 18)) cache = Cache{model, {}, 0};
+  auto& slot = cache.params[key];
+  if (!slot) {
+    slot = std::make_shared<const std::vector<LocalParam>>(
+        local_params(model, mesh, world_rank, virtual_stages));
+    cache.held += slot->size();
   }
-  cache.push_back(Entry{model, mesh.shape(), order, world_rank, virtual_stages,
-                        std::make_shared<const std::vector<LocalParam>>(
-                            local_params(model, mesh, world_rank, virtual_stages))});
-  held += cache.back().params->size();
-  return cache.back().params;
+  return slot;
 }
 
 }  // namespace shardcheck::parallel

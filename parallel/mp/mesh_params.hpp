@@ -88,10 +88,11 @@ bool chunk_writes(const ref::ModelConfig& model, const StagePlan& plan, int chun
 std::vector<LocalParam> local_params(const ref::ModelConfig& model, const comm::DeviceMesh& mesh,
                                      int world_rank, int virtual_stages,
                                      testing::Mutation planted = testing::Mutation::kNone);
-// local_params (nothing planted), remembered per thread (up to 2^18 parameters) for the last inputs
-// (model, mesh shape and order, rank, virtual stages): a search asks for the same ranks' parameters
-// for every ZeRO, schedule, micro batch and recompute setting of a mesh and for each stage bound,
-// and building them (names, shapes) was most of a ledger's and a skeleton's set-up.
+// local_params (nothing planted), remembered per thread (up to 2^18 parameters) for the last model
+// by what it reads (the tp, ep and pp sizes, the rank's coordinates on them, virtual stages): a
+// search asks for the same parameters for every order, dp x cp split, ZeRO, schedule, micro batch
+// and recompute setting of a mesh and for each stage bound, and building them (names, shapes) was
+// most of a ledger's and a skeleton's set-up.
 std::shared_ptr<const std::vector<LocalParam>> shared_local_params(const ref::ModelConfig& model,
                                                                    const comm::DeviceMesh& mesh,
                                                                    int world_rank,

@@ -2,7 +2,8 @@
 // on every rank of model-parallel meshes (TP with and without SP, PP schedules, CP ring and
 // Ulysses, ZeRO and FSDP on the DP axis, FSDP units kept from forward to backward in a pipeline)
 // and for each recompute mode, the model state, the gathered-unit peak and the activation peak
-// are the ledger's to the byte (dense model).
+// are the ledger's to the byte (dense model). The parameters a search remembers per rank are the
+// rank's own.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -10,7 +11,9 @@
 #include <string>
 #include <vector>
 
+#include "comm/mesh.hpp"
 #include "parallel/mp/mesh_ledger.hpp"
+#include "parallel/mp/mesh_params.hpp"
 #include "tests/mp/mesh_support.hpp"
 
 namespace shardcheck::parallel {
@@ -236,6 +239,45 @@ TEST(MeshLedger, TheFullestRowDoesNotDependOnTheRankOrder) {
     for (std::size_t st = 0; st < a.size(); ++st)
       EXPECT_EQ(a[st].row.total(), b[st].row.total()) << c.name << " stage " << st;
   }
+}
+
+// shared_local_params remembers a rank's parameters by what local_params reads (tp, ep and pp
+// sizes and coordinates, virtual stages), so one entry serves every order and dp x cp split: on
+// every rank of meshes of every order, met in one thread after one another, it gives that rank's
+// own local_params (dense and MoE, tied embedding, kv heads replicated over TP).
+TEST(MeshParams, SharedLocalParamsAreEveryRanksOwn) {
+  int ranks = 0;
+  for (const bool moe : {false, true}) {
+    ref::ModelConfig model = moe ? mesh_moe().model : mesh_dense().model;
+    for (const comm::MeshShape shape :
+         {comm::MeshShape{.dp = 2, .tp = 2, .pp = 2}, comm::MeshShape{.dp = 4, .tp = 2},
+          comm::MeshShape{.dp = 2, .tp = 4, .cp = 2}, comm::MeshShape{.dp = 2, .pp = 2, .cp = 2},
+          comm::MeshShape{.dp = 2, .tp = 2, .pp = 2, .ep = 2}, comm::MeshShape{.dp = 4, .ep = 4}})
+      for (const std::string order : {"tp-cp-ep-dp-pp", "tp-pp-cp-ep-dp", "pp-dp-ep-cp-tp"})
+        for (const int vs : {1, 2}) {
+          if (shape.ep > 1 && !moe) continue;
+          if (vs > 1 && shape.pp == 1) continue;
+          const comm::DeviceMesh mesh(shape, order);
+          for (int r = 0; r < shape.world_size(); ++r) {
+            const std::vector<LocalParam> want = local_params(model, mesh, r, vs);
+            const std::vector<LocalParam>& got = *shared_local_params(model, mesh, r, vs);
+            ASSERT_EQ(got.size(), want.size()) << order << " rank " << r;
+            for (std::size_t i = 0; i < want.size(); ++i) {
+              const std::string where = order + " rank " + std::to_string(r) + " " + want[i].name;
+              EXPECT_EQ(got[i].name, want[i].name) << where;
+              EXPECT_EQ(got[i].local_shape, want[i].local_shape) << where;
+              EXPECT_EQ(got[i].offset, want[i].offset) << where;
+              EXPECT_EQ(got[i].split, want[i].split) << where;
+              EXPECT_EQ(got[i].expert, want[i].expert) << where;
+              EXPECT_EQ(got[i].tp_replicated, want[i].tp_replicated) << where;
+              EXPECT_EQ(got[i].tied_copy, want[i].tied_copy) << where;
+              EXPECT_EQ(got[i].kv_replicas, want[i].kv_replicas) << where;
+            }
+            ++ranks;
+          }
+        }
+  }
+  EXPECT_GT(ranks, 300);
 }
 
 }  // namespace
