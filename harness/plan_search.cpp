@@ -4,13 +4,10 @@
 #include "harness/plan_search.hpp"
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <exception>
 #include <map>
-#include <mutex>
 #include <numeric>
 #include <optional>
 #include <set>
@@ -20,6 +17,7 @@
 #include "harness/placement.hpp"
 #include "harness/plan_skeleton.hpp"
 #include "harness/plan_text.hpp"
+#include "harness/workers.hpp"
 #include "parallel/costs.hpp"
 #include "parallel/flops.hpp"
 #include "parallel/mp/mesh_ledger.hpp"
@@ -162,29 +160,6 @@ std::string behind(const SearchCandidate& a, const SearchCandidate& b) {
   return s;
 }
 
-// Runs f(0) .. f(n - 1) on up to `threads` threads; the first exception is rethrown.
-template <class F>
-void parallel_for(std::size_t n, unsigned threads, const F& f) {
-  std::atomic<std::size_t> next{0};
-  std::exception_ptr error;
-  std::mutex mu;
-  const auto work = [&] {
-    for (std::size_t i; (i = next.fetch_add(1)) < n;) {
-      try {
-        f(i);
-      } catch (...) {
-        const std::lock_guard<std::mutex> lock(mu);
-        if (!error) error = std::current_exception();
-      }
-    }
-  };
-  std::vector<std::thread> pool;
-  const unsigned t = std::min<unsigned>(threads, static_cast<unsigned>(n));
-  for (unsigned k = 1; k < t; ++k) pool.emplace_back(work);
-  work();
-  for (std::thread& th : pool) th.join();
-  if (error) std::rethrow_exception(error);
-}
 
 // One order of a setting, its recompute modes lightest first (a heavier one that also fits only
 // adds compute): those built but over device memory, then the first that fits, or why the rest is
@@ -249,10 +224,10 @@ void try_setting(const Scenario& s, const std::vector<std::string>& orders, Sett
   }
 }
 
-// Times `todo` on up to `threads` threads (evaluate is independent per candidate).
+// Times `todo` on the workers (evaluate is independent per candidate).
 void time_all(const std::vector<SearchCandidate*>& todo, const Scenario& s, const PlanOptions& po,
-              unsigned threads) {
-  parallel_for(todo.size(), threads, [&](std::size_t i) {
+              Workers& workers) {
+  workers.run(todo.size(), [&](std::size_t i) {
     SearchCandidate& c = *todo[i];
     const Scenario sc = with_train(s, c.micro_batch, c.recompute);
     c.eval = evaluate(sc, c.spec, c.spec.mesh.dp, s.train.global_batch, po, false, false);
@@ -365,8 +340,8 @@ SearchResult search_plans(const Scenario& s, const SearchOptions& o) {
   std::vector<std::pair<const MeshSettings*, Setting*>> work;
   for (MeshSettings& ms : meshes)
     for (Setting& st : ms.settings) work.emplace_back(&ms, &st);
-  const unsigned threads = std::max(1u, std::thread::hardware_concurrency());
-  parallel_for(work.size(), threads, [&](std::size_t i) {
+  Workers workers(std::max(1u, std::thread::hardware_concurrency()));
+  workers.run(work.size(), [&](std::size_t i) {
     try_setting(s, work[i].first->orders, *work[i].second, r.device_memory_bytes);
   });
   // In enumeration order (mesh, order, setting), as one thread would have met them.
@@ -420,7 +395,7 @@ SearchResult search_plans(const Scenario& s, const SearchOptions& o) {
     c.bound_s = std::max(c.bound_s, stage_bound(sc, c.spec, s.train.global_batch, po));
     c.bound_own_order = true;
   };
-  parallel_for(alike.size(), threads, [&](std::size_t g) {
+  workers.run(alike.size(), [&](std::size_t g) {
     double any_order = 0;
     for (const std::size_t i : alike[g]) {
       SearchCandidate& c = fitting[i];
@@ -476,7 +451,7 @@ SearchResult search_plans(const Scenario& s, const SearchOptions& o) {
       }
     }
     const auto t1 = Clock::now();
-    parallel_for(unplaced.size(), threads, [&](std::size_t k) { own_order_bound(*unplaced[k]); });
+    workers.run(unplaced.size(), [&](std::size_t k) { own_order_bound(*unplaced[k]); });
     own_order_s += std::chrono::duration<double>(Clock::now() - t1).count();
     for (SearchCandidate* c : unplaced) {
       if (ruled_out(*c))
@@ -484,7 +459,7 @@ SearchResult search_plans(const Scenario& s, const SearchOptions& o) {
       else
         todo.push_back(c);
     }
-    time_all(todo, s, po, threads);
+    time_all(todo, s, po, workers);
     for (SearchCandidate* c : todo) {
       ++r.timed;
       const double t = c->eval.step_time_s;

@@ -219,11 +219,12 @@ int SymmetricClock::stages_spanned() const {
 }
 
 SymmetricClock::SymmetricClock(std::shared_ptr<ClockState> state, std::vector<int> members,
-                               int rank, std::string name, sim::LinkCost link, bool listed)
+                               int rank, std::shared_ptr<const std::string> name,
+                               sim::LinkCost link, bool listed)
     : state_(std::move(state)),
       members_(std::move(members)),
       rank_(rank),
-      name_(std::make_shared<const std::string>(std::move(name))),
+      name_(std::move(name)),
       listed_(listed),
       link_(link) {}
 
@@ -456,6 +457,12 @@ struct SplitGroup {
 struct SplitLayout {
   std::vector<int> colors;  // per member (group rank)
   std::vector<SplitGroup> groups;
+  // Per colour asked for: its members' world ranks in key order, and the group's name.
+  struct Own {
+    std::vector<int> ranks;
+    std::shared_ptr<const std::string> name;
+  };
+  std::map<int, Own> own;
   bool uneven = false;    // groups of different sizes or links
   sim::LinkCost worst{};  // the slowest group's link
   const SplitGroup* find(int color) const {
@@ -541,7 +548,7 @@ std::unique_ptr<comm::Communicator> SymmetricClock::do_split(int color, int key,
   s.comm_free = end;
   s.compute = std::max(s.compute, end);
   std::optional<SplitLayout> own_layout;
-  const SplitLayout* layout = nullptr;
+  SplitLayout* layout = nullptr;
   if (s.split_memo) {
     const auto k = std::pair{place, members_};
     auto it = s.split_memo->layouts.find(k);
@@ -554,23 +561,37 @@ std::unique_ptr<comm::Communicator> SymmetricClock::do_split(int color, int key,
   if (layout->uneven && s.asymmetry.empty())
     s.asymmetry = "split \"" + o.name + "\" makes groups of different sizes or links";
   if (color < 0) return nullptr;
-  std::vector<std::pair<int, int>> own;  // (key, group rank) of this rank's colour
-  const int n = size();
-  for (int r = 0; r < n; ++r)
-    if (layout->colors[static_cast<std::size_t>(r)] == color) own.push_back({rule.key(r), r});
-  std::sort(own.begin(), own.end());
-  std::vector<int> mine;
-  mine.reserve(own.size());
-  for (const auto& [k, r] : own) mine.push_back(members_[static_cast<std::size_t>(r)]);
+  const auto own_of = [&] {
+    std::vector<std::pair<int, int>> own;  // (key, group rank) of this rank's colour
+    const int n = size();
+    for (int r = 0; r < n; ++r)
+      if (layout->colors[static_cast<std::size_t>(r)] == color) own.push_back({rule.key(r), r});
+    std::sort(own.begin(), own.end());
+    SplitLayout::Own out;
+    out.ranks.reserve(own.size());
+    for (const auto& [k, r] : own) out.ranks.push_back(members_[static_cast<std::size_t>(r)]);
+    out.name = std::make_shared<const std::string>((o.name.empty() ? "split" : o.name) +
+                                                   comm::rank_list(out.ranks));
+    return out;
+  };
+  std::optional<SplitLayout::Own> own_here;
+  const SplitLayout::Own* own = nullptr;
+  if (s.split_memo) {
+    auto it = layout->own.find(color);
+    if (it == layout->own.end()) it = layout->own.emplace(color, own_of()).first;
+    own = &it->second;
+  } else {
+    own = &own_here.emplace(own_of());
+  }
   // Ranks differ: charge the slowest group (an upper bound).
   const sim::LinkCost link =
       layout->uneven ? layout->worst : sim::link_cost(s.topology, layout->find(color)->inter);
   const int me = world_rank();
+  const std::vector<int>& mine = own->ranks;
   const int r = static_cast<int>(std::find(mine.begin(), mine.end(), me) - mine.begin());
-  const std::string name = (o.name.empty() ? "split" : o.name) + comm::rank_list(mine);
   const bool listed = std::find(s.listed.begin(), s.listed.end(), o.name) != s.listed.end();
   return std::unique_ptr<comm::Communicator>(
-      new SymmetricClock(state_, std::move(mine), r, name, link, listed));
+      new SymmetricClock(state_, mine, r, own->name, link, listed));
 }
 
 void SymmetricClock::do_compute(const comm::ComputeCost& c) {

@@ -140,7 +140,7 @@ class SymmetricClock final : public comm::Communicator {
 
  private:
   SymmetricClock(std::shared_ptr<ClockState> state, std::vector<int> members, int rank,
-                 std::string name, sim::LinkCost link, bool listed);
+                 std::shared_ptr<const std::string> name, sim::LinkCost link, bool listed);
   // memo_region's parts: adds the region recorded under key (false: none, or not now); the
   // clock before a region; records what the region since `mark` added.
   struct RegionMark {
