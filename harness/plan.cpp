@@ -8,7 +8,10 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <map>
+#include <memory>
 #include <set>
+#include <string>
 #include <utility>
 
 #include "harness/driver.hpp"
@@ -306,14 +309,28 @@ std::vector<int> distinct_stages(const ref::ModelConfig& m, const ParallelSpec& 
   return out;
 }
 
+// The layouts of t's splits, shared by this thread's bounds of the same splits on the same
+// world, nodes and links (the last few meshes: a search bounds many settings of each).
+std::shared_ptr<sim::SplitMemo> split_memo(const TimedSkeleton& t) {
+  const sim::Topology& g = t.topology;
+  char links[160];
+  std::snprintf(links, sizeof links, " world %d nodes of %d links %.17g %.17g %.17g %.17g", t.world,
+                g.ranks_per_node, g.intra_node.bandwidth_gbps, g.intra_node.latency_us,
+                g.inter_node.bandwidth_gbps, g.inter_node.latency_us);
+  thread_local std::map<std::string, std::shared_ptr<sim::SplitMemo>> memos;
+  if (memos.size() > 64) memos.clear();
+  std::shared_ptr<sim::SplitMemo>& m = memos[t.skeleton.split_key() + links];
+  if (!m) m = sim::make_split_memo();
+  return m;
+}
+
 }  // namespace
 
 std::vector<StageLowerBound> stage_lower_bounds(const Scenario& s, const ParallelSpec& p, int dp,
                                                 int global_batch, const PlanOptions& o,
-                                                bool every_stage,
-                                                std::shared_ptr<sim::SplitMemo> splits) {
+                                                bool every_stage) {
   const TimedSkeleton t = timed_skeleton(s, p, dp, global_batch, o);
-  if (!splits) splits = sim::make_split_memo();
+  const std::shared_ptr<sim::SplitMemo> splits = split_memo(t);
   std::vector<int> reps = representatives(p, dp).reps;
   if (!every_stage) reps = distinct_stages(s.model, p, reps);
   std::vector<StageLowerBound> out;
@@ -353,11 +370,8 @@ double stage_bound(const Scenario& s, const ParallelSpec& p, int global_batch,
   // through the listed bound, which leaves those out.
   const bool sharded = p.shards_params();
   const auto pick = [&](const StageLowerBound& b) { return sharded ? b.listed : b.forced; };
-  const std::shared_ptr<sim::SplitMemo> splits = sim::make_split_memo();
-  const std::vector<StageLowerBound> a =
-      stage_lower_bounds(s, p, dp, dp * mb * m1, o, false, splits);
-  const std::vector<StageLowerBound> b =
-      stage_lower_bounds(s, p, dp, dp * mb * 2 * m1, o, false, splits);
+  const std::vector<StageLowerBound> a = stage_lower_bounds(s, p, dp, dp * mb * m1, o);
+  const std::vector<StageLowerBound> b = stage_lower_bounds(s, p, dp, dp * mb * 2 * m1, o);
   double bound = 0;
   for (std::size_t i = 0; i < a.size(); ++i)
     bound =

@@ -8,7 +8,6 @@
 
 #include <cstddef>
 #include <functional>
-#include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -19,7 +18,6 @@
 #include "harness/scenario.hpp"
 #include "parallel/ledger.hpp"
 #include "parallel/mp/mesh_ledger.hpp"
-#include "sim/clock.hpp"
 
 namespace shardcheck::harness {
 
@@ -144,12 +142,11 @@ struct StageLowerBound {
   double forced = 0;
   double listed = 0;
 };
-// splits: shared by calls for the same mesh (its rules do not depend on the batch); null: one
-// for this call's representatives.
+// The splits' layouts are remembered per thread for the last meshes (Skeleton::split_key, the
+// topology's nodes and links): a search bounds many settings of each mesh.
 std::vector<StageLowerBound> stage_lower_bounds(const Scenario& s, const ParallelSpec& p, int dp,
                                                 int global_batch, const PlanOptions& o,
-                                                bool every_stage = false,
-                                                std::shared_ptr<sim::SplitMemo> splits = nullptr);
+                                                bool every_stage = false);
 
 // The largest of stage_lower_bounds for p (p.mesh.dp ranks in data parallelism, the scenario's
 // micro batch). Each stage's bound grows by the same amount with each microbatch (each issues the

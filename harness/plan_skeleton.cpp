@@ -134,6 +134,15 @@ std::vector<sim::SplitRule> Skeleton::splits() const {
   return out;
 }
 
+std::string Skeleton::split_key() const {
+  const comm::MeshShape& m = mesh_.shape();
+  return "mesh " + std::to_string(m.dp) + " " + std::to_string(m.tp) + " " +
+         std::to_string(m.pp) + " " + std::to_string(m.cp) + " " + std::to_string(m.ep) + " " +
+         mesh_.order_string() + " kv " + std::to_string(kv_replicas()) + " parts " +
+         std::to_string(expert_parts()) + " moe " + std::to_string(spec_.model.moe.has_value()) +
+         " shard " + std::to_string(shard_size_);
+}
+
 std::vector<std::string> Skeleton::block_groups() {
   using comm::Axis;
   return {std::string(comm::name_of(Axis::tp)), parallel::mesh_detail::kTpKvGroup,

@@ -64,6 +64,9 @@ class Skeleton {
   // tp-kv; EP: the ep and expert-dp groups; bf16 MoE: expert parts; hybrid shard: shard group, then
   // replicate group), for a sim::SymmetricClock.
   std::vector<sim::SplitRule> splits() const;
+  // Every input of splits(): skeletons with equal keys state the same rules (the mesh's shape and
+  // order, kv replicas, expert parts, the shard group size).
+  std::string split_key() const;
   // Issues spec().steps steps on this rank of the world (dp x tp ranks).
   void run(comm::Communicator& world) const;
   // run() on a sim::SymmetricClock (alone or a StageWorld's representative), each kind of block

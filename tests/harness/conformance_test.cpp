@@ -5,8 +5,10 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <map>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cli_support.hpp"
@@ -98,6 +100,35 @@ TEST(Conformance, TheBoundsReplayedBlocksGiveTheFullRunsSums) {
   }
   EXPECT_GT(checked, 150);
   EXPECT_GT(moe, 20);
+}
+
+// Skeletons with equal split keys state the same split rules (the stage bounds share the splits'
+// layouts by that key): over the parity matrix's configurations, every pair with the same key
+// (and world) gives every rank the same colours and keys in every split, and some keys are met
+// by configurations of other settings (ZeRO, FSDP, schedules, precisions).
+TEST(Conformance, EqualSplitKeysStateTheSameSplits) {
+  std::map<std::string, std::vector<std::vector<std::pair<int, int>>>> seen;
+  int shared = 0;
+  for (const fs::path& file : parity_scenarios()) {
+    const Scenario s = load_scenario(file.string());
+    for (const ParallelSpec& p : s.configs) {
+      if (!unsupported(s, p).empty()) continue;
+      const Skeleton k(skeleton_spec(s, p, p.mesh.dp, s.train.global_batch));
+      const int world = p.mesh.dp * p.mesh.tp * p.mesh.pp * p.mesh.cp;
+      std::vector<std::vector<std::pair<int, int>>> rules;
+      for (const sim::SplitRule& rule : k.splits()) {
+        std::vector<std::pair<int, int>> of;
+        for (int r = 0; r < world; ++r) of.emplace_back(rule.color(r), rule.key(r));
+        rules.push_back(std::move(of));
+      }
+      const auto [it, fresh] = seen.emplace(k.split_key(), rules);
+      if (!fresh) {
+        ++shared;
+        EXPECT_EQ(it->second, rules) << file.filename().string() << " " << p.label();
+      }
+    }
+  }
+  EXPECT_GT(shared, 50);
 }
 
 // One configuration beside the parity matrix's: the scenario's base with this mesh, Ulysses CP,
