@@ -201,6 +201,21 @@ TimedSkeleton timed_skeleton(const Scenario& s, const ParallelSpec& p, int dp, i
   return {Skeleton(std::move(spec)), world, topo};
 }
 
+// The layouts of k's splits on this world and topology, shared by this thread's clocks of the
+// same splits, world, nodes and links (the last few meshes: a search bounds and times many
+// settings of each).
+std::shared_ptr<sim::SplitMemo> split_memo(const Skeleton& k, int world, const sim::Topology& g) {
+  char links[160];
+  std::snprintf(links, sizeof links, " world %d nodes of %d links %.17g %.17g %.17g %.17g", world,
+                g.ranks_per_node, g.intra_node.bandwidth_gbps, g.intra_node.latency_us,
+                g.inter_node.bandwidth_gbps, g.inter_node.latency_us);
+  thread_local std::map<std::string, std::shared_ptr<sim::SplitMemo>> memos;
+  if (memos.size() > 64) memos.clear();
+  std::shared_ptr<sim::SplitMemo>& m = memos[k.split_key() + links];
+  if (!m) m = sim::make_split_memo();
+  return m;
+}
+
 }  // namespace
 
 Representatives representatives(const ParallelSpec& p, int dp) {
@@ -233,7 +248,11 @@ StepEval evaluate(const Scenario& s, const ParallelSpec& p, int dp, int global_b
   } else if (const Representatives reps = representatives(p, dp); reps.reps.size() > 1) {
     const auto run = [&](const sim::Topology& t) {
       sim::StageWorld w(world, t, k.splits(), reps.class_of, reps.reps);
-      w.run([&](sim::SymmetricClock& c) { k.run_replaying(c); });
+      const std::shared_ptr<sim::SplitMemo> splits = split_memo(k, world, t);
+      w.run([&](sim::SymmetricClock& c) {
+        c.share_splits(splits);
+        k.run_replaying(c);
+      });
       return w;
     };
     const sim::StageWorld w = run(topo);
@@ -268,6 +287,7 @@ StepEval evaluate(const Scenario& s, const ParallelSpec& p, int dp, int global_b
     }
   } else {
     sim::SymmetricClock c(world, topo, k.splits());
+    c.share_splits(split_memo(k, world, topo));
     k.run_replaying(c);
     const std::vector<sim::ClockStep> steps = c.steps();
     for (const sim::ClockStep& st : steps) {
@@ -309,28 +329,13 @@ std::vector<int> distinct_stages(const ref::ModelConfig& m, const ParallelSpec& 
   return out;
 }
 
-// The layouts of t's splits, shared by this thread's bounds of the same splits on the same
-// world, nodes and links (the last few meshes: a search bounds many settings of each).
-std::shared_ptr<sim::SplitMemo> split_memo(const TimedSkeleton& t) {
-  const sim::Topology& g = t.topology;
-  char links[160];
-  std::snprintf(links, sizeof links, " world %d nodes of %d links %.17g %.17g %.17g %.17g", t.world,
-                g.ranks_per_node, g.intra_node.bandwidth_gbps, g.intra_node.latency_us,
-                g.inter_node.bandwidth_gbps, g.inter_node.latency_us);
-  thread_local std::map<std::string, std::shared_ptr<sim::SplitMemo>> memos;
-  if (memos.size() > 64) memos.clear();
-  std::shared_ptr<sim::SplitMemo>& m = memos[t.skeleton.split_key() + links];
-  if (!m) m = sim::make_split_memo();
-  return m;
-}
-
 }  // namespace
 
 std::vector<StageLowerBound> stage_lower_bounds(const Scenario& s, const ParallelSpec& p, int dp,
                                                 int global_batch, const PlanOptions& o,
                                                 bool every_stage) {
   const TimedSkeleton t = timed_skeleton(s, p, dp, global_batch, o);
-  const std::shared_ptr<sim::SplitMemo> splits = split_memo(t);
+  const std::shared_ptr<sim::SplitMemo> splits = split_memo(t.skeleton, t.world, t.topology);
   std::vector<int> reps = representatives(p, dp).reps;
   if (!every_stage) reps = distinct_stages(s.model, p, reps);
   std::vector<StageLowerBound> out;
