@@ -201,8 +201,10 @@ void print_search(std::ostream& os, const Scenario& s, const SearchResult& r) {
     os << "  " << f.family << " (" << f.candidates
        << " candidates): " << (f.found || f.any_built ? f.best.label + ": " : "") << f.why << "\n";
   os << "\n# step = the planner's clock (one step, plan.hpp's evaluate); exposed = step - compute "
-        "busy (pipelines: bubble included); compute bound = hardware FLOPs with causal attention / "
-        "(world x peak x efficiency); searched in "
+        "busy (pipelines: bubble included); compute bound = hardware FLOPs (what the kernels "
+        "execute: causal attention, recompute) / (world x peak x efficiency); HFU = hardware "
+        "FLOPs / (step x world x peak), MFU = model FLOPs (full s x s attention) / the same; "
+        "searched in "
      << r.wall_s << " s wall (enumeration and memory ledger " << r.enumerate_s << " s, bounds "
      << r.bound_wall_s << " s, clock " << r.timing_s << " s)\n";
 }

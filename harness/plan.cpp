@@ -626,7 +626,10 @@ nlohmann::json plan_json(const PlanResult& r) {
       {"mfu",
        "3 * forward FLOPs of parallel/flops.hpp (matmuls + attention s^2, recompute not "
        "counted) * global batch / (step time * world * peak)"},
-      {"hfu", "as mfu with the activation-checkpointing recompute counted"},
+      {"hfu",
+       "the FLOPs the kernels execute (activation-checkpointing recompute counted, each "
+       "attention core as its kernel computes it: causal pairs, the ring's whole blocks) / (step "
+       "time * world * peak); at most the compute efficiency"},
       {"scaling_efficiency",
        "T_n / (T_0 * n / n_0), T = tokens/s, n_0 the smallest valid world "
        "size; strong: global batch fixed; weak: per-rank batch fixed"},

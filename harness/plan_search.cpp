@@ -35,22 +35,6 @@ using plan_text::kGiB;
 // does not depend on the machine's thread count.
 constexpr std::size_t kBatch = 8;
 
-// The FLOPs of one step the clock counts at least: the hardware FLOPs (parallel/flops.hpp: the
-// full s x s attention core, backward twice the forward) with each layer's attention core counted
-// as the engine's causal kernel reports it (parallel/costs.hpp: forward 4, backward 10, recompute
-// 4 FLOPs per query-key pair and channel; ring attention computes whole blocks, at least the
-// causal pairs, and recomputes inside its backward, so selective recompute adds nothing there).
-// Without this, a long sequence's bound exceeds the step.
-double clock_flops(const ref::ModelConfig& m, bool attention_recomputed, double hardware_flops,
-                   int sequences) {
-  const int64_t s = m.seq_len;
-  const double recompute = attention_recomputed ? 1 : 0;
-  const double full = parallel::attention_core_flops(m, static_cast<double>(s)) * (3 + recompute);
-  const double causal =
-      parallel::costs::causal_attention_flops(s, m.heads, m.head_dim(), 14 + 4 * recompute);
-  return hardware_flops - static_cast<double>(sequences) * m.layers * std::max(0.0, full - causal);
-}
-
 std::vector<int> divisors(int n) {
   std::vector<int> d;
   for (int i = 1; i <= n; ++i)
@@ -403,13 +387,9 @@ SearchResult search_plans(const Scenario& s, const SearchOptions& o) {
       const int dp = c.spec.mesh.dp;
       const Skeleton k(skeleton_spec(sc, c.spec, dp, s.train.global_batch,
                                      po.reduce_dtype ? &*po.reduce_dtype : nullptr));
-      const bool recomputed =
-          c.recompute == ref::Recompute::kFull ||
-          (c.recompute == ref::Recompute::kSelective && !k.flash_style_attention());
-      c.bound_s = clock_flops(m, recomputed, k.hardware_flops_per_step(), s.train.global_batch) /
-                  (r.world * peak);
       c.model_flops = k.model_flops_per_step();
       c.hardware_flops = k.hardware_flops_per_step();
+      c.bound_s = c.hardware_flops / (r.world * peak);  // what the kernels execute, at peak
       if (c.spec.mesh.pp > 1)
         c.bubble_formula = parallel::bubble_formula(
             c.spec.mesh.pp, s.train.global_batch / dp / c.micro_batch, c.spec.virtual_stages);

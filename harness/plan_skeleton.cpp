@@ -154,15 +154,42 @@ double Skeleton::model_flops_per_step() const {
          static_cast<double>(spec_.local_batch) * spec_.dp;
 }
 
+double Skeleton::executed_attention_core() const {
+  const ref::ModelConfig& m = spec_.model;
+  const bool recomputed = spec_.train.recompute == ref::Recompute::kFull ||
+                          (spec_.train.recompute == ref::Recompute::kSelective &&
+                           !flash_style_attention());
+  const double per = 14 + 4 * (recomputed ? 1 : 0);
+  if (!ring_attention()) return costs::causal_attention_flops(m.seq_len, m.heads, m.head_dim(), per);
+  // The ring: whole blocks of chunk pairs, alike on every CP rank at each step (CP rank 0's).
+  const int p = mesh_.size(comm::Axis::cp);
+  double pairs = 0;
+  for (int step = 0; step < p; ++step)
+    pairs += costs::ring_run_pairs(layout_.cp_chunks(0), layout_.cp_chunks((p - step) % p), false);
+  return per * pairs * p * m.heads * static_cast<double>(m.head_dim());
+}
+
 double Skeleton::hardware_flops_per_step() const {
+  const ref::ModelConfig& m = spec_.model;
+  const double s = m.seq_len;
   double recompute = 0;
-  for (int i = 0; i < spec_.model.layers; ++i) {
-    if (spec_.train.recompute == ref::Recompute::kFull)
-      recompute += parallel::block_forward_flops(spec_.model, i, spec_.model.seq_len);
-    if (spec_.train.recompute == ref::Recompute::kSelective && !flash_style_attention())
-      recompute += parallel::attention_core_flops(spec_.model, spec_.model.seq_len);
+  bool core_recomputed = false;
+  for (int i = 0; i < m.layers; ++i) {
+    if (spec_.train.recompute == ref::Recompute::kFull) {
+      recompute += parallel::block_forward_flops(m, i, s);
+      core_recomputed = true;
+    }
+    if (spec_.train.recompute == ref::Recompute::kSelective && !flash_style_attention()) {
+      recompute += parallel::attention_core_flops(m, s);
+      core_recomputed = true;
+    }
   }
-  return model_flops_per_step() + recompute * static_cast<double>(spec_.local_batch) * spec_.dp;
+  // Each layer's attention core as the kernel executes it instead of the full s x s forward and
+  // backward (and recompute) of the model FLOPs' convention.
+  const double convention = parallel::attention_core_flops(m, s) * (3 + (core_recomputed ? 1 : 0));
+  const double sequences = static_cast<double>(spec_.local_batch) * spec_.dp;
+  return model_flops_per_step() +
+         (recompute + m.layers * (executed_attention_core() - convention)) * sequences;
 }
 
 // One rank's execution of the skeleton: the engine's step state (residency, buckets, issued

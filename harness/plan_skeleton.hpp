@@ -88,10 +88,18 @@ class Skeleton {
   bool flash_style_attention() const {
     return ring_attention() || spec_.mesh.attention == parallel::AttentionKernel::flash;
   }
-  // Model FLOPs of one step over the whole world (forward + backward = 3 x forward, recompute
-  // not counted) and the hardware FLOPs actually issued (recompute included).
+  // Model FLOPs of one step over the whole world (forward + backward = 3 x forward, the full
+  // s x s attention core of the MFU convention, recompute not counted) and the hardware FLOPs
+  // the kernels execute: recompute included, each attention core as its kernel computes it
+  // (executed_attention_core), so at most what the clock's compute time allows at peak.
   double model_flops_per_step() const;
   double hardware_flops_per_step() const;
+  // One layer's attention core over one sequence as the kernels execute it, forward, backward
+  // and recompute: the causal pairs (the engine's and flash kernels; the ring: whole blocks of
+  // its chunk pairs, costs::ring_run_pairs), 4 FLOPs per pair and channel forward, 10 backward
+  // (the scores again inside), 4 more when recompute repeats the core (full recompute, or
+  // selective without a flash-style kernel).
+  double executed_attention_core() const;
 
  private:
   friend class SkeletonRun;

@@ -143,8 +143,13 @@ TEST(PlanSearch, TheComputeBoundIsBelowEveryTimedStep) {
     const SearchResult r = search_plans(s, o);
     EXPECT_EQ(r.bound_pruned, 0U);
     ASSERT_GT(r.ranked.size(), 100U) << s.model.seq_len;
-    for (const SearchCandidate& c : r.ranked)
+    for (const SearchCandidate& c : r.ranked) {
       EXPECT_LE(c.bound_s, c.eval.step_time_s * (1 + 1e-12)) << s.model.seq_len << " " << c.label;
+      // HFU counts what the kernels execute, so it is at most the efficiency (1 here), and
+      // above MFU where recompute adds more than the causal kernels leave out.
+      EXPECT_LE(c.hfu, 1 + 1e-12) << s.model.seq_len << " " << c.label;
+      EXPECT_GT(c.hfu, 0) << c.label;
+    }
   }
 }
 

@@ -350,20 +350,50 @@ TEST(Plan, GoodputFollowsTheStatedFormula) {
   EXPECT_NEAR(c.goodput.effective_tokens_per_s, c.tokens_per_s * want, 1e-6 * c.tokens_per_s);
 }
 
-// Selective recompute recomputes the engine kernel's attention core (hardware FLOPs above the
-// model's), not a flash kernel's, which keeps no probabilities to drop (the same FLOPs).
+// Selective recompute recomputes the engine kernel's attention core (hardware FLOPs above those
+// without recompute), not a flash kernel's, which keeps no probabilities to drop (the same
+// FLOPs). Hardware FLOPs count the causal pairs the kernels compute, below the model FLOPs' s x s.
 TEST(Plan, SelectiveRecomputeAddsNoAttentionCoreToAFlashKernel) {
   for (const bool flash : {false, true}) {
-    json j = small_json();
-    j["plan"]["attention_kernel"] = flash ? "flash" : "engine";
-    j["train"]["activation_checkpointing"] = "selective";
-    const Scenario s = with(j, {{"zero", 0}}, 8);
-    const Skeleton k(skeleton_spec(s, s.configs.front(), 8, s.train.global_batch));
+    double flops[2] = {};
+    for (const bool selective : {false, true}) {
+      json j = small_json();
+      j["plan"]["attention_kernel"] = flash ? "flash" : "engine";
+      j["train"]["activation_checkpointing"] = selective ? "selective" : "none";
+      const Scenario s = with(j, {{"zero", 0}}, 8);
+      const Skeleton k(skeleton_spec(s, s.configs.front(), 8, s.train.global_batch));
+      flops[selective] = k.hardware_flops_per_step();
+      // Without recompute, what the kernels execute: the causal half of the convention's core.
+      if (!selective) {
+        EXPECT_LT(flops[0], k.model_flops_per_step());
+      }
+    }
     if (flash)
-      EXPECT_DOUBLE_EQ(k.hardware_flops_per_step(), k.model_flops_per_step());
+      EXPECT_DOUBLE_EQ(flops[1], flops[0]);
     else
-      EXPECT_GT(k.hardware_flops_per_step(), k.model_flops_per_step());
+      EXPECT_GT(flops[1], flops[0]);
   }
+}
+
+// Ring attention computes whole blocks of its layout's chunk pairs: on each CP rank its own block
+// three chunk pairs of four, every other block two, so over the ring p (2p + 1) chunk x chunk
+// pairs per head and channel, above the causal kernel's s (s + 1) / 2; 14 FLOPs per pair and
+// channel (forward 4, backward 10), 18 with full recompute.
+TEST(Plan, TheRingsHardwareFlopsAreItsWholeBlocks) {
+  for (const int cp : {2, 4})
+    for (const std::string rc : {"none", "full"}) {
+      json j = small_json();
+      j["train"]["activation_checkpointing"] = rc;
+      const Scenario s = with(j, {{"cp", cp}, {"cp_algo", "ring"}}, 2);
+      const Skeleton k(skeleton_spec(s, s.configs.front(), 2, s.train.global_batch));
+      const ref::ModelConfig& m = s.model;
+      const double chunk = static_cast<double>(m.seq_len) / (2 * cp);
+      const double per = rc == "full" ? 18 : 14;
+      const double want = per * cp * (2 * cp + 1) * chunk * chunk * m.heads * m.head_dim();
+      EXPECT_DOUBLE_EQ(k.executed_attention_core(), want) << cp << " " << rc;
+      EXPECT_GT(k.executed_attention_core(),
+                parallel::costs::causal_attention_flops(m.seq_len, m.heads, m.head_dim(), per));
+    }
 }
 
 TEST(Plan, BadInputExitsTwo) {
