@@ -375,12 +375,14 @@ double stage_bound(const Scenario& s, const ParallelSpec& p, int global_batch,
   // through the listed bound, which leaves those out.
   const bool sharded = p.shards_params();
   const auto pick = [&](const StageLowerBound& b) { return sharded ? b.listed : b.forced; };
+  // The second point: one microbatch more (GPipe, 1F1B), another group of pp (interleaved).
+  const int m2 = p.virtual_stages > 1 ? 2 * m1 : m1 + 1;
   const std::vector<StageLowerBound> a = stage_lower_bounds(s, p, dp, dp * mb * m1, o);
-  const std::vector<StageLowerBound> b = stage_lower_bounds(s, p, dp, dp * mb * 2 * m1, o);
+  const std::vector<StageLowerBound> b = stage_lower_bounds(s, p, dp, dp * mb * m2, o);
   double bound = 0;
   for (std::size_t i = 0; i < a.size(); ++i)
-    bound =
-        std::max(bound, pick(a[i]) + (pick(b[i]) - pick(a[i])) * static_cast<double>(m - m1) / m1);
+    bound = std::max(bound, pick(a[i]) + (pick(b[i]) - pick(a[i])) *
+                                             static_cast<double>(m - m1) / (m2 - m1));
   return bound;
 }
 

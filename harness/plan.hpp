@@ -151,12 +151,12 @@ std::vector<StageLowerBound> stage_lower_bounds(const Scenario& s, const Paralle
 // The largest of stage_lower_bounds for p (p.mesh.dp ranks in data parallelism, the scenario's
 // micro batch). Each stage's bound grows by the same amount with each microbatch (each issues the
 // same compute and collectives, in the same order within its chunks; the step's own ops are the
-// constant), so with many microbatches they are timed at the fewest the schedule allows (m1 = pp:
-// a microbatch per stage, and interleaving goes in groups of pp) and at twice that, and extended
-// along the line through both: a pipeline of m microbatches costs two of at most 2 x pp. Under
-// ZeRO-3 / FSDP (sharded parameters) whether a unit's gather or reduce_scatter is waited at once
-// depends on where the schedule puts the microbatch, so there the line goes through the listed
-// bound (compute and the blocks' own collectives), which it does not change.
+// constant), so with more than 2 x pp microbatches they are timed at the fewest the schedule
+// allows (m1 = pp: a microbatch per stage) and at one more (interleaved: another group of pp),
+// and extended along the line through both: a pipeline of m microbatches costs two of at most
+// 2 x pp. Under ZeRO-3 / FSDP (sharded parameters) whether a unit's gather or reduce_scatter is
+// waited at once depends on where the schedule puts the microbatch, so there the line goes
+// through the listed bound (compute and the blocks' own collectives), which it does not change.
 double stage_bound(const Scenario& s, const ParallelSpec& p, int global_batch,
                    const PlanOptions& o);
 

@@ -5,8 +5,8 @@
 //   1. the engine's own validation (parallel::validate_mesh);
 //   2. the mesh engine's memory ledger against the device memory;
 //   3. the planner's clock (plan.hpp's evaluate), unless a bound rules it out.
-// The bound, the larger of two lower bounds of the step: the FLOPs the clock counts at least
-// (attention as the causal kernel reports it) at peak over the world, and the busiest stage's
+// The bound, the larger of two lower bounds of the step: the hardware FLOPs (what the kernels
+// execute: Skeleton::hardware_flops_per_step) at peak over the world, and the busiest stage's
 // compute plus the collectives its compute stream waits on at once (TP and SP collectives, the
 // FSDP gathers waited at use: plan.hpp's stage_lower_bounds), with what overlaps, the messages
 // and the pipeline's fill and drain free. A candidate whose bound is above the K-th best and its

@@ -133,8 +133,9 @@ Scenario compute_bound() {
   return s;
 }
 
-// The bound (attention counted as the causal kernel reports it) is a lower bound of every timed
-// step, on the small scenario, the long-sequence one and the compute-bound one.
+// The bound (the hardware FLOPs: attention as its kernel computes it) is a lower bound of every
+// timed step, on the small scenario, the long-sequence one and the compute-bound one; HFU (those
+// FLOPs over the step) is at most 1 there.
 TEST(PlanSearch, TheComputeBoundIsBelowEveryTimedStep) {
   for (const Scenario& s : {small(), long_sequences(), compute_bound()}) {
     SearchOptions o;
