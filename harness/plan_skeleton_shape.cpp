@@ -1,0 +1,184 @@
+// The shapes of plan_skeleton.hpp's Skeleton, worked out once per configuration and shared by
+// its runs: the spec from a scenario, the groups its splits make (and the key that names their
+// rules), and the step's model and hardware FLOPs.
+#include <numeric>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "harness/driver.hpp"
+#include "harness/plan_block.hpp"
+#include "harness/plan_skeleton.hpp"
+#include "parallel/costs.hpp"
+#include "parallel/flops.hpp"
+#include "parallel/layerwise.hpp"
+#include "parallel/mp/mesh_bf16.hpp"
+#include "parallel/mp/mesh_residency.hpp"
+#include "parallel/mp/mesh_rows.hpp"
+
+namespace shardcheck::harness {
+
+namespace {
+
+namespace costs = parallel::costs;
+using skeleton_detail::numeric_dtype;
+
+}  // namespace
+
+SkeletonSpec skeleton_spec(const Scenario& s, const ParallelSpec& p, int dp, int global_batch,
+                           const comm::DType* reduce_dtype) {
+  ParallelSpec q = p;
+  q.mesh.dp = dp;
+  SkeletonSpec k;
+  k.model = s.model;
+  k.train = s.train;
+  k.mesh = planning_options(s, q);
+  k.recipe = parallel::recipe_of(s.train.precision);
+  k.param_dtype = s.train.precision == ref::Precision::kBf16 ? comm::DType::bf16
+                                                             : numeric_dtype(s.train.precision);
+  k.grad_dtype = reduce_dtype ? *reduce_dtype : numeric_dtype(s.train.precision);
+  k.dp = dp;
+  k.tp = p.mesh.tp;
+  if (global_batch % dp != 0 || (global_batch / dp) % s.train.micro_batch != 0 ||
+      global_batch / dp == 0)
+    throw ScenarioError("$.train.global_batch", "global batch " + std::to_string(global_batch) +
+                                                    " does not split into " + std::to_string(dp) +
+                                                    " ranks x whole microbatches of " +
+                                                    std::to_string(s.train.micro_batch));
+  k.local_batch = global_batch / dp;
+  return k;
+}
+
+Skeleton::Skeleton(SkeletonSpec spec) : spec_(std::move(spec)) {
+  const parallel::MeshOptions& o = spec_.mesh;
+  const ref::ModelConfig& m = spec_.model;
+  const parallel::FsdpOptions f = o.fsdp.value_or(parallel::FsdpOptions{.prefetch = 0});
+  no_shard_ = o.fsdp && f.sharding == parallel::ShardingStrategy::no_shard;
+  zero_ = o.fsdp && !no_shard_ ? 3 : o.zero;
+  shard_size_ = spec_.dp;
+  if (o.fsdp && f.sharding == parallel::ShardingStrategy::hybrid_shard) {
+    if (f.shard_group_size < 1 || spec_.dp % f.shard_group_size != 0)
+      throw ScenarioError("$.parallel.fsdp.shard_group_size", std::to_string(f.shard_group_size) +
+                                                                  " does not divide the DP size " +
+                                                                  std::to_string(spec_.dp));
+    shard_size_ = f.shard_group_size;
+  }
+  elem_ = spec_.train.precision == ref::Precision::kF64 ? 8 : 4;
+  wrap_of_ = parallel::mesh_detail::wrap_map(m, f);
+  comm::MeshShape shape = o.shape;
+  shape.dp = spec_.dp;
+  shape.tp = spec_.tp;
+  mesh_ = comm::DeviceMesh(shape, o.order);
+  layout_ = parallel::TokenLayout(m.seq_len, shape.cp, shape.tp, o.sequence_parallel);
+}
+
+bool Skeleton::model_parallel() const {
+  return spec_.tp > 1 || mesh_.size(comm::Axis::pp) > 1 || mesh_.size(comm::Axis::cp) > 1;
+}
+
+std::vector<Skeleton::HybridAxes> Skeleton::hybrid_axes() const {
+  using comm::Axis;
+  const int s = shard_size_ * mesh_.size(Axis::cp);
+  std::vector<HybridAxes> out = {{{Axis::cp, Axis::dp}, s}};
+  if (spec_.model.moe) out.push_back({{Axis::edp}, std::gcd(s, mesh_.size(Axis::edp))});
+  return out;
+}
+
+std::vector<std::vector<comm::Axis>> Skeleton::group_axes() {
+  using comm::Axis;
+  return {{Axis::tp}, {Axis::dp}, {Axis::pp}, {Axis::cp}, {Axis::dp, Axis::cp}};
+}
+
+std::vector<sim::SplitRule> Skeleton::splits() const {
+  std::vector<sim::SplitRule> out;
+  if (model_parallel()) {  // build_groups' tp, dp, pp and cp groups, the dense dp x cp group
+    for (const std::vector<comm::Axis>& axes : group_axes())
+      out.push_back(sim::SplitRule{[g = mesh_.group_indexer(axes)](int r) { return g.index(r); },
+                                   [](int r) { return r; }});
+  }
+  if (kv_replicas() > 1) {  // split from the tp group: colours of its group ranks
+    const int replicas = kv_replicas();
+    out.push_back(
+        sim::SplitRule{[replicas](int r) { return r / replicas; }, [](int r) { return r; }});
+  }
+  const comm::DeviceMesh mesh = mesh_;
+  if (ep() > 1)
+    for (const comm::Axis a : {comm::Axis::ep, comm::Axis::edp})
+      out.push_back(
+          sim::SplitRule{[g = mesh_.group_indexer(std::span(&a, 1))](int r) { return g.index(r); },
+                         [](int r) { return r; }});
+  if (expert_parts())
+    out.push_back(
+        sim::SplitRule{[mesh](int r) { return parallel::mesh_detail::expert_parts_color(mesh, r); },
+                       [](int r) { return r; }});
+  if (shard_size_ == spec_.dp) return out;
+  for (const HybridAxes& h : hybrid_axes())
+    for (const bool shard : {true, false})
+      out.push_back(sim::SplitRule{[mesh, h, shard](int r) {
+                                     const parallel::mesh_detail::HybridColors c =
+                                         parallel::mesh_detail::hybrid_colors(mesh, h.axes, h.s, r);
+                                     return shard ? c.shard : c.replicas;
+                                   },
+                                   [](int r) { return r; }});
+  return out;
+}
+
+std::string Skeleton::split_key() const {
+  const comm::MeshShape& m = mesh_.shape();
+  return "mesh " + std::to_string(m.dp) + " " + std::to_string(m.tp) + " " +
+         std::to_string(m.pp) + " " + std::to_string(m.cp) + " " + std::to_string(m.ep) + " " +
+         mesh_.order_string() + " kv " + std::to_string(kv_replicas()) + " parts " +
+         std::to_string(expert_parts()) + " moe " + std::to_string(spec_.model.moe.has_value()) +
+         " shard " + std::to_string(shard_size_);
+}
+
+std::vector<std::string> Skeleton::block_groups() {
+  using comm::Axis;
+  return {std::string(comm::name_of(Axis::tp)), parallel::mesh_detail::kTpKvGroup,
+          std::string(comm::name_of(Axis::cp)), std::string(comm::name_of(Axis::ep))};
+}
+
+double Skeleton::model_flops_per_step() const {
+  return 3.0 * parallel::model_forward_flops(spec_.model, spec_.model.seq_len) *
+         static_cast<double>(spec_.local_batch) * spec_.dp;
+}
+
+double Skeleton::executed_attention_core() const {
+  const ref::ModelConfig& m = spec_.model;
+  const bool recomputed = spec_.train.recompute == ref::Recompute::kFull ||
+                          (spec_.train.recompute == ref::Recompute::kSelective &&
+                           !flash_style_attention());
+  const double per = 14 + 4 * (recomputed ? 1 : 0);
+  if (!ring_attention()) return costs::causal_attention_flops(m.seq_len, m.heads, m.head_dim(), per);
+  // The ring: whole blocks of chunk pairs, alike on every CP rank at each step (CP rank 0's).
+  const int p = mesh_.size(comm::Axis::cp);
+  double pairs = 0;
+  for (int step = 0; step < p; ++step)
+    pairs += costs::ring_run_pairs(layout_.cp_chunks(0), layout_.cp_chunks((p - step) % p), false);
+  return per * pairs * p * m.heads * static_cast<double>(m.head_dim());
+}
+
+double Skeleton::hardware_flops_per_step() const {
+  const ref::ModelConfig& m = spec_.model;
+  const double s = m.seq_len;
+  double recompute = 0;
+  bool core_recomputed = false;
+  for (int i = 0; i < m.layers; ++i) {
+    if (spec_.train.recompute == ref::Recompute::kFull) {
+      recompute += parallel::block_forward_flops(m, i, s);
+      core_recomputed = true;
+    }
+    if (spec_.train.recompute == ref::Recompute::kSelective && !flash_style_attention()) {
+      recompute += parallel::attention_core_flops(m, s);
+      core_recomputed = true;
+    }
+  }
+  // Each layer's attention core as the kernel executes it instead of the full s x s forward and
+  // backward (and recompute) of the model FLOPs' convention.
+  const double convention = parallel::attention_core_flops(m, s) * (3 + (core_recomputed ? 1 : 0));
+  const double sequences = static_cast<double>(spec_.local_batch) * spec_.dp;
+  return model_flops_per_step() +
+         (recompute + m.layers * (executed_attention_core() - convention)) * sequences;
+}
+
+}  // namespace shardcheck::harness
