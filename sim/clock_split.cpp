@@ -21,6 +21,8 @@ bool same_link(const sim::LinkCost& a, const sim::LinkCost& b) {
   return a.alpha == b.alpha && a.beta == b.beta;
 }
 
+}  // namespace
+
 // One split of a group: every member's colour, and per colour (ascending) its size and whether it
 // crosses nodes (sim::group_link: a member on another node than its first).
 struct SplitGroup {
@@ -29,8 +31,6 @@ struct SplitGroup {
   int node = 0;
   bool inter = false;
 };
-
-}  // namespace
 
 struct SplitLayout {
   std::vector<int> colors;  // per member (group rank)
