@@ -381,8 +381,8 @@ double stage_bound(const Scenario& s, const ParallelSpec& p, int global_batch,
   const std::vector<StageLowerBound> b = stage_lower_bounds(s, p, dp, dp * mb * m2, o);
   double bound = 0;
   for (std::size_t i = 0; i < a.size(); ++i)
-    bound = std::max(bound, pick(a[i]) + (pick(b[i]) - pick(a[i])) *
-                                             static_cast<double>(m - m1) / (m2 - m1));
+    bound = std::max(
+        bound, pick(a[i]) + (pick(b[i]) - pick(a[i])) * static_cast<double>(m - m1) / (m2 - m1));
   return bound;
 }
 

@@ -100,6 +100,9 @@ class Skeleton {
   // (the scores again inside), 4 more when recompute repeats the core (full recompute, or
   // selective without a flash-style kernel).
   double executed_attention_core() const;
+  // Recompute repeats the attention core: full recompute, or selective without a flash-style
+  // kernel (which computes the scores again inside its backward whatever the recompute).
+  bool core_recomputed() const;
 
  private:
   friend class SkeletonRun;

@@ -125,11 +125,11 @@ std::vector<sim::SplitRule> Skeleton::splits() const {
 
 std::string Skeleton::split_key() const {
   const comm::MeshShape& m = mesh_.shape();
-  return "mesh " + std::to_string(m.dp) + " " + std::to_string(m.tp) + " " +
-         std::to_string(m.pp) + " " + std::to_string(m.cp) + " " + std::to_string(m.ep) + " " +
-         mesh_.order_string() + " kv " + std::to_string(kv_replicas()) + " parts " +
-         std::to_string(expert_parts()) + " moe " + std::to_string(spec_.model.moe.has_value()) +
-         " shard " + std::to_string(shard_size_);
+  return "mesh " + std::to_string(m.dp) + " " + std::to_string(m.tp) + " " + std::to_string(m.pp) +
+         " " + std::to_string(m.cp) + " " + std::to_string(m.ep) + " " + mesh_.order_string() +
+         " kv " + std::to_string(kv_replicas()) + " parts " + std::to_string(expert_parts()) +
+         " moe " + std::to_string(spec_.model.moe.has_value()) + " shard " +
+         std::to_string(shard_size_);
 }
 
 std::vector<std::string> Skeleton::block_groups() {
@@ -143,13 +143,16 @@ double Skeleton::model_flops_per_step() const {
          static_cast<double>(spec_.local_batch) * spec_.dp;
 }
 
+bool Skeleton::core_recomputed() const {
+  return spec_.train.recompute == ref::Recompute::kFull ||
+         (spec_.train.recompute == ref::Recompute::kSelective && !flash_style_attention());
+}
+
 double Skeleton::executed_attention_core() const {
   const ref::ModelConfig& m = spec_.model;
-  const bool recomputed = spec_.train.recompute == ref::Recompute::kFull ||
-                          (spec_.train.recompute == ref::Recompute::kSelective &&
-                           !flash_style_attention());
-  const double per = 14 + 4 * (recomputed ? 1 : 0);
-  if (!ring_attention()) return costs::causal_attention_flops(m.seq_len, m.heads, m.head_dim(), per);
+  const double per = 14 + 4 * (core_recomputed() ? 1 : 0);
+  if (!ring_attention())
+    return costs::causal_attention_flops(m.seq_len, m.heads, m.head_dim(), per);
   // The ring: whole blocks of chunk pairs, alike on every CP rank at each step (CP rank 0's).
   const int p = mesh_.size(comm::Axis::cp);
   double pairs = 0;
@@ -161,21 +164,16 @@ double Skeleton::executed_attention_core() const {
 double Skeleton::hardware_flops_per_step() const {
   const ref::ModelConfig& m = spec_.model;
   const double s = m.seq_len;
-  double recompute = 0;
-  bool core_recomputed = false;
-  for (int i = 0; i < m.layers; ++i) {
-    if (spec_.train.recompute == ref::Recompute::kFull) {
+  double recompute = 0;  // full: each block's forward; selective: its attention core
+  for (int i = 0; i < m.layers; ++i)
+    if (spec_.train.recompute == ref::Recompute::kFull)
       recompute += parallel::block_forward_flops(m, i, s);
-      core_recomputed = true;
-    }
-    if (spec_.train.recompute == ref::Recompute::kSelective && !flash_style_attention()) {
+    else if (core_recomputed())
       recompute += parallel::attention_core_flops(m, s);
-      core_recomputed = true;
-    }
-  }
   // Each layer's attention core as the kernel executes it instead of the full s x s forward and
   // backward (and recompute) of the model FLOPs' convention.
-  const double convention = parallel::attention_core_flops(m, s) * (3 + (core_recomputed ? 1 : 0));
+  const double convention =
+      parallel::attention_core_flops(m, s) * (3 + (core_recomputed() ? 1 : 0));
   const double sequences = static_cast<double>(spec_.local_batch) * spec_.dp;
   return model_flops_per_step() +
          (recompute + m.layers * (executed_attention_core() - convention)) * sequences;
