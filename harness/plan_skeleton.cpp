@@ -17,9 +17,11 @@
 #include "parallel/flops.hpp"
 #include "parallel/layerwise.hpp"
 #include "parallel/mp/mesh_bf16.hpp"
+#include "parallel/mp/mesh_buckets.hpp"
 #include "parallel/mp/mesh_grad_units.hpp"
 #include "parallel/mp/mesh_residency.hpp"
 #include "parallel/mp/mesh_rows.hpp"
+#include "parallel/mp/mesh_walk.hpp"
 #include "parallel/mp/pipeline.hpp"
 
 namespace shardcheck::harness {
@@ -54,6 +56,10 @@ class SkeletonRun {
     const int v = sp_.mesh.virtual_stages;
     stage_ = k_.mesh_.coord(world.world_rank(), comm::Axis::pp);
     plan_ = parallel::stage_plan(m, pp(), v, stage_);
+    buckets_ =
+        parallel::mesh_detail::BucketFill({.tied_across_stages = m.tie_embeddings && pp() > 1,
+                                           .sequence_parallel = sp(),
+                                           .bucket_elems = sp_.mesh.bucket_elems});
     classes_ = parallel::flat_classes(specs_, k_.zero_, [&](const LocalParam& p) {
       return k_.wrap_of_.at(parallel::unit_of(m, p.name));
     });
@@ -131,19 +137,19 @@ class SkeletonRun {
     if (k_.zero_ == 3) {
       const bool keep =
           f.sharding == parallel::ShardingStrategy::shard_grad_op || !f.reshard_after_forward;
-      chunk_uses_.resize(static_cast<std::size_t>(2 * sp_.mesh.virtual_stages));
       residency_ = std::make_unique<Residency>(
           Gathers{this}, world_.memory(), sp_.recipe.param,
           Residency::Options{.prefetch = f.prefetch, .keep_after_forward = keep});
     }
     microbatches_ = sp_.local_batch / sp_.train.micro_batch;
+    chunk_steps_.resize(static_cast<std::size_t>(2 * sp_.mesh.virtual_stages));
     const std::vector<parallel::PipeEvent> events = parallel::pipeline_events(
         sp_.mesh.schedule, pp(), stage_, microbatches_, sp_.mesh.virtual_stages);
     for (int step = 1; step <= sp_.steps; ++step) {
       // MeshImpl::step: 1. the loss denominators.
       world_.begin_step(step);
       data_->all_reduce(null_buf(3, comm::DType::i64))->wait();
-      bucketed_.clear();
+      buckets_.clear(specs_.size());
       issued_spec_.assign(specs_.size(), false);
       // 2. the pipeline (run_pipeline: pipeline_events with null buffers).
       pipeline(events);
@@ -263,17 +269,27 @@ class SkeletonRun {
     w->wait();
   }
 
+  // The steps of a chunk's forward or backward (mesh_walk.hpp) and the units they use: the same
+  // for every microbatch, so built once per chunk and direction.
+  struct Steps {
+    std::vector<parallel::mesh_detail::ChunkStep> steps;
+    std::vector<std::vector<int>> uses;
+  };
+  const Steps& chunk_steps(int chunk, bool forward) {
+    std::optional<Steps>& s = chunk_steps_[static_cast<std::size_t>(2 * chunk + forward)];
+    if (!s) {
+      const int vs = virtual_stage(chunk);
+      s.emplace();
+      s->steps = parallel::mesh_detail::chunk_steps(
+          sp_.model, k_.wrap_of_, plan_.chunk_layers[static_cast<std::size_t>(chunk)], vs == 0,
+          vs == last_virtual_stage(), plan_.has_embed, forward);
+      s->uses = parallel::mesh_detail::step_uses(s->steps);
+    }
+    return *s;
+  }
   // MeshImpl::begin_uses / use / end_uses.
-  void begin_uses(int mb, int chunk, bool forward) {
-    if (!residency_) return;
-    const int vs = virtual_stage(chunk);
-    // The same for every microbatch: built once per chunk and direction.
-    std::optional<Uses>& uses = chunk_uses_[static_cast<std::size_t>(2 * chunk + forward)];
-    if (!uses)
-      uses = parallel::mesh_detail::chunk_uses(sp_.model, k_.wrap_of_,
-                                               plan_.chunk_layers[static_cast<std::size_t>(chunk)],
-                                               vs == 0, vs == last_virtual_stage(), forward);
-    residency_->begin(mb, chunk, forward, *uses);
+  void begin_uses(int mb, int chunk, bool forward, const Steps& s) {
+    if (residency_) residency_->begin(mb, chunk, forward, s.uses);
   }
   void use() {
     if (residency_) residency_->next();
@@ -294,22 +310,19 @@ class SkeletonRun {
 
   // MeshImpl::forward.
   void forward(int mb, int chunk) {
-    const int mbs = sp_.train.micro_batch;
-    const int vs = virtual_stage(chunk);
-    const auto [first, last] = plan_.chunk_layers[static_cast<std::size_t>(chunk)];
-    begin_uses(mb, chunk, true);
-    if (vs == 0) {
-      use();  // the embedding
-      for (int i = 0; i < mbs; ++i) seq_->embed_forward();
-    }
-    for (int layer = first; layer < last; ++layer) {
-      use();
-      for (int i = 0; i < mbs; ++i) block(layer, true);
-    }
-    if (vs == last_virtual_stage()) {
-      use();  // the head
-      for (int i = 0; i < mbs; ++i) seq_->head_forward();
-    }
+    using Part = parallel::mesh_detail::ChunkStep::Part;
+    const Steps& s = chunk_steps(chunk, true);
+    begin_uses(mb, chunk, true, s);
+    struct Walk {
+      SkeletonRun& r;
+      void use() { r.use(); }
+      void forward(const parallel::mesh_detail::ChunkStep& step, int /*sequence*/) {
+        if (step.part == Part::embed) r.seq_->embed_forward();
+        if (step.part == Part::layer) r.block(step.layer, true);
+        if (step.part == Part::head) r.seq_->head_forward();
+      }
+    };
+    parallel::mesh_detail::walk_forward(s.steps, sp_.train.micro_batch, Walk{*this});
     end_uses();
   }
 
@@ -320,41 +333,33 @@ class SkeletonRun {
 
   // MeshImpl::backward.
   void backward(int mb, int chunk) {
-    const ref::ModelConfig& m = sp_.model;
-    const int mbs = sp_.train.micro_batch;
-    const int vs = virtual_stage(chunk);
-    const auto [first, last_layer] = plan_.chunk_layers[static_cast<std::size_t>(chunk)];
+    using Part = parallel::mesh_detail::ChunkStep::Part;
     const bool last = mb == microbatches_ - 1;
     const bool bf16 = sp_.train.precision == ref::Precision::kBf16;
-    std::size_t step = 0;  // mesh_grad_units.hpp's steps of the backward
-    const auto complete = [&](const auto& pick) {
-      if (!bf16 && ddp_overlap() && last) issue_bucket(pick, false);
-      unit_ready(chunk, step++);
-    };
-    begin_uses(mb, chunk, false);
-    if (vs == last_virtual_stage()) {
-      use();  // the head
-      for (int i = 0; i < mbs; ++i) seq_->head_backward();
-      // The tied embedding's copy is complete here unless this stage also holds the embedding.
-      const bool tied_done = m.tie_embeddings && !plan_.has_embed;
-      complete([&](const LocalParam& p) {
-        return p.name == "final_norm.weight" || p.name == "lm_head.weight" ||
-               (p.name == "embed.weight" && tied_done);
-      });
-    }
-    for (int layer = last_layer - 1; layer >= first; --layer) {
-      use();
-      for (int i = 0; i < mbs; ++i) {
-        if (sp_.train.recompute == ref::Recompute::kFull) block(layer, true);
-        block(layer, false);
+    const Steps& s = chunk_steps(chunk, false);
+    begin_uses(mb, chunk, false, s);
+    struct Walk {
+      SkeletonRun& r;
+      int chunk;
+      bool bucket;  // DDP overlap, f64/f32, the last microbatch: buckets issued as they fill
+      void use() { r.use(); }
+      void begin(std::size_t /*step*/) {}
+      void recompute(const parallel::mesh_detail::ChunkStep& step, int /*sequence*/) {
+        r.block(step.layer, true);
       }
-      const std::string prefix = "layers." + std::to_string(layer) + ".";
-      complete([&](const LocalParam& p) { return p.name.rfind(prefix, 0) == 0; });
-    }
-    if (vs == 0) {
-      for (int i = 0; i < mbs; ++i) seq_->embed_backward();
-      complete([](const LocalParam& p) { return p.name == "embed.weight"; });
-    }
+      void backward(const parallel::mesh_detail::ChunkStep& step, int /*sequence*/) {
+        if (step.part == Part::head) r.seq_->head_backward();
+        if (step.part == Part::layer) r.block(step.layer, false);
+        if (step.part == Part::embed) r.seq_->embed_backward();
+      }
+      void complete(const parallel::mesh_detail::ChunkStep& step, std::size_t k) {
+        if (bucket) r.issue_bucket([&](const LocalParam& p) { return step.completes(p); }, false);
+        r.unit_ready(chunk, k);
+      }
+    };
+    parallel::mesh_detail::walk_backward(s.steps, sp_.train.micro_batch,
+                                         sp_.train.recompute == ref::Recompute::kFull,
+                                         Walk{*this, chunk, !bf16 && ddp_overlap() && last});
     end_uses();
     finish_unit_reduce();
     if (bf16) round_presums(true);
@@ -448,28 +453,16 @@ class SkeletonRun {
     in_flight_ = -1;
   }
 
-  // MeshImpl::issue_bucket: the picked gradients join the open bucket, which goes once it holds
-  // bucket_elems elements (or at the chunk's end: flush).
+  // MeshImpl::issue_bucket: the picked gradients join the open bucket (mesh_buckets.hpp).
   template <class Pick>
   void issue_bucket(const Pick& pick, bool flush) {
-    for (std::size_t i = 0; i < specs_.size(); ++i) {
-      const LocalParam& p = spec(i);
-      if (!pick(p) || !bucketed_.insert(p.name).second) continue;
-      if (p.name == "embed.weight" && sp_.model.tie_embeddings && pp() > 1) continue;
-      // Summed over TP (or the kv replicas) first, in sync_gradients.
-      if ((p.tp_replicated && sp()) || p.kv_replicas > 1) continue;
-      bucket_.push_back(i);
-      bucket_fill_ += count_of(ref::numel_of(p.local_shape));
-    }
-    if (bucket_.empty() || (!flush && bucket_fill_ < sp_.mesh.bucket_elems)) return;
-    issue_reduce();
-    bucket_.clear();
-    bucket_fill_ = 0;
+    if (const std::vector<std::size_t>* bucket = buckets_.add(specs_, pick, flush))
+      issue_reduce(*bucket);
   }
 
   // MeshOptimizer::issue_reduce of the open bucket: per class, one all_reduce of its fresh
   // parameters' elements.
-  void issue_reduce() {
+  void issue_reduce(const std::vector<std::size_t>& bucket) {
     if (k_.zero_ >= 2) return;
     for (std::size_t ci = 0; ci < classes_.size(); ++ci) {
       const FlatClass& c = classes_[ci];
@@ -477,8 +470,7 @@ class SkeletonRun {
       if (c.numel == 0 || g.size() == 1) continue;
       int64_t n = 0;
       for (const std::size_t i : c.specs) {
-        if (issued_spec_[i] || std::find(bucket_.begin(), bucket_.end(), i) == bucket_.end())
-          continue;
+        if (issued_spec_[i] || std::find(bucket.begin(), bucket.end(), i) == bucket.end()) continue;
         issued_spec_[i] = true;
         n += ref::numel_of(spec(i).local_shape);
       }
@@ -550,13 +542,10 @@ class SkeletonRun {
   const std::vector<LocalParam>& specs_ = *params_;
   std::vector<FlatClass> classes_;
   std::unique_ptr<Residency> residency_;
-  using Uses = std::vector<std::vector<int>>;
-  std::vector<std::optional<Uses>> chunk_uses_;  // per chunk: backward, forward (residency_'s)
+  std::vector<std::optional<Steps>> chunk_steps_;  // per chunk: backward, forward
   std::optional<SequenceOps> seq_;               // one sequence's sublayers on this rank
   int microbatches_ = 1;
-  std::set<std::string> bucketed_;
-  std::vector<std::size_t> bucket_;  // the open bucket: spec indices
-  std::size_t bucket_fill_ = 0;
+  parallel::mesh_detail::BucketFill buckets_;  // DDP overlap
   std::vector<bool> issued_spec_;
   std::vector<std::pair<std::size_t, comm::WorkPtr>> issued_;
   // ZeRO-3 (mesh_grad_units.hpp): per class, the chunk reducing it every microbatch (-1: the

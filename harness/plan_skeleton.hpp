@@ -4,10 +4,11 @@
 // context parallelism, expert parallelism), sized for the real
 // model, with null buffers and real counts. Its layout and order come from the engine's own
 // pieces: its parameters (local_params), stage plans, flat buffers and shards (flat_classes),
-// ZeRO-3 / FSDP residency (Residency over chunk_uses) and per-microbatch unit reductions
-// (mesh_grad_units.hpp), pipeline messages (pipeline_events), the
-// gradients a chunk writes (chunk_writes), and its compute reports (parallel/costs.hpp); what it
-// writes itself (the step's order, the bucket fill, the collectives inside a block) is checked
+// ZeRO-3 / FSDP residency (Residency) and per-microbatch unit reductions
+// (mesh_grad_units.hpp), pipeline messages (pipeline_events), each chunk's walk (mesh_walk.hpp:
+// its steps, the units they use, the gradients each completes), DDP's bucket fill
+// (mesh_buckets.hpp), and its compute reports (parallel/costs.hpp); what it writes itself (the
+// step's order, the optimizer's collectives, the collectives inside a block) is checked
 // against the engine by the conformance test (harness/conformance.hpp: the op logs of both runs
 // are equal for every configuration of the parity matrix it covers). It runs on any
 // comm::Communicator that moves no data: sim::SimWorld in meta mode (every rank a thread), the

@@ -14,10 +14,12 @@
 #include "parallel/layerwise.hpp"
 #include "parallel/ledger.hpp"
 #include "parallel/mp/mesh_bf16.hpp"
+#include "parallel/mp/mesh_buckets.hpp"
 #include "parallel/mp/mesh_memory.hpp"
 #include "parallel/mp/mesh_residency.hpp"
 #include "parallel/mp/mesh_rows.hpp"
 #include "parallel/mp/mesh_unit_reducer.hpp"
+#include "parallel/mp/mesh_walk.hpp"
 #include "parallel/mp/mesh_zero.hpp"
 #include "parallel/mp/tp_block.hpp"
 #include "parallel/testing.hpp"
@@ -107,6 +109,10 @@ class MeshImpl final : public MeshEngine::Impl {
       }
     }
     grads_ = params_.zeros_like();
+    buckets_ =
+        mesh_detail::BucketFill({.tied_across_stages = model_.tie_embeddings && opt_.shape.pp > 1,
+                                 .sequence_parallel = env_.sp(),
+                                 .bucket_elems = opt_.bucket_elems});
     const FsdpOptions f = opt_.fsdp.value_or(FsdpOptions{.prefetch = 0});
     no_shard_ = opt_.fsdp && f.sharding == ShardingStrategy::no_shard;
     wrap_of_ = mesh_detail::wrap_map(model_, f);
@@ -161,7 +167,7 @@ class MeshImpl final : public MeshEngine::Impl {
         mem_, comm::MemCategory::grads,
         static_cast<std::size_t>(zopt_->accumulated_grad_elems()) * recipe_.grad);
     comm::TrackedBytes mb_held;
-    bucketed_.clear();
+    buckets_.clear(specs_.size());
     zopt_->begin_accumulation();
     if (microbatch_grads()) {
       mb_grads_ = params_.zeros_like();
@@ -322,12 +328,17 @@ class MeshImpl final : public MeshEngine::Impl {
   int virtual_stage(int chunk) const { return chunk * opt_.shape.pp + stage_; }
   int last_virtual_stage() const { return opt_.shape.pp * opt_.virtual_stages - 1; }
 
-  void begin_uses(int mb, int chunk, bool forward) {
-    if (!residency_) return;
+  // The steps of local chunk `chunk`'s forward or backward (mesh_walk.hpp).
+  std::vector<mesh_detail::ChunkStep> chunk_steps(int chunk, bool forward) const {
     const int vs = virtual_stage(chunk);
-    callback_uses_ = mesh_detail::chunk_uses(model_, wrap_of_,
-                                             plan_.chunk_layers[static_cast<std::size_t>(chunk)],
-                                             vs == 0, vs == last_virtual_stage(), forward);
+    return mesh_detail::chunk_steps(model_, wrap_of_,
+                                    plan_.chunk_layers[static_cast<std::size_t>(chunk)], vs == 0,
+                                    vs == last_virtual_stage(), plan_.has_embed, forward);
+  }
+  void begin_uses(int mb, int chunk, bool forward,
+                  const std::vector<mesh_detail::ChunkStep>& steps) {
+    if (!residency_) return;
+    callback_uses_ = mesh_detail::step_uses(steps);
     residency_->begin(mb, chunk, forward, callback_uses_);
   }
   // ZeRO-3: before each use of the callback's units, and after the callback.
@@ -344,44 +355,53 @@ class MeshImpl final : public MeshEngine::Impl {
     const auto [first, last] = plan_.chunk_layers[static_cast<std::size_t>(chunk)];
     mem_.set_phase(prefix_ + " microbatch " + std::to_string(mb) + " forward chunk " +
                    std::to_string(chunk));
-    begin_uses(mb, chunk, true);
+    const std::vector<mesh_detail::ChunkStep> steps = chunk_steps(chunk, true);
+    begin_uses(mb, chunk, true, steps);
     ChunkCache<T>& cc = caches_[{mb, chunk}];
     const auto layers = static_cast<std::size_t>(last - first);
     cc.blocks.assign(static_cast<std::size_t>(mbs), std::vector<MpBlockCache<T>>(layers));
+    cc.heads.resize(vs == last_virtual_stage() ? static_cast<std::size_t>(mbs) : 0);
     std::vector<Tensor<T>> xs;
-    if (vs == 0) {
-      use();
-      for (int i = 0; i < mbs; ++i) xs.push_back(mp_embed_forward(env_, weights(), seq(mb, i)));
-    } else {
-      xs = split_rows(input, mbs);
-    }
+    if (vs != 0) xs = split_rows(input, mbs);
     // Layer by layer over the microbatch's sequences (one use of each wrap unit); the MoE sums
     // are added sequence by sequence, as one sequence at a time would add them.
     std::vector<MpSequenceLoss> moe(static_cast<std::size_t>(mbs) * layers);
-    for (int layer = first; layer < last; ++layer) {
-      use();
-      for (int i = 0; i < mbs; ++i) {
+    struct Walk {
+      MeshImpl& e;
+      int mb, first;
+      std::size_t layers;
+      ChunkCache<T>& cc;
+      std::vector<Tensor<T>>& xs;
+      std::vector<MpSequenceLoss>& moe;
+      void use() { e.use(); }
+      void forward(const mesh_detail::ChunkStep& s, int i) {
         const auto ui = static_cast<std::size_t>(i);
-        MpBlockCache<T>& bc = cc.blocks[ui][static_cast<std::size_t>(layer - first)];
-        xs[ui] = mp_block_forward(env_, weights(), layer, seq(mb, i), ctx_, xs[ui], bc,
-                                  &moe[ui * layers + static_cast<std::size_t>(layer - first)]);
-        keep_for_backward(bc);
+        switch (s.part) {
+          case mesh_detail::ChunkStep::Part::embed:
+            xs.push_back(mp_embed_forward(e.env_, e.weights(), e.seq(mb, i)));
+            break;
+          case mesh_detail::ChunkStep::Part::layer: {
+            const auto l = static_cast<std::size_t>(s.layer - first);
+            MpBlockCache<T>& bc = cc.blocks[ui][l];
+            xs[ui] = mp_block_forward(e.env_, e.weights(), s.layer, e.seq(mb, i), e.ctx_, xs[ui],
+                                      bc, &moe[ui * layers + l]);
+            e.keep_for_backward(bc);
+            break;
+          }
+          case mesh_detail::ChunkStep::Part::head: {
+            MpSequenceLoss l;
+            mp_head_forward(e.env_, e.weights(), e.seq(mb, i), xs[ui], cc.heads[ui], &l);
+            if (e.g_.tp->rank() == 0) e.counted_[0] += l.loss_sum;
+            break;
+          }
+        }
       }
-    }
+    };
+    mesh_detail::walk_forward(steps, mbs, Walk{*this, mb, first, layers, cc, xs, moe});
     if (g_.tp->rank() == 0 && g_.cp->rank() == 0) {
       for (const MpSequenceLoss& l : moe) {
         counted_[1] += l.aux;
         counted_[2] += static_cast<double>(l.dropped);
-      }
-    }
-    if (vs == last_virtual_stage()) {
-      use();
-      cc.heads.resize(static_cast<std::size_t>(mbs));
-      for (int i = 0; i < mbs; ++i) {
-        MpSequenceLoss l;
-        mp_head_forward(env_, weights(), seq(mb, i), xs[static_cast<std::size_t>(i)],
-                        cc.heads[static_cast<std::size_t>(i)], &l);
-        if (g_.tp->rank() == 0) counted_[0] += l.loss_sum;
       }
     }
     std::size_t held = 0;
@@ -400,73 +420,71 @@ class MeshImpl final : public MeshEngine::Impl {
     const auto [first, last] = plan_.chunk_layers[static_cast<std::size_t>(chunk)];
     mem_.set_phase(prefix_ + " microbatch " + std::to_string(mb) + " backward chunk " +
                    std::to_string(chunk));
-    begin_uses(mb, chunk, false);
+    const std::vector<mesh_detail::ChunkStep> steps = chunk_steps(chunk, false);
+    begin_uses(mb, chunk, false, steps);
     ChunkCache<T>& cc = caches_.at({mb, chunk});
     ref::ParamMap<T>& grads = grad_target();
-    // The gradients `pick` selects are complete for this microbatch: the hook and the health flag
-    // see them, then (f64/f32, DDP overlap, last microbatch) their all_reduce is issued. The bf16
-    // recipe rounds the whole chunk's microbatch gradient first, so it issues at the chunk's end.
+    // The gradients a step completes for this microbatch: the hook and the health flag see them,
+    // then (f64/f32, DDP overlap, last microbatch) their all_reduce is issued. The bf16 recipe
+    // rounds the whole chunk's microbatch gradient first, so it issues at the chunk's end.
     const bool bf16 = train_.precision == ref::Precision::kBf16;
-    // The backward's steps (mesh_grad_units.hpp): each group of units used, then the embedding.
-    std::size_t step = 0;
-    const auto begin_step = [&] {
-      use();
-      units_->begin(chunk, step);
-    };
-    const auto complete = [&](const typename MeshOptimizer<T>::Pick& pick) {
-      check_gradients(mb, grads, pick);
-      if (!bf16 && ddp_overlap() && mb == microbatches_ - 1) issue_bucket(pick, false);
-      unit_ready(chunk, step++);
-    };
     std::vector<Tensor<T>> dxs;
-    if (vs == last_virtual_stage()) {
-      begin_step();
-      for (int i = 0; i < mbs; ++i) {
-        dxs.push_back(mp_head_backward(env_, weights(), seq(mb, i), ctx_.token_weight,
-                                       cc.heads[static_cast<std::size_t>(i)], grads));
-      }
-      // The tied embedding's copy is complete here unless this stage also holds the embedding
-      // (virtual stage 0: pp 1 with virtual stages, whose chunk 0 adds the lookup's gradient
-      // after this chunk's backward).
-      const bool tied_done = model_.tie_embeddings && !plan_.has_embed;
-      complete([&](const LocalParam& p) {
-        return p.name == "final_norm.weight" || p.name == "lm_head.weight" ||
-               (p.name == "embed.weight" && tied_done);
-      });
-    } else {
-      dxs = split_rows(dout, mbs);
-    }
+    if (vs != last_virtual_stage()) dxs = split_rows(dout, mbs);
     // Layer by layer (each over the microbatch's sequences), so a layer's gradient is complete as
     // early as possible; every parameter still adds its sequences' contributions in order.
-    for (int layer = last - 1; layer >= first; --layer) {
-      begin_step();
-      for (int i = 0; i < mbs; ++i) {
-        auto& blocks = cc.blocks[static_cast<std::size_t>(i)];
-        MpBlockCache<T>& bc = blocks[static_cast<std::size_t>(layer - first)];
-        MpBlockCache<T> again;  // full recompute: the block from its input, its collectives too
-        comm::TrackedBytes recomputed;
-        if (train_.recompute == ref::Recompute::kFull) {
-          mp_block_forward(env_, weights(), layer, seq(mb, i), ctx_, bc.x_in, again, nullptr);
-          recomputed = comm::TrackedBytes(mem_, comm::MemCategory::activations,
-                                          cache_elems(again) * recipe_.activation);
-        }
-        dxs[static_cast<std::size_t>(i)] =
-            mp_block_backward(env_, weights(), layer, seq(mb, i), ctx_,
-                              train_.recompute == ref::Recompute::kFull ? again : bc,
-                              dxs[static_cast<std::size_t>(i)], grads, &expert_parts_);
+    struct Walk {
+      MeshImpl& e;
+      int mb, chunk, first;
+      bool bf16;
+      ChunkCache<T>& cc;
+      ref::ParamMap<T>& grads;
+      std::vector<Tensor<T>>& dxs;
+      MpBlockCache<T> again;  // full recompute: the block from its input, its collectives too
+      comm::TrackedBytes recomputed;
+      void use() { e.use(); }
+      void begin(std::size_t step) { e.units_->begin(chunk, step); }
+      MpBlockCache<T>& cache(const mesh_detail::ChunkStep& s, int i) {
+        return cc.blocks[static_cast<std::size_t>(i)][static_cast<std::size_t>(s.layer - first)];
       }
-      const std::string prefix = "layers." + std::to_string(layer) + ".";
-      complete([&](const LocalParam& p) { return p.name.rfind(prefix, 0) == 0; });
-    }
+      void recompute(const mesh_detail::ChunkStep& s, int i) {
+        again = MpBlockCache<T>{};
+        mp_block_forward(e.env_, e.weights(), s.layer, e.seq(mb, i), e.ctx_, cache(s, i).x_in,
+                         again, nullptr);
+        recomputed = comm::TrackedBytes(e.mem_, comm::MemCategory::activations,
+                                        cache_elems(again) * e.recipe_.activation);
+      }
+      void backward(const mesh_detail::ChunkStep& s, int i) {
+        const auto ui = static_cast<std::size_t>(i);
+        switch (s.part) {
+          case mesh_detail::ChunkStep::Part::head:
+            dxs.push_back(mp_head_backward(e.env_, e.weights(), e.seq(mb, i), e.ctx_.token_weight,
+                                           cc.heads[ui], grads));
+            break;
+          case mesh_detail::ChunkStep::Part::layer: {
+            const bool full = e.train_.recompute == ref::Recompute::kFull;
+            dxs[ui] =
+                mp_block_backward(e.env_, e.weights(), s.layer, e.seq(mb, i), e.ctx_,
+                                  full ? again : cache(s, i), dxs[ui], grads, &e.expert_parts_);
+            again = MpBlockCache<T>{};
+            recomputed.reset();
+            break;
+          }
+          case mesh_detail::ChunkStep::Part::embed:
+            mp_embed_backward(e.env_, e.seq(mb, i), dxs[ui], grads);
+            break;
+        }
+      }
+      void complete(const mesh_detail::ChunkStep& s, std::size_t step) {
+        const auto pick = [&s](const LocalParam& p) { return s.completes(p); };
+        e.check_gradients(mb, grads, pick);
+        if (!bf16 && e.ddp_overlap() && mb == e.microbatches_ - 1) e.issue_bucket(pick, false);
+        e.unit_ready(chunk, step);
+      }
+    };
+    mesh_detail::walk_backward(steps, mbs, train_.recompute == ref::Recompute::kFull,
+                               Walk{*this, mb, chunk, first, bf16, cc, grads, dxs, {}, {}});
     Tensor<T> result;
-    if (vs == 0) {
-      units_->begin(chunk, step);  // the embedding's backward uses no parameters
-      for (int i = 0; i < mbs; ++i)
-        mp_embed_backward(env_, seq(mb, i), dxs[static_cast<std::size_t>(i)], grads);
-      complete([](const LocalParam& p) { return p.name == "embed.weight"; });
-    } else {
-      result = concat_rows(dxs);
-    }
+    if (vs != 0) result = concat_rows(dxs);
     caches_.erase({mb, chunk});
     end_uses();
     units_->finish();
@@ -507,17 +525,11 @@ class MeshImpl final : public MeshEngine::Impl {
   // Buckets fill in completion order and go once they hold bucket_elems elements; what a chunk's
   // backward leaves goes at its end (flush).
   void issue_bucket(const typename MeshOptimizer<T>::Pick& pick, bool flush) {
-    for (const LocalParam& p : specs_) {
-      if (!pick(p) || !bucketed_.insert(p.name).second) continue;
-      if (p.name == "embed.weight" && model_.tie_embeddings && opt_.shape.pp > 1) continue;
-      if ((p.tp_replicated && env_.sp()) || p.kv_replicas > 1) continue;
-      bucket_.insert(p.name);
-      bucket_fill_ += static_cast<std::size_t>(ref::numel_of(p.local_shape));
-    }
-    if (bucket_.empty() || (!flush && bucket_fill_ < opt_.bucket_elems)) return;
-    zopt_->issue_reduce(grads_, [&](const LocalParam& p) { return bucket_.count(p.name) > 0; });
-    bucket_.clear();
-    bucket_fill_ = 0;
+    const std::vector<std::size_t>* bucket = buckets_.add(specs_, pick, flush);
+    if (bucket == nullptr) return;
+    std::set<std::string> names;
+    for (const std::size_t i : *bucket) names.insert(specs_[i].name);
+    zopt_->issue_reduce(grads_, [&](const LocalParam& p) { return names.count(p.name) > 0; });
   }
   bool ddp_overlap() const { return opt_.overlap && opt_.zero <= 1 && !no_shard_; }
 
@@ -607,8 +619,7 @@ class MeshImpl final : public MeshEngine::Impl {
   HybridGroups dense_h_, expert_h_;          // hybrid_shard: shard and replica groups
   std::map<int, int> wrap_of_;               // layerwise unit -> wrap unit
   bool no_shard_ = false;                    // FSDP no_shard: gradients summed per microbatch
-  std::set<std::string> bucket_, bucketed_;  // DDP overlap: the open bucket; this step's so far
-  std::size_t bucket_fill_ = 0;
+  mesh_detail::BucketFill buckets_;          // DDP overlap
   BlockEnv env_;
   int stage_ = 0;
   StagePlan plan_;

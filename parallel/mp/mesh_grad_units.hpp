@@ -12,8 +12,8 @@
 // and the stages' copies are summed first) and a unit whose layers lie in two chunks stay in the
 // step's full accumulator and are reduced at the step's end, as ZeRO-2 is.
 //
-// A chunk's backward runs in steps: the groups of chunk_uses (the head with the tied embedding,
-// then each layer in reverse), then, on virtual stage 0, the embedding's backward.
+// A chunk's backward runs in steps (mesh_walk.hpp's chunk_steps): the head with the tied
+// embedding, then each layer in reverse, then, on virtual stage 0, the embedding's backward.
 #pragma once
 
 #include <algorithm>
@@ -23,7 +23,7 @@
 #include <vector>
 
 #include "parallel/mp/mesh_params.hpp"
-#include "parallel/mp/mesh_residency.hpp"
+#include "parallel/mp/mesh_walk.hpp"
 #include "parallel/mp/mesh_zero.hpp"
 #include "reference/config.hpp"
 
@@ -56,8 +56,8 @@ inline std::vector<int> unit_reduce_chunks(const ref::ModelConfig& model, const 
 }
 
 struct UnitReduceSchedule {
-  // Per step (the chunk_uses groups, then the embedding's backward): the classes whose unsharded
-  // gradient starts before the step's compute, and those complete after it (in class order).
+  // Per step (chunk_steps' backward): the classes whose unsharded gradient starts before the
+  // step's compute, and those complete after it (in class order).
   std::vector<std::vector<std::size_t>> alloc, ready;
 };
 
@@ -69,29 +69,27 @@ inline UnitReduceSchedule unit_reduce_schedule(const ref::ModelConfig& model,
                                                int last_vs, const std::vector<LocalParam>& specs,
                                                const std::vector<FlatClass>& classes,
                                                const std::vector<int>& reduce_chunk) {
-  const auto [first, last] = plan.chunk_layers[static_cast<std::size_t>(chunk)];
-  const std::vector<std::vector<int>> uses =
-      chunk_uses(model, wrap_of, {first, last}, vs == 0, vs == last_vs, false);
-  const std::size_t steps = uses.size() + 1;
-  const std::size_t head = vs == last_vs ? 1 : 0;
-  // The step after which the chunk's backward has written p for the last time (the engine's
-  // complete() calls: the head's, each layer's, the embedding's).
+  const std::vector<ChunkStep> steps =
+      chunk_steps(model, wrap_of, plan.chunk_layers[static_cast<std::size_t>(chunk)], vs == 0,
+                  vs == last_vs, plan.has_embed, false);
+  // The step after which the chunk's backward has written p for the last time.
   const auto done_at = [&](const LocalParam& p) -> std::size_t {
-    if (p.name.rfind("layers.", 0) == 0)
-      return head + static_cast<std::size_t>(last - 1 - std::stoi(p.name.substr(7)));
-    if (p.name == "embed.weight" && vs == 0) return uses.size();
+    for (std::size_t j = 0; j < steps.size(); ++j)
+      if (steps[j].completes(p)) return j;
     return 0;
   };
   UnitReduceSchedule s;
-  s.alloc.resize(steps);
-  s.ready.resize(steps);
+  s.alloc.resize(steps.size());
+  s.ready.resize(steps.size());
   for (std::size_t ci = 0; ci < classes.size(); ++ci) {
     if (reduce_chunk[ci] != chunk) continue;
     std::size_t ready = 0;
     for (const std::size_t k : classes[ci].specs) ready = std::max(ready, done_at(specs[k]));
     std::size_t begin = ready;
-    for (std::size_t j = 0; j < uses.size() && j < begin; ++j)
-      if (std::find(uses[j].begin(), uses[j].end(), classes[ci].unit) != uses[j].end()) begin = j;
+    for (std::size_t j = 0; j < begin; ++j) {
+      const std::vector<int>& units = steps[j].units;
+      if (std::find(units.begin(), units.end(), classes[ci].unit) != units.end()) begin = j;
+    }
     s.alloc[begin].push_back(ci);
     s.ready[ready].push_back(ci);
   }

@@ -18,6 +18,7 @@
 #include "parallel/mp/mesh_bf16.hpp"
 #include "parallel/mp/mesh_grad_units.hpp"
 #include "parallel/mp/mesh_residency.hpp"
+#include "parallel/mp/mesh_walk.hpp"
 #include "parallel/mp/mesh_zero.hpp"
 
 namespace shardcheck::parallel {
@@ -223,7 +224,8 @@ std::vector<LedgerRow> mesh_ledger_modes(const ref::ModelConfig& model,
     const auto layers = plan.chunk_layers[static_cast<std::size_t>(c)];
     if (res)
       for (const bool forward : {false, true})
-        h.uses[forward] = mesh_detail::chunk_uses(model, wrap, layers, vs == 0, last, forward);
+        h.uses[forward] = mesh_detail::step_uses(
+            mesh_detail::chunk_steps(model, wrap, layers, vs == 0, last, plan.has_embed, forward));
     h.held.assign(modes.size(), last ? head_elems(x) : 0.0);
     for (int l = layers.first; l < layers.second; ++l) {
       for (std::size_t k = 0; k < modes.size(); ++k)

@@ -7,6 +7,7 @@
 #include <tuple>
 
 #include "parallel/flops.hpp"
+#include "parallel/mp/mesh_walk.hpp"
 #include "parallel/mp/pipeline.hpp"
 #include "parallel/testing.hpp"
 #include "reference/model.hpp"
@@ -167,9 +168,8 @@ bool chunk_writes(const ref::ModelConfig& model, const StagePlan& plan, int chun
     const int layer = std::stoi(p.name.substr(7));
     return layer >= first && layer < last;
   }
-  const bool head = vs == last_vs;
-  if (p.name == "embed.weight") return vs == 0 || (head && model.tie_embeddings && !plan.has_embed);
-  return head && (p.name == "final_norm.weight" || p.name == "lm_head.weight");
+  if (p.name == "embed.weight" && vs == 0) return true;
+  return vs == last_vs && mesh_detail::head_completes(model, plan.has_embed, p);
 }
 
 std::shared_ptr<const std::vector<LocalParam>> shared_local_params(const ref::ModelConfig& model,

@@ -33,33 +33,6 @@ inline std::map<int, int> wrap_map(const ref::ModelConfig& model, const FsdpOpti
   return out;
 }
 
-// The wrap units (wrap_of: layerwise unit -> wrap unit) a chunk of layers [first, last) uses, in
-// groups used together: in forward the embedding (first virtual stage), each layer, the head with
-// the tied embedding (last); in backward the head with the tied embedding, each layer in reverse
-// (the embedding's backward needs no parameters).
-inline std::vector<std::vector<int>> chunk_uses(const ref::ModelConfig& model,
-                                                const std::map<int, int>& wrap_of,
-                                                std::pair<int, int> layers, bool first_stage,
-                                                bool last_stage, bool forward) {
-  std::vector<std::vector<int>> uses;
-  const auto add_head = [&] {
-    if (!last_stage) return;
-    uses.push_back({wrap_of.at(model.layers + 1)});
-    if (model.tie_embeddings) uses.back().push_back(wrap_of.at(0));
-  };
-  if (forward) {
-    if (first_stage) uses.push_back({wrap_of.at(0)});
-    for (int layer = layers.first; layer < layers.second; ++layer)
-      uses.push_back({wrap_of.at(layer + 1)});
-    add_head();
-  } else {
-    add_head();
-    for (int layer = layers.second - 1; layer >= layers.first; --layer)
-      uses.push_back({wrap_of.at(layer + 1)});
-  }
-  return uses;
-}
-
 // The residency policy over Ops, which moves the data: Ops::Pending issue(unit) starts a unit's
 // gathers, complete(Pending&) finishes them, release(unit) frees the unit, elems(unit) is its
 // unsharded size. Held units are reported to mem (category params, bytes_per_elem each).

@@ -1,0 +1,128 @@
+// The order of one chunk's forward and backward on a rank of the mesh engine, written once: its
+// steps (the embedding, each layer, the head), the wrap units each step uses (ZeRO-3 / FSDP
+// residency, mesh_residency.hpp), the parameters whose gradient each backward step completes for
+// the microbatch (DDP's buckets, ZeRO-3's per-microbatch reductions: mesh_grad_units.hpp), and
+// the walk over the microbatch's sequences. The numeric engine (mesh_engine.cpp), its ledger
+// (mesh_ledger.cpp) and the planner's timing-only run (harness/plan_skeleton.cpp) all walk it.
+//
+// Forward: the embedding (first virtual stage), each layer, the head (last virtual stage); each
+// step uses its units once, then runs every sequence of the microbatch. Backward: the head with
+// the tied embedding, each layer in reverse, then the embedding's backward (it uses no
+// parameters); each step uses its units, runs every sequence (full recompute: the layer's forward
+// again first), then states what it completed.
+#pragma once
+
+#include <cstddef>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "parallel/mp/mesh_params.hpp"
+#include "reference/config.hpp"
+
+namespace shardcheck::parallel::mesh_detail {
+
+// Whether the head's backward completes p's gradient: the final norm, an untied head, and the tied
+// embedding's copy unless the stage also holds the embedding (whose backward writes it later).
+inline bool head_completes(const ref::ModelConfig& model, bool holds_embedding,
+                           const LocalParam& p) {
+  if (p.name == "embed.weight") return model.tie_embeddings && !holds_embedding;
+  return p.name == "final_norm.weight" || p.name == "lm_head.weight";
+}
+
+struct ChunkStep {
+  enum class Part { embed, layer, head };
+  Part part = Part::layer;
+  int layer = -1;          // Part::layer
+  std::vector<int> units;  // the wrap units it uses (none: the embedding's backward)
+  std::string prefix;      // Part::layer: "layers.<layer>."
+  bool holds_embedding = false;
+  const ref::ModelConfig* model = nullptr;
+
+  // Backward: whether this step completes p's gradient for the microbatch.
+  bool completes(const LocalParam& p) const {
+    switch (part) {
+      case Part::layer:
+        return p.name.compare(0, prefix.size(), prefix) == 0;
+      case Part::embed:
+        return p.name == "embed.weight";
+      case Part::head:
+        return head_completes(*model, holds_embedding, p);
+    }
+    return false;
+  }
+};
+
+// The steps of a chunk of layers [first, last) in order; first_stage / last_stage: it is virtual
+// stage 0 / the last; holds_embedding: its stage holds virtual stage 0 (StagePlan::has_embed);
+// wrap_of: layerwise unit (layerwise.hpp: 0 embedding, 1..L blocks, L+1 head) -> wrap unit.
+inline std::vector<ChunkStep> chunk_steps(const ref::ModelConfig& model,
+                                          const std::map<int, int>& wrap_of,
+                                          std::pair<int, int> layers, bool first_stage,
+                                          bool last_stage, bool holds_embedding, bool forward) {
+  std::vector<ChunkStep> steps;
+  const auto add = [&](ChunkStep::Part part, int layer, std::vector<int> units) {
+    ChunkStep s{.part = part,
+                .layer = layer,
+                .units = std::move(units),
+                .prefix = {},
+                .holds_embedding = holds_embedding,
+                .model = &model};
+    if (part == ChunkStep::Part::layer) s.prefix = "layers." + std::to_string(layer) + ".";
+    steps.push_back(std::move(s));
+  };
+  const auto add_head = [&] {
+    if (!last_stage) return;
+    std::vector<int> units = {wrap_of.at(model.layers + 1)};
+    if (model.tie_embeddings) units.push_back(wrap_of.at(0));
+    add(ChunkStep::Part::head, -1, std::move(units));
+  };
+  if (forward) {
+    if (first_stage) add(ChunkStep::Part::embed, -1, {wrap_of.at(0)});
+    for (int layer = layers.first; layer < layers.second; ++layer)
+      add(ChunkStep::Part::layer, layer, {wrap_of.at(layer + 1)});
+    add_head();
+  } else {
+    add_head();
+    for (int layer = layers.second - 1; layer >= layers.first; --layer)
+      add(ChunkStep::Part::layer, layer, {wrap_of.at(layer + 1)});
+    if (first_stage) add(ChunkStep::Part::embed, -1, {});
+  }
+  return steps;
+}
+
+// The groups of units the steps use, in order (the residency's callback uses).
+inline std::vector<std::vector<int>> step_uses(const std::vector<ChunkStep>& steps) {
+  std::vector<std::vector<int>> uses;
+  for (const ChunkStep& s : steps)
+    if (!s.units.empty()) uses.push_back(s.units);
+  return uses;
+}
+
+// A forward: for each step, v.use() (its units), then v.forward(step, i) for each sequence i.
+template <class V>
+void walk_forward(const std::vector<ChunkStep>& steps, int sequences, V&& v) {
+  for (const ChunkStep& s : steps) {
+    v.use();
+    for (int i = 0; i < sequences; ++i) v.forward(s, i);
+  }
+}
+
+// A backward: for step k, v.use() when it uses units, v.begin(k), for each sequence i
+// v.recompute(step, i) (full recompute, layers) then v.backward(step, i), and v.complete(step, k).
+template <class V>
+void walk_backward(const std::vector<ChunkStep>& steps, int sequences, bool full_recompute, V&& v) {
+  for (std::size_t k = 0; k < steps.size(); ++k) {
+    const ChunkStep& s = steps[k];
+    if (!s.units.empty()) v.use();
+    v.begin(k);
+    for (int i = 0; i < sequences; ++i) {
+      if (full_recompute && s.part == ChunkStep::Part::layer) v.recompute(s, i);
+      v.backward(s, i);
+    }
+    v.complete(s, k);
+  }
+}
+
+}  // namespace shardcheck::parallel::mesh_detail
