@@ -405,25 +405,22 @@ class SkeletonRun {
   static bool tp_replicated(const LocalParam& p) { return p.tp_replicated; }
   static bool kv_replicated(const LocalParam& p) { return p.kv_replicas > 1; }
 
-  // mesh_bf16.hpp's round_microbatch_gradient over some parameters (`only`: one class's; else
-  // those reduced at the step's end): the CP ranks' and, under SP, the TP ranks' partials summed,
-  // dense parameters first, then the experts.
+  // mesh_bf16.hpp's microbatch_presums over some parameters (`only`: one class's; else those
+  // reduced at the step's end), as round_microbatch_gradient makes them.
   void round_presums(bool deferred, const std::vector<std::size_t>* only = nullptr) {
-    sum_picked(
-        cp_.get(), [](const LocalParam& p) { return !p.expert; }, deferred, only);
-    sum_picked(kv_.get(), kv_replicated, deferred, only);
-    sum_picked(
-        sp() ? tp_.get() : nullptr,
-        [](const LocalParam& p) { return p.tp_replicated && !p.expert; }, deferred, only);
-    // The experts' partials, once or once per part (an EP group whose members read several data
-    // ranks): over the expert-parts group (the ranks reading the same sequences), then under SP
-    // over TP.
-    if (!parts_) return;
-    const auto expert = [](const LocalParam& p) { return p.expert; };
-    for (int part = 0; part < std::max(1, expert_parts_); ++part) {
-      sum_picked(parts_.get(), expert, deferred, only);
-      sum_picked(sp() ? tp_.get() : nullptr, expert, deferred, only);
-    }
+    struct Ops {
+      SkeletonRun& r;
+      bool deferred;
+      const std::vector<std::size_t>* only;
+      void part(int /*k*/) {}
+      void sum(comm::Communicator* g, parallel::mesh_detail::ParamPick pick) {
+        r.sum_picked(g, pick, deferred, only);
+      }
+      void round(bool /*expert*/) {}
+    };
+    parallel::mesh_detail::microbatch_presums(cp_.get(), kv_.get(), sp() ? tp_.get() : nullptr,
+                                              parts_.get(), expert_parts_,
+                                              Ops{*this, deferred, only});
   }
 
   // MeshImpl::unit_ready: each buffer the step completes is rounded (bf16), its TP-replicated

@@ -84,49 +84,61 @@ void carry_once(const std::vector<LocalParam>& specs, comm::Communicator& g, con
 // CP ranks (and under SP, tp non-null, of TP ranks for TP-replicated parameters; and of the TP
 // ranks sharing a replicated kv head) are summed first, and one copy carries the sum; rounding
 // the partials instead would differ from the reference by far more than rounding noise where
-// they cancel. Expert gradients (experts: null without MoE) are summed over experts->group and
-// rounded per part, then added into grads; the parts are left zero. `specs` may be any subset of
-// the rank's parameters (ZeRO-3: one flat buffer's, mesh_grad_units.hpp): only those are
-// touched, and every rank of each group passes the same subset.
+// they cancel. Expert gradients (experts: null without MoE) are summed over the expert-parts
+// group and, under SP, over TP, then rounded, once per part (`parts` of them, at least 1).
+// The order, written once for the engine (round_microbatch_gradient) and the planner's
+// timing-only run: ops.sum(group, pick) for each sum (pick: a ParamPick) (a null group or one of
+// one rank sums nothing), ops.round(false) after the dense sums, and per part ops.part(k), its
+// sums, ops.round(true).
+using ParamPick = bool (*)(const LocalParam&);
+template <class Ops>
+void microbatch_presums(comm::Communicator* cp, comm::Communicator* kv, comm::Communicator* tp,
+                        comm::Communicator* experts, int parts, Ops&& ops) {
+  const ParamPick dense = [](const LocalParam& p) { return !p.expert; };
+  const ParamPick expert = [](const LocalParam& p) { return p.expert; };
+  ops.sum(cp, dense);
+  ops.sum(kv, [](const LocalParam& p) { return p.kv_replicas > 1; });
+  ops.sum(tp, [](const LocalParam& p) { return p.tp_replicated && !p.expert; });
+  ops.round(false);
+  if (experts == nullptr) return;
+  for (int k = 0; k < std::max(1, parts); ++k) {
+    ops.part(k);
+    ops.sum(experts, expert);
+    ops.sum(tp, expert);
+    ops.round(true);
+  }
+}
+
+// The engine's: the parts' sums are added into grads and the parts left zero. `specs` may be any
+// subset of the rank's parameters (ZeRO-3: one flat buffer's, mesh_grad_units.hpp): only those
+// are touched, and every rank of each group passes the same subset.
 template <class T>
 void round_microbatch_gradient(const std::vector<LocalParam>& specs, comm::Communicator& cp,
                                comm::Communicator* kv, comm::Communicator* tp,
                                ref::ParamMap<T>& grads, const ExpertParts* experts,
                                std::vector<ref::ParamMap<T>>& parts) {
   if constexpr (std::is_same_v<T, float>) {
-    const auto dense = [](const LocalParam& p) { return !p.expert; };
-    const auto expert = [](const LocalParam& p) { return p.expert; };
-    if (cp.size() > 1) carry_once(specs, cp, dense, grads);
-    if (kv != nullptr)
-      carry_once(
-          specs, *kv, [](const LocalParam& p) { return p.kv_replicas > 1; }, grads);
-    if (tp != nullptr)
-      carry_once(
-          specs, *tp, [&](const LocalParam& p) { return p.tp_replicated && !p.expert; }, grads);
-    const auto round = [](ref::Tensor<T>& t) {
-      for (T& v : t.vec()) v = ref::round_to_bf16(v);
-    };
-    for (const LocalParam& p : specs)
-      if (!p.expert) round(grads[p.name]);
-    if (experts == nullptr) return;
-    const auto round_experts = [&](ref::ParamMap<T>& g) {
-      if (experts->group->size() > 1) carry_once(specs, *experts->group, expert, g);
-      if (tp != nullptr) carry_once(specs, *tp, expert, g);
-      for (const LocalParam& p : specs)
-        if (p.expert) round(g[p.name]);
-    };
-    if (parts.empty()) {
-      round_experts(grads);
-      return;
-    }
-    for (ref::ParamMap<T>& part : parts) {
-      round_experts(part);
-      for (const LocalParam& p : specs)
-        if (p.expert) {
-          ref::add_inplace(grads[p.name], part[p.name]);
-          part[p.name].fill(T{0});
+    struct Ops {
+      const std::vector<LocalParam>& specs;
+      ref::ParamMap<T>& grads;
+      std::vector<ref::ParamMap<T>>& parts;
+      ref::ParamMap<T>* target = &grads;  // the part being summed (grads without parts)
+      void part(int k) { target = parts.empty() ? &grads : &parts[static_cast<std::size_t>(k)]; }
+      void sum(comm::Communicator* g, ParamPick pick) {
+        if (g != nullptr && g->size() > 1) carry_once(specs, *g, pick, *target);
+      }
+      void round(bool expert) {
+        for (const LocalParam& p : specs) {
+          if (p.expert != expert) continue;
+          for (T& v : (*target)[p.name].vec()) v = ref::round_to_bf16(v);
+          if (target == &grads) continue;
+          ref::add_inplace(grads[p.name], (*target)[p.name]);
+          (*target)[p.name].fill(T{0});
         }
-    }
+      }
+    };
+    microbatch_presums(&cp, kv, tp, experts != nullptr ? experts->group.get() : nullptr,
+                       static_cast<int>(parts.size()), Ops{specs, grads, parts});
   }
 }
 
