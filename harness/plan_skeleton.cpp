@@ -60,19 +60,19 @@ class SkeletonRun {
         parallel::mesh_detail::BucketFill({.tied_across_stages = m.tie_embeddings && pp() > 1,
                                            .sequence_parallel = sp(),
                                            .bucket_elems = sp_.mesh.bucket_elems});
-    classes_ = parallel::flat_classes(specs_, k_.zero_, [&](const LocalParam& p) {
+    flat_ = parallel::flat_classes(specs_, k_.zero_, [&](const LocalParam& p) {
       return k_.wrap_of_.at(parallel::unit_of(m, p.name));
     });
     // ZeRO-3's buffers reduced every microbatch (mesh_grad_units.hpp) and each chunk's schedule.
     namespace md = parallel::mesh_detail;
-    reduce_chunk_ = md::unit_reduce_chunks(m, plan_, pp(), v, stage_, k_.zero_, specs_, classes_);
+    reduce_chunk_ = md::unit_reduce_chunks(m, plan_, pp(), v, stage_, k_.zero_, specs_, flat_);
     unit_reduced_.assign(specs_.size(), false);
-    for (std::size_t ci = 0; ci < classes_.size(); ++ci)
-      for (const std::size_t i : classes_[ci].specs) unit_reduced_[i] = reduce_chunk_[ci] >= 0;
+    for (std::size_t ci = 0; ci < flat_.size(); ++ci)
+      for (const std::size_t i : flat_[ci].specs) unit_reduced_[i] = reduce_chunk_[ci] >= 0;
     if (k_.zero_ == 3)
       for (int c = 0; c < v; ++c)
         schedules_.push_back(md::unit_reduce_schedule(m, k_.wrap_of_, plan_, c, virtual_stage(c),
-                                                      last_virtual_stage(), specs_, classes_,
+                                                      last_virtual_stage(), specs_, flat_,
                                                       reduce_chunk_));
   }
 
@@ -133,6 +133,14 @@ class SkeletonRun {
       }
       group_ = shard_.get();
     }
+    // The classes in their groups (MeshOptimizer's): the experts', under EP, over the
+    // expert-data-parallel ranks; the others' (and every class's without EP) over group_.
+    comm::Communicator* expert = expert_shard_ ? expert_shard_.get() : edp_ ? edp_.get() : group_;
+    classes_ = parallel::shard_classes(flat_, k_.zero_,
+                                       {.dense = group_,
+                                        .expert = expert,
+                                        .dense_replicas = replicas_.get(),
+                                        .expert_replicas = expert_replicas_.get()});
     const parallel::FsdpOptions f = sp_.mesh.fsdp.value_or(parallel::FsdpOptions{.prefetch = 0});
     if (k_.zero_ == 3) {
       const bool keep =
@@ -180,11 +188,11 @@ class SkeletonRun {
     SkeletonRun* run = nullptr;
     Pending issue(int u) {
       Pending p;
-      for (const FlatClass& c : run->classes_) {
-        comm::Communicator& g = run->group_of(c);
+      for (const parallel::ShardedClass& c : run->classes_) {
+        comm::Communicator& g = *c.group;
         if (c.unit != u || g.size() == 1 || c.numel == 0) continue;
-        p.works.push_back(g.all_gather(null_buf(count_of(run->shard(c)), run->sp_.param_dtype),
-                                       null_buf(count_of(run->padded(c)), run->sp_.param_dtype)));
+        p.works.push_back(g.all_gather(null_buf(count_of(c.shard), run->sp_.param_dtype),
+                                       null_buf(count_of(c.padded()), run->sp_.param_dtype)));
       }
       return p;
     }
@@ -195,27 +203,13 @@ class SkeletonRun {
     void release(int /*u*/) {}
     int64_t elems(int u) const {
       int64_t n = 0;
-      for (const FlatClass& c : run->classes_)
-        if (c.unit == u) n += run->padded(c);
+      for (const parallel::ShardedClass& c : run->classes_)
+        if (c.unit == u) n += c.padded();
       return n;
     }
   };
   using Residency = parallel::mesh_detail::Residency<Gathers>;
 
-  int64_t shard(const FlatClass& c) const {
-    return parallel::shard_elems(c.numel, group_of(c).size(), k_.zero_);
-  }
-  int64_t padded(const FlatClass& c) const { return shard(c) * group_of(c).size(); }
-  // The class's sharding and summing group: expert parameters', under EP, the expert-data-parallel
-  // ranks (mesh_zero.cpp's env.expert); the others' (and every class's without EP) group_.
-  comm::Communicator& group_of(const FlatClass& c) const {
-    if (c.expert && expert_shard_) return *expert_shard_;
-    return c.expert && edp_ ? *edp_ : *group_;
-  }
-  // Its replica group under hybrid shard (null otherwise).
-  comm::Communicator* replicas_of(const FlatClass& c) const {
-    return c.expert && expert_replicas_ ? expert_replicas_.get() : replicas_.get();
-  }
   const LocalParam& spec(std::size_t i) const { return specs_[i]; }
   comm::DType numeric() const { return sp_.grad_dtype; }
   // What activations and their gradients move in: the engine's numeric type.
@@ -434,9 +428,9 @@ class SkeletonRun {
       sum_picked(kv_.get(), kv_replicated, false, &only);
       finish_unit_reduce();
       in_flight_ = ci;
-      if (comm::Communicator& g = group_of(classes_[ci]); g.size() > 1)
-        rs_work_ = g.reduce_scatter(null_buf(count_of(padded(classes_[ci])), numeric()),
-                                    null_buf(count_of(shard(classes_[ci])), numeric()));
+      if (const parallel::ShardedClass& c = classes_[ci]; c.group->size() > 1)
+        rs_work_ = c.group->reduce_scatter(null_buf(count_of(c.padded()), numeric()),
+                                           null_buf(count_of(c.shard), numeric()));
     }
   }
   // MeshOptimizer::complete_unit_reduce of the one in flight.
@@ -444,9 +438,9 @@ class SkeletonRun {
     if (in_flight_ < 0) return;
     if (rs_work_) rs_work_->wait();
     rs_work_.reset();
-    const FlatClass& c = classes_[static_cast<std::size_t>(in_flight_)];
-    if (comm::Communicator* rep = replicas_of(c); rep && rep->size() > 1)
-      rep->all_reduce(null_buf(count_of(shard(c)), numeric()))->wait();
+    const parallel::ShardedClass& c = classes_[static_cast<std::size_t>(in_flight_)];
+    if (c.replicas != nullptr && c.replicas->size() > 1)
+      c.replicas->all_reduce(null_buf(count_of(c.shard), numeric()))->wait();
     in_flight_ = -1;
   }
 
@@ -462,8 +456,8 @@ class SkeletonRun {
   void issue_reduce(const std::vector<std::size_t>& bucket) {
     if (k_.zero_ >= 2) return;
     for (std::size_t ci = 0; ci < classes_.size(); ++ci) {
-      const FlatClass& c = classes_[ci];
-      comm::Communicator& g = group_of(c);
+      const parallel::ShardedClass& c = classes_[ci];
+      comm::Communicator& g = *c.group;
       if (c.numel == 0 || g.size() == 1) continue;
       int64_t n = 0;
       for (const std::size_t i : c.specs) {
@@ -478,17 +472,17 @@ class SkeletonRun {
   // MeshOptimizer::reduce.
   void reduce() {
     for (std::size_t ci = 0; ci < classes_.size(); ++ci) {
-      const FlatClass& c = classes_[ci];
+      const parallel::ShardedClass& c = classes_[ci];
       if (c.numel == 0) continue;
-      comm::Communicator& g = group_of(c);
+      comm::Communicator& g = *c.group;
       if (k_.zero_ >= 2) {
         if (reduce_chunk_[ci] >= 0) continue;  // reduced every microbatch (unit_ready)
         if (g.size() > 1)
-          g.reduce_scatter(null_buf(count_of(padded(c)), numeric()),
-                           null_buf(count_of(shard(c)), numeric()))
+          g.reduce_scatter(null_buf(count_of(c.padded()), numeric()),
+                           null_buf(count_of(c.shard), numeric()))
               ->wait();
-        if (comm::Communicator* rep = replicas_of(c); rep && rep->size() > 1)
-          rep->all_reduce(null_buf(count_of(shard(c)), numeric()))->wait();
+        if (c.replicas != nullptr && c.replicas->size() > 1)
+          c.replicas->all_reduce(null_buf(count_of(c.shard), numeric()))->wait();
         continue;
       }
       if (g.size() == 1) continue;
@@ -506,15 +500,12 @@ class SkeletonRun {
   // then one AdamW report.
   void update() {
     int64_t owned = 0;
-    for (const FlatClass& c : classes_) {
-      comm::Communicator& g = group_of(c);
-      const int r = g.rank();
-      const int64_t sh = shard(c);
-      owned +=
-          k_.zero_ == 0 ? c.numel : std::min(c.numel, (r + 1) * sh) - std::min(c.numel, r * sh);
-      if ((k_.zero_ == 1 || k_.zero_ == 2) && g.size() > 1 && c.numel > 0)
-        g.all_gather(null_buf(count_of(sh), sp_.param_dtype),
-                     null_buf(count_of(padded(c)), sp_.param_dtype))
+    for (const parallel::ShardedClass& c : classes_) {
+      owned += c.own_end - c.own_begin;
+      if ((k_.zero_ == 1 || k_.zero_ == 2) && c.group->size() > 1 && c.numel > 0)
+        c.group
+            ->all_gather(null_buf(count_of(c.shard), sp_.param_dtype),
+                         null_buf(count_of(c.padded()), sp_.param_dtype))
             ->wait();
     }
     world_.compute(costs::adamw(static_cast<double>(owned), sp_.recipe));
@@ -537,7 +528,8 @@ class SkeletonRun {
   parallel::StagePlan plan_;
   std::shared_ptr<const std::vector<LocalParam>> params_;  // this rank's parameters
   const std::vector<LocalParam>& specs_ = *params_;
-  std::vector<FlatClass> classes_;
+  std::vector<FlatClass> flat_;                  // the rank's flat buffers
+  std::vector<parallel::ShardedClass> classes_;  // the same in their groups (run())
   std::unique_ptr<Residency> residency_;
   std::vector<std::optional<Steps>> chunk_steps_;  // per chunk: backward, forward
   std::optional<SequenceOps> seq_;               // one sequence's sublayers on this rank

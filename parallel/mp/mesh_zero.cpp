@@ -37,21 +37,18 @@ std::vector<FlatClass> flat_classes(const std::vector<LocalParam>& specs, int ze
   return out;
 }
 
-template <class T>
-MeshOptimizer<T>::MeshOptimizer(Env env, const std::vector<LocalParam>& specs,
-                                ref::ParamMap<T>& params)
-    : env_(std::move(env)), specs_(specs), mem_(&env_.world->memory()) {
-  for (FlatClass& f : flat_classes(specs_, env_.zero, env_.unit_of)) {
-    Class c;
+std::vector<ShardedClass> shard_classes(std::vector<FlatClass> classes, int zero,
+                                        const ClassGroups& groups) {
+  std::vector<ShardedClass> out;
+  out.reserve(classes.size());
+  for (FlatClass& f : classes) {
+    ShardedClass c;
     static_cast<FlatClass&>(c) = std::move(f);
-    c.group = c.expert ? env_.expert : env_.dense;
-    c.replicas = c.expert ? env_.expert_replicas : env_.dense_replicas;
-    classes_.push_back(std::move(c));
-  }
-  for (Class& c : classes_) {
+    c.group = c.expert ? groups.expert : groups.dense;
+    c.replicas = c.expert ? groups.expert_replicas : groups.dense_replicas;
     const int d = c.group->size(), r = c.group->rank();
-    c.shard = shard_elems(c.numel, d, env_.zero);
-    if (env_.zero == 0) {
+    c.shard = shard_elems(c.numel, d, zero);
+    if (zero == 0) {
       c.own_begin = 0;
       c.own_end = c.numel;
       c.out_begin = 0;
@@ -62,6 +59,25 @@ MeshOptimizer<T>::MeshOptimizer(Env env, const std::vector<LocalParam>& specs,
       c.out_begin = c.own_begin;
       c.out_end = c.replicas != nullptr && c.replicas->rank() != 0 ? c.own_begin : c.own_end;
     }
+    out.push_back(std::move(c));
+  }
+  return out;
+}
+
+template <class T>
+MeshOptimizer<T>::MeshOptimizer(Env env, const std::vector<LocalParam>& specs,
+                                ref::ParamMap<T>& params)
+    : env_(std::move(env)), specs_(specs), mem_(&env_.world->memory()) {
+  for (ShardedClass& s : shard_classes(flat_classes(specs_, env_.zero, env_.unit_of), env_.zero,
+                                       {.dense = env_.dense,
+                                       .expert = env_.expert,
+                                       .dense_replicas = env_.dense_replicas,
+                                       .expert_replicas = env_.expert_replicas})) {
+    Class c;
+    static_cast<ShardedClass&>(c) = std::move(s);
+    classes_.push_back(std::move(c));
+  }
+  for (Class& c : classes_) {
     const auto s = static_cast<std::size_t>(c.shard);
     c.m.assign(s, T{0});
     c.v.assign(s, T{0});

@@ -68,6 +68,30 @@ inline int64_t shard_elems(int64_t n, int d, int zero) {
   return zero == 0 ? n : (n + d - 1) / d;
 }
 
+// A flat buffer in its groups, as this rank holds it: its sharding (and, without replicas,
+// summing) group, its replicas (hybrid_shard), the shard of S elements each member keeps (padded
+// buffer: S x the group's size), the range this rank's optimizer owns, and the range it counts
+// (norm, export: each element once in the world). The rule the optimizer (MeshOptimizer) and the
+// planner's timing-only run share.
+struct ShardedClass : FlatClass {
+  comm::Communicator* group = nullptr;
+  comm::Communicator* replicas = nullptr;
+  int64_t shard = 0;
+  int64_t own_begin = 0, own_end = 0;  // the optimizer's range (within [0, numel))
+  int64_t out_begin = 0, out_end = 0;  // counted range (norm, export)
+  int64_t padded() const { return shard * group->size(); }
+};
+// The groups of the two classes (mesh_zero.hpp's header): dense (dp x cp) and expert (edp); under
+// hybrid_shard the shard groups, with the groups across which each shard is replicated.
+struct ClassGroups {
+  comm::Communicator* dense = nullptr;
+  comm::Communicator* expert = nullptr;
+  comm::Communicator* dense_replicas = nullptr;
+  comm::Communicator* expert_replicas = nullptr;
+};
+std::vector<ShardedClass> shard_classes(std::vector<FlatClass> classes, int zero,
+                                        const ClassGroups& groups);
+
 template <class T>
 class MeshOptimizer {
  public:
@@ -179,12 +203,7 @@ class MeshOptimizer {
   }
 
  private:
-  struct Class : FlatClass {
-    comm::Communicator* group = nullptr;     // sharding (and, without replicas, summing) group
-    comm::Communicator* replicas = nullptr;  // hybrid_shard: the shard's replicas
-    int64_t shard = 0;
-    int64_t own_begin = 0, own_end = 0;  // the optimizer's range (within [0, numel))
-    int64_t out_begin = 0, out_end = 0;  // counted range (norm, export)
+  struct Class : ShardedClass {
     std::vector<T> m, v, master;         // [shard]; master: bf16 only
     std::vector<uint8_t> decay;          // [shard]
     std::vector<T> grad;                 // zero 2: the reduced shard [shard]
