@@ -1,0 +1,186 @@
+// Internal to the mesh engine (mesh_engine.hpp): MeshEngine::Impl and MeshImpl<T>, the engine's
+// state on one rank. Defined in mesh_engine.cpp (construction, the step, the gradient sums, the
+// state's export and import) and mesh_chunks.cpp (one chunk's forward and backward over a
+// microbatch: the walk of mesh_walk.hpp, DDP's buckets, ZeRO-3's per-microbatch reductions, the
+// gradient hook). Model math in tp_block.cpp, parameter slices in mesh_params.cpp, validation in
+// mesh_validate.cpp.
+#pragma once
+
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <numeric>
+#include <set>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "comm/memory.hpp"
+#include "parallel/flops.hpp"
+#include "parallel/layerwise.hpp"
+#include "parallel/ledger.hpp"
+#include "parallel/mp/mesh_bf16.hpp"
+#include "parallel/mp/mesh_buckets.hpp"
+#include "parallel/mp/mesh_engine.hpp"
+#include "parallel/mp/mesh_memory.hpp"
+#include "parallel/mp/mesh_residency.hpp"
+#include "parallel/mp/mesh_rows.hpp"
+#include "parallel/mp/mesh_unit_reducer.hpp"
+#include "parallel/mp/mesh_walk.hpp"
+#include "parallel/mp/mesh_zero.hpp"
+#include "parallel/mp/tp_block.hpp"
+#include "parallel/testing.hpp"
+#include "reference/bf16.hpp"
+#include "reference/model.hpp"
+#include "reference/optim.hpp"
+
+namespace shardcheck::parallel {
+
+struct MeshEngine::Impl {
+  explicit Impl(comm::DeviceMesh m) : mesh(std::move(m)) {}
+  virtual ~Impl() = default;
+  virtual ref::StepRecord step(const ref::Batch& local) = 0;
+  virtual ref::ParamMap<double> full_params() = 0;
+  virtual std::vector<StatePiece> export_state() const = 0;
+  virtual std::vector<StatePiece> held_params() const = 0;
+  virtual void import_state(const StateReader& read) = 0;
+  comm::DeviceMesh mesh;
+  comm::MemoryBreakdown model_state;
+  StepHealth health;
+  int skipped = 0;
+  int data_rank = 0, data_world = 1;
+  testing::Mutation planted = testing::Mutation::kNone;
+  std::size_t resident_params = 0;
+};
+
+namespace mesh_detail {
+
+using ref::Tensor;
+
+template <class T>
+class MeshImpl final : public MeshEngine::Impl {
+ public:
+  MeshImpl(comm::Communicator& world, const ref::ModelConfig& model, const ref::TrainConfig& train,
+           uint64_t seed, MeshOptions options);
+  ref::StepRecord step(const ref::Batch& local) override;
+  ref::ParamMap<double> full_params() override;
+  std::vector<StatePiece> export_state() const override;
+  std::vector<StatePiece> held_params() const override;
+  void import_state(const StateReader& read) override;
+
+ private:
+  const ref::ParamMap<T>& weights() const { return params_; }
+  // Whether the backward writes each microbatch's gradient apart (mb_grads_) before it is added
+  // into the step's accumulator: the bf16 recipe's rounding, FSDP no_shard's per-microbatch sum,
+  // ZeRO-3's per-microbatch reduce_scatter.
+  bool microbatch_grads() const {
+    return train_.precision == ref::Precision::kBf16 || no_shard_ || opt_.zero == 3;
+  }
+  ref::ParamMap<T>& grad_target() { return microbatch_grads() ? mb_grads_ : grads_; }
+
+  // ZeRO-3 (mesh_unit_reducer.hpp): a buffer the step completes is rounded (the bf16 recipe) and
+  // pre-summed as sync_gradients would (SP's TP-replicated, the replicated kv heads) before its
+  // reduce_scatter.
+  void unit_ready(int chunk, std::size_t step);
+
+  int virtual_stage(int chunk) const { return chunk * opt_.shape.pp + stage_; }
+  int last_virtual_stage() const { return opt_.shape.pp * opt_.virtual_stages - 1; }
+
+  // The steps of local chunk `chunk`'s forward or backward (mesh_walk.hpp).
+  std::vector<ChunkStep> chunk_steps(int chunk, bool forward) const {
+    const int vs = virtual_stage(chunk);
+    return mesh_detail::chunk_steps(model_, wrap_of_,
+                                    plan_.chunk_layers[static_cast<std::size_t>(chunk)], vs == 0,
+                                    vs == last_virtual_stage(), plan_.has_embed, forward);
+  }
+  void begin_uses(int mb, int chunk, bool forward, const std::vector<ChunkStep>& steps) {
+    if (!residency_) return;
+    callback_uses_ = step_uses(steps);
+    residency_->begin(mb, chunk, forward, callback_uses_);
+  }
+  // ZeRO-3: before each use of the callback's units, and after the callback.
+  void use() {
+    if (residency_) residency_->next();
+  }
+  void end_uses() {
+    if (residency_) residency_->end();
+  }
+
+  Tensor<T> forward(int mb, int chunk, Tensor<T> input);
+
+  Tensor<T> backward(int mb, int chunk, Tensor<T> dout);
+
+  bool chunk_writes(int chunk, const LocalParam& p) const {
+    return parallel::chunk_writes(model_, plan_, chunk, virtual_stage(chunk), last_virtual_stage(),
+                                  p);
+  }
+
+  // DDP overlap: the chunk's gradients are complete after its last microbatch; those summed only
+  // over their class's group go now (the tied embedding, SP's TP-replicated and the replicated kv
+  // heads need another sum first, in sync_gradients).
+  // Buckets fill in completion order and go once they hold bucket_elems elements; what a chunk's
+  // backward leaves goes at its end (flush).
+  void issue_bucket(const typename MeshOptimizer<T>::Pick& pick, bool flush);
+  bool ddp_overlap() const { return opt_.overlap && opt_.zero <= 1 && !no_shard_; }
+
+  // The grad hook and the health flag on this rank's local gradients of the picked parameters,
+  // complete for this microbatch, before any reduction over another rank (the bf16 recipe: before
+  // the rounding).
+  void check_gradients(int mb, ref::ParamMap<T>& grads,
+                       const typename MeshOptimizer<T>::Pick& pick);
+
+  // What a block keeps from its forward for its backward (ref::Recompute): selective drops the
+  // attention core's probabilities (Ulysses keeps them; the ring, flash-style, never does), full
+  // everything but the block input.
+  void keep_for_backward(MpBlockCache<T>& c) const;
+
+  const ref::Sequence& seq(int mb, int i) const {
+    return (*batch_)[static_cast<std::size_t>(mb * train_.micro_batch + i)];
+  }
+
+  void sync_tied_embedding();
+  void sync_gradients();
+
+  comm::Communicator& world_;
+  ref::ModelConfig model_;
+  ref::TrainConfig train_;
+  uint64_t seed_;
+  MeshOptions opt_;
+  comm::MemoryTracker& mem_;
+  Recipe recipe_;
+  TokenLayout layout_;
+  comm::MeshGroups g_;
+  std::unique_ptr<comm::Communicator> data_, dense_, expert_, kv_;
+  HybridGroups dense_h_, expert_h_;  // hybrid_shard: shard and replica groups
+  std::map<int, int> wrap_of_;       // layerwise unit -> wrap unit
+  bool no_shard_ = false;            // FSDP no_shard: gradients summed per microbatch
+  BucketFill buckets_;               // DDP overlap
+  BlockEnv env_;
+  int stage_ = 0;
+  StagePlan plan_;
+  std::vector<LocalParam> specs_;
+  // params_: the forward weights (f64/f32: the master; bf16: the rounded working copy).
+  ref::ParamMap<T> params_, grads_, mb_grads_;
+  // The bf16 recipe with MoE: who rounds which expert gradients together; with parts, the
+  // microbatch's expert gradients per part until they are rounded (mesh_bf16.hpp).
+  std::unique_ptr<ExpertParts> experts_;
+  std::vector<ref::ParamMap<T>> expert_parts_;
+  comm::TrackedBytes params_held_;
+  std::unique_ptr<MeshOptimizer<T>> zopt_;
+  std::unique_ptr<MeshResidency<T>> residency_;  // zero 3
+  std::vector<std::vector<int>> callback_uses_;  // what residency_'s callback uses
+  std::unique_ptr<UnitReducer<T>> units_;        // zero 3: per-microbatch reductions
+  std::string prefix_;
+  int steps_ = 0;
+  ref::StepContext ctx_;
+  const ref::Batch* batch_ = nullptr;
+  std::vector<double> counted_;  // loss_sum, aux_sum, dropped this rank counts
+  bool nonfinite_ = false;       // this step's local gradients held a NaN or infinity
+  int microbatches_ = 0;         // this step's, per rank
+  std::map<std::pair<int, int>, ChunkCache<T>> caches_;
+};
+
+}  // namespace mesh_detail
+}  // namespace shardcheck::parallel
