@@ -86,6 +86,15 @@ std::string attention_text(const Scenario& s) {
                "for a GPU's; the ring is flash-style)";
 }
 
+// The MoE routing assumption (scenario key plan.moe_routing), for a model with MoE layers.
+std::string routing_text(const Scenario& s) {
+  if (!s.model.moe) return "";
+  return s.plan.moe_routing == "capacity"
+             ? "; MoE: every expert at its full capacity of every sequence (plan.moe_routing)"
+             : "; MoE: every top-k assignment kept, spread evenly over the experts "
+               "(plan.moe_routing: \"capacity\" for the capacity bound)";
+}
+
 void print_table(std::ostream& os, const Scenario& s, const PlanResult& r, const PlanOptions& o) {
   const TopologySpec& t = s.topology;
   os << "# plan " << r.scenario
@@ -97,7 +106,7 @@ void print_table(std::ostream& os, const Scenario& s, const PlanResult& r, const
      << " GB/s " << t.intra_node.latency_us << " us, inter " << t.inter_node.bandwidth_gbps
      << " GB/s " << t.inter_node.latency_us << " us, " << t.peak_tflops << " TFLOP/s x "
      << r.compute_efficiency << " efficiency, " << t.memory_gib << " GiB per device; attention "
-     << attention_text(s) << "\n"
+     << attention_text(s) << routing_text(s) << "\n"
      << "# batch: " << s.train.global_batch << " sequences x " << s.model.seq_len
      << " tokens per step (every token counted as non-padding); gradient reductions in "
      << r.reduce_dtype << "\n";
@@ -172,7 +181,7 @@ void print_search(std::ostream& os, const Scenario& s, const SearchResult& r) {
   os << "# plan --search " << r.scenario << ": every mesh of " << r.world << " ranks ("
      << t.ranks_per_node << " per node, " << t.memory_gib << " GiB each), global batch "
      << r.global_batch << " x " << s.model.seq_len << " tokens; attention " << attention_text(s)
-     << "\n"
+     << routing_text(s) << "\n"
      << "# meshes (dp, tp, pp, cp up to " << r.max_cp << ", ep, CP algorithm): " << r.meshes
      << " considered, " << r.meshes_not_built << " not built by the engine\n"
      << "# candidates (ZeRO/FSDP, sequence parallel, schedule, micro batch, recompute, order): "

@@ -58,14 +58,17 @@ std::string conformance(const Scenario& s, const ParallelSpec& p,
                         parallel::testing::Mutation planted) {
   const std::vector<comm::OpLog> engine = engine_op_logs(s, p, planted);
   const std::vector<comm::OpLog> planner = planner_op_logs(s, p);
-  // The planner's routing assumption (plan_skeleton.hpp): every top-k assignment kept, so its
-  // experts' FLOPs bound the engine's from above: on each rank with one EP rank, over the world
-  // with EP (a rank's experts then receive what its EP peers routed), where the dispatch and
-  // combine splits are the assumption's too.
+  // The planner's routing assumption (plan_block.hpp's routed_rows_per_peer): uniform keeps every
+  // top-k assignment, so its experts' FLOPs bound the engine's from above on each rank with one
+  // EP rank, and over the world with EP (a rank's experts then receive what its EP peers routed),
+  // where the dispatch and combine splits are the assumption's too. Capacity-bound gives each
+  // rank its share of every expert's capacity, while the engine's capacity is over the whole
+  // sequence, whose rows may come from one rank: over the world.
   const std::vector<std::string> experts = {"moe experts forward", "moe experts backward"};
   const bool ep = p.mesh.ep > 1;
+  const bool capacity = s.plan.moe_routing == "capacity";
   comm::CompareOptions o;
-  (ep ? o.unchecked_flops : o.upper_bounds) = experts;
+  (ep || capacity ? o.unchecked_flops : o.upper_bounds) = experts;
   o.routed_splits = ep;
   std::vector<comm::OpLog> a, b;
   for (std::size_t r = 0; r < engine.size(); ++r) {

@@ -114,6 +114,7 @@ struct PlanResult {
   double compute_efficiency = 1;
   std::string reduce_dtype;                 // dtype of gradient reductions in the skeleton
   std::string attention_kernel = "engine";  // the scenario's plan.attention_kernel
+  std::string moe_routing = "uniform";      // the scenario's plan.moe_routing
   std::vector<ConfigPlan> configs;
   int best = -1;            // fastest configuration that fits, or -1
   int fastest = -1;         // fastest modelled configuration, fitting or not

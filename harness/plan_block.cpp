@@ -7,6 +7,7 @@
 
 #include "parallel/costs.hpp"
 #include "parallel/mp/cp_attention.hpp"
+#include "reference/moe.hpp"
 
 namespace shardcheck::harness {
 
@@ -103,9 +104,18 @@ costs::UlyssesShape attention(const ref::ModelConfig& m, int heads, int kv_heads
 
 }  // namespace
 
-double SequenceOps::routed_rows_per_peer() const {
-  const double assignments = moe_rows() * s_.model->moe->top_k;
-  return ep_ ? std::ceil(assignments / ep_->size()) : assignments;
+double routed_rows_per_peer(const ref::ModelConfig& model, double rows, int ep, bool capacity) {
+  const ref::MoeConfig& moe = *model.moe;
+  if (capacity) {
+    const int64_t s = model.seq_len;
+    const ref::MoeSpec spec{
+        .experts = moe.experts, .top_k = moe.top_k, .capacity_factor = moe.capacity_factor};
+    const double cap = static_cast<double>(std::min(ref::moe_capacity(spec, s), s));
+    const double per_expert = std::ceil(cap * rows / static_cast<double>(s) - 1e-9);
+    return static_cast<double>(moe.experts / ep) * per_expert;
+  }
+  const double assignments = rows * moe.top_k;
+  return ep > 1 ? std::ceil(assignments / ep) : assignments;
 }
 
 void SequenceOps::ep_exchange() {

@@ -5,7 +5,8 @@
 // messages),
 // vocab_parallel.cpp (the embedding and the head's loss all_reduces) and ep_moe.cpp (the router,
 // its probabilities gathered over TP under SP and over CP, the counts and rows exchanged with the
-// EP peers, and the experts; the routing assumption: every top-k assignment kept, spread evenly).
+// EP peers, and the experts; the routing assumption, Shape::capacity_routing: uniform, every top-k
+// assignment kept and spread evenly, or capacity-bound, every expert at its full capacity).
 // Sizes from the model, the token layout and the TP / CP sizes; null buffers. The conformance test
 // compares what it issues with the engine's numeric run.
 #pragma once
@@ -32,6 +33,15 @@ inline std::size_t count_of(int64_t n) {
 }
 }  // namespace skeleton_detail
 
+// The rows (token, choice assignments) a rank routing `rows` rows of a sequence sends to each of
+// its `ep` EP ranks (one: keeps) in a MoE layer, under the routing assumption. Uniform: its
+// rows x k assignments spread evenly over the experts, ceil(rows k / ep) to each. Capacity-bound
+// (`capacity`): every expert receives its full capacity C = ref::moe_capacity (at most s) of every
+// sequence, each rank its share rows / s of them: E / ep x ceil(C rows / s) (the volume of
+// GShard's and DeepSpeed-MoE's padded dispatch, and the most a router capped at C sends). Every
+// rank's experts receive ep times that.
+double routed_rows_per_peer(const ref::ModelConfig& model, double rows, int ep, bool capacity);
+
 class SequenceOps {
  public:
   struct Shape {
@@ -42,6 +52,7 @@ class SequenceOps {
     bool sequence_parallel = false;  // and tp > 1
     bool ring = false;               // CP's algorithm: ring attention (else Ulysses)
     bool flash = false;  // without the ring: a flash kernel's costs (else the engine's kernel's)
+    bool capacity_routing = false;  // MoE: every expert at its full capacity (else uniform)
     int tp = 1, cp = 1;
     double elem = 4;  // bytes of the engine's numeric type
   };
@@ -86,10 +97,12 @@ class SequenceOps {
   std::vector<comm::ComputeCost> ring_forward_, ring_backward_;
   void moe_forward();
   void moe_backward();
-  // ep_moe.cpp's exchange of rows with the EP peers (dispatch, combine and their backwards)
-  // under the routing assumption: each rank's n x k assignments spread evenly over the experts,
-  // ceil(n k / ep) rows to each EP rank, so every rank's experts receive ep times that.
-  double routed_rows_per_peer() const;
+  // ep_moe.cpp's exchange of rows with the EP peers (dispatch, combine and their backwards),
+  // routed_rows_per_peer to each.
+  double routed_rows_per_peer() const {
+    return harness::routed_rows_per_peer(*s_.model, moe_rows(), ep_ ? ep_->size() : 1,
+                                         s_.capacity_routing);
+  }
   void ep_exchange();
 
   Shape s_;

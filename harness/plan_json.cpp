@@ -185,6 +185,7 @@ nlohmann::json plan_json(const PlanResult& r) {
   out["assumptions"] = {{"compute_efficiency", r.compute_efficiency},
                         {"gradient_reduce_dtype", r.reduce_dtype},
                         {"attention_kernel", r.attention_kernel},
+                        {"moe_routing", r.moe_routing},
                         {"evaluation",
                          "symmetric clock: one representative rank with the "
                          "simulator's cost model (sim/topology.hpp)"}};

@@ -234,6 +234,7 @@ SearchResult search_plans(const Scenario& s, const SearchOptions& o) {
   SearchResult r;
   r.scenario = s.name;
   r.attention_kernel = s.plan.attention_kernel;
+  r.moe_routing = s.plan.moe_routing;
   r.world = o.world > 0 ? o.world : s.parallel.mesh.world_size();
   r.max_cp = o.max_cp;
   if (o.world < 0 || r.world < 1 || r.world > comm::kMaxWorldSize)
@@ -553,6 +554,7 @@ nlohmann::json search_json(const SearchResult& r) {
   return {{"world_size", r.world},
           {"global_batch", r.global_batch},
           {"attention_kernel", r.attention_kernel},
+          {"moe_routing", r.moe_routing},
           {"device_memory_bytes", r.device_memory_bytes},
           {"meshes",
            {{"considered", r.meshes}, {"not_built", r.meshes_not_built}, {"max_cp", r.max_cp}}},

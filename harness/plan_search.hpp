@@ -73,6 +73,7 @@ struct FamilyBest {
 struct SearchResult {
   std::string scenario;
   std::string attention_kernel = "engine";  // the scenario's plan.attention_kernel
+  std::string moe_routing = "uniform";      // the scenario's plan.moe_routing
   int world = 0;
   int global_batch = 0;
   double device_memory_bytes = 0;

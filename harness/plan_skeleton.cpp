@@ -115,6 +115,7 @@ class SkeletonRun {
                                     .sequence_parallel = sp(),
                                     .ring = sp_.mesh.cp_algo == parallel::CpAlgo::ring,
                                     .flash = sp_.mesh.attention == parallel::AttentionKernel::flash,
+                                    .capacity_routing = sp_.capacity_routing,
                                     .tp = sp_.tp,
                                     .cp = cp(),
                                     .elem = k_.elem_},

@@ -14,9 +14,10 @@
 // comm::Communicator that moves no data: sim::SimWorld in meta mode (every rank a thread), the
 // planner's sim::SymmetricClock (one representative rank: every rank of a mesh without a pipeline
 // issues alike) or sim::StageWorld (one representative per pipeline stage). Timing only: no
-// numerics, no memory books. Stated assumption: MoE experts keep every top-k assignment (no
-// capacity drops; an upper bound), and under EP each rank's assignments spread evenly over the
-// EP ranks (ceil(rows x top_k / ep) rows to each).
+// numerics, no memory books. Stated assumption (plan.moe_routing, plan_block.hpp): MoE experts
+// keep every top-k assignment (no capacity drops), spread evenly over the EP ranks
+// (ceil(rows x top_k / ep) rows to each), or every expert receives its full capacity of every
+// sequence.
 #pragma once
 
 #include <cstddef>
@@ -46,6 +47,7 @@ struct SkeletonSpec {
   int dp = 1;                                   // ranks in the data-parallel group
   int tp = 1;                                   // ranks in the tensor-parallel group
   int local_batch = 1;                          // sequences per rank per step
+  bool capacity_routing = false;                // MoE: plan.moe_routing "capacity" (plan_block.hpp)
   int steps = 2;
 };
 

@@ -46,6 +46,7 @@ SkeletonSpec skeleton_spec(const Scenario& s, const ParallelSpec& p, int dp, int
                                                     " ranks x whole microbatches of " +
                                                     std::to_string(s.train.micro_batch));
   k.local_batch = global_batch / dp;
+  k.capacity_routing = s.plan.moe_routing == "capacity";
   return k;
 }
 
@@ -174,9 +175,19 @@ double Skeleton::hardware_flops_per_step() const {
   // backward (and recompute) of the model FLOPs' convention.
   const double convention =
       parallel::attention_core_flops(m, s) * (3 + (core_recomputed() ? 1 : 0));
+  // MoE layers: the experts' rows as routed (plan_block.hpp's routed_rows_per_peer, over the
+  // ranks sharing a sequence) instead of the convention's s x k, forward, backward and recompute.
+  double routed = 0;
+  if (m.moe) {
+    const double n = static_cast<double>(layout_.row_count());
+    const double rows = routed_rows_per_peer(m, n, ep(), spec_.capacity_routing) * ep() * (s / n);
+    const double passes = 3 + (spec_.train.recompute == ref::Recompute::kFull ? 1 : 0);
+    for (int i = 0; i < m.layers; ++i)
+      if (m.is_moe_layer(i)) routed += (rows - s * m.moe->top_k) * 4 * m.hidden * m.ffn * passes;
+  }
   const double sequences = static_cast<double>(spec_.local_batch) * spec_.dp;
   return model_flops_per_step() +
-         (recompute + m.layers * (executed_attention_core() - convention)) * sequences;
+         (recompute + routed + m.layers * (executed_attention_core() - convention)) * sequences;
 }
 
 }  // namespace shardcheck::harness

@@ -330,6 +330,7 @@ Scenario parse_scenario(const nlohmann::json& j) {
   sc.plan.checkpoint_save_s = plan.number("checkpoint_save_s", sc.plan.checkpoint_save_s, 0, 1e9);
   sc.plan.restart_s = plan.number("restart_s", sc.plan.restart_s, 0, 1e9);
   sc.plan.attention_kernel = plan.choice("attention_kernel", "engine", {"engine", "flash"});
+  sc.plan.moe_routing = plan.choice("moe_routing", "uniform", {"uniform", "capacity"});
   plan.finish();
 
   ObjectReader ck = o.object("checkpoint");

@@ -1,0 +1,140 @@
+// The planner's MoE routing assumption (scenario key plan.moe_routing, harness/plan_block.hpp):
+// under "capacity" every expert receives its full capacity C of every sequence, each rank its
+// share of the sequence's rows, so the experts' FLOPs over the world are the closed form's against
+// "uniform" (every top-k assignment, spread evenly) for capacity factors below, near and above
+// one; the planner still issues what the engine issues, and still bounds the engine's expert FLOPs
+// over the world; hardware FLOPs count the padded rows; a routing the planner does not know is
+// refused with the JSON path.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "cli_support.hpp"
+#include "comm/op_log.hpp"
+#include "harness/conformance.hpp"
+#include "harness/driver.hpp"
+#include "harness/plan.hpp"
+#include "harness/plan_skeleton.hpp"
+#include "harness/scenario.hpp"
+
+namespace shardcheck::harness {
+namespace {
+
+using nlohmann::json;
+
+json parity_json(const std::string& name) {
+  std::ifstream f(shardcheck::testing::kScenarios + "/parity/" + name);
+  return json::parse(f);
+}
+
+Scenario with_routing(json j, const std::string& routing, double capacity_factor) {
+  j["model"]["moe"]["capacity_factor"] = capacity_factor;
+  j["plan"]["moe_routing"] = routing;
+  return parse_scenario(j);
+}
+
+// The experts' forward FLOPs over every rank of the planner's timing-only run.
+double expert_flops(const Scenario& s, const ParallelSpec& p) {
+  double sum = 0;
+  for (const comm::OpLog& log : planner_op_logs(s, p))
+    sum += comm::flops_named(comm::cost_view(log), "moe experts forward");
+  return sum;
+}
+
+// Rows one rank's experts receive per sequence share, written out: a rank routes n rows of each
+// sequence (s / cp, under SP / tp too); uniform sends ceil(n k / ep) to each EP rank, capacity
+// E / ep x ceil(C n / s) with C = ceil(cf s k / E) (at most s).
+double received_rows(const Scenario& s, const ParallelSpec& p, bool capacity) {
+  const ref::ModelConfig& m = s.model;
+  const double seq = m.seq_len, k = m.moe->top_k, e = m.moe->experts, ep = p.mesh.ep;
+  const double n = seq / p.mesh.cp / (p.sequence_parallel && p.mesh.tp > 1 ? p.mesh.tp : 1);
+  if (!capacity) return ep > 1 ? std::ceil(n * k / ep) * ep : n * k;
+  const double cap = std::min(std::ceil(m.moe->capacity_factor * seq * k / e - 1e-9), seq);
+  return e * std::ceil(cap * n / seq - 1e-9);
+}
+
+TEST(PlanRouting, CapacityGivesEveryExpertItsFullCapacityOfEverySequence) {
+  int checked = 0, above = 0, below = 0, conforming = 0;
+  for (const char* name : {"mp_ep_bf16.json", "mp_compose_moe.json"}) {
+    const json j = parity_json(name);
+    for (const double cf : {0.5, 1.25, 3.0}) {
+      const Scenario uniform = with_routing(j, "uniform", cf);
+      const Scenario capacity = with_routing(j, "capacity", cf);
+      for (std::size_t i = 0; i < capacity.configs.size(); ++i) {
+        const ParallelSpec& p = capacity.configs[i];
+        if (!unsupported(capacity, p).empty()) continue;
+        const double want = received_rows(capacity, p, true) / received_rows(uniform, p, false);
+        const double got = expert_flops(capacity, p) / expert_flops(uniform, p);
+        EXPECT_NEAR(got, want, 1e-12 * want) << name << " cf " << cf << " " << p.label();
+        ++checked;
+        above += want > 1 ? 1 : 0;
+        below += want < 1 ? 1 : 0;
+        // The same ops as the engine's run, and expert FLOPs at least the engine's over the world
+        // (its capacity drops included). One capacity factor: the engine's run is the slow part.
+        if (cf == 1.25) {
+          EXPECT_EQ(conformance(capacity, p), "") << name;
+          ++conforming;
+        }
+      }
+    }
+  }
+  EXPECT_GT(checked, 40);
+  EXPECT_GT(above, 20);
+  EXPECT_GT(below, 10);
+  EXPECT_GT(conforming, 15);
+  std::printf("capacity routing: %d configurations x factors checked, %d against the engine\n",
+              checked, conforming);
+}
+
+// Hardware FLOPs count what the experts execute: the padded rows above the convention's s x k,
+// in the forward, the backward and (full) the recompute.
+TEST(PlanRouting, HardwareFlopsCountTheRowsAsRouted) {
+  const json j = parity_json("mp_ep_bf16.json");
+  for (const std::string recompute : {"none", "full"}) {
+    json r = j;
+    r["train"]["activation_checkpointing"] = recompute;
+    const Scenario uniform = with_routing(r, "uniform", 1.25);
+    const Scenario capacity = with_routing(r, "capacity", 1.25);
+    // A mesh with one EP rank and no SP (a rank's share of each sequence: s / cp rows).
+    const auto it =
+        std::find_if(capacity.configs.begin(), capacity.configs.end(), [](const ParallelSpec& c) {
+          return c.mesh.ep == 1 && !c.sequence_parallel && c.mesh.cp > 1;
+        });
+    ASSERT_NE(it, capacity.configs.end());
+    const ParallelSpec& p = *it;
+    const auto flops = [&](const Scenario& s) {
+      return Skeleton(skeleton_spec(s, p, p.mesh.dp, s.train.global_batch))
+          .hardware_flops_per_step();
+    };
+    const ref::ModelConfig& m = capacity.model;
+    int moe_layers = 0;
+    for (int l = 0; l < m.layers; ++l) moe_layers += m.is_moe_layer(l) ? 1 : 0;
+    const double per_sequence =
+        (received_rows(capacity, p, true) - received_rows(uniform, p, false)) * p.mesh.cp;
+    const double passes = recompute == "full" ? 4 : 3;
+    const double want =
+        per_sequence * 4.0 * m.hidden * m.ffn * passes * moe_layers * capacity.train.global_batch;
+    EXPECT_GT(want, 0);
+    EXPECT_NEAR(flops(capacity) - flops(uniform), want, 1e-9 * want) << recompute;
+  }
+}
+
+TEST(PlanRouting, AnUnknownRoutingIsRefusedWithItsPath) {
+  json j = parity_json("mp_compose_moe.json");
+  j["plan"]["moe_routing"] = "balanced";
+  try {
+    parse_scenario(j);
+    ADD_FAILURE() << "accepted";
+  } catch (const ScenarioError& e) {
+    EXPECT_NE(std::string(e.what()).find("$.plan.moe_routing"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace shardcheck::harness
