@@ -78,36 +78,22 @@ class SkeletonRun {
 
   void run() {
     const int r = world_.rank();
-    if (k_.model_parallel()) {  // comm::build_groups' groups, the dense dp x cp group
-      std::unique_ptr<comm::Communicator>* slots[] = {&tp_, &dp_, &pp_, &cp_, &dense_};
-      std::size_t i = 0;
-      for (const std::vector<comm::Axis>& axes : Skeleton::group_axes()) {
-        // build_groups' names (an axis's own), "dp-cp" for the dense group
-        const std::string name = axes.size() == 1 ? std::string(comm::name_of(axes[0])) : "dp-cp";
-        *slots[i++] = world_.split(k_.mesh_.group_index(r, axes), r, {.name = name});
-      }
-      data_ = dp_.get();
-      group_ = dense_.get();
-      if (k_.kv_replicas() > 1) {  // the engine's tp-kv group, split from tp
-        const int replicas = k_.kv_replicas();
-        kv_ = tp_->split(tp_->rank() / replicas, tp_->rank(),
-                         {.name = parallel::mesh_detail::kTpKvGroup});
-      }
-      if (sp_.tp == 1) tp_.reset();
-      if (pp() == 1) pp_.reset();
-      if (cp() == 1) cp_.reset();
-    }
-    if (k_.ep() > 1) {  // build_groups' ep group, the engine's expert-dp group
-      const comm::Axis ep[] = {comm::Axis::ep}, edp[] = {comm::Axis::edp};
-      ep_ = world_.split(k_.mesh_.group_index(r, ep), r,
-                         {.name = std::string(comm::name_of(comm::Axis::ep))});
-      edp_ = world_.split(k_.mesh_.group_index(r, edp), r, {.name = "expert-dp"});
-    }
-    if (k_.expert_parts()) {  // mesh_bf16.hpp's expert_parts
-      parts_ = world_.split(parallel::mesh_detail::expert_parts_color(k_.mesh_, r), r,
-                            {.name = "expert-parts"});
+    // The engine's groups, split as it splits them (mesh_groups.hpp); those of one rank unused.
+    using G = parallel::mesh_detail::Group;
+    groups_.emplace(world_, k_.group_splits_);
+    const auto used = [&](G g) {
+      comm::Communicator* c = groups_->get(g);
+      return c != nullptr && c->size() > 1 ? c : nullptr;
+    };
+    tp_ = used(G::tp);
+    pp_ = used(G::pp);
+    cp_ = used(G::cp);
+    ep_ = used(G::ep);
+    kv_ = groups_->get(G::kv);
+    data_ = groups_->get(G::data);
+    group_ = groups_->get(G::dense);
+    if ((parts_ = groups_->get(G::parts)) != nullptr)
       expert_parts_ = parallel::mesh_detail::expert_part_count(k_.mesh_, r);
-    }
     seq_.emplace(SequenceOps::Shape{.model = &sp_.model,
                                     .layout = &k_.layout_,
                                     .precision = sp_.train.precision,
@@ -119,29 +105,17 @@ class SkeletonRun {
                                     .tp = sp_.tp,
                                     .cp = cp(),
                                     .elem = k_.elem_},
-                 world_, tp_.get(), cp_.get(), ep_.get());
-    if (k_.shard_size_ != sp_.dp) {  // mesh_rows.hpp's hybrid_split: dense, then experts
-      const std::vector<Skeleton::HybridAxes> h = k_.hybrid_axes();
-      std::unique_ptr<comm::Communicator>* slots[][2] = {{&shard_, &replicas_},
-                                                         {&expert_shard_, &expert_replicas_}};
-      const char* names[][2] = {{"dp-cp-shard", "dp-cp-replicas"},
-                                {"expert-dp-shard", "expert-dp-replicas"}};
-      for (std::size_t i = 0; i < h.size(); ++i) {
-        const parallel::mesh_detail::HybridColors c =
-            parallel::mesh_detail::hybrid_colors(k_.mesh_, h[i].axes, h[i].s, r);
-        *slots[i][0] = world_.split(c.shard, r, {.name = names[i][0]});
-        *slots[i][1] = world_.split(c.replicas, r, {.name = names[i][1]});
-      }
-      group_ = shard_.get();
-    }
-    // The classes in their groups (MeshOptimizer's): the experts', under EP, over the
-    // expert-data-parallel ranks; the others' (and every class's without EP) over group_.
-    comm::Communicator* expert = expert_shard_ ? expert_shard_.get() : edp_ ? edp_.get() : group_;
-    classes_ = parallel::shard_classes(flat_, k_.zero_,
-                                       {.dense = group_,
-                                        .expert = expert,
-                                        .dense_replicas = replicas_.get(),
-                                        .expert_replicas = expert_replicas_.get()});
+                 world_, tp_, cp_, ep_);
+    if (comm::Communicator* shard = groups_->get(G::dense_shard)) group_ = shard;
+    // The classes in their groups (MeshOptimizer's): the experts' over the expert-data-parallel
+    // ranks, the others' over dp x cp (hybrid shard: their shard groups, and replicas).
+    comm::Communicator* expert_shard = groups_->get(G::expert_shard);
+    classes_ = parallel::shard_classes(
+        flat_, k_.zero_,
+        {.dense = group_,
+         .expert = expert_shard != nullptr ? expert_shard : groups_->get(G::expert),
+         .dense_replicas = groups_->get(G::dense_replicas),
+         .expert_replicas = groups_->get(G::expert_replicas)});
     const parallel::FsdpOptions f = sp_.mesh.fsdp.value_or(parallel::FsdpOptions{.prefetch = 0});
     if (k_.zero_ == 3) {
       const bool keep =
@@ -165,8 +139,8 @@ class SkeletonRun {
       // 3. gradient sums (sync_gradients): the tied embedding between the first and last stage,
       // SP's TP-replicated parameters over TP, then the optimizer's.
       sync_tied_embedding();
-      sum_picked(sp() ? tp_.get() : nullptr, tp_replicated, true);
-      sum_picked(kv_.get(), kv_replicated, true);  // the TP ranks sharing a replicated kv head
+      sum_picked(sp() ? tp_ : nullptr, tp_replicated, true);
+      sum_picked(kv_, kv_replicated, true);  // the TP ranks sharing a replicated kv head
       if (!k_.no_shard_) reduce();
       // 4. norm and numerators, the health check.
       world_.all_reduce(null_buf(4, comm::DType::f64))->wait();
@@ -413,8 +387,7 @@ class SkeletonRun {
       }
       void round(bool /*expert*/) {}
     };
-    parallel::mesh_detail::microbatch_presums(cp_.get(), kv_.get(), sp() ? tp_.get() : nullptr,
-                                              parts_.get(), expert_parts_,
+    parallel::mesh_detail::microbatch_presums(cp_, kv_, sp() ? tp_ : nullptr, parts_, expert_parts_,
                                               Ops{*this, deferred, only});
   }
 
@@ -425,8 +398,8 @@ class SkeletonRun {
     for (const std::size_t ci : schedules_[static_cast<std::size_t>(chunk)].ready[step]) {
       const std::vector<std::size_t>& only = classes_[ci].specs;
       if (sp_.train.precision == ref::Precision::kBf16) round_presums(false, &only);
-      sum_picked(sp() ? tp_.get() : nullptr, tp_replicated, false, &only);
-      sum_picked(kv_.get(), kv_replicated, false, &only);
+      sum_picked(sp() ? tp_ : nullptr, tp_replicated, false, &only);
+      sum_picked(kv_, kv_replicated, false, &only);
       finish_unit_reduce();
       in_flight_ = ci;
       if (const parallel::ShardedClass& c = classes_[ci]; c.group->size() > 1)
@@ -517,13 +490,13 @@ class SkeletonRun {
   const SkeletonSpec& sp_;
   comm::Communicator& world_;
   comm::Communicator* data_;   // the data-parallel ranks (the loss denominators)
-  comm::Communicator* group_;  // each class's sharding (and summing) group
-  std::unique_ptr<comm::Communicator> tp_, dp_, pp_, cp_, dense_, shard_, replicas_;
-  std::unique_ptr<comm::Communicator> expert_shard_, expert_replicas_;  // hybrid shard, MoE
-  // EP (null without): the expert group, the expert-data-parallel ranks; the bf16 recipe's
-  // expert-parts group (mesh_bf16.hpp) and how many parts it keeps (0: whole).
-  std::unique_ptr<comm::Communicator> ep_, edp_, parts_;
-  std::unique_ptr<comm::Communicator> kv_;  // the TP ranks sharing a replicated kv head
+  comm::Communicator* group_;  // the dense classes' sharding (and summing) group
+  std::optional<parallel::mesh_detail::MeshGroupSet> groups_;
+  // The groups of more than one rank (else null): tp, pp, cp, ep; the TP ranks sharing a
+  // replicated kv head; the bf16 recipe's expert-parts group (mesh_bf16.hpp) and how many parts it
+  // keeps (0: whole).
+  comm::Communicator *tp_ = nullptr, *pp_ = nullptr, *cp_ = nullptr, *ep_ = nullptr;
+  comm::Communicator *kv_ = nullptr, *parts_ = nullptr;
   int expert_parts_ = 0;
   int stage_ = 0;
   parallel::StagePlan plan_;

@@ -29,6 +29,7 @@
 #include "harness/scenario.hpp"
 #include "parallel/ledger.hpp"
 #include "parallel/mp/mesh_engine.hpp"
+#include "parallel/mp/mesh_groups.hpp"
 #include "parallel/mp/mesh_params.hpp"
 #include "parallel/mp/mesh_zero.hpp"
 #include "parallel/mp/tokens.hpp"
@@ -63,12 +64,11 @@ class Skeleton {
  public:
   explicit Skeleton(SkeletonSpec spec);
   const SkeletonSpec& spec() const { return spec_; }
-  // Rules of the splits run() makes (the tp, dp, pp, cp and dp x cp groups; replicated kv heads:
-  // tp-kv; EP: the ep and expert-dp groups; bf16 MoE: expert parts; hybrid shard: shard group, then
-  // replicate group), for a sim::SymmetricClock.
+  // Rules of the splits run() makes: the engine's groups (parallel/mp/mesh_groups.hpp), for a
+  // sim::SymmetricClock.
   std::vector<sim::SplitRule> splits() const;
   // Every input of splits(): skeletons with equal keys state the same rules (the mesh's shape and
-  // order, kv replicas, expert parts, the shard group size).
+  // order, kv replicas, expert parts, hybrid shard and its shard group size).
   std::string split_key() const;
   // Issues spec().steps steps on this rank of the world (dp x tp ranks).
   void run(comm::Communicator& world) const;
@@ -113,10 +113,12 @@ class Skeleton {
   int zero_ = 0;           // the engine's stage (FSDP other than no_shard: 3)
   bool no_shard_ = false;  // FSDP no_shard: each microbatch's gradient all_reduced
   int shard_size_ = 1;     // DP ranks in each shard group (hybrid: shard_group_size; else dp)
+  bool hybrid_shard() const {
+    return spec_.mesh.fsdp && spec_.mesh.fsdp->sharding == parallel::ShardingStrategy::hybrid_shard;
+  }
   double elem_ = 4;        // bytes of the engine's numeric type
   comm::DeviceMesh mesh_{comm::MeshShape{}};
   parallel::TokenLayout layout_{1, 1, 1, false};
-  bool model_parallel() const;  // tp, pp or cp above 1: the engine's groups are split
   int ep() const { return mesh_.size(comm::Axis::ep); }
   // TP ranks sharing one kv head (tp above kv_heads), 1 otherwise.
   int kv_replicas() const {
@@ -126,16 +128,7 @@ class Skeleton {
   bool expert_parts() const {
     return spec_.train.precision == ref::Precision::kBf16 && spec_.model.moe.has_value();
   }
-  // The groups run() splits, in order: tp, dp, pp, cp, and the dense gradient group dp x cp.
-  static std::vector<std::vector<comm::Axis>> group_axes();
-  // Hybrid shard's splits (mesh_rows.hpp's hybrid_split), in order: the dense classes' over
-  // {cp, dp} with shard groups of shard_group_size x cp, then (MoE) the experts' over {edp} with
-  // gcd of that and the expert-data-parallel size.
-  struct HybridAxes {
-    std::vector<comm::Axis> axes;
-    int s = 1;
-  };
-  std::vector<HybridAxes> hybrid_axes() const;
+  std::vector<parallel::mesh_detail::GroupSplit> group_splits_;  // the engine's, in order
   std::map<int, int> wrap_of_;  // layerwise unit -> wrap unit
 };
 

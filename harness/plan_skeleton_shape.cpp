@@ -71,56 +71,15 @@ Skeleton::Skeleton(SkeletonSpec spec) : spec_(std::move(spec)) {
   shape.tp = spec_.tp;
   mesh_ = comm::DeviceMesh(shape, o.order);
   layout_ = parallel::TokenLayout(m.seq_len, shape.cp, shape.tp, o.sequence_parallel);
-}
-
-bool Skeleton::model_parallel() const {
-  return spec_.tp > 1 || mesh_.size(comm::Axis::pp) > 1 || mesh_.size(comm::Axis::cp) > 1;
-}
-
-std::vector<Skeleton::HybridAxes> Skeleton::hybrid_axes() const {
-  using comm::Axis;
-  const int s = shard_size_ * mesh_.size(Axis::cp);
-  std::vector<HybridAxes> out = {{{Axis::cp, Axis::dp}, s}};
-  if (spec_.model.moe) out.push_back({{Axis::edp}, std::gcd(s, mesh_.size(Axis::edp))});
-  return out;
-}
-
-std::vector<std::vector<comm::Axis>> Skeleton::group_axes() {
-  using comm::Axis;
-  return {{Axis::tp}, {Axis::dp}, {Axis::pp}, {Axis::cp}, {Axis::dp, Axis::cp}};
+  parallel::MeshOptions on_mesh = o;
+  on_mesh.shape = shape;
+  group_splits_ = parallel::mesh_detail::group_splits(mesh_, m, spec_.train.precision, on_mesh);
 }
 
 std::vector<sim::SplitRule> Skeleton::splits() const {
   std::vector<sim::SplitRule> out;
-  if (model_parallel()) {  // build_groups' tp, dp, pp and cp groups, the dense dp x cp group
-    for (const std::vector<comm::Axis>& axes : group_axes())
-      out.push_back(sim::SplitRule{[g = mesh_.group_indexer(axes)](int r) { return g.index(r); },
-                                   [](int r) { return r; }});
-  }
-  if (kv_replicas() > 1) {  // split from the tp group: colours of its group ranks
-    const int replicas = kv_replicas();
-    out.push_back(
-        sim::SplitRule{[replicas](int r) { return r / replicas; }, [](int r) { return r; }});
-  }
-  const comm::DeviceMesh mesh = mesh_;
-  if (ep() > 1)
-    for (const comm::Axis a : {comm::Axis::ep, comm::Axis::edp})
-      out.push_back(
-          sim::SplitRule{[g = mesh_.group_indexer(std::span(&a, 1))](int r) { return g.index(r); },
-                         [](int r) { return r; }});
-  if (expert_parts())
-    out.push_back(
-        sim::SplitRule{[mesh](int r) { return parallel::mesh_detail::expert_parts_color(mesh, r); },
-                       [](int r) { return r; }});
-  if (shard_size_ == spec_.dp) return out;
-  for (const HybridAxes& h : hybrid_axes())
-    for (const bool shard : {true, false})
-      out.push_back(sim::SplitRule{[mesh, h, shard](int r) {
-                                     const parallel::mesh_detail::HybridColors c =
-                                         parallel::mesh_detail::hybrid_colors(mesh, h.axes, h.s, r);
-                                     return shard ? c.shard : c.replicas;
-                                   },
-                                   [](int r) { return r; }});
+  for (const parallel::mesh_detail::GroupSplit& g : group_splits_)
+    out.push_back(sim::SplitRule{g.color, [](int r) { return r; }});
   return out;
 }
 
@@ -129,8 +88,8 @@ std::string Skeleton::split_key() const {
   return "mesh " + std::to_string(m.dp) + " " + std::to_string(m.tp) + " " + std::to_string(m.pp) +
          " " + std::to_string(m.cp) + " " + std::to_string(m.ep) + " " + mesh_.order_string() +
          " kv " + std::to_string(kv_replicas()) + " parts " + std::to_string(expert_parts()) +
-         " moe " + std::to_string(spec_.model.moe.has_value()) + " shard " +
-         std::to_string(shard_size_);
+         " moe " + std::to_string(spec_.model.moe.has_value()) + " hybrid " +
+         std::to_string(hybrid_shard()) + " shard " + std::to_string(shard_size_);
 }
 
 std::vector<std::string> Skeleton::block_groups() {

@@ -24,7 +24,7 @@ namespace shardcheck::parallel::mesh_detail {
 // backward keeps one gradient per data rank of its EP group (a "part", ep_moe_backward's
 // part_of_source); the ranks holding the same experts for the same data ranks (in the edp group:
 // the CP ranks left out of the EP group) form `group`, over which each part is summed before it
-// is rounded. Built (a collective over world) for the bf16 recipe of a model with MoE layers.
+// is rounded. Built for the bf16 recipe of a model with MoE layers.
 struct ExpertParts {
   std::vector<int> part_of_source;  // per EP rank; empty where all peers read one data rank
   int parts = 1;
@@ -54,18 +54,18 @@ inline int expert_parts_color(const comm::DeviceMesh& mesh, int rank) {
   return rank;
 }
 
-inline ExpertParts expert_parts(comm::Communicator& world, const comm::DeviceMesh& mesh) {
+// World rank r's parts, its group made by a split with expert_parts_color (mesh_groups.hpp).
+inline ExpertParts expert_parts(const comm::DeviceMesh& mesh, int r,
+                                std::unique_ptr<comm::Communicator> group) {
   using comm::Axis;
-  const auto data_ranks = [&](int rank) { return ep_data_ranks(mesh, rank); };
-  const int r = world.rank();
-  const std::set<int> mine = data_ranks(r);
+  const std::set<int> mine = ep_data_ranks(mesh, r);
   ExpertParts x;
   x.parts = static_cast<int>(mine.size());
   if (x.parts > 1)
     for (int m : mesh.group(r, Axis::ep))
       x.part_of_source.push_back(
           static_cast<int>(std::distance(mine.begin(), mine.find(mesh.coord(m, Axis::dp)))));
-  x.group = world.split(expert_parts_color(mesh, r), r, {.name = "expert-parts"});
+  x.group = std::move(group);
   return x;
 }
 

@@ -24,21 +24,23 @@ MeshImpl<T>::MeshImpl(comm::Communicator& world, const ref::ModelConfig& model,
     throw MeshConfigError("attention_kernel",
                           "the numeric engine computes attention with its own kernel; flash is "
                           "a planning input (plan.attention_kernel)");
-  g_ = comm::build_groups(mesh, world);
-  // The expert ranks are carved out of the dp x cp ranks: experts sum over edp (dp x cp / ep).
-  using comm::Axis;
-  const std::vector<Axis> dense = {Axis::dp, Axis::cp};
-  const bool wrong = opt_.planted == testing::Mutation::kExpertSumOverDenseGroup;
-  data_ = split_over(world, mesh, {Axis::dp}, "data");
-  dense_ = split_over(world, mesh, dense, "dp-cp");
-  expert_ = split_over(world, mesh, wrong ? dense : std::vector<Axis>{Axis::edp}, "expert-dp");
-  if (opt_.shape.tp > model_.kv_heads) {  // TP ranks sharing one replicated kv head
-    const int replicas = opt_.shape.tp / model_.kv_heads;
-    kv_ = g_.tp->split(g_.tp->rank() / replicas, g_.tp->rank(), {.name = kTpKvGroup});
-  }
-  if (train_.precision == ref::Precision::kBf16 && model_.moe) {
-    experts_ = std::make_unique<ExpertParts>(expert_parts(world, mesh));
-  }
+  // The groups (mesh_groups.hpp). The expert ranks are carved out of the dp x cp ranks: experts
+  // sum over edp (dp x cp / ep).
+  MeshGroupSet groups(world, group_splits(mesh, model_, train_.precision, opt_));
+  g_.dp = groups.take(Group::dp);
+  g_.tp = groups.take(Group::tp);
+  g_.pp = groups.take(Group::pp);
+  g_.cp = groups.take(Group::cp);
+  g_.ep = groups.take(Group::ep);
+  data_ = groups.take(Group::data);
+  dense_ = groups.take(Group::dense);
+  expert_ = groups.take(Group::expert);
+  kv_ = groups.take(Group::kv);  // TP ranks sharing one replicated kv head
+  if (groups.get(Group::parts) != nullptr)
+    experts_ =
+        std::make_unique<ExpertParts>(expert_parts(mesh, world.rank(), groups.take(Group::parts)));
+  dense_h_ = {groups.take(Group::dense_shard), groups.take(Group::dense_replicas)};
+  expert_h_ = {groups.take(Group::expert_shard), groups.take(Group::expert_replicas)};
   data_rank = data_->rank();
   data_world = data_->size();
   planted = opt_.planted;
@@ -62,12 +64,6 @@ MeshImpl<T>::MeshImpl(comm::Communicator& world, const ref::ModelConfig& model,
   const FsdpOptions f = opt_.fsdp.value_or(FsdpOptions{.prefetch = 0});
   no_shard_ = opt_.fsdp && f.sharding == ShardingStrategy::no_shard;
   wrap_of_ = wrap_map(model_, f);
-  if (opt_.fsdp && f.sharding == ShardingStrategy::hybrid_shard) {
-    const int s = f.shard_group_size * opt_.shape.cp;
-    dense_h_ = hybrid_split(world, mesh, {Axis::cp, Axis::dp}, s, "dp-cp");
-    expert_h_ =
-        hybrid_split(world, mesh, {Axis::edp}, std::gcd(s, mesh.size(Axis::edp)), "expert-dp");
-  }
   typename MeshOptimizer<T>::Env env{
       .dense = dense_h_.shard ? dense_h_.shard.get() : dense_.get(),
       .expert = expert_h_.shard ? expert_h_.shard.get() : expert_.get(),

@@ -24,6 +24,7 @@
 #include "parallel/mp/mesh_bf16.hpp"
 #include "parallel/mp/mesh_buckets.hpp"
 #include "parallel/mp/mesh_engine.hpp"
+#include "parallel/mp/mesh_groups.hpp"
 #include "parallel/mp/mesh_memory.hpp"
 #include "parallel/mp/mesh_residency.hpp"
 #include "parallel/mp/mesh_rows.hpp"

@@ -24,13 +24,6 @@ using ref::Tensor;
 // The name of the TP ranks sharing one replicated kv head (split from the tp group).
 inline constexpr const char* kTpKvGroup = "tp-kv";
 
-inline std::unique_ptr<comm::Communicator> split_over(comm::Communicator& world,
-                                                      const comm::DeviceMesh& mesh,
-                                                      std::vector<comm::Axis> axes,
-                                                      const char* name) {
-  return world.split(mesh.group_index(world.rank(), axes), world.rank(), {.name = name});
-}
-
 // hybrid_shard over a parameter class's gradient-sum group (the ranks along `axes`, the first
 // fastest): each rank's position in it is cut into shard groups of `s` consecutive positions and
 // replica groups (the same position modulo s), as torchtitan's dp_shard x dp_replicate. Dense:
@@ -52,16 +45,6 @@ inline HybridColors hybrid_colors(const comm::DeviceMesh& mesh, const std::vecto
 struct HybridGroups {
   std::unique_ptr<comm::Communicator> shard, replicas;
 };
-inline HybridGroups hybrid_split(comm::Communicator& world, const comm::DeviceMesh& mesh,
-                                 const std::vector<comm::Axis>& axes, int s, const char* name) {
-  const int r = world.rank();
-  const HybridColors c = hybrid_colors(mesh, axes, s, r);
-  HybridGroups g;
-  g.shard = world.split(c.shard, r, {.name = std::string(name) + "-shard"});
-  g.replicas = world.split(c.replicas, r, {.name = std::string(name) + "-replicas"});
-  return g;
-}
-
 // The picked parameters' gradients summed over group, in one all_reduce (specs order).
 template <class T, class Pick>
 void all_reduce_picked(const std::vector<LocalParam>& specs, comm::Communicator& group,
