@@ -1,23 +1,25 @@
-// The step skeleton of a configuration: what the mesh engine (parallel/mp/mesh_engine.cpp)
+// The step skeleton of a configuration: what the mesh engine (parallel/mp/mesh_impl.hpp)
 // issues on a dp x tp x pp x cp mesh (data parallelism with DDP / ZeRO / FSDP, tensor parallelism
 // with or without sequence parallelism, GPipe / 1F1B / interleaved pipelines, ring and Ulysses
-// context parallelism, expert parallelism), sized for the real
-// model, with null buffers and real counts. Its layout and order come from the engine's own
-// pieces: its parameters (local_params), stage plans, flat buffers and shards (flat_classes),
-// ZeRO-3 / FSDP residency (Residency) and per-microbatch unit reductions
+// context parallelism, expert parallelism), sized for the real model, with null buffers and real
+// counts. Its layout and order come from the engine's own pieces, each written once and run by
+// both: the process groups in split order (mesh_groups.hpp), the rank's parameters
+// (local_params), stage plans, flat buffers and their shards in their groups (flat_classes,
+// shard_classes), ZeRO-3 / FSDP residency (Residency) and per-microbatch unit reductions
 // (mesh_grad_units.hpp), pipeline messages (pipeline_events), each chunk's walk (mesh_walk.hpp:
 // its steps, the units they use, the gradients each completes), DDP's bucket fill
-// (mesh_buckets.hpp), and its compute reports (parallel/costs.hpp); what it writes itself (the
-// step's order, the optimizer's collectives, the collectives inside a block) is checked
+// (mesh_buckets.hpp), the bf16 sums before rounding (mesh_bf16.hpp's microbatch_presums), and
+// the compute reports (parallel/costs.hpp). What it still writes itself (the step's phases, the
+// order of the sums around a ZeRO-3 reduce_scatter and at the step's end, the optimizer's
+// collectives with their counts, the collectives inside a block: plan_block.hpp) is checked
 // against the engine by the conformance test (harness/conformance.hpp: the op logs of both runs
-// are equal for every configuration of the parity matrix it covers). It runs on any
-// comm::Communicator that moves no data: sim::SimWorld in meta mode (every rank a thread), the
-// planner's sim::SymmetricClock (one representative rank: every rank of a mesh without a pipeline
-// issues alike) or sim::StageWorld (one representative per pipeline stage). Timing only: no
-// numerics, no memory books. Stated assumption (plan.moe_routing, plan_block.hpp): MoE experts
-// keep every top-k assignment (no capacity drops), spread evenly over the EP ranks
-// (ceil(rows x top_k / ep) rows to each), or every expert receives its full capacity of every
-// sequence.
+// are equal for every configuration of the parity matrix). It runs on any comm::Communicator
+// that moves no data: sim::SimWorld in meta mode (every rank a thread), the planner's
+// sim::SymmetricClock (one representative rank: every rank of a mesh without a pipeline issues
+// alike) or sim::StageWorld (one representative per pipeline stage). Timing only: no numerics,
+// no memory books. Stated assumption (plan.moe_routing, plan_block.hpp): MoE experts keep every
+// top-k assignment (no capacity drops), spread evenly over the EP ranks (ceil(rows x top_k / ep)
+// rows to each), or every expert receives its full capacity of every sequence.
 #pragma once
 
 #include <cstddef>
