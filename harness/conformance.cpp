@@ -62,13 +62,15 @@ std::string conformance(const Scenario& s, const ParallelSpec& p,
   // top-k assignment, so its experts' FLOPs bound the engine's from above on each rank with one
   // EP rank, and over the world with EP (a rank's experts then receive what its EP peers routed),
   // where the dispatch and combine splits are the assumption's too. Capacity-bound gives each
-  // rank its share of every expert's capacity, while the engine's capacity is over the whole
-  // sequence, whose rows may come from one rank: over the world.
+  // expert its capacity C of every sequence (at most one row per token): on a rank holding whole
+  // sequences that bounds the engine's rank; with a sequence's rows over CP (or SP) ranks, each
+  // gets its share of C while the engine's C may fill from one of them: over the world.
   const std::vector<std::string> experts = {"moe experts forward", "moe experts backward"};
   const bool ep = p.mesh.ep > 1;
+  const bool shared_rows = p.mesh.cp > 1 || (p.sequence_parallel && p.mesh.tp > 1);
   const bool capacity = s.plan.moe_routing == "capacity";
   comm::CompareOptions o;
-  (ep || capacity ? o.unchecked_flops : o.upper_bounds) = experts;
+  (ep || (capacity && shared_rows) ? o.unchecked_flops : o.upper_bounds) = experts;
   o.routed_splits = ep;
   std::vector<comm::OpLog> a, b;
   for (std::size_t r = 0; r < engine.size(); ++r) {

@@ -37,9 +37,10 @@ inline std::size_t count_of(int64_t n) {
 // its `ep` EP ranks (one: keeps) in a MoE layer, under the routing assumption. Uniform: its
 // rows x k assignments spread evenly over the experts, ceil(rows k / ep) to each. Capacity-bound
 // (`capacity`): every expert receives its full capacity C = ref::moe_capacity (at most s) of every
-// sequence, each rank its share rows / s of them: E / ep x ceil(C rows / s) (the volume of
-// GShard's and DeepSpeed-MoE's padded dispatch, and the most a router capped at C sends). Every
-// rank's experts receive ep times that.
+// sequence, each rank its share rows / s of them: E / ep x ceil(C rows / s). That is the volume
+// GShard's and DeepSpeed-MoE's padded dispatch moves and computes, and puts every expert at the
+// most it can receive; with a capacity factor above 1 it is more than any routing sends in all
+// (E C above s k). Every rank's experts receive ep times that.
 double routed_rows_per_peer(const ref::ModelConfig& model, double rows, int ep, bool capacity);
 
 class SequenceOps {

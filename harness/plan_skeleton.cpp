@@ -80,7 +80,7 @@ class SkeletonRun {
     const int r = world_.rank();
     // The engine's groups, split as it splits them (mesh_groups.hpp); those of one rank unused.
     using G = parallel::mesh_detail::Group;
-    groups_.emplace(world_, k_.group_splits_);
+    groups_.emplace(world_, k_.mesh_, k_.group_splits_);
     const auto used = [&](G g) {
       comm::Communicator* c = groups_->get(g);
       return c != nullptr && c->size() > 1 ? c : nullptr;

@@ -89,7 +89,8 @@ std::string Skeleton::split_key() const {
          " " + std::to_string(m.cp) + " " + std::to_string(m.ep) + " " + mesh_.order_string() +
          " kv " + std::to_string(kv_replicas()) + " parts " + std::to_string(expert_parts()) +
          " moe " + std::to_string(spec_.model.moe.has_value()) + " hybrid " +
-         std::to_string(hybrid_shard()) + " shard " + std::to_string(shard_size_);
+         std::to_string(hybrid_shard()) + " shard " + std::to_string(shard_size_) + " planted " +
+         std::to_string(static_cast<int>(spec_.mesh.planted));
 }
 
 std::vector<std::string> Skeleton::block_groups() {
@@ -134,12 +135,15 @@ double Skeleton::hardware_flops_per_step() const {
   // backward (and recompute) of the model FLOPs' convention.
   const double convention =
       parallel::attention_core_flops(m, s) * (3 + (core_recomputed() ? 1 : 0));
-  // MoE layers: the experts' rows as routed (plan_block.hpp's routed_rows_per_peer, over the
-  // ranks sharing a sequence) instead of the convention's s x k, forward, backward and recompute.
+  // MoE layers: the experts' rows as executed instead of the convention's s x k, forward, backward
+  // and recompute: plan_block.hpp's routed_rows_per_peer on each of the cp x tp ranks holding a
+  // sequence's rows, each routing its n of them (without SP every TP rank routes the same n: the
+  // experts are not split over TP).
   double routed = 0;
   if (m.moe) {
     const double n = static_cast<double>(layout_.row_count());
-    const double rows = routed_rows_per_peer(m, n, ep(), spec_.capacity_routing) * ep() * (s / n);
+    const double holders = static_cast<double>(mesh_.size(comm::Axis::cp)) * spec_.tp;
+    const double rows = routed_rows_per_peer(m, n, ep(), spec_.capacity_routing) * ep() * holders;
     const double passes = 3 + (spec_.train.recompute == ref::Recompute::kFull ? 1 : 0);
     for (int i = 0; i < m.layers; ++i)
       if (m.is_moe_layer(i)) routed += (rows - s * m.moe->top_k) * 4 * m.hidden * m.ffn * passes;

@@ -88,7 +88,7 @@ struct PlanSpec {
   std::string attention_kernel = "engine";
   // What MoE layers route (plan_block.hpp): "uniform", every top-k assignment kept and spread
   // evenly over the experts, or "capacity", every expert receiving its full capacity of every
-  // sequence (a padded dispatch's volume, the most a capacity-limited router lets through).
+  // sequence (a padded dispatch's volume; every expert at the most it can receive).
   std::string moe_routing = "uniform";
 };
 

@@ -1,4 +1,4 @@
-// Internal to the mesh engine (mesh_engine.cpp): the bf16 recipe's microbatch rounding on a mesh,
+// Internal to the mesh engine (mesh_chunks.cpp): the bf16 recipe's microbatch rounding on a mesh,
 // which must round the same sums the reference rounds (ref::Trainer: each microbatch's whole
 // gradient once, then summed in f32), and the expert-gradient parts that makes possible under EP.
 #pragma once

@@ -1,5 +1,5 @@
 // DDP overlap's gradient buckets on the mesh engine (PyTorch DDP's and Megatron's buckets, issued
-// during the last microbatch's backward), written once for the engine (mesh_engine.cpp) and the
+// during the last microbatch's backward), written once for the engine (mesh_chunks.cpp) and the
 // planner's timing-only run (harness/plan_skeleton.cpp). Gradients join the open bucket as the
 // backward completes them (mesh_walk.hpp), in the rank's parameter order, once per step; those
 // that need another sum first are left to the step's end (sync_gradients: the tied embedding
@@ -29,6 +29,7 @@ class BucketFill {
     bucketed_.assign(params, false);
     bucket_.clear();
     fill_ = 0;
+    full_ = false;
   }
 
   // The picked gradients of the rank's parameters (specs, as at clear) join the open bucket.

@@ -26,7 +26,7 @@ MeshImpl<T>::MeshImpl(comm::Communicator& world, const ref::ModelConfig& model,
                           "a planning input (plan.attention_kernel)");
   // The groups (mesh_groups.hpp). The expert ranks are carved out of the dp x cp ranks: experts
   // sum over edp (dp x cp / ep).
-  MeshGroupSet groups(world, group_splits(mesh, model_, train_.precision, opt_));
+  MeshGroupSet groups(world, mesh, group_splits(mesh, model_, train_.precision, opt_));
   g_.dp = groups.take(Group::dp);
   g_.tp = groups.take(Group::tp);
   g_.pp = groups.take(Group::pp);

@@ -68,6 +68,9 @@ inline std::vector<GroupSplit> group_splits(const comm::DeviceMesh& mesh,
                    .name = std::move(name),
                    .color = [ix = mesh.group_indexer(axes)](int r) { return ix.index(r); }});
   };
+  static_assert(comm::kAllAxes[0] == Axis::dp && comm::kAllAxes[1] == Axis::tp &&
+                comm::kAllAxes[2] == Axis::pp && comm::kAllAxes[3] == Axis::cp &&
+                comm::kAllAxes[4] == Axis::ep);
   const Group axis_groups[] = {Group::dp, Group::tp, Group::pp, Group::cp, Group::ep};
   for (std::size_t i = 0; i < comm::kAllAxes.size(); ++i)
     over(axis_groups[i], {comm::kAllAxes[i]}, std::string(comm::name_of(comm::kAllAxes[i])));
@@ -112,10 +115,17 @@ inline std::vector<GroupSplit> group_splits(const comm::DeviceMesh& mesh,
   return out;
 }
 
-// The groups made by running the splits in order on a rank of `world`.
+// The groups made by running the splits of `mesh` in order on a rank of `world`, which must have
+// the mesh's ranks (else comm::InvalidArgument, as comm::build_groups).
 class MeshGroupSet {
  public:
-  MeshGroupSet(comm::Communicator& world, const std::vector<GroupSplit>& splits) {
+  MeshGroupSet(comm::Communicator& world, const comm::DeviceMesh& mesh,
+               const std::vector<GroupSplit>& splits) {
+    if (world.size() != mesh.world_size())
+      throw comm::InvalidArgument({world.world_rank(), world.name(), "mesh groups", 0},
+                                  "mesh needs " + std::to_string(mesh.world_size()) +
+                                      " ranks but the communicator has " +
+                                      std::to_string(world.size()));
     for (const GroupSplit& s : splits) {
       comm::Communicator& parent = s.from_tp ? *get(Group::tp) : world;
       groups_[static_cast<std::size_t>(s.group)] =

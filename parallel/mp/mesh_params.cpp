@@ -169,7 +169,8 @@ bool chunk_writes(const ref::ModelConfig& model, const StagePlan& plan, int chun
     return layer >= first && layer < last;
   }
   if (p.name == "embed.weight" && vs == 0) return true;
-  return vs == last_vs && mesh_detail::head_completes(model, plan.has_embed, p);
+  return vs == last_vs &&
+         mesh_detail::head_completes(mesh_detail::tied_done_at_head(model, plan.has_embed), p);
 }
 
 std::shared_ptr<const std::vector<LocalParam>> shared_local_params(const ref::ModelConfig& model,

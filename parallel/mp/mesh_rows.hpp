@@ -1,6 +1,6 @@
-// Internal to the mesh engine (mesh_engine.cpp): the group splits over mesh axes (hybrid shard
-// included), a gradient sum over a group, checkpoint scalars, the row movers between a microbatch
-// and its sequences, and what a pipeline chunk keeps from forward to backward.
+// Internal to the mesh engine (mesh_impl.hpp): hybrid shard's group colours (the splits are
+// mesh_groups.hpp's), a gradient sum over a group, checkpoint scalars, the row movers between a
+// microbatch and its sequences, and what a pipeline chunk keeps from forward to backward.
 #pragma once
 
 #include <algorithm>

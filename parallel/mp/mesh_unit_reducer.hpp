@@ -1,4 +1,4 @@
-// Internal to the mesh engine (mesh_engine.cpp): ZeRO-3 / FSDP's per-microbatch reduce_scatter of
+// Internal to the mesh engine (mesh_chunks.cpp): ZeRO-3 / FSDP's per-microbatch reduce_scatter of
 // each flat buffer during the backward (which buffers and when: mesh_grad_units.hpp), driving
 // MeshOptimizer's issue_unit_reduce / complete_unit_reduce and holding each buffer's unsharded
 // microbatch gradient in the tracker from the step that starts it until its reduction completes.

@@ -2,7 +2,7 @@
 // steps (the embedding, each layer, the head), the wrap units each step uses (ZeRO-3 / FSDP
 // residency, mesh_residency.hpp), the parameters whose gradient each backward step completes for
 // the microbatch (DDP's buckets, ZeRO-3's per-microbatch reductions: mesh_grad_units.hpp), and
-// the walk over the microbatch's sequences. The numeric engine (mesh_engine.cpp), its ledger
+// the walk over the microbatch's sequences. The numeric engine (mesh_chunks.cpp), its ledger
 // (mesh_ledger.cpp) and the planner's timing-only run (harness/plan_skeleton.cpp) all walk it.
 //
 // Forward: the embedding (first virtual stage), each layer, the head (last virtual stage); each
@@ -24,11 +24,14 @@
 namespace shardcheck::parallel::mesh_detail {
 
 // Whether the head's backward completes p's gradient: the final norm, an untied head, and the tied
-// embedding's copy unless the stage also holds the embedding (whose backward writes it later).
-inline bool head_completes(const ref::ModelConfig& model, bool holds_embedding,
-                           const LocalParam& p) {
-  if (p.name == "embed.weight") return model.tie_embeddings && !holds_embedding;
+// embedding's copy when `embedding` (tied, and the stage does not also hold the embedding, whose
+// backward writes it later: tied_done_at_head).
+inline bool head_completes(bool embedding, const LocalParam& p) {
+  if (p.name == "embed.weight") return embedding;
   return p.name == "final_norm.weight" || p.name == "lm_head.weight";
+}
+inline bool tied_done_at_head(const ref::ModelConfig& model, bool holds_embedding) {
+  return model.tie_embeddings && !holds_embedding;
 }
 
 struct ChunkStep {
@@ -37,8 +40,8 @@ struct ChunkStep {
   int layer = -1;          // Part::layer
   std::vector<int> units;  // the wrap units it uses (none: the embedding's backward)
   std::string prefix;      // Part::layer: "layers.<layer>."
-  bool holds_embedding = false;
-  const ref::ModelConfig* model = nullptr;
+  // Part::head: its backward completes the tied embedding's copy (head_completes).
+  bool completes_embedding = false;
 
   // Backward: whether this step completes p's gradient for the microbatch.
   bool completes(const LocalParam& p) const {
@@ -48,7 +51,7 @@ struct ChunkStep {
       case Part::embed:
         return p.name == "embed.weight";
       case Part::head:
-        return head_completes(*model, holds_embedding, p);
+        return head_completes(completes_embedding, p);
     }
     return false;
   }
@@ -67,8 +70,7 @@ inline std::vector<ChunkStep> chunk_steps(const ref::ModelConfig& model,
                 .layer = layer,
                 .units = std::move(units),
                 .prefix = {},
-                .holds_embedding = holds_embedding,
-                .model = &model};
+                .completes_embedding = tied_done_at_head(model, holds_embedding)};
     if (part == ChunkStep::Part::layer) s.prefix = "layers." + std::to_string(layer) + ".";
     steps.push_back(std::move(s));
   };
