@@ -144,7 +144,6 @@ std::string behind(const SearchCandidate& a, const SearchCandidate& b) {
   return s;
 }
 
-
 // One order of a setting, its recompute modes lightest first (a heavier one that also fits only
 // adds compute): those built but over device memory, then the first that fits, or why the rest is
 // not built.

@@ -506,7 +506,7 @@ class SkeletonRun {
   std::vector<parallel::ShardedClass> classes_;  // the same in their groups (run())
   std::unique_ptr<Residency> residency_;
   std::vector<std::optional<Steps>> chunk_steps_;  // per chunk: backward, forward
-  std::optional<SequenceOps> seq_;               // one sequence's sublayers on this rank
+  std::optional<SequenceOps> seq_;                 // one sequence's sublayers on this rank
   int microbatches_ = 1;
   parallel::mesh_detail::BucketFill buckets_;  // DDP overlap
   std::vector<bool> issued_spec_;

@@ -118,7 +118,7 @@ class Skeleton {
   bool hybrid_shard() const {
     return spec_.mesh.fsdp && spec_.mesh.fsdp->sharding == parallel::ShardingStrategy::hybrid_shard;
   }
-  double elem_ = 4;        // bytes of the engine's numeric type
+  double elem_ = 4;  // bytes of the engine's numeric type
   comm::DeviceMesh mesh_{comm::MeshShape{}};
   parallel::TokenLayout layout_{1, 1, 1, false};
   int ep() const { return mesh_.size(comm::Axis::ep); }
@@ -131,7 +131,7 @@ class Skeleton {
     return spec_.train.precision == ref::Precision::kBf16 && spec_.model.moe.has_value();
   }
   std::vector<parallel::mesh_detail::GroupSplit> group_splits_;  // the engine's, in order
-  std::map<int, int> wrap_of_;  // layerwise unit -> wrap unit
+  std::map<int, int> wrap_of_;                                   // layerwise unit -> wrap unit
 };
 
 }  // namespace shardcheck::harness

@@ -204,9 +204,9 @@ class MeshOptimizer {
 
  private:
   struct Class : ShardedClass {
-    std::vector<T> m, v, master;         // [shard]; master: bf16 only
-    std::vector<uint8_t> decay;          // [shard]
-    std::vector<T> grad;                 // zero 2: the reduced shard [shard]
+    std::vector<T> m, v, master;  // [shard]; master: bf16 only
+    std::vector<uint8_t> decay;   // [shard]
+    std::vector<T> grad;          // zero 2: the reduced shard [shard]
   };
   using SegmentFn =
       std::function<void(const LocalParam&, int64_t local, int64_t count, int64_t flat)>;
