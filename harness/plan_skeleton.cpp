@@ -139,8 +139,8 @@ class SkeletonRun {
       // 3. gradient sums (sync_gradients): the tied embedding between the first and last stage,
       // SP's TP-replicated parameters over TP, then the optimizer's.
       sync_tied_embedding();
-      sum_picked(sp() ? tp_ : nullptr, tp_replicated, true);
-      sum_picked(kv_, kv_replicated, true);  // the TP ranks sharing a replicated kv head
+      parallel::mesh_detail::replica_sums(sp() ? tp_ : nullptr, kv_,
+                                          PickedSums{*this, true, nullptr});
       if (!k_.no_shard_) reduce();
       // 4. norm and numerators, the health check.
       world_.all_reduce(null_buf(4, comm::DType::f64))->wait();
@@ -371,24 +371,23 @@ class SkeletonRun {
     const int64_t n = numel_where(pick, deferred, only);
     if (n > 0) g->all_reduce(null_buf(count_of(n), numeric()))->wait();
   }
-  static bool tp_replicated(const LocalParam& p) { return p.tp_replicated; }
-  static bool kv_replicated(const LocalParam& p) { return p.kv_replicas > 1; }
 
-  // mesh_bf16.hpp's microbatch_presums over some parameters (`only`: one class's; else those
-  // reduced at the step's end), as round_microbatch_gradient makes them.
+  // The sums of mesh_rows.hpp's replica_sums and mesh_bf16.hpp's microbatch_presums over some
+  // parameters (`only`: one class's; else those reduced at the step's end, or not: deferred).
+  struct PickedSums {
+    SkeletonRun& r;
+    bool deferred;
+    const std::vector<std::size_t>* only;
+    void part(int /*k*/) {}
+    void sum(comm::Communicator* g, parallel::mesh_detail::ParamPick pick) {
+      r.sum_picked(g, pick, deferred, only);
+    }
+    void round(bool /*expert*/) {}
+  };
+  // round_microbatch_gradient's sums.
   void round_presums(bool deferred, const std::vector<std::size_t>* only = nullptr) {
-    struct Ops {
-      SkeletonRun& r;
-      bool deferred;
-      const std::vector<std::size_t>* only;
-      void part(int /*k*/) {}
-      void sum(comm::Communicator* g, parallel::mesh_detail::ParamPick pick) {
-        r.sum_picked(g, pick, deferred, only);
-      }
-      void round(bool /*expert*/) {}
-    };
     parallel::mesh_detail::microbatch_presums(cp_, kv_, sp() ? tp_ : nullptr, parts_, expert_parts_,
-                                              Ops{*this, deferred, only});
+                                              PickedSums{*this, deferred, only});
   }
 
   // MeshImpl::unit_ready: each buffer the step completes is rounded (bf16), its TP-replicated
@@ -398,8 +397,8 @@ class SkeletonRun {
     for (const std::size_t ci : schedules_[static_cast<std::size_t>(chunk)].ready[step]) {
       const std::vector<std::size_t>& only = classes_[ci].specs;
       if (sp_.train.precision == ref::Precision::kBf16) round_presums(false, &only);
-      sum_picked(sp() ? tp_ : nullptr, tp_replicated, false, &only);
-      sum_picked(kv_, kv_replicated, false, &only);
+      parallel::mesh_detail::replica_sums(sp() ? tp_ : nullptr, kv_,
+                                          PickedSums{*this, false, &only});
       finish_unit_reduce();
       in_flight_ = ci;
       if (const parallel::ShardedClass& c = classes_[ci]; c.group->size() > 1)

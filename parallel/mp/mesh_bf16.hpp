@@ -90,7 +90,6 @@ void carry_once(const std::vector<LocalParam>& specs, comm::Communicator& g, con
 // timing-only run: ops.sum(group, pick) for each sum (pick: a ParamPick) (a null group or one of
 // one rank sums nothing), ops.round(false) after the dense sums, and per part ops.part(k), its
 // sums, ops.round(true).
-using ParamPick = bool (*)(const LocalParam&);
 template <class Ops>
 void microbatch_presums(comm::Communicator* cp, comm::Communicator* kv, comm::Communicator* tp,
                         comm::Communicator* experts, int parts, Ops&& ops) {

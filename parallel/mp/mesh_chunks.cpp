@@ -13,12 +13,14 @@ void MeshImpl<T>::unit_ready(int chunk, std::size_t step) {
     if (train_.precision == ref::Precision::kBf16)
       round_microbatch_gradient(specs, *g_.cp, kv_.get(), env_.sp() ? g_.tp.get() : nullptr,
                                 mb_grads_, experts_.get(), expert_parts_);
-    if (env_.sp())
-      all_reduce_picked(
-          specs, *g_.tp, [](const LocalParam& p) { return p.tp_replicated; }, mb_grads_);
-    if (kv_)
-      all_reduce_picked(
-          specs, *kv_, [](const LocalParam& p) { return p.kv_replicas > 1; }, mb_grads_);
+    struct Sums {
+      const std::vector<LocalParam>& specs;
+      ref::ParamMap<T>& grads;
+      void sum(comm::Communicator* g, ParamPick pick) {
+        if (g != nullptr) all_reduce_picked(specs, *g, pick, grads);
+      }
+    };
+    replica_sums(env_.sp() ? g_.tp.get() : nullptr, kv_.get(), Sums{specs, mb_grads_});
   });
 }
 

@@ -265,14 +265,16 @@ template <class T>
 void MeshImpl<T>::sync_gradients() {
   sync_tied_embedding();
   // ZeRO-3's buffers reduced every microbatch had these sums then (unit_ready).
-  if (env_.sp())
-    all_reduce_picked(
-        specs_, *g_.tp, [&](const LocalParam& p) { return p.tp_replicated && units_->deferred(p); },
-        grads_);
-  if (kv_)
-    all_reduce_picked(
-        specs_, *kv_, [&](const LocalParam& p) { return p.kv_replicas > 1 && units_->deferred(p); },
-        grads_);
+  struct Deferred {
+    MeshImpl& e;
+    void sum(comm::Communicator* g, ParamPick pick) {
+      if (g == nullptr) return;
+      all_reduce_picked(
+          e.specs_, *g, [&](const LocalParam& p) { return pick(p) && e.units_->deferred(p); },
+          e.grads_);
+    }
+  };
+  replica_sums(env_.sp() ? g_.tp.get() : nullptr, kv_.get(), Deferred{*this});
   if (!no_shard_) zopt_->reduce(grads_);
 }
 

@@ -67,6 +67,21 @@ void all_reduce_picked(const std::vector<LocalParam>& specs, comm::Communicator&
   }
 }
 
+// A predicate over the rank's parameters that captures nothing (the sums' orders below and
+// mesh_bf16.hpp's).
+using ParamPick = bool (*)(const LocalParam&);
+
+// The sums a class's reduction needs first, in order: under SP (sp_tp non-null) the
+// TP-replicated parameters' partial gradients over TP, then the kv heads replicated over TP ranks
+// over those ranks (kv non-null). At the step's end (sync_gradients) and before a ZeRO-3 buffer's
+// reduce_scatter; written once for the engine and the planner's timing-only run, which run them
+// as ops.sum(group, pick) (a null group sums nothing).
+template <class Ops>
+void replica_sums(comm::Communicator* sp_tp, comm::Communicator* kv, Ops&& ops) {
+  ops.sum(sp_tp, [](const LocalParam& p) { return p.tp_replicated; });
+  ops.sum(kv, [](const LocalParam& p) { return p.kv_replicas > 1; });
+}
+
 // A checkpoint scalar ("train/step", "optimizer/step").
 inline StatePiece scalar_piece(const std::string& name, int64_t v) {
   StatePiece p{name, {}, comm::DType::i64, 0, 1, std::vector<std::byte>(sizeof(int64_t))};
