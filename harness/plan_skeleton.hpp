@@ -8,10 +8,10 @@
 // shard_classes), ZeRO-3 / FSDP residency (Residency) and per-microbatch unit reductions
 // (mesh_grad_units.hpp), pipeline messages (pipeline_events), each chunk's walk (mesh_walk.hpp:
 // its steps, the units they use, the gradients each completes), DDP's bucket fill
-// (mesh_buckets.hpp), the bf16 sums before rounding (mesh_bf16.hpp's microbatch_presums), and
-// the compute reports (parallel/costs.hpp). What it still writes itself (the step's phases, the
-// order of the sums around a ZeRO-3 reduce_scatter and at the step's end, the optimizer's
-// collectives with their counts, the collectives inside a block: plan_block.hpp) is checked
+// (mesh_buckets.hpp), the sums before a reduction (mesh_rows.hpp's replica_sums, mesh_bf16.hpp's
+// microbatch_presums), and the compute reports (parallel/costs.hpp). What it still writes itself
+// (the step's phases and a chunk's end, the optimizer's collectives with their counts, the
+// collectives inside a block: plan_block.hpp) is checked
 // against the engine by the conformance test (harness/conformance.hpp: the op logs of both runs
 // are equal for every configuration of the parity matrix). It runs on any comm::Communicator
 // that moves no data: sim::SimWorld in meta mode (every rank a thread), the planner's
