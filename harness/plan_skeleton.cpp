@@ -420,8 +420,8 @@ class SkeletonRun {
   // MeshImpl::issue_bucket: the picked gradients join the open bucket (mesh_buckets.hpp).
   template <class Pick>
   void issue_bucket(const Pick& pick, bool flush) {
-    if (const std::vector<std::size_t>* bucket = buckets_.add(specs_, pick, flush))
-      issue_reduce(*bucket);
+    if (const std::vector<std::size_t> bucket = buckets_.add(specs_, pick, flush); !bucket.empty())
+      issue_reduce(bucket);
   }
 
   // MeshOptimizer::issue_reduce of the open bucket: per class, one all_reduce of its fresh

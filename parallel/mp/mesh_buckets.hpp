@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstddef>
+#include <utility>
 #include <vector>
 
 #include "parallel/mp/mesh_params.hpp"
@@ -29,20 +30,13 @@ class BucketFill {
     bucketed_.assign(params, false);
     bucket_.clear();
     fill_ = 0;
-    full_ = false;
   }
 
   // The picked gradients of the rank's parameters (specs, as at clear) join the open bucket.
-  // Returns the bucket (indices into specs, in order) when it goes, else null; the next call
-  // starts a new one.
+  // Returns the bucket (indices into specs, in order) when it goes, and a new one opens; else
+  // nothing (empty).
   template <class Pick>
-  const std::vector<std::size_t>* add(const std::vector<LocalParam>& specs, const Pick& pick,
-                                      bool flush) {
-    if (full_) {
-      bucket_.clear();
-      fill_ = 0;
-      full_ = false;
-    }
+  std::vector<std::size_t> add(const std::vector<LocalParam>& specs, const Pick& pick, bool flush) {
     for (std::size_t i = 0; i < specs.size(); ++i) {
       const LocalParam& p = specs[i];
       if (bucketed_[i] || !pick(p)) continue;
@@ -51,9 +45,9 @@ class BucketFill {
       bucket_.push_back(i);
       fill_ += static_cast<std::size_t>(ref::numel_of(p.local_shape));
     }
-    if (bucket_.empty() || (!flush && fill_ < rule_.bucket_elems)) return nullptr;
-    full_ = true;
-    return &bucket_;
+    if (bucket_.empty() || (!flush && fill_ < rule_.bucket_elems)) return {};
+    fill_ = 0;
+    return std::exchange(bucket_, {});
   }
 
  private:
@@ -67,7 +61,6 @@ class BucketFill {
   std::vector<bool> bucketed_;
   std::vector<std::size_t> bucket_;
   std::size_t fill_ = 0;
-  bool full_ = false;  // bucket_ went: emptied at the next add
 };
 
 }  // namespace shardcheck::parallel::mesh_detail

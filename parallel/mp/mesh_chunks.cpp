@@ -191,10 +191,10 @@ Tensor<T> MeshImpl<T>::backward(int mb, int chunk, Tensor<T> dout) {
 
 template <class T>
 void MeshImpl<T>::issue_bucket(const typename MeshOptimizer<T>::Pick& pick, bool flush) {
-  const std::vector<std::size_t>* bucket = buckets_.add(specs_, pick, flush);
-  if (bucket == nullptr) return;
+  const std::vector<std::size_t> bucket = buckets_.add(specs_, pick, flush);
+  if (bucket.empty()) return;
   std::set<std::string> names;
-  for (const std::size_t i : *bucket) names.insert(specs_[i].name);
+  for (const std::size_t i : bucket) names.insert(specs_[i].name);
   zopt_->issue_reduce(grads_, [&](const LocalParam& p) { return names.count(p.name) > 0; });
 }
 
