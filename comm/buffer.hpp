@@ -26,8 +26,9 @@ struct Buffer {
   Device device{};
 
   std::size_t bytes() const { return count * size_of(dtype); }
-  // Elements [offset, offset + n) of this view.
+  // Elements [offset, offset + n) of this view (a null view's slices are null: meta mode).
   Buffer slice(std::size_t offset, std::size_t n) const {
+    if (data == nullptr) return {nullptr, n, dtype, device};
     return {static_cast<std::byte*>(data) + offset * size_of(dtype), n, dtype, device};
   }
 };
@@ -47,6 +48,7 @@ struct ConstBuffer {
 
   std::size_t bytes() const { return count * size_of(dtype); }
   ConstBuffer slice(std::size_t offset, std::size_t n) const {
+    if (data == nullptr) return {nullptr, n, dtype, device};
     return {static_cast<const std::byte*>(data) + offset * size_of(dtype), n, dtype, device};
   }
 };

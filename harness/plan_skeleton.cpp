@@ -41,6 +41,8 @@ using skeleton_detail::numeric_dtype;
 // One rank's execution of the skeleton: the engine's step state (residency, buckets, issued
 // reductions) without any data.
 class SkeletonRun {
+  using ClassComm = parallel::ClassComm<parallel::NullClassData>;
+
  public:
   // memo: world itself when it is a clock whose blocks may be replayed (run_replaying).
   SkeletonRun(const Skeleton& k, comm::Communicator& world, sim::SymmetricClock* memo = nullptr)
@@ -67,8 +69,12 @@ class SkeletonRun {
     namespace md = parallel::mesh_detail;
     reduce_chunk_ = md::unit_reduce_chunks(m, plan_, pp(), v, stage_, k_.zero_, specs_, flat_);
     unit_reduced_.assign(specs_.size(), false);
-    for (std::size_t ci = 0; ci < flat_.size(); ++ci)
-      for (const std::size_t i : flat_[ci].specs) unit_reduced_[i] = reduce_chunk_[ci] >= 0;
+    std::vector<bool> each(flat_.size(), false);
+    for (std::size_t ci = 0; ci < flat_.size(); ++ci) {
+      each[ci] = reduce_chunk_[ci] >= 0;
+      for (const std::size_t i : flat_[ci].specs) unit_reduced_[i] = each[ci];
+    }
+    comm_.reduce_each_microbatch(std::move(each));
     if (k_.zero_ == 3)
       for (int c = 0; c < v; ++c)
         schedules_.push_back(md::unit_reduce_schedule(m, k_.wrap_of_, plan_, c, virtual_stage(c),
@@ -133,7 +139,6 @@ class SkeletonRun {
       world_.begin_step(step);
       data_->all_reduce(null_buf(3, comm::DType::i64))->wait();
       buckets_.clear(specs_.size());
-      issued_spec_.assign(specs_.size(), false);
       // 2. the pipeline (run_pipeline: pipeline_events with null buffers).
       pipeline(events);
       // 3. gradient sums (sync_gradients): the tied embedding between the first and last stage,
@@ -155,33 +160,14 @@ class SkeletonRun {
   }
 
  private:
-  // The optimizer's unit gathers (MeshOptimizer::issue_gather / complete_gather).
+  // The optimizer's unit gathers (MeshOptimizer::issue_gather / complete_gather: ClassComm's).
   struct Gathers {
-    struct Pending {
-      std::vector<comm::WorkPtr> works;
-    };
+    using Pending = ClassComm::Gather;
     SkeletonRun* run = nullptr;
-    Pending issue(int u) {
-      Pending p;
-      for (const parallel::ShardedClass& c : run->classes_) {
-        comm::Communicator& g = *c.group;
-        if (c.unit != u || g.size() == 1 || c.numel == 0) continue;
-        p.works.push_back(g.all_gather(null_buf(count_of(c.shard), run->sp_.param_dtype),
-                                       null_buf(count_of(c.padded()), run->sp_.param_dtype)));
-      }
-      return p;
-    }
-    void complete(Pending& p) {
-      for (const comm::WorkPtr& w : p.works) w->wait();
-      p = Pending{};
-    }
+    Pending issue(int u) { return run->comm_.issue_gather(run->classes_, run->null_, u); }
+    void complete(Pending& p) { run->comm_.complete_gather(run->classes_, run->null_, p); }
     void release(int /*u*/) {}
-    int64_t elems(int u) const {
-      int64_t n = 0;
-      for (const parallel::ShardedClass& c : run->classes_)
-        if (c.unit == u) n += c.padded();
-      return n;
-    }
+    int64_t elems(int u) const { return ClassComm::unit_elems(run->classes_, u); }
   };
   using Residency = parallel::mesh_detail::Residency<Gathers>;
 
@@ -400,21 +386,14 @@ class SkeletonRun {
       parallel::mesh_detail::replica_sums(sp() ? tp_ : nullptr, kv_,
                                           PickedSums{*this, false, &only});
       finish_unit_reduce();
-      in_flight_ = ci;
-      if (const parallel::ShardedClass& c = classes_[ci]; c.group->size() > 1)
-        rs_work_ = c.group->reduce_scatter(null_buf(count_of(c.padded()), numeric()),
-                                           null_buf(count_of(c.shard), numeric()));
+      in_flight_ = comm_.issue_unit(classes_, null_, ci);
     }
   }
   // MeshOptimizer::complete_unit_reduce of the one in flight.
   void finish_unit_reduce() {
-    if (in_flight_ < 0) return;
-    if (rs_work_) rs_work_->wait();
-    rs_work_.reset();
-    const parallel::ShardedClass& c = classes_[static_cast<std::size_t>(in_flight_)];
-    if (c.replicas != nullptr && c.replicas->size() > 1)
-      c.replicas->all_reduce(null_buf(count_of(c.shard), numeric()))->wait();
-    in_flight_ = -1;
+    if (!in_flight_) return;
+    comm_.complete_unit(classes_, null_, *in_flight_);
+    in_flight_.reset();
   }
 
   // MeshImpl::issue_bucket: the picked gradients join the open bucket (mesh_buckets.hpp).
@@ -424,62 +403,25 @@ class SkeletonRun {
       issue_reduce(bucket);
   }
 
-  // MeshOptimizer::issue_reduce of the open bucket: per class, one all_reduce of its fresh
-  // parameters' elements.
+  // MeshOptimizer::issue_reduce of the open bucket.
   void issue_reduce(const std::vector<std::size_t>& bucket) {
-    if (k_.zero_ >= 2) return;
-    for (std::size_t ci = 0; ci < classes_.size(); ++ci) {
-      const parallel::ShardedClass& c = classes_[ci];
-      comm::Communicator& g = *c.group;
-      if (c.numel == 0 || g.size() == 1) continue;
-      int64_t n = 0;
-      for (const std::size_t i : c.specs) {
-        if (issued_spec_[i] || std::find(bucket.begin(), bucket.end(), i) == bucket.end()) continue;
-        issued_spec_[i] = true;
-        n += ref::numel_of(spec(i).local_shape);
-      }
-      if (n > 0) issued_.emplace_back(ci, g.all_reduce(null_buf(count_of(n), numeric())));
-    }
+    std::vector<bool> in(specs_.size(), false);
+    for (const std::size_t i : bucket) in[i] = true;
+    comm_.issue(classes_, null_, [&](const LocalParam& p) {
+      return in[static_cast<std::size_t>(&p - specs_.data())];
+    });
   }
 
   // MeshOptimizer::reduce.
-  void reduce() {
-    for (std::size_t ci = 0; ci < classes_.size(); ++ci) {
-      const parallel::ShardedClass& c = classes_[ci];
-      if (c.numel == 0) continue;
-      comm::Communicator& g = *c.group;
-      if (k_.zero_ >= 2) {
-        if (reduce_chunk_[ci] >= 0) continue;  // reduced every microbatch (unit_ready)
-        if (g.size() > 1)
-          g.reduce_scatter(null_buf(count_of(c.padded()), numeric()),
-                           null_buf(count_of(c.shard), numeric()))
-              ->wait();
-        if (c.replicas != nullptr && c.replicas->size() > 1)
-          c.replicas->all_reduce(null_buf(count_of(c.shard), numeric()))->wait();
-        continue;
-      }
-      if (g.size() == 1) continue;
-      int64_t rest = 0;
-      for (const std::size_t i : c.specs)
-        if (!issued_spec_[i]) rest += ref::numel_of(spec(i).local_shape);
-      if (rest > 0) g.all_reduce(null_buf(count_of(rest), numeric()))->wait();
-      for (auto& [cls, work] : issued_)
-        if (cls == ci) work->wait();
-    }
-    issued_.clear();
-  }
+  void reduce() { comm_.reduce(classes_, null_); }
 
-  // MeshOptimizer::update: each class's owned range, the updated shards all_gathered (ZeRO-1/2),
-  // then one AdamW report.
+  // MeshOptimizer::update: each class's owned range, its collectives (share), then one AdamW
+  // report.
   void update() {
     int64_t owned = 0;
     for (const parallel::ShardedClass& c : classes_) {
       owned += c.own_end - c.own_begin;
-      if ((k_.zero_ == 1 || k_.zero_ == 2) && c.group->size() > 1 && c.numel > 0)
-        c.group
-            ->all_gather(null_buf(count_of(c.shard), sp_.param_dtype),
-                         null_buf(count_of(c.padded()), sp_.param_dtype))
-            ->wait();
+      comm_.share(c, null_);
     }
     world_.compute(costs::adamw(static_cast<double>(owned), sp_.recipe));
   }
@@ -508,15 +450,15 @@ class SkeletonRun {
   std::optional<SequenceOps> seq_;                 // one sequence's sublayers on this rank
   int microbatches_ = 1;
   parallel::mesh_detail::BucketFill buckets_;  // DDP overlap
-  std::vector<bool> issued_spec_;
-  std::vector<std::pair<std::size_t, comm::WorkPtr>> issued_;
+  // The optimizer's collectives (mesh_class_comm.hpp) on null buffers.
+  parallel::NullClassData null_{.grad = sp_.grad_dtype, .param = sp_.param_dtype};
+  ClassComm comm_{&specs_, {.zero = k_.zero_, .sum = {}, .planted = {}}};
   // ZeRO-3 (mesh_grad_units.hpp): per class, the chunk reducing it every microbatch (-1: the
   // step's end); per spec, whether its class is; each chunk's schedule; the class in flight.
   std::vector<int> reduce_chunk_;
   std::vector<bool> unit_reduced_;
   std::vector<parallel::mesh_detail::UnitReduceSchedule> schedules_;
-  std::ptrdiff_t in_flight_ = -1;
-  comm::WorkPtr rs_work_;
+  std::optional<ClassComm::UnitReduce> in_flight_;
 };
 
 void Skeleton::run(comm::Communicator& dp) const {

@@ -1,11 +1,11 @@
-// The flat buffers of a rank's parameters and their sharding (mesh_zero.hpp): flat_classes, the
+// The flat buffers of a rank's parameters and their sharding (mesh_classes.hpp): flat_classes, the
 // layout the optimizer, the ledger and the planner share, and shard_classes, each buffer in its
 // groups with the rank's shard and ranges.
 #include <algorithm>
 #include <map>
 #include <utility>
 
-#include "parallel/mp/mesh_zero.hpp"
+#include "parallel/mp/mesh_classes.hpp"
 
 namespace shardcheck::parallel {
 

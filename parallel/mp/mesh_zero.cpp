@@ -22,7 +22,10 @@ using comm::MemCategory;
 template <class T>
 MeshOptimizer<T>::MeshOptimizer(Env env, const std::vector<LocalParam>& specs,
                                 ref::ParamMap<T>& params)
-    : env_(std::move(env)), specs_(specs), mem_(&env_.world->memory()) {
+    : env_(std::move(env)),
+      specs_(specs),
+      comm_(&specs_, {.zero = env_.zero, .sum = sum(), .planted = env_.planted}),
+      mem_(&env_.world->memory()) {
   for (ShardedClass& s : shard_classes(flat_classes(specs_, env_.zero, env_.unit_of), env_.zero,
                                        {.dense = env_.dense,
                                        .expert = env_.expert,
@@ -114,142 +117,46 @@ bool MeshOptimizer<T>::counts(const LocalParam& p, bool norm) const {
 
 template <class T>
 void MeshOptimizer<T>::reduce(ref::ParamMap<T>& grads) {
-  for (Class& c : classes_) {
-    comm::Communicator& g = *c.group;
-    if (c.numel == 0) continue;
-    const auto ci = static_cast<std::size_t>(&c - classes_.data());
-    if (env_.zero >= 2) {
-      if (!each_microbatch_.empty() && each_microbatch_[ci]) continue;
-      std::vector<T> flat = pack(c, grads, 0, c.numel);
-      flat.resize(static_cast<std::size_t>(c.shard * g.size()), T{0});
-      const comm::TrackedBytes tmp(*mem_, MemCategory::temporary, flat.size() * sizeof(T));
-      if (g.size() > 1 && !skipped(c))
-        g.reduce_scatter(comm::view(std::span<T>(flat)), sum())->wait();
-      c.grad = own_shard(c, flat);
-      continue;
-    }
-    if (g.size() == 1) continue;
-    // What issue_reduce has not sent yet, in flat order.
-    const auto rest = ranges(c, [&](const LocalParam& p) {
-      return issued_spec_.empty() || !issued_spec_[static_cast<std::size_t>(&p - specs_.data())];
-    });
-    std::vector<T> flat;
-    for (const auto& [a, b] : rest) {
-      const std::vector<T> part = pack(c, grads, a, b);
-      flat.insert(flat.end(), part.begin(), part.end());
-    }
-    // kSkipBucket (tests): the first bucket issued during backward, or without one the rest, is
-    // left unreduced.
-    bool skip = env_.planted == testing::Mutation::kSkipBucket && ci == 0;
-    const auto first_issued = std::find_if(issued_.begin(), issued_.end(),
-                                           [&](const Issued& is) { return is.cls == ci; });
-    if (!flat.empty() && !(skip && first_issued == issued_.end())) {
-      const comm::TrackedBytes tmp(*mem_, MemCategory::temporary, flat.size() * sizeof(T));
-      g.all_reduce(std::span<T>(flat), sum())->wait();
-      std::size_t at = 0;
-      for (const auto& [a, b] : rest) {
-        unpack(c, std::span<const T>(flat).subspan(at, static_cast<std::size_t>(b - a)), a, grads);
-        at += static_cast<std::size_t>(b - a);
-      }
-    }
-    for (auto it = issued_.begin(); it != issued_.end(); ++it) {
-      Issued& is = *it;
-      if (is.cls != ci) continue;
-      is.work->wait();
-      if (skip && it == first_issued) continue;
-      std::size_t at = 0;
-      for (const auto& [a, b] : is.ranges) {
-        unpack(c, std::span<const T>(is.flat).subspan(at, static_cast<std::size_t>(b - a)), a,
-               grads);
-        at += static_cast<std::size_t>(b - a);
-      }
-    }
-  }
-  issued_.clear();
-  issued_spec_.clear();
-}
-
-template <class T>
-std::vector<T> MeshOptimizer<T>::own_shard(const Class& c, const std::vector<T>& flat) const {
-  const comm::Communicator& g = *c.group;
-  auto at = static_cast<std::ptrdiff_t>(c.shard * g.rank());
-  if (env_.planted == testing::Mutation::kWrongShardOffset)
-    at = static_cast<std::ptrdiff_t>(g.rank() * (c.numel / g.size()));
-  std::vector<T> shard(flat.begin() + at, flat.begin() + at + c.shard);
-  if (c.replicas != nullptr && c.replicas->size() > 1 &&
-      env_.planted != testing::Mutation::kSkipReplicaSum)
-    c.replicas->all_reduce(std::span<T>(shard))->wait();
-  return shard;
+  Data d{.o = this, .grads = &grads, .grads_out = &grads};
+  comm_.reduce(classes_, d);
 }
 
 template <class T>
 void MeshOptimizer<T>::reduce_each_microbatch(std::vector<bool> classes) {
-  each_microbatch_ = std::move(classes);
+  comm_.reduce_each_microbatch(std::move(classes));
 }
 
 template <class T>
 void MeshOptimizer<T>::begin_accumulation() {
   for (std::size_t ci = 0; ci < classes_.size(); ++ci)
-    if (!each_microbatch_.empty() && each_microbatch_[ci])
+    if (comm_.each_microbatch(ci))
       classes_[ci].grad.assign(static_cast<std::size_t>(classes_[ci].shard), T{0});
 }
 
 template <class T>
 typename MeshOptimizer<T>::UnitReduce MeshOptimizer<T>::issue_unit_reduce(std::size_t cls,
                                                                           ref::ParamMap<T>& grads) {
-  Class& c = classes_.at(cls);
-  UnitReduce r;
-  r.cls = cls;
-  r.flat = pack(c, grads, 0, c.numel);
-  for (const std::size_t k : c.specs) grads[specs_[k].name].fill(T{0});
-  r.flat.resize(static_cast<std::size_t>(c.shard * c.group->size()), T{0});
-  r.tmp = comm::TrackedBytes(*mem_, MemCategory::temporary, r.flat.size() * sizeof(T));
-  if (c.group->size() > 1 && !skipped(c))
-    r.work = c.group->reduce_scatter(comm::view(std::span<T>(r.flat)), sum());
-  return r;
+  Data d{.o = this, .grads = &grads, .grads_out = &grads};
+  return comm_.issue_unit(classes_, d, cls);
 }
 
 template <class T>
 void MeshOptimizer<T>::complete_unit_reduce(UnitReduce& r) {
-  if (r.work) r.work->wait();
-  Class& c = classes_.at(r.cls);
-  const std::vector<T> shard = own_shard(c, r.flat);
-  for (std::size_t i = 0; i < shard.size(); ++i) c.grad[i] += shard[i];
-  r = UnitReduce{};
+  Data d{.o = this};
+  comm_.complete_unit(classes_, d, r);
 }
 
 template <class T>
 void MeshOptimizer<T>::issue_reduce(const ref::ParamMap<T>& grads, const Pick& pick) {
-  if (env_.zero >= 2) return;  // reduce_scatter once per step, after the pipeline flush
-  if (issued_spec_.empty()) issued_spec_.assign(specs_.size(), false);
-  for (std::size_t ci = 0; ci < classes_.size(); ++ci) {
-    Class& c = classes_[ci];
-    if (c.numel == 0 || c.group->size() == 1) continue;
-    const auto fresh = [&](const LocalParam& p) {
-      return pick(p) && !issued_spec_[static_cast<std::size_t>(&p - specs_.data())];
-    };
-    Issued is;
-    is.cls = ci;
-    is.ranges = ranges(c, fresh);
-    if (is.ranges.empty()) continue;
-    for (const auto& [a, b] : is.ranges) {
-      const std::vector<T> part = pack(c, grads, a, b);
-      is.flat.insert(is.flat.end(), part.begin(), part.end());
-    }
-    for (const std::size_t k : c.specs)
-      if (fresh(specs_[k])) issued_spec_[k] = true;
-    is.tmp = comm::TrackedBytes(*mem_, MemCategory::temporary, is.flat.size() * sizeof(T));
-    is.work = c.group->all_reduce(comm::view(std::span<T>(is.flat)), sum());
-    issued_.push_back(std::move(is));
-  }
+  Data d{.o = this, .grads = &grads};
+  comm_.issue(classes_, d, pick);
 }
 
 template <class T>
 int64_t MeshOptimizer<T>::accumulated_grad_elems() const {
   int64_t n = 0;
   for (std::size_t ci = 0; ci < classes_.size(); ++ci)
-    n +=
-        !each_microbatch_.empty() && each_microbatch_[ci] ? classes_[ci].shard : classes_[ci].numel;
+    n += comm_.each_microbatch(ci) ? classes_[ci].shard : classes_[ci].numel;
   return n;
 }
 
@@ -328,101 +235,112 @@ void MeshOptimizer<T>::update(const ref::ParamMap<T>& grads, double clip_factor,
     }
     owned += len;
     c.grad = std::vector<T>{};
-    share(c, params);
+    Data d{.o = this, .params = &params, .params_out = &params};
+    comm_.share(c, d);
   }
   for (auto& [name, v] : stale) params[name].vec() = std::move(v);
   env_.world->compute(costs::adamw(static_cast<double>(owned), env_.recipe));
 }
 
-// ZeRO >= 1: every rank updated its shard of the replicated working parameters; all_gather them
-// (bf16: in bf16, the recipe's traffic).
 template <class T>
-void MeshOptimizer<T>::share(Class& c, ref::ParamMap<T>& params) {
-  comm::Communicator& g = *c.group;
-  if (env_.zero == 0 || env_.zero == 3 || g.size() == 1 || c.numel == 0) return;
-  const auto padded = static_cast<std::size_t>(c.shard * g.size());
-  const std::vector<T> mine = pack(c, params, c.own_begin, c.own_end);
-  const auto at = static_cast<std::size_t>(c.shard * g.rank());
-  std::vector<T> full(padded, T{0});
-  if (env_.bf16) {
-    const comm::TrackedBytes tmp(*mem_, MemCategory::temporary, padded * 2);
-    std::vector<comm::bf16> staging(padded);
-    for (std::size_t i = 0; i < mine.size(); ++i)
-      staging[at + i] = comm::bf16(static_cast<float>(mine[i]));
-    g.all_gather(comm::view(std::span<comm::bf16>(staging)))->wait();
-    for (std::size_t i = 0; i < padded; ++i)
-      full[i] = static_cast<T>(static_cast<float>(staging[i]));
-  } else {
-    const comm::TrackedBytes tmp(*mem_, MemCategory::temporary, padded * sizeof(T));
-    std::copy(mine.begin(), mine.end(), full.begin() + static_cast<std::ptrdiff_t>(at));
-    g.all_gather(comm::view(std::span<T>(full)))->wait();
+typename MeshOptimizer<T>::Data::Buf MeshOptimizer<T>::Data::pack(const Class& c,
+                                                                  const FlatRanges& r,
+                                                                  int64_t padded_to) const {
+  Buf b;
+  for (const auto& [x, y] : r) {
+    const std::vector<T> part = o->pack(c, *grads, x, y);
+    b.flat.insert(b.flat.end(), part.begin(), part.end());
   }
-  unpack(c, std::span<const T>(full).first(static_cast<std::size_t>(c.numel)), 0, params);
+  if (static_cast<int64_t>(b.flat.size()) < padded_to)
+    b.flat.resize(static_cast<std::size_t>(padded_to), T{0});
+  b.tmp = comm::TrackedBytes(*o->mem_, MemCategory::temporary, b.flat.size() * sizeof(T));
+  return b;
 }
 
 template <class T>
-std::vector<std::pair<int64_t, int64_t>> MeshOptimizer<T>::ranges(const Class& c,
-                                                                  const Pick& pick) const {
-  std::vector<std::pair<int64_t, int64_t>> out;
-  for (std::size_t k = 0; k < c.specs.size(); ++k) {
-    const LocalParam& p = specs_[c.specs[k]];
-    if (!pick(p)) continue;
-    const int64_t a = c.base[k], b = a + ref::numel_of(p.local_shape);
-    if (!out.empty() && out.back().second == a) {
-      out.back().second = b;
-    } else if (a < b) {
-      out.emplace_back(a, b);
-    }
+typename MeshOptimizer<T>::Data::Buf MeshOptimizer<T>::Data::take(const Class& c) const {
+  Buf b = pack(c, FlatRanges{{0, c.numel}}, c.padded());
+  for (const std::size_t k : c.specs) (*grads_out)[o->specs_[k].name].fill(T{0});
+  return b;
+}
+
+template <class T>
+void MeshOptimizer<T>::Data::unpack(const Class& c, const FlatRanges& r, const Buf& b) const {
+  std::size_t at = 0;
+  for (const auto& [x, y] : r) {
+    const auto n = static_cast<std::size_t>(y - x);
+    o->unpack(c, std::span<const T>(b.flat).subspan(at, n), x, *grads_out);
+    at += n;
   }
-  return out;
+}
+
+template <class T>
+typename MeshOptimizer<T>::Data::Buf MeshOptimizer<T>::Data::slice(const Buf& b, int64_t at,
+                                                                   int64_t n) {
+  Buf s;
+  s.flat.assign(b.flat.begin() + at, b.flat.begin() + at + n);
+  return s;
+}
+
+template <class T>
+void MeshOptimizer<T>::Data::keep(Class& c, Buf& shard, bool accumulate) {
+  if (!accumulate) {
+    c.grad = std::move(shard.flat);
+    return;
+  }
+  for (std::size_t i = 0; i < shard.flat.size(); ++i) c.grad[i] += shard.flat[i];
+}
+
+// The padded buffer with this rank's updated shard at its place (bf16: staged in bf16, the
+// recipe's traffic).
+template <class T>
+typename MeshOptimizer<T>::Data::Buf MeshOptimizer<T>::Data::owned_padded(const Class& c,
+                                                                          bool temporary) const {
+  const auto padded = static_cast<std::size_t>(c.padded());
+  const auto at = static_cast<std::size_t>(c.shard * c.group->rank());
+  const std::vector<T> mine = o->pack(c, *params, c.own_begin, c.own_end);
+  Buf b;
+  if (o->env_.bf16) {
+    b.staging.assign(padded, comm::bf16{});
+    for (std::size_t i = 0; i < mine.size(); ++i)
+      b.staging[at + i] = comm::bf16(static_cast<float>(mine[i]));
+    b.tmp = comm::TrackedBytes(*o->mem_, MemCategory::temporary, padded * 2);
+  } else {
+    b.flat.assign(padded, T{0});
+    std::copy(mine.begin(), mine.end(), b.flat.begin() + static_cast<std::ptrdiff_t>(at));
+    if (temporary) b.tmp = comm::TrackedBytes(*o->mem_, MemCategory::temporary, padded * sizeof(T));
+  }
+  return b;
+}
+
+template <class T>
+void MeshOptimizer<T>::Data::unpack_full(const Class& c, Buf& b) const {
+  if (!b.staging.empty()) {
+    b.flat.resize(b.staging.size());
+    for (std::size_t i = 0; i < b.staging.size(); ++i)
+      b.flat[i] = static_cast<T>(static_cast<float>(b.staging[i]));
+  }
+  o->unpack(c, std::span<const T>(b.flat).first(static_cast<std::size_t>(c.numel)), 0, *params_out);
+}
+
+template <class T>
+comm::Buffer MeshOptimizer<T>::Data::view(Buf& b) {
+  if (!b.staging.empty()) return comm::view(std::span<comm::bf16>(b.staging));
+  return comm::view(std::span<T>(b.flat));
 }
 
 // ZeRO-3: the unit's padded flat buffer of each class holding it, every rank's shard in place.
 template <class T>
 typename MeshOptimizer<T>::UnitGather MeshOptimizer<T>::issue_gather(
     int unit, const ref::ParamMap<T>& params) {
-  UnitGather out;
-  if (env_.zero != 3) return out;
-  std::size_t staged = 0;
-  for (std::size_t ci = 0; ci < classes_.size(); ++ci) {
-    const Class& c = classes_[ci];
-    comm::Communicator& g = *c.group;
-    if (c.unit != unit || g.size() == 1 || c.numel == 0) continue;
-    const auto padded = static_cast<std::size_t>(c.shard * g.size());
-    const auto at = static_cast<std::size_t>(c.shard * g.rank());
-    const std::vector<T> mine = pack(c, params, c.own_begin, c.own_end);
-    typename UnitGather::Part part;
-    part.cls = ci;
-    if (env_.bf16) {
-      part.staging.assign(padded, comm::bf16{});
-      for (std::size_t i = 0; i < mine.size(); ++i)
-        part.staging[at + i] = comm::bf16(static_cast<float>(mine[i]));
-      part.work = g.all_gather(comm::view(std::span<comm::bf16>(part.staging)));
-      staged += padded * 2;
-    } else {
-      part.full.assign(padded, T{0});
-      std::copy(mine.begin(), mine.end(), part.full.begin() + static_cast<std::ptrdiff_t>(at));
-      part.work = g.all_gather(comm::view(std::span<T>(part.full)));
-    }
-    out.parts.push_back(std::move(part));
-  }
-  if (staged > 0) out.tmp = comm::TrackedBytes(*mem_, MemCategory::temporary, staged);
-  return out;
+  Data d{.o = this, .params = &params};
+  return comm_.issue_gather(classes_, d, unit);
 }
 
 template <class T>
 void MeshOptimizer<T>::complete_gather(UnitGather& g, ref::ParamMap<T>& params) const {
-  for (typename UnitGather::Part& part : g.parts) {
-    part.work->wait();
-    const Class& c = classes_[part.cls];
-    if (env_.bf16) {
-      part.full.resize(part.staging.size());
-      for (std::size_t i = 0; i < part.staging.size(); ++i)
-        part.full[i] = static_cast<T>(static_cast<float>(part.staging[i]));
-    }
-    unpack(c, std::span<const T>(part.full).first(static_cast<std::size_t>(c.numel)), 0, params);
-  }
-  g = UnitGather{};
+  Data d{.o = this, .params_out = &params};
+  comm_.complete_gather(classes_, d, g);
 }
 
 template <class T>
@@ -445,10 +363,7 @@ void MeshOptimizer<T>::release_unit(int unit, ref::ParamMap<T>& params) const {
 
 template <class T>
 int64_t MeshOptimizer<T>::unit_elems(int unit) const {
-  int64_t n = 0;
-  for (const Class& c : classes_)
-    if (c.unit == unit && c.group->size() > 1) n += c.shard * c.group->size();
-  return n;
+  return ClassComm<Data>::unit_elems(classes_, unit);
 }
 
 template <class T>

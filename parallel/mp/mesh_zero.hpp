@@ -41,6 +41,8 @@
 #include "comm/communicator.hpp"
 #include "comm/memory.hpp"
 #include "parallel/ledger.hpp"
+#include "parallel/mp/mesh_class_comm.hpp"
+#include "parallel/mp/mesh_classes.hpp"
 #include "parallel/mp/mesh_params.hpp"
 #include "parallel/state.hpp"
 #include "parallel/testing.hpp"
@@ -49,51 +51,37 @@
 
 namespace shardcheck::parallel {
 
-// One flat buffer of a rank's parameters: its wrap unit (zero 3) and class, the parameters it
-// holds (indices into the spec list, canonical order) with their flat offsets, and its length.
-struct FlatClass {
-  int unit = 0;
-  bool expert = false;
-  std::vector<std::size_t> specs;
-  std::vector<int64_t> base;
-  int64_t numel = 0;
-};
-// The rule every user of the layout shares (the optimizer, the ledger): one buffer per class,
-// and under zero 3 with unit_of one per (unit, class), in order of first appearance.
-std::vector<FlatClass> flat_classes(const std::vector<LocalParam>& specs, int zero,
-                                    const std::function<int(const LocalParam&)>& unit_of);
-// Elements a group of d ranks' member keeps of an n-element buffer: ceil(n / d) when sharded
-// (zero >= 1; the padding zeros at the end), else n.
-inline int64_t shard_elems(int64_t n, int d, int zero) {
-  return zero == 0 ? n : (n + d - 1) / d;
-}
-
-// A flat buffer in its groups, as this rank holds it: its sharding (and, without replicas,
-// summing) group, its replicas (hybrid_shard), the shard of S elements each member keeps (padded
-// buffer: S x the group's size), the range this rank's optimizer owns, and the range it counts
-// (norm, export: each element once in the world). The rule the optimizer (MeshOptimizer) and the
-// planner's timing-only run share.
-struct ShardedClass : FlatClass {
-  comm::Communicator* group = nullptr;
-  comm::Communicator* replicas = nullptr;
-  int64_t shard = 0;
-  int64_t own_begin = 0, own_end = 0;  // the optimizer's range (within [0, numel))
-  int64_t out_begin = 0, out_end = 0;  // counted range (norm, export)
-  int64_t padded() const { return shard * group->size(); }
-};
-// The groups of the two classes (mesh_zero.hpp's header): dense (dp x cp) and expert (edp); under
-// hybrid_shard the shard groups, with the groups across which each shard is replicated.
-struct ClassGroups {
-  comm::Communicator* dense = nullptr;
-  comm::Communicator* expert = nullptr;
-  comm::Communicator* dense_replicas = nullptr;
-  comm::Communicator* expert_replicas = nullptr;
-};
-std::vector<ShardedClass> shard_classes(std::vector<FlatClass> classes, int zero,
-                                        const ClassGroups& groups);
-
 template <class T>
 class MeshOptimizer {
+  struct Class : ShardedClass {
+    std::vector<T> m, v, master;  // [shard]; master: bf16 only
+    std::vector<uint8_t> decay;   // [shard]
+    std::vector<T> grad;          // zero 2: the reduced shard [shard]
+  };
+  // The optimizer's buffers for its collectives (ClassComm's D, mesh_class_comm.hpp): gradients
+  // read from grads and written to grads_out, parameters read from params and written to
+  // params_out; what a collective moves is counted as temporary memory.
+  struct Data {
+    struct Buf {
+      std::vector<T> flat;
+      std::vector<comm::bf16> staging;  // the bf16 recipe's all_gathers
+      comm::TrackedBytes tmp;
+    };
+    const MeshOptimizer* o = nullptr;
+    const ref::ParamMap<T>* grads = nullptr;
+    ref::ParamMap<T>* grads_out = nullptr;
+    const ref::ParamMap<T>* params = nullptr;
+    ref::ParamMap<T>* params_out = nullptr;
+    Buf pack(const Class& c, const FlatRanges& r, int64_t padded_to) const;
+    Buf take(const Class& c) const;
+    void unpack(const Class& c, const FlatRanges& r, const Buf& b) const;
+    static Buf slice(const Buf& b, int64_t at, int64_t n);
+    static void keep(Class& c, Buf& shard, bool accumulate);
+    Buf owned_padded(const Class& c, bool temporary) const;
+    void unpack_full(const Class& c, Buf& b) const;
+    static comm::Buffer view(Buf& b);
+  };
+
  public:
   struct Env {
     comm::Communicator* dense = nullptr;   // non-expert gradient-sum group (dp x cp)
@@ -135,12 +123,7 @@ class MeshOptimizer {
   // Before a step's first backward: the shards those reductions accumulate into are zeroed.
   void begin_accumulation();
   // One microbatch's reduce_scatter of class `cls`, in flight: its packed (padded) gradient.
-  struct UnitReduce {
-    std::size_t cls = 0;
-    std::vector<T> flat;
-    comm::WorkPtr work;
-    comm::TrackedBytes tmp;
-  };
+  using UnitReduce = typename ClassComm<Data>::UnitReduce;
   // Packs class cls's gradient out of grads (which it zeroes) and issues its reduce_scatter;
   // complete_unit_reduce waits, adds the rank's shard into the accumulated one (hybrid_shard:
   // after its all_reduce over the replicas).
@@ -164,16 +147,7 @@ class MeshOptimizer {
   int64_t resident_elems() const;
 
   // zero 3: one wrap unit's all_gathers (one per class holding it), in flight.
-  struct UnitGather {
-    struct Part {
-      std::size_t cls = 0;
-      std::vector<T> full;              // the unit's padded flat buffer (f64 / f32)
-      std::vector<comm::bf16> staging;  // bf16 recipe: the all_gather in bf16
-      comm::WorkPtr work;
-    };
-    std::vector<Part> parts;
-    comm::TrackedBytes tmp;  // bf16 staging
-  };
+  using UnitGather = typename ClassComm<Data>::Gather;
   // Issues them asynchronously (every member of each class's group issues the same units in the
   // same order), then complete_gather waits and writes the unit's full local slices into params.
   UnitGather issue_gather(int unit, const ref::ParamMap<T>& params);
@@ -203,11 +177,6 @@ class MeshOptimizer {
   }
 
  private:
-  struct Class : ShardedClass {
-    std::vector<T> m, v, master;  // [shard]; master: bf16 only
-    std::vector<uint8_t> decay;   // [shard]
-    std::vector<T> grad;          // zero 2: the reduced shard [shard]
-  };
   using SegmentFn =
       std::function<void(const LocalParam&, int64_t local, int64_t count, int64_t flat)>;
   void segments(const Class& c, int64_t begin, int64_t end, const SegmentFn& fn) const;
@@ -217,33 +186,12 @@ class MeshOptimizer {
   // gradient norm (where a test may plant kNormOverWrongGroup).
   bool counts(const LocalParam& p, bool norm = false) const;
   void adam(Class& c, std::span<T> p, std::span<const T> g, double lr) const;
-  void share(Class& c, ref::ParamMap<T>& params);
-  // Flat ranges [begin, end) of the picked parameters of c, contiguous ones merged.
-  std::vector<std::pair<int64_t, int64_t>> ranges(const Class& c, const Pick& pick) const;
   void release_class(const Class& c, ref::ParamMap<T>& params) const;
-  // zero >= 2: the rank's shard of a reduce_scattered (padded) class buffer, summed over the
-  // replicas (hybrid_shard); planted kWrongShardOffset / kSkipReplicaSum (tests).
-  std::vector<T> own_shard(const Class& c, const std::vector<T>& flat) const;
-  // planted kSkipBucket (zero >= 2): the class left unreduced.
-  bool skipped(const Class& c) const {
-    return env_.planted == testing::Mutation::kSkipBucket && &c == &classes_[classes_.size() / 2];
-  }
-
-  // One issue_reduce bucket of one class, in flight until reduce().
-  struct Issued {
-    std::size_t cls = 0;
-    std::vector<std::pair<int64_t, int64_t>> ranges;  // flat ranges of the class, packed in order
-    std::vector<T> flat;
-    comm::WorkPtr work;
-    comm::TrackedBytes tmp;
-  };
 
   Env env_;
   std::vector<LocalParam> specs_;
   std::vector<Class> classes_;
-  std::vector<Issued> issued_;
-  std::vector<bool> issued_spec_;      // by index into specs_: summed by an Issued bucket
-  std::vector<bool> each_microbatch_;  // by class: reduced by issue_unit_reduce
+  ClassComm<Data> comm_;  // the collectives (mesh_class_comm.hpp)
   comm::MemoryTracker* mem_ = nullptr;
   std::size_t tracked_ = 0;
   int t_ = 0;
