@@ -18,9 +18,9 @@
 #include "parallel/layerwise.hpp"
 #include "parallel/mp/mesh_bf16.hpp"
 #include "parallel/mp/mesh_buckets.hpp"
-#include "parallel/mp/mesh_grad_units.hpp"
 #include "parallel/mp/mesh_residency.hpp"
 #include "parallel/mp/mesh_rows.hpp"
+#include "parallel/mp/mesh_unit_reducer.hpp"
 #include "parallel/mp/mesh_walk.hpp"
 #include "parallel/mp/pipeline.hpp"
 
@@ -65,21 +65,18 @@ class SkeletonRun {
     flat_ = parallel::flat_classes(specs_, k_.zero_, [&](const LocalParam& p) {
       return k_.wrap_of_.at(parallel::unit_of(m, p.name));
     });
-    // ZeRO-3's buffers reduced every microbatch (mesh_grad_units.hpp) and each chunk's schedule.
-    namespace md = parallel::mesh_detail;
-    reduce_chunk_ = md::unit_reduce_chunks(m, plan_, pp(), v, stage_, k_.zero_, specs_, flat_);
-    unit_reduced_.assign(specs_.size(), false);
-    std::vector<bool> each(flat_.size(), false);
-    for (std::size_t ci = 0; ci < flat_.size(); ++ci) {
-      each[ci] = reduce_chunk_[ci] >= 0;
-      for (const std::size_t i : flat_[ci].specs) unit_reduced_[i] = each[ci];
-    }
-    comm_.reduce_each_microbatch(std::move(each));
-    if (k_.zero_ == 3)
-      for (int c = 0; c < v; ++c)
-        schedules_.push_back(md::unit_reduce_schedule(m, k_.wrap_of_, plan_, c, virtual_stage(c),
-                                                      last_virtual_stage(), specs_, flat_,
-                                                      reduce_chunk_));
+    // ZeRO-3's buffers reduced every microbatch and when (mesh_unit_reducer.hpp).
+    units_.emplace(Units::Setup{.model = &m,
+                                .wrap_of = &k_.wrap_of_,
+                                .plan = &plan_,
+                                .pp = pp(),
+                                .virtual_stages = v,
+                                .stage = stage_,
+                                .zero = k_.zero_,
+                                .bytes_per_elem = 0,  // timing only
+                                .planted = parallel::testing::Mutation::kNone,
+                                .classes = &flat_},
+                   specs_, NullUnits{this}, world.memory());
   }
 
   void run() {
@@ -298,7 +295,7 @@ class SkeletonRun {
       int chunk;
       bool bucket;  // DDP overlap, f64/f32, the last microbatch: buckets issued as they fill
       void use() { r.use(); }
-      void begin(std::size_t /*step*/) {}
+      void begin(std::size_t step) { r.units_->begin(chunk, step); }
       void recompute(const parallel::mesh_detail::ChunkStep& step, int /*sequence*/) {
         r.block(step.layer, true);
       }
@@ -316,7 +313,7 @@ class SkeletonRun {
                                          sp_.train.recompute == ref::Recompute::kFull,
                                          Walk{*this, chunk, !bf16 && ddp_overlap() && last});
     end_uses();
-    finish_unit_reduce();
+    units_->finish();
     if (bf16) round_presums(true);
     if (k_.no_shard_) {  // each microbatch's gradient summed (all_reduce_picked, per class)
       for (const bool expert : {false, true}) {
@@ -338,7 +335,7 @@ class SkeletonRun {
                       const std::vector<std::size_t>* only = nullptr) const {
     int64_t n = 0;
     const auto add = [&](std::size_t i) {
-      if (unit_reduced_[i] != deferred && pick(spec(i))) n += ref::numel_of(spec(i).local_shape);
+      if (units_->deferred(i) == deferred && pick(spec(i))) n += ref::numel_of(spec(i).local_shape);
     };
     if (only != nullptr)
       for (const std::size_t i : *only) add(i);
@@ -376,25 +373,27 @@ class SkeletonRun {
                                               PickedSums{*this, deferred, only});
   }
 
-  // MeshImpl::unit_ready: each buffer the step completes is rounded (bf16), its TP-replicated
-  // parameters summed over TP (SP), and its reduce_scatter issued after the one in flight.
+  // MeshImpl::unit_ready: each buffer the step completes is rounded (bf16) and its
+  // TP-replicated parameters summed over TP (SP) before its reduce_scatter.
   void unit_ready(int chunk, std::size_t step) {
-    if (schedules_.empty()) return;
-    for (const std::size_t ci : schedules_[static_cast<std::size_t>(chunk)].ready[step]) {
+    units_->ready(chunk, step, [&](std::size_t ci) {
       const std::vector<std::size_t>& only = classes_[ci].specs;
       if (sp_.train.precision == ref::Precision::kBf16) round_presums(false, &only);
       parallel::mesh_detail::replica_sums(sp() ? tp_ : nullptr, kv_,
                                           PickedSums{*this, false, &only});
-      finish_unit_reduce();
-      in_flight_ = comm_.issue_unit(classes_, null_, ci);
+    });
+  }
+  // The optimizer's per-microbatch reductions (UnitReducer's Units) on null buffers.
+  struct NullUnits {
+    using Pending = ClassComm::UnitReduce;
+    SkeletonRun* run = nullptr;
+    Pending issue(std::size_t ci) { return run->comm_.issue_unit(run->classes_, run->null_, ci); }
+    void complete(Pending& r) { run->comm_.complete_unit(run->classes_, run->null_, r); }
+    void reduce_each_microbatch(std::vector<bool> classes) {
+      run->comm_.reduce_each_microbatch(std::move(classes));
     }
-  }
-  // MeshOptimizer::complete_unit_reduce of the one in flight.
-  void finish_unit_reduce() {
-    if (!in_flight_) return;
-    comm_.complete_unit(classes_, null_, *in_flight_);
-    in_flight_.reset();
-  }
+  };
+  using Units = parallel::mesh_detail::UnitReducer<NullUnits>;
 
   // MeshImpl::issue_bucket: the picked gradients join the open bucket (mesh_buckets.hpp).
   template <class Pick>
@@ -453,12 +452,7 @@ class SkeletonRun {
   // The optimizer's collectives (mesh_class_comm.hpp) on null buffers.
   parallel::NullClassData null_{.grad = sp_.grad_dtype, .param = sp_.param_dtype};
   ClassComm comm_{&specs_, {.zero = k_.zero_, .sum = {}, .planted = {}}};
-  // ZeRO-3 (mesh_grad_units.hpp): per class, the chunk reducing it every microbatch (-1: the
-  // step's end); per spec, whether its class is; each chunk's schedule; the class in flight.
-  std::vector<int> reduce_chunk_;
-  std::vector<bool> unit_reduced_;
-  std::vector<parallel::mesh_detail::UnitReduceSchedule> schedules_;
-  std::optional<ClassComm::UnitReduce> in_flight_;
+  std::optional<Units> units_;  // ZeRO-3's per-microbatch reductions
 };
 
 void Skeleton::run(comm::Communicator& dp) const {

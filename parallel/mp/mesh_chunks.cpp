@@ -9,7 +9,9 @@ namespace shardcheck::parallel::mesh_detail {
 
 template <class T>
 void MeshImpl<T>::unit_ready(int chunk, std::size_t step) {
-  units_->ready(chunk, step, mb_grads_, [&](const std::vector<LocalParam>& specs) {
+  units_->ready(chunk, step, [&](std::size_t ci) {
+    std::vector<LocalParam> specs;
+    for (const std::size_t k : units_->class_specs(ci)) specs.push_back(specs_[k]);
     if (train_.precision == ref::Precision::kBf16)
       round_microbatch_gradient(specs, *g_.cp, kv_.get(), env_.sp() ? g_.tp.get() : nullptr,
                                 mb_grads_, experts_.get(), expert_parts_);

@@ -183,9 +183,16 @@ class ClassComm {
   Gather issue_gather(const std::vector<C>& cs, D& d, int unit) const {
     Gather out;
     if (o_.zero != 3) return out;
-    for (std::size_t ci = 0; ci < cs.size(); ++ci) {
+    if (by_unit_.empty())  // the classes of each unit, in order (built once)
+      for (std::size_t ci = 0; ci < cs.size(); ++ci) {
+        const auto u = static_cast<std::size_t>(cs[ci].unit);
+        if (by_unit_.size() <= u) by_unit_.resize(u + 1);
+        by_unit_[u].push_back(ci);
+      }
+    if (unit < 0 || static_cast<std::size_t>(unit) >= by_unit_.size()) return out;
+    for (const std::size_t ci : by_unit_[static_cast<std::size_t>(unit)]) {
       const C& c = cs[ci];
-      if (c.unit != unit || c.group->size() == 1 || c.numel == 0) continue;
+      if (c.group->size() == 1 || c.numel == 0) continue;
       typename Gather::Part part{ci, d.owned_padded(c, false), {}};
       part.work = c.group->all_gather(d.view(part.buf));
       out.parts.push_back(std::move(part));
@@ -240,6 +247,7 @@ class ClassComm {
   std::vector<Issued> issued_;
   std::vector<bool> issued_spec_;  // by spec index: summed by an issued bucket
   std::vector<bool> each_;         // by class: reduced by issue_unit
+  mutable std::vector<std::vector<std::size_t>> by_unit_;  // issue_gather's index of the classes
 };
 
 // The data of a timing-only run: null buffers of the counts the optimizer's would hold, gradients

@@ -78,17 +78,17 @@ MeshImpl<T>::MeshImpl(comm::Communicator& world, const ref::ModelConfig& model,
       .recipe = recipe_,
       .planted = opt_.planted};
   zopt_ = std::make_unique<MeshOptimizer<T>>(std::move(env), specs_, params_);
-  units_ = std::make_unique<UnitReducer<T>>(
-      typename UnitReducer<T>::Setup{.model = &model_,
-                                     .wrap_of = &wrap_of_,
-                                     .plan = &plan_,
-                                     .pp = opt_.shape.pp,
-                                     .virtual_stages = opt_.virtual_stages,
-                                     .stage = stage_,
-                                     .zero = opt_.zero,
-                                     .bytes_per_elem = recipe_.microbatch_grad,
-                                     .planted = opt_.planted},
-      specs_, *zopt_, mem_);
+  units_ = std::make_unique<UnitReducer<OptimizerUnits<T>>>(
+      typename UnitReducer<OptimizerUnits<T>>::Setup{.model = &model_,
+                                                     .wrap_of = &wrap_of_,
+                                                     .plan = &plan_,
+                                                     .pp = opt_.shape.pp,
+                                                     .virtual_stages = opt_.virtual_stages,
+                                                     .stage = stage_,
+                                                     .zero = opt_.zero,
+                                                     .bytes_per_elem = recipe_.microbatch_grad,
+                                                     .planted = opt_.planted},
+      specs_, OptimizerUnits<T>{zopt_.get(), &mb_grads_}, mem_);
   if (opt_.zero == 3) {
     const bool keep = f.sharding == ShardingStrategy::shard_grad_op || !f.reshard_after_forward;
     residency_ = std::make_unique<MeshResidency<T>>(
@@ -270,7 +270,10 @@ void MeshImpl<T>::sync_gradients() {
     void sum(comm::Communicator* g, ParamPick pick) {
       if (g == nullptr) return;
       all_reduce_picked(
-          e.specs_, *g, [&](const LocalParam& p) { return pick(p) && e.units_->deferred(p); },
+          e.specs_, *g,
+          [&](const LocalParam& p) {
+            return pick(p) && e.units_->deferred(static_cast<std::size_t>(&p - e.specs_.data()));
+          },
           e.grads_);
     }
   };
