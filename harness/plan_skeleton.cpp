@@ -131,13 +131,22 @@ class SkeletonRun {
     chunk_steps_.resize(static_cast<std::size_t>(2 * sp_.mesh.virtual_stages));
     const std::vector<parallel::PipeEvent> events = parallel::pipeline_events(
         sp_.mesh.schedule, pp(), stage_, microbatches_, sp_.mesh.virtual_stages);
+    const parallel::NullPipeStage stage{
+        .forward = [this](int mb, int chunk) { forward(mb, chunk); },
+        .backward = [this](int mb, int chunk) { backward(mb, chunk); },
+        .activation_shape =
+            [this](int, int) {
+              return ref::Shape{int64_t{sp_.train.micro_batch} * k_.layout_.row_count(),
+                                sp_.model.hidden};
+            },
+        .dtype = activation()};
     for (int step = 1; step <= sp_.steps; ++step) {
       // MeshImpl::step: 1. the loss denominators.
       world_.begin_step(step);
       data_->all_reduce(null_buf(3, comm::DType::i64))->wait();
       buckets_.clear(specs_.size());
-      // 2. the pipeline (run_pipeline: pipeline_events with null buffers).
-      pipeline(events);
+      // 2. the pipeline: the engine's executor (run_pipeline) with null buffers.
+      parallel::run_pipeline(*groups_->get(G::pp), events, stage);
       // 3. gradient sums (sync_gradients): the tied embedding between the first and last stage,
       // SP's TP-replicated parameters over TP, then the optimizer's.
       sync_tied_embedding();
@@ -179,36 +188,6 @@ class SkeletonRun {
   int pp() const { return k_.mesh_.size(comm::Axis::pp); }
   int virtual_stage(int chunk) const { return chunk * pp() + stage_; }
   int last_virtual_stage() const { return pp() * sp_.mesh.virtual_stages - 1; }
-  // What one pipeline message moves: stage.activation_shape's [micro batch x rows, h].
-  std::size_t activation_elems() const {
-    return count_of(sp_.train.micro_batch * k_.layout_.row_count() * sp_.model.hidden);
-  }
-
-  void pipeline(const std::vector<parallel::PipeEvent>& events) {
-    using K = parallel::PipeEvent::Kind;
-    std::map<parallel::PipeMessage, comm::WorkPtr> posted;
-    std::vector<comm::WorkPtr> sends;
-    for (const parallel::PipeEvent& e : events) {
-      const parallel::PipeAction& a = e.action;
-      switch (e.kind) {
-        case K::post_recv:
-          posted[e.message] = pp_->recv(null_buf(activation_elems(), activation()), e.peer);
-          break;
-        case K::wait_recv:
-          if (pp_) posted.at(e.message)->wait();
-          break;
-        case K::run:
-          a.kind == parallel::PipeAction::Kind::forward ? forward(a.microbatch, a.chunk)
-                                                        : backward(a.microbatch, a.chunk);
-          break;
-        case K::send:
-          if (pp_) sends.push_back(pp_->send(null_buf(activation_elems(), activation()), e.peer));
-          break;
-      }
-    }
-    for (const comm::WorkPtr& w : sends) w->wait();
-  }
-
   // MeshImpl::sync_tied_embedding.
   void sync_tied_embedding() {
     if (pp() == 1 || !sp_.model.tie_embeddings || !(plan_.has_embed || plan_.has_head)) return;

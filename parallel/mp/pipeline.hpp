@@ -109,6 +109,18 @@ template <class T>
 void run_pipeline(comm::Communicator& pp, PipeSchedule s, int microbatches, int virtual_stages,
                   const PipeStage<T>& stage);
 
+// The timing-only run of a stage (the planner's): the same events, messages and order as
+// run_pipeline, every message a null buffer of activation_shape's elements in `dtype`; the
+// callbacks run the chunk without data. `events`: this stage's pipeline_events.
+struct NullPipeStage {
+  std::function<void(int microbatch, int chunk)> forward;
+  std::function<void(int microbatch, int chunk)> backward;
+  std::function<ref::Shape(int microbatch, int virtual_stage)> activation_shape;
+  comm::DType dtype = comm::DType::f32;
+};
+void run_pipeline(comm::Communicator& pp, const std::vector<PipeEvent>& events,
+                  const NullPipeStage& stage);
+
 // (p-1)/(v*m + p-1): the idle fraction of each stage with equal costs and free communication.
 double bubble_formula(int stages, int microbatches, int virtual_stages);
 

@@ -98,21 +98,53 @@ std::vector<PipeEvent> pipeline_events(PipeSchedule s, int p, int stage, int m, 
 
 namespace {
 
-// Executes a stage's pipeline_events with the callbacks' tensors.
+// What the executor moves: a stage's callbacks and its messages' payloads. The numeric run's
+// are tensors; the timing-only run's carry no data (a null buffer of the message's shape).
 template <class T>
+struct TensorPayload {
+  using P = ref::Tensor<T>;
+  const PipeStage<T>& cb;
+  P forward(int mb, int chunk, P in) const { return cb.forward(mb, chunk, std::move(in)); }
+  P backward(int mb, int chunk, P in) const { return cb.backward(mb, chunk, std::move(in)); }
+  ref::Shape shape(int mb, int vs) const { return cb.activation_shape(mb, vs); }
+  static P receive(const ref::Shape& s) { return P(s); }
+  static comm::Buffer recv_view(P& t) { return comm::view(t.span()); }
+  static comm::ConstBuffer send_view(const P& t) {
+    return comm::cview(std::span<const T>(t.span()));
+  }
+  static const ref::Shape* returned_shape(const P& t) { return &t.shape(); }
+};
+struct NullPayload {
+  struct P {
+    std::size_t count = 0;
+  };
+  const NullPipeStage& cb;
+  P forward(int mb, int chunk, P /*in*/) const {
+    cb.forward(mb, chunk);
+    return {};
+  }
+  P backward(int mb, int chunk, P /*in*/) const {
+    cb.backward(mb, chunk);
+    return {};
+  }
+  ref::Shape shape(int mb, int vs) const { return cb.activation_shape(mb, vs); }
+  P receive(const ref::Shape& s) const { return {static_cast<std::size_t>(ref::numel_of(s))}; }
+  comm::Buffer recv_view(const P& t) const { return {nullptr, t.count, cb.dtype, {}}; }
+  comm::ConstBuffer send_view(const P& t) const { return {nullptr, t.count, cb.dtype, {}}; }
+  static const ref::Shape* returned_shape(const P& /*t*/) { return nullptr; }  // nothing returned
+};
+
+// Executes a stage's pipeline_events with the payload's callbacks and messages.
+template <class Payload>
 class Executor {
  public:
-  Executor(comm::Communicator& pp, PipeSchedule s, int m, int v, const PipeStage<T>& cb)
-      : pp_(pp), cb_(cb), p_(pp.size()), stage_(pp.rank()) {
-    if (!cb.forward || !cb.backward || !cb.activation_shape) {
-      throw PipelineError("run_pipeline: PipeStage needs forward, backward and activation_shape");
-    }
-    events_ = pipeline_events(s, p_, stage_, m, v);
-  }
+  using P = typename Payload::P;
+  Executor(comm::Communicator& pp, const std::vector<PipeEvent>& events, Payload payload)
+      : pp_(pp), events_(events), pl_(std::move(payload)), p_(pp.size()), stage_(pp.rank()) {}
 
   void run() {
     using K = PipeEvent::Kind;
-    ref::Tensor<T> in, out;
+    P in{}, out{};
     for (const PipeEvent& e : events_) {
       const PipeAction& a = e.action;
       const comm::WorkScope scope = scope_of(a.kind, a.microbatch, a.chunk);
@@ -126,26 +158,26 @@ class Executor {
           break;
         case K::run:
           out = a.kind == PipeAction::Kind::forward
-                    ? cb_.forward(a.microbatch, a.chunk, std::move(in))
-                    : cb_.backward(a.microbatch, a.chunk, std::move(in));
-          in = ref::Tensor<T>{};
+                    ? pl_.forward(a.microbatch, a.chunk, std::move(in))
+                    : pl_.backward(a.microbatch, a.chunk, std::move(in));
+          in = P{};
           break;
         case K::send:
           check_shape(out, a,
                       e.message.kind == PipeAction::Kind::forward ? e.message.vs : e.message.vs + 1,
                       a.kind == PipeAction::Kind::forward ? "forward" : "backward");
           give(e.message, e.peer, std::move(out));
-          out = ref::Tensor<T>{};
+          out = P{};
           break;
       }
     }
     pp_.set_scope({});
-    for (auto& [tensor, work] : sends_) work->wait();
+    for (auto& [payload, work] : sends_) work->wait();
   }
 
  private:
   struct Pending {
-    ref::Tensor<T> tensor;
+    P payload;
     comm::WorkPtr work;
   };
 
@@ -158,63 +190,65 @@ class Executor {
   ref::Shape shape_of(const PipeMessage& k) const {
     // A forward message enters vs; a backward message is the gradient of vs's output (= vs+1's
     // input).
-    return cb_.activation_shape(k.microbatch,
-                                k.kind == PipeAction::Kind::forward ? k.vs : k.vs + 1);
+    return pl_.shape(k.microbatch, k.kind == PipeAction::Kind::forward ? k.vs : k.vs + 1);
   }
 
-  void check_shape(const ref::Tensor<T>& t, const PipeAction& a, int vs, const char* what) const {
-    const ref::Shape want = cb_.activation_shape(a.microbatch, vs);
-    if (t.shape() != want) {
+  void check_shape(const P& t, const PipeAction& a, int vs, const char* what) const {
+    const ref::Shape* got = Payload::returned_shape(t);
+    if (got == nullptr) return;
+    const ref::Shape want = pl_.shape(a.microbatch, vs);
+    if (*got != want) {
       throw PipelineError("run_pipeline: stage " + std::to_string(stage_) + " " + what +
                           " of microbatch " + std::to_string(a.microbatch) + ", chunk " +
-                          std::to_string(a.chunk) + " returned shape " + shape_str(t.shape()) +
+                          std::to_string(a.chunk) + " returned shape " + shape_str(*got) +
                           ", but activation_shape(" + std::to_string(a.microbatch) + ", " +
                           std::to_string(vs) + ") is " + shape_str(want));
     }
   }
 
-  void give(const PipeMessage& k, int dest, ref::Tensor<T> t) {
+  void give(const PipeMessage& k, int dest, P t) {
     if (p_ == 1) {
       local_.emplace(k, std::move(t));
       return;
     }
+    if (Payload::returned_shape(t) == nullptr) t = pl_.receive(shape_of(k));  // no data: its size
     sends_.push_back({std::move(t), nullptr});
     Pending& s = sends_.back();
-    s.work = pp_.send(comm::cview(std::span<const T>(s.tensor.span())), dest);
+    s.work = pp_.send(pl_.send_view(s.payload), dest);
   }
 
   // The receive is timed under the action that consumes it (its microbatch and chunk).
   void post(const PipeMessage& k, int src, const comm::WorkScope& now) {
-    auto [it, fresh] = posted_.emplace(k, Pending{ref::Tensor<T>(shape_of(k)), nullptr});
+    auto [it, fresh] = posted_.emplace(k, Pending{pl_.receive(shape_of(k)), nullptr});
     if (!fresh) throw PipelineError("run_pipeline: internal: message received twice");
     pp_.set_scope(scope_of(k.kind, k.microbatch, k.vs / p_));
-    it->second.work = pp_.recv(comm::view(it->second.tensor.span()), src);
+    it->second.work = pp_.recv(pl_.recv_view(it->second.payload), src);
     pp_.set_scope(now);
   }
 
-  ref::Tensor<T> take(const PipeMessage& k) {
+  P take(const PipeMessage& k) {
     if (p_ == 1) {
       auto it = local_.find(k);
       if (it == local_.end()) throw PipelineError("run_pipeline: internal: missing local input");
-      ref::Tensor<T> t = std::move(it->second);
+      P t = std::move(it->second);
       local_.erase(it);
       return t;
     }
     auto it = posted_.find(k);
     if (it == posted_.end()) throw PipelineError("run_pipeline: internal: input never sent");
     it->second.work->wait();
-    ref::Tensor<T> t = std::move(it->second.tensor);
+    P t = std::move(it->second.payload);
     posted_.erase(it);
     return t;
   }
 
   comm::Communicator& pp_;
-  const PipeStage<T>& cb_;
+  const std::vector<PipeEvent>& events_;
+  Payload pl_;
   int p_, stage_;
-  std::vector<PipeEvent> events_;
-  std::map<PipeMessage, Pending> posted_;        // receives posted, not yet consumed
-  std::map<PipeMessage, ref::Tensor<T>> local_;  // p == 1: chunk outputs handed on in place
-  std::deque<Pending> sends_;  // stable addresses: the send buffers live to the end
+  std::map<PipeMessage, Pending> posted_;  // receives posted, not yet consumed
+  std::map<PipeMessage, P> local_;         // p == 1: chunk outputs handed on in place
+  std::deque<Pending> sends_;              // stable addresses: the send buffers live to the end
 };
 
 }  // namespace
@@ -222,7 +256,18 @@ class Executor {
 template <class T>
 void run_pipeline(comm::Communicator& pp, PipeSchedule s, int microbatches, int virtual_stages,
                   const PipeStage<T>& stage) {
-  Executor<T>(pp, s, microbatches, virtual_stages, stage).run();
+  if (!stage.forward || !stage.backward || !stage.activation_shape)
+    throw PipelineError("run_pipeline: PipeStage needs forward, backward and activation_shape");
+  const std::vector<PipeEvent> events =
+      pipeline_events(s, pp.size(), pp.rank(), microbatches, virtual_stages);
+  Executor<TensorPayload<T>>(pp, events, TensorPayload<T>{stage}).run();
+}
+
+void run_pipeline(comm::Communicator& pp, const std::vector<PipeEvent>& events,
+                  const NullPipeStage& stage) {
+  if (!stage.forward || !stage.backward || !stage.activation_shape)
+    throw PipelineError("run_pipeline: NullPipeStage needs forward, backward and activation_shape");
+  Executor<NullPayload>(pp, events, NullPayload{stage}).run();
 }
 
 template void run_pipeline<double>(comm::Communicator&, PipeSchedule, int, int,
