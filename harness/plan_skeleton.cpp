@@ -190,14 +190,13 @@ class SkeletonRun {
   int last_virtual_stage() const { return pp() * sp_.mesh.virtual_stages - 1; }
   // MeshImpl::sync_tied_embedding.
   void sync_tied_embedding() {
-    if (pp() == 1 || !sp_.model.tie_embeddings || !(plan_.has_embed || plan_.has_head)) return;
+    const int other = parallel::mesh_detail::tied_embedding_peer(sp_.model, plan_, pp());
+    if (other < 0) return;
     std::size_t n = 0;
     for (const LocalParam& p : specs_)
       if (p.name == "embed.weight") n = count_of(ref::numel_of(p.local_shape));
-    const int other = plan_.has_embed ? pp() - 1 : 0;
-    comm::WorkPtr w = pp_->send(null_buf(n, numeric()), other, {.tag = 7});
-    pp_->recv(null_buf(n, numeric()), other, {.tag = 7})->wait();
-    w->wait();
+    parallel::mesh_detail::exchange_tied_embedding(*pp_, other, null_buf(n, numeric()),
+                                                   null_buf(n, numeric()));
   }
 
   // The steps of a chunk's forward or backward (mesh_walk.hpp) and the units they use: the same
@@ -294,14 +293,10 @@ class SkeletonRun {
     end_uses();
     units_->finish();
     if (bf16) round_presums(true);
-    if (k_.no_shard_) {  // each microbatch's gradient summed (all_reduce_picked, per class)
-      for (const bool expert : {false, true}) {
-        int64_t n = 0;
-        for (const LocalParam& p : specs_)
-          if (p.expert == expert) n += ref::numel_of(p.local_shape);
-        if (n > 0 && world_.size() > 1) world_.all_reduce(null_buf(count_of(n), numeric()))->wait();
-      }
-    }
+    if (k_.no_shard_)  // each microbatch's gradient summed (MeshImpl::backward)
+      parallel::mesh_detail::no_shard_sums(groups_->get(parallel::mesh_detail::Group::dense),
+                                           groups_->get(parallel::mesh_detail::Group::expert),
+                                           PickedSums{*this, true, nullptr});
     if (ddp_overlap() && last)
       issue_bucket([&](const LocalParam& p) { return chunk_writes(chunk, p); }, true);
   }

@@ -174,12 +174,16 @@ Tensor<T> MeshImpl<T>::backward(int mb, int chunk, Tensor<T> dout) {
   }
   if (microbatch_grads()) {
     if (no_shard_) {  // FSDP no_shard: each microbatch's gradient summed after its backward
-      const comm::ReduceOptions op = zopt_->sum();         // planted (tests): an average
-      if (opt_.planted != testing::Mutation::kSkipBucket)  // planted: the dense unit left out
-        all_reduce_picked(
-            specs_, *dense_, [](const LocalParam& p) { return !p.expert; }, mb_grads_, op);
-      all_reduce_picked(
-          specs_, *expert_, [](const LocalParam& p) { return p.expert; }, mb_grads_, op);
+      struct Sums {
+        MeshImpl& e;
+        void sum(comm::Communicator* g, ParamPick pick) {
+          // planted (tests): the dense parameters left out
+          if (g == nullptr) return;
+          if (g == e.dense_.get() && e.opt_.planted == testing::Mutation::kSkipBucket) return;
+          all_reduce_picked(e.specs_, *g, pick, e.mb_grads_, e.zopt_->sum());  // planted: avg
+        }
+      };
+      no_shard_sums(dense_.get(), expert_.get(), Sums{*this});
     }
     for (const LocalParam& p : whole) {
       ref::add_inplace(grads_[p.name], mb_grads_[p.name]);

@@ -245,16 +245,12 @@ void MeshImpl<T>::import_state(const StateReader& read) {
 
 template <class T>
 void MeshImpl<T>::sync_tied_embedding() {
-  const int pp = opt_.shape.pp;
-  if (pp == 1 || !model_.tie_embeddings) return;
-  if (!(plan_.has_embed || plan_.has_head)) return;
-  if (opt_.planted == testing::Mutation::kSkipTiedEmbeddingSync) return;
+  const int other = tied_embedding_peer(model_, plan_, opt_.shape.pp);
+  if (other < 0 || opt_.planted == testing::Mutation::kSkipTiedEmbeddingSync) return;
   Tensor<T>& mine = grads_["embed.weight"];
   Tensor<T> peer(mine.shape());
-  const int other = plan_.has_embed ? pp - 1 : 0;
-  comm::WorkPtr s = g_.pp->send(comm::cview(std::span<const T>(mine.span())), other, {.tag = 7});
-  g_.pp->recv(comm::view(peer.span()), other, {.tag = 7})->wait();
-  s->wait();
+  exchange_tied_embedding(*g_.pp, other, comm::cview(std::span<const T>(mine.span())),
+                          comm::view(peer.span()));
   // first stage's gradient + last stage's, in that order on both.
   for (int64_t i = 0; i < mine.numel(); ++i) {
     mine[i] = plan_.has_embed ? mine[i] + peer[i] : peer[i] + mine[i];

@@ -82,6 +82,28 @@ void replica_sums(comm::Communicator* sp_tp, comm::Communicator* kv, Ops&& ops) 
   ops.sum(kv, [](const LocalParam& p) { return p.kv_replicas > 1; });
 }
 
+// FSDP no_shard: each microbatch's gradient summed after its backward, the dense parameters over
+// the dense group (dp x cp), then the experts' over the expert group (edp).
+template <class Ops>
+void no_shard_sums(comm::Communicator* dense, comm::Communicator* expert, Ops&& ops) {
+  ops.sum(dense, [](const LocalParam& p) { return !p.expert; });
+  ops.sum(expert, [](const LocalParam& p) { return p.expert; });
+}
+
+// The tied embedding's gradient between the first and the last stage (sync_tied_embedding): the
+// stage this one exchanges its copy with, -1 for none (one stage, untied, or no copy here).
+inline int tied_embedding_peer(const ref::ModelConfig& m, const StagePlan& plan, int stages) {
+  if (stages == 1 || !m.tie_embeddings || !(plan.has_embed || plan.has_head)) return -1;
+  return plan.has_embed ? stages - 1 : 0;
+}
+// Sends this stage's copy to the peer (tag 7) and receives the peer's.
+inline void exchange_tied_embedding(comm::Communicator& pp, int peer, comm::ConstBuffer mine,
+                                    comm::Buffer theirs) {
+  comm::WorkPtr s = pp.send(mine, peer, {.tag = 7});
+  pp.recv(theirs, peer, {.tag = 7})->wait();
+  s->wait();
+}
+
 // A checkpoint scalar ("train/step", "optimizer/step").
 inline StatePiece scalar_piece(const std::string& name, int64_t v) {
   StatePiece p{name, {}, comm::DType::i64, 0, 1, std::vector<std::byte>(sizeof(int64_t))};
