@@ -119,14 +119,11 @@ class SkeletonRun {
          .expert = expert_shard != nullptr ? expert_shard : groups_->get(G::expert),
          .dense_replicas = groups_->get(G::dense_replicas),
          .expert_replicas = groups_->get(G::expert_replicas)});
-    const parallel::FsdpOptions f = sp_.mesh.fsdp.value_or(parallel::FsdpOptions{.prefetch = 0});
-    if (k_.zero_ == 3) {
-      const bool keep =
-          f.sharding == parallel::ShardingStrategy::shard_grad_op || !f.reshard_after_forward;
+    if (k_.zero_ == 3)
       residency_ = std::make_unique<Residency>(
           Gathers{this}, world_.memory(), sp_.recipe.param,
-          Residency::Options{.prefetch = f.prefetch, .keep_after_forward = keep});
-    }
+          Residency::Options{.prefetch = k_.rules_.fsdp.prefetch,
+                             .keep_after_forward = k_.rules_.keep_after_forward});
     microbatches_ = sp_.local_batch / sp_.train.micro_batch;
     chunk_steps_.resize(static_cast<std::size_t>(2 * sp_.mesh.virtual_stages));
     const std::vector<parallel::PipeEvent> events = parallel::pipeline_events(
@@ -301,7 +298,7 @@ class SkeletonRun {
       issue_bucket([&](const LocalParam& p) { return chunk_writes(chunk, p); }, true);
   }
 
-  bool ddp_overlap() const { return sp_.mesh.overlap && k_.zero_ <= 1 && !k_.no_shard_; }
+  bool ddp_overlap() const { return k_.rules_.ddp_overlap; }
 
   // Elements of the picked parameters among those reduced at the step's end (deferred) or not.
   template <class Pick>

@@ -112,6 +112,7 @@ class Skeleton {
  private:
   friend class SkeletonRun;
   SkeletonSpec spec_;
+  parallel::DataParallelRules rules_;  // what the data-parallel options mean (mesh_engine.hpp)
   int zero_ = 0;           // the engine's stage (FSDP other than no_shard: 3)
   bool no_shard_ = false;  // FSDP no_shard: each microbatch's gradient all_reduced
   int shard_size_ = 1;     // DP ranks in each shard group (hybrid: shard_group_size; else dp)

@@ -53,9 +53,10 @@ SkeletonSpec skeleton_spec(const Scenario& s, const ParallelSpec& p, int dp, int
 Skeleton::Skeleton(SkeletonSpec spec) : spec_(std::move(spec)) {
   const parallel::MeshOptions& o = spec_.mesh;
   const ref::ModelConfig& m = spec_.model;
-  const parallel::FsdpOptions f = o.fsdp.value_or(parallel::FsdpOptions{.prefetch = 0});
-  no_shard_ = o.fsdp && f.sharding == parallel::ShardingStrategy::no_shard;
-  zero_ = o.fsdp && !no_shard_ ? 3 : o.zero;
+  rules_ = parallel::data_parallel_rules(o);
+  const parallel::FsdpOptions& f = rules_.fsdp;
+  no_shard_ = rules_.no_shard;
+  zero_ = rules_.zero;
   shard_size_ = spec_.dp;
   if (o.fsdp && f.sharding == parallel::ShardingStrategy::hybrid_shard) {
     if (f.shard_group_size < 1 || spec_.dp % f.shard_group_size != 0)

@@ -61,8 +61,10 @@ MeshImpl<T>::MeshImpl(comm::Communicator& world, const ref::ModelConfig& model,
   buckets_ = BucketFill({.tied_across_stages = model_.tie_embeddings && opt_.shape.pp > 1,
                          .sequence_parallel = env_.sp(),
                          .bucket_elems = opt_.bucket_elems});
-  const FsdpOptions f = opt_.fsdp.value_or(FsdpOptions{.prefetch = 0});
-  no_shard_ = opt_.fsdp && f.sharding == ShardingStrategy::no_shard;
+  const DataParallelRules rules = data_parallel_rules(opt_);
+  const FsdpOptions& f = rules.fsdp;
+  no_shard_ = rules.no_shard;
+  ddp_overlap_ = rules.ddp_overlap;
   wrap_of_ = wrap_map(model_, f);
   typename MeshOptimizer<T>::Env env{
       .dense = dense_h_.shard ? dense_h_.shard.get() : dense_.get(),
@@ -90,10 +92,10 @@ MeshImpl<T>::MeshImpl(comm::Communicator& world, const ref::ModelConfig& model,
                                                      .planted = opt_.planted},
       specs_, OptimizerUnits<T>{zopt_.get(), &mb_grads_}, mem_);
   if (opt_.zero == 3) {
-    const bool keep = f.sharding == ShardingStrategy::shard_grad_op || !f.reshard_after_forward;
     residency_ = std::make_unique<MeshResidency<T>>(
         OptimizerGathers<T>{zopt_.get(), &params_}, mem_, recipe_.param,
-        typename MeshResidency<T>::Options{.prefetch = f.prefetch, .keep_after_forward = keep});
+        typename MeshResidency<T>::Options{.prefetch = f.prefetch,
+                                           .keep_after_forward = rules.keep_after_forward});
   }
   resident_params = static_cast<std::size_t>(zopt_->resident_elems());
   params_held_ =
@@ -283,7 +285,7 @@ MeshEngine::MeshEngine(comm::Communicator& world, const ref::ModelConfig& model,
                        const ref::TrainConfig& train, uint64_t seed, MeshOptions options) {
   validate_mesh(model, train, options);
   // FSDP shards parameters, gradients and optimizer state (no_shard: none of them).
-  if (options.fsdp && options.fsdp->sharding != ShardingStrategy::no_shard) options.zero = 3;
+  options.zero = data_parallel_rules(options).zero;
   if (train.precision == ref::Precision::kF64) {
     impl_ = std::make_unique<mesh_detail::MeshImpl<double>>(world, model, train, seed,
                                                             std::move(options));

@@ -99,6 +99,29 @@ struct MeshOptions {
   testing::Mutation planted = testing::Mutation::kNone;
 };
 
+// What the data-parallel options mean for the step: one rule for the engine, its memory ledger
+// and the planner's timing-only run. FSDP other than no_shard is zero 3; no_shard keeps
+// everything replicated and sums each microbatch's gradient after its backward; zero 3 keeps a
+// forward's gathers until the backward under shard_grad_op or without reshard_after_forward;
+// DDP's buckets overlap the backward at zero 0/1 (not no_shard) with `overlap`.
+struct DataParallelRules {
+  int zero = 0;
+  bool no_shard = false;
+  bool keep_after_forward = false;
+  bool ddp_overlap = false;
+  FsdpOptions fsdp;  // the options, or without FSDP the defaults with no prefetch
+};
+inline DataParallelRules data_parallel_rules(const MeshOptions& o) {
+  DataParallelRules r;
+  r.fsdp = o.fsdp.value_or(FsdpOptions{.prefetch = 0});
+  r.no_shard = o.fsdp && r.fsdp.sharding == ShardingStrategy::no_shard;
+  r.zero = o.fsdp && !r.no_shard ? 3 : o.zero;
+  r.keep_after_forward =
+      r.fsdp.sharding == ShardingStrategy::shard_grad_op || !r.fsdp.reshard_after_forward;
+  r.ddp_overlap = o.overlap && r.zero <= 1 && !r.no_shard;
+  return r;
+}
+
 // Throws MeshConfigError naming the field when the model, batch or mesh do not fit together.
 void validate_mesh(const ref::ModelConfig& model, const ref::TrainConfig& train,
                    const MeshOptions& options);

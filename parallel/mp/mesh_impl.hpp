@@ -124,7 +124,7 @@ class MeshImpl final : public MeshEngine::Impl {
   // Buckets fill in completion order and go once they hold bucket_elems elements; what a chunk's
   // backward leaves goes at its end (flush).
   void issue_bucket(const typename MeshOptimizer<T>::Pick& pick, bool flush);
-  bool ddp_overlap() const { return opt_.overlap && opt_.zero <= 1 && !no_shard_; }
+  bool ddp_overlap() const { return ddp_overlap_; }
 
   // The grad hook and the health flag on this rank's local gradients of the picked parameters,
   // complete for this microbatch, before any reduction over another rank (the bf16 recipe: before
@@ -157,6 +157,7 @@ class MeshImpl final : public MeshEngine::Impl {
   HybridGroups dense_h_, expert_h_;  // hybrid_shard: shard and replica groups
   std::map<int, int> wrap_of_;       // layerwise unit -> wrap unit
   bool no_shard_ = false;            // FSDP no_shard: gradients summed per microbatch
+  bool ddp_overlap_ = false;         // DDP's buckets issued during the backward
   BucketFill buckets_;               // DDP overlap
   BlockEnv env_;
   int stage_ = 0;

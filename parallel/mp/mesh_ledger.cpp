@@ -127,10 +127,11 @@ std::vector<LedgerRow> mesh_ledger_modes(const ref::ModelConfig& model,
                                          int world_rank, std::span<const ref::Recompute> modes) {
   validate_mesh(model, train, options);
   MeshOptions o = options;
-  if (o.fsdp && o.fsdp->sharding != ShardingStrategy::no_shard) o.zero = 3;
+  const DataParallelRules rules = data_parallel_rules(o);
+  o.zero = rules.zero;
   const comm::DeviceMesh mesh(o.shape, o.order);
   const Recipe r = recipe_of(train.precision);
-  const FsdpOptions f = o.fsdp.value_or(FsdpOptions{.prefetch = 0});
+  const FsdpOptions& f = rules.fsdp;
   const std::map<int, int>& wrap = wrap_of(model, f);
 
   // Model state: the optimizer's flat buffers and their shards.
@@ -169,8 +170,8 @@ std::vector<LedgerRow> mesh_ledger_modes(const ref::ModelConfig& model,
   row.params = static_cast<std::size_t>(o.zero == 3 ? shards : numel) * r.param;
   row.grads = static_cast<std::size_t>(o.zero >= 2 ? shards : numel) * r.grad;
   row.optimizer = static_cast<std::size_t>(shards) * r.optimizer();
-  const bool microbatch_grads = train.precision == ref::Precision::kBf16 ||
-                                (o.fsdp && f.sharding == ShardingStrategy::no_shard) || o.zero == 3;
+  const bool microbatch_grads =
+      train.precision == ref::Precision::kBf16 || rules.no_shard || o.zero == 3;
   // ZeRO-3: the unsharded microbatch gradients of the buffers reduced during a backward, at their
   // most in any chunk's.
   int64_t unit_peak = 0;
@@ -201,11 +202,10 @@ std::vector<LedgerRow> mesh_ledger_modes(const ref::ModelConfig& model,
   comm::MemoryTracker mem;
   std::unique_ptr<mesh_detail::Residency<CountedGathers>> res;
   if (o.zero == 3) {
-    const bool keep = f.sharding == ShardingStrategy::shard_grad_op || !f.reshard_after_forward;
     res = std::make_unique<mesh_detail::Residency<CountedGathers>>(
         CountedGathers{&unit_sizes}, mem, r.param,
-        mesh_detail::Residency<CountedGathers>::Options{.prefetch = f.prefetch,
-                                                        .keep_after_forward = keep});
+        mesh_detail::Residency<CountedGathers>::Options{
+            .prefetch = f.prefetch, .keep_after_forward = rules.keep_after_forward});
   }
   const Shape x = shape_of(model, o);
   const double mbs = train.micro_batch;
