@@ -18,6 +18,7 @@
 #include "parallel/layerwise.hpp"
 #include "parallel/mp/mesh_bf16.hpp"
 #include "parallel/mp/mesh_buckets.hpp"
+#include "parallel/mp/mesh_class_comm.hpp"
 #include "parallel/mp/mesh_residency.hpp"
 #include "parallel/mp/mesh_rows.hpp"
 #include "parallel/mp/mesh_unit_reducer.hpp"
@@ -133,8 +134,8 @@ class SkeletonRun {
         .backward = [this](int mb, int chunk) { backward(mb, chunk); },
         .activation_shape =
             [this](int, int) {
-              return ref::Shape{int64_t{sp_.train.micro_batch} * k_.layout_.row_count(),
-                                sp_.model.hidden};
+              return parallel::mesh_detail::chunk_activation_shape(sp_.model, k_.layout_,
+                                                                   sp_.train.micro_batch);
             },
         .dtype = activation()};
     for (int step = 1; step <= sp_.steps; ++step) {
@@ -377,9 +378,7 @@ class SkeletonRun {
   void issue_reduce(const std::vector<std::size_t>& bucket) {
     std::vector<bool> in(specs_.size(), false);
     for (const std::size_t i : bucket) in[i] = true;
-    comm_.issue(classes_, null_, [&](const LocalParam& p) {
-      return in[static_cast<std::size_t>(&p - specs_.data())];
-    });
+    comm_.issue(classes_, null_, [&](std::size_t i) { return in[i]; });
   }
 
   // MeshOptimizer::reduce.

@@ -2,24 +2,26 @@
 // issues on a dp x tp x pp x cp mesh (data parallelism with DDP / ZeRO / FSDP, tensor parallelism
 // with or without sequence parallelism, GPipe / 1F1B / interleaved pipelines, ring and Ulysses
 // context parallelism, expert parallelism), sized for the real model, with null buffers and real
-// counts. Its layout and order come from the engine's own pieces, each written once and run by
-// both: the process groups in split order (mesh_groups.hpp), the rank's parameters
-// (local_params), stage plans, flat buffers and their shards in their groups (flat_classes,
-// shard_classes), ZeRO-3 / FSDP residency (Residency) and per-microbatch unit reductions
-// (mesh_grad_units.hpp), pipeline messages (pipeline_events), each chunk's walk (mesh_walk.hpp:
-// its steps, the units they use, the gradients each completes), DDP's bucket fill
-// (mesh_buckets.hpp), the sums before a reduction (mesh_rows.hpp's replica_sums, mesh_bf16.hpp's
-// microbatch_presums), and the compute reports (parallel/costs.hpp). What it still writes itself
-// (the step's phases and a chunk's end, the optimizer's collectives with their counts, the
-// collectives inside a block: plan_block.hpp) is checked
-// against the engine by the conformance test (harness/conformance.hpp: the op logs of both runs
-// are equal for every configuration of the parity matrix). It runs on any comm::Communicator
-// that moves no data: sim::SimWorld in meta mode (every rank a thread), the planner's
-// sim::SymmetricClock (one representative rank: every rank of a mesh without a pipeline issues
-// alike) or sim::StageWorld (one representative per pipeline stage). Timing only: no numerics,
-// no memory books. Stated assumption (plan.moe_routing, plan_block.hpp): MoE experts keep every
-// top-k assignment (no capacity drops), spread evenly over the EP ranks (ceil(rows x top_k / ep)
-// rows to each), or every expert receives its full capacity of every sequence.
+// counts. Its layout, order and collectives come from the engine's own pieces, each written once
+// and run by both: the process groups in split order (mesh_groups.hpp), what the data-parallel
+// options mean (mesh_engine.hpp's data_parallel_rules), the rank's parameters (local_params),
+// stage plans, flat buffers and their shards in their groups (mesh_classes.hpp), the optimizer's
+// collectives (mesh_class_comm.hpp's ClassComm, on null buffers here), ZeRO-3 / FSDP residency
+// (Residency) and per-microbatch reductions (mesh_unit_reducer.hpp's UnitReducer), the pipeline's
+// executor (run_pipeline with a NullPipeStage), each chunk's walk (mesh_walk.hpp: its steps, the
+// units they use, the gradients each completes), DDP's bucket fill (mesh_buckets.hpp), the sums
+// before a reduction (mesh_rows.hpp's replica_sums and no_shard_sums, mesh_bf16.hpp's
+// microbatch_presums), the tied embedding's exchange, and the compute reports
+// (parallel/costs.hpp). What it still writes itself (the step's phases and their scalar
+// collectives, the order of a chunk's end, the collectives inside a block: plan_block.hpp) is
+// checked against the engine by the conformance test (harness/conformance.hpp: the op logs of
+// both runs are equal for every configuration of the parity matrix). It runs on any
+// comm::Communicator that moves no data: sim::SimWorld in meta mode (every rank a thread), the
+// planner's sim::SymmetricClock (one representative rank: every rank of a mesh without a
+// pipeline issues alike) or sim::StageWorld (one representative per pipeline stage). Timing only:
+// no numerics, no memory books. Stated assumption (plan.moe_routing, plan_block.hpp): MoE experts
+// keep every top-k assignment (no capacity drops), spread evenly over the EP ranks (ceil(rows x
+// top_k / ep) rows to each), or every expert receives its full capacity of every sequence.
 #pragma once
 
 #include <cstddef>
@@ -30,10 +32,10 @@
 #include "comm/communicator.hpp"
 #include "harness/scenario.hpp"
 #include "parallel/ledger.hpp"
+#include "parallel/mp/mesh_classes.hpp"
 #include "parallel/mp/mesh_engine.hpp"
 #include "parallel/mp/mesh_groups.hpp"
 #include "parallel/mp/mesh_params.hpp"
-#include "parallel/mp/mesh_zero.hpp"
 #include "parallel/mp/tokens.hpp"
 #include "reference/config.hpp"
 #include "sim/clock.hpp"
@@ -116,9 +118,7 @@ class Skeleton {
   int zero_ = 0;           // the engine's stage (FSDP other than no_shard: 3)
   bool no_shard_ = false;  // FSDP no_shard: each microbatch's gradient all_reduced
   int shard_size_ = 1;     // DP ranks in each shard group (hybrid: shard_group_size; else dp)
-  bool hybrid_shard() const {
-    return spec_.mesh.fsdp && spec_.mesh.fsdp->sharding == parallel::ShardingStrategy::hybrid_shard;
-  }
+  bool hybrid_shard() const { return rules_.hybrid_shard; }
   double elem_ = 4;  // bytes of the engine's numeric type
   comm::DeviceMesh mesh_{comm::MeshShape{}};
   parallel::TokenLayout layout_{1, 1, 1, false};

@@ -58,7 +58,7 @@ Skeleton::Skeleton(SkeletonSpec spec) : spec_(std::move(spec)) {
   no_shard_ = rules_.no_shard;
   zero_ = rules_.zero;
   shard_size_ = spec_.dp;
-  if (o.fsdp && f.sharding == parallel::ShardingStrategy::hybrid_shard) {
+  if (rules_.hybrid_shard) {
     if (f.shard_group_size < 1 || spec_.dp % f.shard_group_size != 0)
       throw ScenarioError("$.parallel.fsdp.shard_group_size", std::to_string(f.shard_group_size) +
                                                                   " does not divide the DP size " +

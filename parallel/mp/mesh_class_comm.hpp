@@ -24,8 +24,11 @@
 //   void keep(c, shard, accumulate)  the rank's reduced shard kept (accumulate: added)
 //   Buf owned_padded(c, temporary)   the padded parameter buffer (in the dtype all_gathers move)
 //                                    holding this rank's owned range at its place; temporary:
-//                                    counted as temporary memory (share; a gather's copy is the
-//                                    unit's resident parameters)
+//                                    counted as temporary memory (share); a gather's buffer is the
+//                                    unit's resident parameters, only its staging counted (below)
+//   std::size_t staged_bytes(buf)    a gather buffer's staging beside the parameters (bf16)
+//   Held hold(bytes)                 those bytes counted as temporary memory, for one unit's
+//                                    gathers together, until they complete
 //   void unpack_full(c, buf)         a gathered parameter buffer written into the parameters
 //   comm::Buffer view(buf)
 #pragma once
@@ -72,7 +75,7 @@ template <class D>
 class ClassComm {
  public:
   using Buf = typename D::Buf;
-  using Pick = std::function<bool(const LocalParam&)>;
+  using Pick = std::function<bool(std::size_t spec)>;  // by index into the specs
   struct Options {
     int zero = 0;
     comm::ReduceOptions sum;  // the gradient reductions' operation
@@ -91,7 +94,7 @@ class ClassComm {
     for (std::size_t ci = 0; ci < cs.size(); ++ci) {
       const C& c = cs[ci];
       if (c.numel == 0 || c.group->size() == 1) continue;
-      const auto fresh = [&](std::size_t i) { return pick((*specs_)[i]) && !issued_spec_[i]; };
+      const auto fresh = [&](std::size_t i) { return pick(i) && !issued_spec_[i]; };
       FlatRanges ranges = flat_ranges(c, *specs_, fresh);
       if (ranges.empty()) continue;
       for (const std::size_t i : c.specs)
@@ -178,17 +181,21 @@ class ClassComm {
       comm::WorkPtr work;
     };
     std::vector<Part> parts;
+    typename D::Held staging{};  // the parts' staging, counted until they complete
   };
   template <class C>
   Gather issue_gather(const std::vector<C>& cs, D& d, int unit) const {
     Gather out;
     if (o_.zero != 3) return out;
-    if (by_unit_.empty())  // the classes of each unit, in order (built once)
+    if (by_unit_classes_ != cs.size()) {  // the classes of each unit, in order
+      by_unit_.clear();
       for (std::size_t ci = 0; ci < cs.size(); ++ci) {
         const auto u = static_cast<std::size_t>(cs[ci].unit);
         if (by_unit_.size() <= u) by_unit_.resize(u + 1);
         by_unit_[u].push_back(ci);
       }
+      by_unit_classes_ = cs.size();
+    }
     if (unit < 0 || static_cast<std::size_t>(unit) >= by_unit_.size()) return out;
     for (const std::size_t ci : by_unit_[static_cast<std::size_t>(unit)]) {
       const C& c = cs[ci];
@@ -197,6 +204,9 @@ class ClassComm {
       part.work = c.group->all_gather(d.view(part.buf));
       out.parts.push_back(std::move(part));
     }
+    std::size_t staged = 0;
+    for (const typename Gather::Part& part : out.parts) staged += d.staged_bytes(part.buf);
+    if (staged > 0) out.staging = d.hold(staged);
     return out;
   }
   template <class C>
@@ -248,12 +258,14 @@ class ClassComm {
   std::vector<bool> issued_spec_;  // by spec index: summed by an issued bucket
   std::vector<bool> each_;         // by class: reduced by issue_unit
   mutable std::vector<std::vector<std::size_t>> by_unit_;  // issue_gather's index of the classes
+  mutable std::size_t by_unit_classes_ = 0;                // ... built over this many
 };
 
 // The data of a timing-only run: null buffers of the counts the optimizer's would hold, gradients
 // in `grad`, parameters all_gathered in `param`.
 struct NullClassData {
   using Buf = comm::Buffer;
+  struct Held {};
   comm::DType grad = comm::DType::f32;
   comm::DType param = comm::DType::f32;
   static Buf null(int64_t n, comm::DType t) {
@@ -267,6 +279,8 @@ struct NullClassData {
   Buf slice(const Buf&, int64_t, int64_t n) const { return null(n, grad); }
   void keep(const ShardedClass&, const Buf&, bool) const {}
   Buf owned_padded(const ShardedClass& c, bool) const { return null(c.padded(), param); }
+  static std::size_t staged_bytes(const Buf&) { return 0; }
+  static Held hold(std::size_t) { return {}; }
   void unpack_full(const ShardedClass&, const Buf&) const {}
   static comm::Buffer view(const Buf& b) { return b; }
 };

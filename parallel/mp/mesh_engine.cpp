@@ -157,9 +157,7 @@ ref::StepRecord MeshImpl<T>::step(const ref::Batch& local) {
   stage.backward = [&](int mb, int chunk, Tensor<T> d) {
     return backward(mb, chunk, std::move(d));
   };
-  stage.activation_shape = [&](int, int) {
-    return ref::Shape{int64_t{mbs} * layout_.row_count(), model_.hidden};
-  };
+  stage.activation_shape = [&](int, int) { return chunk_activation_shape(model_, layout_, mbs); };
   run_pipeline(*g_.pp, opt_.schedule, microbatches, opt_.virtual_stages, stage);
   caches_.clear();
   mb_held.reset();

@@ -107,6 +107,7 @@ struct MeshOptions {
 struct DataParallelRules {
   int zero = 0;
   bool no_shard = false;
+  bool hybrid_shard = false;  // shards over shard groups, replicated across them
   bool keep_after_forward = false;
   bool ddp_overlap = false;
   FsdpOptions fsdp;  // the options, or without FSDP the defaults with no prefetch
@@ -116,6 +117,7 @@ inline DataParallelRules data_parallel_rules(const MeshOptions& o) {
   r.fsdp = o.fsdp.value_or(FsdpOptions{.prefetch = 0});
   r.no_shard = o.fsdp && r.fsdp.sharding == ShardingStrategy::no_shard;
   r.zero = o.fsdp && !r.no_shard ? 3 : o.zero;
+  r.hybrid_shard = o.fsdp && r.fsdp.sharding == ShardingStrategy::hybrid_shard;
   r.keep_after_forward =
       r.fsdp.sharding == ShardingStrategy::shard_grad_op || !r.fsdp.reshard_after_forward;
   r.ddp_overlap = o.overlap && r.zero <= 1 && !r.no_shard;

@@ -91,8 +91,8 @@ inline std::vector<GroupSplit> group_splits(const comm::DeviceMesh& mesh,
         {.group = Group::parts, .from_tp = false, .name = "expert-parts", .color = [mesh](int r) {
            return expert_parts_color(mesh, r);
          }});
-  if (o.fsdp && o.fsdp->sharding == ShardingStrategy::hybrid_shard) {
-    const int s = o.fsdp->shard_group_size * o.shape.cp;
+  if (const DataParallelRules rules = data_parallel_rules(o); rules.hybrid_shard) {
+    const int s = rules.fsdp.shard_group_size * o.shape.cp;
     const auto hybrid = [&](Group shard, Group replicas, std::vector<Axis> axes, int size,
                             const std::string& name) {
       out.push_back({.group = shard,

@@ -60,6 +60,19 @@ namespace mesh_detail {
 
 using ref::Tensor;
 
+// The mesh engine's Units: MeshOptimizer's reductions of the microbatch gradients in *grads.
+template <class T>
+struct OptimizerUnits {
+  using Pending = typename MeshOptimizer<T>::UnitReduce;
+  MeshOptimizer<T>* opt = nullptr;
+  ref::ParamMap<T>* grads = nullptr;
+  Pending issue(std::size_t cls) { return opt->issue_unit_reduce(cls, *grads); }
+  void complete(Pending& r) { opt->complete_unit_reduce(r); }
+  void reduce_each_microbatch(std::vector<bool> classes) {
+    opt->reduce_each_microbatch(std::move(classes));
+  }
+};
+
 template <class T>
 class MeshImpl final : public MeshEngine::Impl {
  public:

@@ -140,7 +140,7 @@ std::vector<LedgerRow> mesh_ledger_modes(const ref::ModelConfig& model,
   const std::vector<LocalParam>& specs = *params;
   const auto wrap_unit = [&](const LocalParam& p) { return wrap.at(unit_of(model, p.name)); };
   const int cp = o.shape.cp, edp = mesh.size(comm::Axis::edp);
-  const bool hybrid = o.fsdp && f.sharding == ShardingStrategy::hybrid_shard;
+  const bool hybrid = rules.hybrid_shard;
   const int dense = (hybrid ? f.shard_group_size : o.shape.dp) * cp;
   const int expert = hybrid ? std::gcd(dense, edp) : edp;  // edp = dp x cp / ep
   const int pp = o.shape.pp, stage = mesh.coord(world_rank, comm::Axis::pp);

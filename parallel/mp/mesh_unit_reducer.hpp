@@ -1,8 +1,9 @@
 // ZeRO-3 / FSDP's per-microbatch reduce_scatter of each flat buffer during the backward (which
 // buffers and when: mesh_grad_units.hpp), one at a time in flight, holding each buffer's
 // unsharded microbatch gradient in the tracker from the step that starts it until its reduction
-// completes. Run by the mesh engine (mesh_chunks.cpp) on MeshOptimizer (OptimizerUnits) and by
-// the planner's timing-only run on null buffers. Units, the reductions' owner, provides:
+// completes. Run by the mesh engine (mesh_chunks.cpp) on MeshOptimizer (mesh_impl.hpp's
+// OptimizerUnits) and by the planner's timing-only run on null buffers. Units, the reductions'
+// owner, provides:
 //   Pending issue(std::size_t cls)        the class's reduce_scatter, in flight
 //   void complete(Pending&)               it completes (its shard accumulated)
 //   void reduce_each_microbatch(std::vector<bool>)   the classes reduced here (by class)
@@ -11,15 +12,13 @@
 #include <cstddef>
 #include <map>
 #include <optional>
-#include <set>
-#include <string>
 #include <utility>
 #include <vector>
 
 #include "comm/memory.hpp"
 #include "parallel/layerwise.hpp"
+#include "parallel/mp/mesh_classes.hpp"
 #include "parallel/mp/mesh_grad_units.hpp"
-#include "parallel/mp/mesh_zero.hpp"
 #include "parallel/testing.hpp"
 
 namespace shardcheck::parallel::mesh_detail {
@@ -73,7 +72,7 @@ class UnitReducer {
 
   // Reduced at the step's end (every parameter unless zero == 3): by spec index, the parameters
   // themselves, and their elements.
-  bool deferred(std::size_t spec) const { return !reduced_[spec]; }
+  bool deferred(std::size_t spec) const { return !reduced_.at(spec); }
   const std::vector<LocalParam>& deferred_specs() const {
     if (!deferred_specs_) {
       deferred_specs_.emplace();
@@ -126,19 +125,6 @@ class UnitReducer {
   std::vector<UnitReduceSchedule> schedules_;
   std::optional<std::pair<std::size_t, typename Units::Pending>> in_flight_;  // class, reduction
   std::map<std::size_t, comm::TrackedBytes> held_;
-};
-
-// The mesh engine's Units: MeshOptimizer's reductions of the microbatch gradients in *grads.
-template <class T>
-struct OptimizerUnits {
-  using Pending = typename MeshOptimizer<T>::UnitReduce;
-  MeshOptimizer<T>* opt = nullptr;
-  ref::ParamMap<T>* grads = nullptr;
-  Pending issue(std::size_t cls) { return opt->issue_unit_reduce(cls, *grads); }
-  void complete(Pending& r) { opt->complete_unit_reduce(r); }
-  void reduce_each_microbatch(std::vector<bool> classes) {
-    opt->reduce_each_microbatch(std::move(classes));
-  }
 };
 
 }  // namespace shardcheck::parallel::mesh_detail

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "parallel/mp/mesh_params.hpp"
+#include "parallel/mp/tokens.hpp"
 #include "reference/config.hpp"
 
 namespace shardcheck::parallel::mesh_detail {
@@ -125,6 +126,13 @@ void walk_backward(const std::vector<ChunkStep>& steps, int sequences, bool full
     }
     v.complete(s, k);
   }
+}
+
+// What a pipeline message between chunks holds (run_pipeline's activation_shape): the
+// microbatch's rows of this rank, [micro batch x rows, h].
+inline ref::Shape chunk_activation_shape(const ref::ModelConfig& m, const TokenLayout& layout,
+                                         int micro_batch) {
+  return ref::Shape{int64_t{micro_batch} * layout.row_count(), m.hidden};
 }
 
 }  // namespace shardcheck::parallel::mesh_detail

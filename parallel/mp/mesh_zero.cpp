@@ -149,7 +149,7 @@ void MeshOptimizer<T>::complete_unit_reduce(UnitReduce& r) {
 template <class T>
 void MeshOptimizer<T>::issue_reduce(const ref::ParamMap<T>& grads, const Pick& pick) {
   Data d{.o = this, .grads = &grads};
-  comm_.issue(classes_, d, pick);
+  comm_.issue(classes_, d, [&](std::size_t i) { return pick(specs_[i]); });
 }
 
 template <class T>
@@ -304,7 +304,7 @@ typename MeshOptimizer<T>::Data::Buf MeshOptimizer<T>::Data::owned_padded(const 
     b.staging.assign(padded, comm::bf16{});
     for (std::size_t i = 0; i < mine.size(); ++i)
       b.staging[at + i] = comm::bf16(static_cast<float>(mine[i]));
-    b.tmp = comm::TrackedBytes(*o->mem_, MemCategory::temporary, padded * 2);
+    if (temporary) b.tmp = comm::TrackedBytes(*o->mem_, MemCategory::temporary, padded * 2);
   } else {
     b.flat.assign(padded, T{0});
     std::copy(mine.begin(), mine.end(), b.flat.begin() + static_cast<std::ptrdiff_t>(at));

@@ -78,6 +78,11 @@ class MeshOptimizer {
     static Buf slice(const Buf& b, int64_t at, int64_t n);
     static void keep(Class& c, Buf& shard, bool accumulate);
     Buf owned_padded(const Class& c, bool temporary) const;
+    static std::size_t staged_bytes(const Buf& b) { return b.staging.size() * 2; }
+    using Held = comm::TrackedBytes;
+    Held hold(std::size_t bytes) const {
+      return comm::TrackedBytes(*o->mem_, comm::MemCategory::temporary, bytes);
+    }
     void unpack_full(const Class& c, Buf& b) const;
     static comm::Buffer view(Buf& b);
   };
