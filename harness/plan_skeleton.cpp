@@ -4,11 +4,13 @@
 #include "harness/plan_skeleton.hpp"
 
 #include <algorithm>
+#include <map>
 #include <memory>
 #include <numeric>
 #include <optional>
 #include <set>
 #include <span>
+#include <tuple>
 #include <utility>
 
 #include "harness/driver.hpp"
@@ -301,10 +303,12 @@ class SkeletonRun {
 
   bool ddp_overlap() const { return k_.rules_.ddp_overlap; }
 
-  // Elements of the picked parameters among those reduced at the step's end (deferred) or not.
-  template <class Pick>
-  int64_t numel_where(const Pick& pick, bool deferred,
-                      const std::vector<std::size_t>* only = nullptr) const {
+  // Elements of the picked parameters among those reduced at the step's end (deferred) or not
+  // (`only`: one class's): the same for every microbatch, so counted once per run.
+  int64_t numel_where(parallel::mesh_detail::ParamPick pick, bool deferred,
+                      const std::vector<std::size_t>* only) {
+    const auto [it, fresh] = counts_.try_emplace({pick, deferred, only}, 0);
+    if (!fresh) return it->second;
     int64_t n = 0;
     const auto add = [&](std::size_t i) {
       if (units_->deferred(i) == deferred && pick(spec(i))) n += ref::numel_of(spec(i).local_shape);
@@ -313,15 +317,14 @@ class SkeletonRun {
       for (const std::size_t i : *only) add(i);
     else
       for (std::size_t i = 0; i < specs_.size(); ++i) add(i);
-    return n;
+    return it->second = n;
   }
 
   // mesh_detail::all_reduce_picked: the picked parameters' gradients (reduced at the step's end,
   // deferred, or not; `only`: one class's) summed over g in one all_reduce (none when g is null
-  // or of one rank).
-  template <class Pick>
-  void sum_picked(comm::Communicator* g, const Pick& pick, bool deferred,
-                  const std::vector<std::size_t>* only = nullptr) {
+  // or of one rank, or nothing is picked).
+  void sum_picked(comm::Communicator* g, parallel::mesh_detail::ParamPick pick, bool deferred,
+                  const std::vector<std::size_t>* only) {
     if (g == nullptr || g->size() == 1) return;
     const int64_t n = numel_where(pick, deferred, only);
     if (n > 0) g->all_reduce(null_buf(count_of(n), numeric()))->wait();
@@ -423,6 +426,10 @@ class SkeletonRun {
   parallel::NullClassData null_{.grad = sp_.grad_dtype, .param = sp_.param_dtype};
   ClassComm comm_{&specs_, {.zero = k_.zero_, .sum = {}, .planted = {}}};
   std::optional<Units> units_;  // ZeRO-3's per-microbatch reductions
+  // numel_where's counts by (pick, deferred, class's specs or null)
+  std::map<std::tuple<parallel::mesh_detail::ParamPick, bool, const std::vector<std::size_t>*>,
+           int64_t>
+      counts_;
 };
 
 void Skeleton::run(comm::Communicator& dp) const {
