@@ -65,7 +65,7 @@ class SkeletonRun {
         parallel::mesh_detail::BucketFill({.tied_across_stages = m.tie_embeddings && pp() > 1,
                                            .sequence_parallel = sp(),
                                            .bucket_elems = sp_.mesh.bucket_elems});
-    flat_ = parallel::flat_classes(specs_, k_.zero_, [&](const LocalParam& p) {
+    flat_ = parallel::flat_classes(specs_, k_.rules_.zero, [&](const LocalParam& p) {
       return k_.wrap_of_.at(parallel::unit_of(m, p.name));
     });
     // ZeRO-3's buffers reduced every microbatch and when (mesh_unit_reducer.hpp).
@@ -75,7 +75,7 @@ class SkeletonRun {
                                 .pp = pp(),
                                 .virtual_stages = v,
                                 .stage = stage_,
-                                .zero = k_.zero_,
+                                .zero = k_.rules_.zero,
                                 .bytes_per_elem = 0,  // timing only
                                 .planted = parallel::testing::Mutation::kNone,
                                 .classes = &flat_},
@@ -117,12 +117,12 @@ class SkeletonRun {
     // ranks, the others' over dp x cp (hybrid shard: their shard groups, and replicas).
     comm::Communicator* expert_shard = groups_->get(G::expert_shard);
     classes_ = parallel::shard_classes(
-        flat_, k_.zero_,
+        flat_, k_.rules_.zero,
         {.dense = group_,
          .expert = expert_shard != nullptr ? expert_shard : groups_->get(G::expert),
          .dense_replicas = groups_->get(G::dense_replicas),
          .expert_replicas = groups_->get(G::expert_replicas)});
-    if (k_.zero_ == 3)
+    if (k_.rules_.zero == 3)
       residency_ = std::make_unique<Residency>(
           Gathers{this}, world_.memory(), sp_.recipe.param,
           Residency::Options{.prefetch = k_.rules_.fsdp.prefetch,
@@ -152,7 +152,7 @@ class SkeletonRun {
       sync_tied_embedding();
       parallel::mesh_detail::replica_sums(sp() ? tp_ : nullptr, kv_,
                                           PickedSums{*this, true, nullptr});
-      if (!k_.no_shard_) reduce();
+      if (!k_.rules_.no_shard) reduce();
       // 4. norm and numerators, the health check.
       world_.all_reduce(null_buf(4, comm::DType::f64))->wait();
       if (sp_.mesh.health.check)
@@ -293,7 +293,7 @@ class SkeletonRun {
     end_uses();
     units_->finish();
     if (bf16) round_presums(true);
-    if (k_.no_shard_)  // each microbatch's gradient summed (MeshImpl::backward)
+    if (k_.rules_.no_shard)  // each microbatch's gradient summed (MeshImpl::backward)
       parallel::mesh_detail::no_shard_sums(groups_->get(parallel::mesh_detail::Group::dense),
                                            groups_->get(parallel::mesh_detail::Group::expert),
                                            PickedSums{*this, true, nullptr});
@@ -374,14 +374,7 @@ class SkeletonRun {
   template <class Pick>
   void issue_bucket(const Pick& pick, bool flush) {
     if (const std::vector<std::size_t> bucket = buckets_.add(specs_, pick, flush); !bucket.empty())
-      issue_reduce(bucket);
-  }
-
-  // MeshOptimizer::issue_reduce of the open bucket.
-  void issue_reduce(const std::vector<std::size_t>& bucket) {
-    std::vector<bool> in(specs_.size(), false);
-    for (const std::size_t i : bucket) in[i] = true;
-    comm_.issue(classes_, null_, [&](std::size_t i) { return in[i]; });
+      comm_.issue(classes_, null_, bucket);  // MeshOptimizer::issue_reduce
   }
 
   // MeshOptimizer::reduce.
@@ -424,7 +417,7 @@ class SkeletonRun {
   parallel::mesh_detail::BucketFill buckets_;  // DDP overlap
   // The optimizer's collectives (mesh_class_comm.hpp) on null buffers.
   parallel::NullClassData null_{.grad = sp_.grad_dtype, .param = sp_.param_dtype};
-  ClassComm comm_{&specs_, {.zero = k_.zero_, .sum = {}, .planted = {}}};
+  ClassComm comm_{&specs_, {.zero = k_.rules_.zero, .sum = {}, .planted = {}}};
   std::optional<Units> units_;  // ZeRO-3's per-microbatch reductions
   // numel_where's counts by (pick, deferred, class's specs or null)
   std::map<std::tuple<parallel::mesh_detail::ParamPick, bool, const std::vector<std::size_t>*>,

@@ -115,9 +115,7 @@ class Skeleton {
   friend class SkeletonRun;
   SkeletonSpec spec_;
   parallel::DataParallelRules rules_;  // what the data-parallel options mean (mesh_engine.hpp)
-  int zero_ = 0;           // the engine's stage (FSDP other than no_shard: 3)
-  bool no_shard_ = false;  // FSDP no_shard: each microbatch's gradient all_reduced
-  int shard_size_ = 1;     // DP ranks in each shard group (hybrid: shard_group_size; else dp)
+  int shard_size_ = 1;  // DP ranks in each shard group (hybrid: shard_group_size; else dp)
   bool hybrid_shard() const { return rules_.hybrid_shard; }
   double elem_ = 4;  // bytes of the engine's numeric type
   comm::DeviceMesh mesh_{comm::MeshShape{}};

@@ -55,8 +55,6 @@ Skeleton::Skeleton(SkeletonSpec spec) : spec_(std::move(spec)) {
   const ref::ModelConfig& m = spec_.model;
   rules_ = parallel::data_parallel_rules(o);
   const parallel::FsdpOptions& f = rules_.fsdp;
-  no_shard_ = rules_.no_shard;
-  zero_ = rules_.zero;
   shard_size_ = spec_.dp;
   if (rules_.hybrid_shard) {
     if (f.shard_group_size < 1 || spec_.dp % f.shard_group_size != 0)

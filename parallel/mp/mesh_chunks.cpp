@@ -197,11 +197,9 @@ Tensor<T> MeshImpl<T>::backward(int mb, int chunk, Tensor<T> dout) {
 
 template <class T>
 void MeshImpl<T>::issue_bucket(const typename MeshOptimizer<T>::Pick& pick, bool flush) {
-  const std::vector<std::size_t> bucket = buckets_.add(specs_, pick, flush);
-  if (bucket.empty()) return;
-  std::set<std::string> names;
-  for (const std::size_t i : bucket) names.insert(specs_[i].name);
-  zopt_->issue_reduce(grads_, [&](const LocalParam& p) { return names.count(p.name) > 0; });
+  // The optimizer holds the same specs in the same order (its copy of specs_).
+  if (const std::vector<std::size_t> bucket = buckets_.add(specs_, pick, flush); !bucket.empty())
+    zopt_->issue_reduce(grads_, bucket);
 }
 
 template <class T>

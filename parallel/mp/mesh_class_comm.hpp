@@ -3,7 +3,7 @@
 // gradients and parameters, the planner's timing-only run (harness/plan_skeleton.cpp) on null
 // buffers of the same counts (NullClassData). Which class, which collective on which of its
 // groups, over which flat ranges, in which order:
-//   issue            zero 0/1, DDP's buckets: per class, one all_reduce of its picked gradients
+//   issue            zero 0/1, DDP's buckets: per class, one all_reduce of the bucket's gradients
 //                    not issued yet, in flight until reduce.
 //   reduce           the step's end. zero 0/1: per class of more than one rank, one all_reduce of
 //                    what issue left, then its issued buckets waited. zero 2/3: per class not
@@ -75,7 +75,6 @@ template <class D>
 class ClassComm {
  public:
   using Buf = typename D::Buf;
-  using Pick = std::function<bool(std::size_t spec)>;  // by index into the specs
   struct Options {
     int zero = 0;
     comm::ReduceOptions sum;  // the gradient reductions' operation
@@ -87,14 +86,17 @@ class ClassComm {
   void reduce_each_microbatch(std::vector<bool> classes) { each_ = std::move(classes); }
   bool each_microbatch(std::size_t ci) const { return !each_.empty() && each_[ci]; }
 
+  // bucket: indices into the specs of the gradients DDP's bucket holds.
   template <class C>
-  void issue(const std::vector<C>& cs, D& d, const Pick& pick) {
+  void issue(const std::vector<C>& cs, D& d, const std::vector<std::size_t>& bucket) {
     if (o_.zero >= 2) return;  // reduce_scatter once per step, after the pipeline flush
     if (issued_spec_.empty()) issued_spec_.assign(specs_->size(), false);
+    std::vector<bool> in(specs_->size(), false);
+    for (const std::size_t i : bucket) in.at(i) = true;
     for (std::size_t ci = 0; ci < cs.size(); ++ci) {
       const C& c = cs[ci];
       if (c.numel == 0 || c.group->size() == 1) continue;
-      const auto fresh = [&](std::size_t i) { return pick(i) && !issued_spec_[i]; };
+      const auto fresh = [&](std::size_t i) { return in[i] && !issued_spec_[i]; };
       FlatRanges ranges = flat_ranges(c, *specs_, fresh);
       if (ranges.empty()) continue;
       for (const std::size_t i : c.specs)

@@ -184,8 +184,8 @@ class MeshImpl final : public MeshEngine::Impl {
   std::vector<ref::ParamMap<T>> expert_parts_;
   comm::TrackedBytes params_held_;
   std::unique_ptr<MeshOptimizer<T>> zopt_;
-  std::unique_ptr<MeshResidency<T>> residency_;  // zero 3
-  std::vector<std::vector<int>> callback_uses_;  // what residency_'s callback uses
+  std::unique_ptr<MeshResidency<T>> residency_;            // zero 3
+  std::vector<std::vector<int>> callback_uses_;            // what residency_'s callback uses
   std::unique_ptr<UnitReducer<OptimizerUnits<T>>> units_;  // zero 3: per-microbatch reductions
   std::string prefix_;
   int steps_ = 0;

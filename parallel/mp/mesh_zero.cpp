@@ -147,9 +147,10 @@ void MeshOptimizer<T>::complete_unit_reduce(UnitReduce& r) {
 }
 
 template <class T>
-void MeshOptimizer<T>::issue_reduce(const ref::ParamMap<T>& grads, const Pick& pick) {
+void MeshOptimizer<T>::issue_reduce(const ref::ParamMap<T>& grads,
+                                    const std::vector<std::size_t>& bucket) {
   Data d{.o = this, .grads = &grads};
-  comm_.issue(classes_, d, [&](std::size_t i) { return pick(specs_[i]); });
+  comm_.issue(classes_, d, bucket);
 }
 
 template <class T>

@@ -117,11 +117,12 @@ class MeshOptimizer {
   // Sums each class's gradient over its group: all_reduce (zero 0/1) or reduce_scatter (zero 2/3).
   // Gradients already issued with issue_reduce are waited for and written back, the rest summed.
   void reduce(ref::ParamMap<T>& grads);
-  // zero 0/1: issues the all_reduce of the picked parameters' gradients now, asynchronously (DDP's
-  // buckets, issued during the last backward as soon as they are complete); every member picks the
-  // same parameters in the same order. The buffers stay untouched until reduce(). Each element is
-  // summed as one reduce() would sum it (rank order on the simulator): the same bits.
-  void issue_reduce(const ref::ParamMap<T>& grads, const Pick& pick);
+  // zero 0/1: issues the all_reduce of the bucket's gradients (indices into the specs) now,
+  // asynchronously (DDP's buckets, issued during the last backward as soon as they are complete);
+  // every member issues the same buckets in the same order. The buffers stay untouched until
+  // reduce(). Each element is summed as one reduce() would sum it (rank order on the simulator):
+  // the same bits.
+  void issue_reduce(const ref::ParamMap<T>& grads, const std::vector<std::size_t>& bucket);
   // zero 3 (mesh_grad_units.hpp): the classes (flat_classes' order) whose gradient is
   // reduce_scattered every microbatch during the backward; reduce() leaves them out.
   void reduce_each_microbatch(std::vector<bool> classes);
