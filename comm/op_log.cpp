@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <cmath>
 #include <sstream>
+#include <stdexcept>
+#include <string>
 #include <utility>
 
 namespace shardcheck::comm {
@@ -214,6 +216,61 @@ std::unique_ptr<Communicator> RecordingCommunicator::do_split(int color, int key
   std::unique_ptr<Communicator> child = inner_->split(color, key, o);
   if (!child) return nullptr;
   return std::unique_ptr<Communicator>(new RecordingCommunicator(std::move(child), *log_, step_));
+}
+
+void replay(const OpLog& log, std::span<Communicator* const> groups) {
+  using K = OpRecord::Kind;
+  std::vector<WorkPtr> works(log.records.size());
+  const auto null = [](DType t, std::size_t n) { return Buffer{nullptr, n, t, {}}; };
+  for (std::size_t i = 0; i < log.records.size(); ++i) {
+    const OpRecord& r = log.records[i];
+    if (r.kind == K::wait) {
+      if (r.op >= i || !works[r.op]) throw std::invalid_argument("replay: a wait on no op");
+      works[r.op]->wait();
+      continue;
+    }
+    if (r.kind == K::split || r.kind == K::begin_step)
+      throw std::invalid_argument("replay: a log with a split or a step start");
+    if (r.group < 0 || static_cast<std::size_t>(r.group) >= groups.size())
+      throw std::invalid_argument("replay: record " + std::to_string(i) + " on group " +
+                                  std::to_string(r.group) + " of " + std::to_string(groups.size()));
+    Communicator& g = *groups[static_cast<std::size_t>(r.group)];
+    const Buffer send = null(r.dtype, r.send_count), recv = null(r.dtype, r.recv_count);
+    switch (r.kind) {
+      case K::all_reduce:
+        works[i] = g.all_reduce(send, recv, {.op = r.redop});
+        break;
+      case K::reduce_scatter:
+        works[i] = g.reduce_scatter(send, recv, {.op = r.redop});
+        break;
+      case K::all_gather:
+        works[i] = g.all_gather(send, recv);
+        break;
+      case K::broadcast:
+        works[i] = g.broadcast(send, recv, {.root = r.root_or_peer});
+        break;
+      case K::all_to_all:
+        works[i] = g.all_to_all(send, recv);
+        break;
+      case K::all_to_all_v:
+        works[i] = g.all_to_all_v(send, r.send_counts, recv, r.recv_counts);
+        break;
+      case K::send:
+        works[i] = g.send(send, r.root_or_peer, {.tag = r.tag});
+        break;
+      case K::recv:
+        works[i] = g.recv(recv, r.root_or_peer, {.tag = r.tag});
+        break;
+      case K::barrier:
+        works[i] = g.barrier();
+        break;
+      case K::compute:
+        g.compute({.name = r.name, .flops = r.flops, .bytes = r.bytes});
+        break;
+      default:
+        break;
+    }
+  }
 }
 
 void RecordingCommunicator::do_compute(const ComputeCost& c) {

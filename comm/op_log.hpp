@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -99,6 +100,14 @@ class RecordingCommunicator final : public Communicator {
   int group_ = -1;
   std::shared_ptr<int> step_;  // the rank's current step, shared with its splits
 };
+
+// Issues the ops of `log` again, in order, on `groups` (groups[i] for the log's group i): null
+// buffers of the recorded dtypes and counts, the same reductions, roots, peers and tags, the
+// compute reports (their names point into the log: consumers copy what they keep), each wait
+// where the recording first waited. A program whose ops do not depend on its data (the planner's
+// timing-only block) replays what it issued. Throws std::invalid_argument on a split or a step
+// start (a replay makes no groups and stays inside a step) or a group index out of range.
+void replay(const OpLog& log, std::span<Communicator* const> groups);
 
 // What a cost model sees of a log: communication ops on groups of more than one rank (a group of
 // one moves nothing), each wait kept only where it waits on a kept op (renumbered), every compute

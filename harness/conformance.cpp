@@ -58,7 +58,7 @@ std::string conformance(const Scenario& s, const ParallelSpec& p,
                         parallel::testing::Mutation planted) {
   const std::vector<comm::OpLog> engine = engine_op_logs(s, p, planted);
   const std::vector<comm::OpLog> planner = planner_op_logs(s, p);
-  // The planner's routing assumption (plan_block.hpp's routed_rows_per_peer): uniform keeps every
+  // The planner's routing assumption (parallel/mp/ep_moe.hpp's MoeRouting): uniform keeps every
   // top-k assignment, so its experts' FLOPs bound the engine's from above on each rank with one
   // EP rank, and over the world with EP (a rank's experts then receive what its EP peers routed),
   // where the dispatch and combine splits are the assumption's too. Capacity-bound gives each

@@ -1,253 +1,192 @@
-// The per-sequence ops of plan_block.hpp, in the order the engine's pieces issue them.
+// plan_block.hpp: the engine's sequence pieces on Meta tensors, recorded once per kind of call
+// and replayed.
 #include "harness/plan_block.hpp"
 
-#include <algorithm>
-#include <cmath>
-#include <vector>
+#include <array>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <utility>
 
-#include "parallel/costs.hpp"
-#include "parallel/mp/cp_attention.hpp"
-#include "reference/moe.hpp"
+#include "comm/op_log.hpp"
+#include "parallel/layerwise.hpp"
+#include "parallel/mp/meta.hpp"
+#include "parallel/mp/tp_block.hpp"
+#include "reference/batch.hpp"
+#include "reference/blocks.hpp"
 
 namespace shardcheck::harness {
 
-namespace costs = parallel::costs;
-using skeleton_detail::count_of;
-using skeleton_detail::null_buf;
+struct SequenceTapes {
+  struct Tape {
+    comm::OpLog log;  // over groups 0, 1, 2: tp, cp, ep
+    bool recorded = false;
+  };
+  std::array<Tape, SequenceOps::kCalls> calls;
+};
 
-int SequenceOps::local_kv_heads() const {
-  return std::max(1, s_.model->kv_heads / s_.tp);
-}
-
-// tokens.cpp's TP collectives on one sequence's [rows, h] activation (rows: the CP rank's; SP:
-// each TP rank holds rows / tp of them).
-void SequenceOps::tp_all_reduce_rows(double width) {
-  if (!tp_) return;
-  tp_->all_reduce(null_buf(count_of(static_cast<int64_t>(rows() * width)), activation()))->wait();
-}
-
-void SequenceOps::sp_gather() {
-  if (!sp()) return;
-  const double h = s_.model->hidden;
-  tp_->all_gather(null_buf(count_of(static_cast<int64_t>(rows() / s_.tp * h)), activation()),
-                  null_buf(count_of(static_cast<int64_t>(rows() * h)), activation()))
-      ->wait();
-}
-
-void SequenceOps::sp_reduce_scatter() {
-  const double h = s_.model->hidden;
-  tp_->reduce_scatter(null_buf(count_of(static_cast<int64_t>(rows() * h)), activation()),
-                      null_buf(count_of(static_cast<int64_t>(rows() / s_.tp * h)), activation()))
-      ->wait();
-}
-
-void SequenceOps::gather_in_backward() {
-  if (sp())
-    sp_reduce_scatter();
-  else
-    tp_all_reduce_rows(s_.model->hidden);
-}
-
-// One of Ulysses' all_to_alls over CP of `elems` elements per rank (cp_attention.cpp's
-// rows_to_heads / heads_to_rows).
-void SequenceOps::ulysses_exchange(double elems) {
-  if (!cp_) return;
-  const std::size_t n = count_of(static_cast<int64_t>(elems));
-  cp_->all_to_all(null_buf(n, activation()), null_buf(n, activation()))->wait();
-}
-
-void SequenceOps::ring_attention(bool forward) {
-  const int p = cp_->size(), r = cp_->rank();
-  const double n = rows(), d = s_.model->head_dim();
-  const int heads = local_heads(), kv = local_kv_heads();
-  if (ring_forward_.empty()) {
-    const auto own = s_.layout->cp_chunks(r);
-    for (int step = 0; step < p; ++step) {
-      const double pairs =
-          costs::ring_run_pairs(own, s_.layout->cp_chunks((r - step + p) % p), false);
-      ring_forward_.push_back(costs::ring_forward(pairs, n, heads, kv, d, s_.elem));
-      ring_backward_.push_back(costs::ring_backward(pairs, n, heads, kv, d, s_.elem));
-    }
-  }
-  const std::size_t block = count_of(static_cast<int64_t>(2 * n * kv * d));  // k and v
-  const int next = (r + 1) % p, prev = (r + p - 1) % p;
-  const int tag = forward ? parallel::kRingKvForwardTag : parallel::kRingKvBackwardTag;
-  for (int step = 0; step < p; ++step) {
-    comm::WorkPtr ws, wr;
-    if (step < p - 1) {
-      ws = cp_->send(null_buf(block, activation()), next, {.tag = tag});
-      wr = cp_->recv(null_buf(block, activation()), prev, {.tag = tag});
-    }
-    world_.compute((forward ? ring_forward_ : ring_backward_)[static_cast<std::size_t>(step)]);
-    if (step < p - 1) {
-      ws->wait();
-      wr->wait();
-    }
-    if (!forward && p > 1) {
-      comm::WorkPtr dws =
-          cp_->send(null_buf(block, activation()), next, {.tag = parallel::kRingDkvTag});
-      comm::WorkPtr dwr =
-          cp_->recv(null_buf(block, activation()), prev, {.tag = parallel::kRingDkvTag});
-      dws->wait();
-      dwr->wait();
-    }
-  }
-}
+class SequenceOps::Recorder {
+ public:
+  virtual ~Recorder() = default;
+  // Runs call c of the engine's pieces on `env` (the setup's, over recording groups).
+  virtual void run(Call c, const parallel::BlockEnv& env) = 0;
+};
 
 namespace {
 
-// Ulysses over CP: each rank attends the whole sequence with heads / cp of its TP heads (one CP
-// rank: its TP heads).
-costs::UlyssesShape attention(const ref::ModelConfig& m, int heads, int kv_heads, int cp) {
-  return {m.seq_len, heads / cp, kv_heads / cp, m.head_dim()};
+template <class U>
+class MetaRecorder final : public SequenceOps::Recorder {
+  using M = parallel::Meta<U>;
+  using Tensor = ref::Tensor<M>;
+  using Call = SequenceOps::Call;
+
+ public:
+  explicit MetaRecorder(const SequenceOps::Setup& s)
+      : model_(*s.model), recompute_(s.recompute), rows_({s.layout->row_count(), s.model->hidden}) {
+    // One layer of each kind stands for all of the rank's (their shapes and collectives are
+    // alike); the rest of its parameters are the embedding's and the head's.
+    for (const parallel::LocalParam& p : *s.params) {
+      const int layer = layer_of(p.name);
+      if (layer >= 0 && rep_[kind(layer)] < 0) rep_[kind(layer)] = layer;
+      if (layer < 0 || layer == rep_[kind(layer)]) params_.add(p.name, p.local_shape);
+    }
+    // Only the document ids are read (their count); one document, no padding.
+    seq_.doc_ids.assign(static_cast<std::size_t>(s.layout->seq_len()), 0);
+  }
+
+  void run(Call c, const parallel::BlockEnv& e) override {
+    const std::size_t k = c == Call::kMoeForward || c == Call::kMoeBackward ? 1 : 0;
+    switch (c) {
+      case Call::kEmbedForward:
+        parallel::mp_embed_forward(e, params_, seq_);
+        break;
+      case Call::kEmbedBackward:
+        parallel::mp_embed_backward(e, seq_, rows_, params_);
+        break;
+      case Call::kDenseForward:
+      case Call::kMoeForward:
+        parallel::mp_block_forward(e, params_, rep_[k], seq_, ctx_, rows_, blocks_[k], nullptr);
+        parallel::drop_selective(blocks_[k], recompute_);
+        break;
+      case Call::kDenseBackward:
+      case Call::kMoeBackward:
+        parallel::mp_block_backward(e, params_, rep_[k], seq_, ctx_, blocks_[k], rows_, params_);
+        break;
+      case Call::kHeadForward:
+        parallel::mp_head_forward(e, params_, seq_, rows_, head_, nullptr);
+        break;
+      case Call::kHeadBackward:
+        parallel::mp_head_backward(e, params_, seq_, ctx_.token_weight, head_, params_);
+        break;
+      case Call::kCalls:
+        break;
+    }
+  }
+
+ private:
+  // 0: dense, 1: MoE.
+  std::size_t kind(int layer) const { return model_.is_moe_layer(layer) ? 1 : 0; }
+  // The block a parameter belongs to (parallel::unit_of), -1 for the embedding's and the head's.
+  int layer_of(const std::string& name) const {
+    const int unit = parallel::unit_of(model_, name);
+    return unit >= 1 && unit <= model_.layers ? unit - 1 : -1;
+  }
+
+  const ref::ModelConfig& model_;
+  ref::Recompute recompute_;
+  int rep_[2] = {-1, -1};  // the layer standing for each kind
+  // Those parameters as shapes; also their gradients (a timing-only backward writes none).
+  ref::ParamMap<M> params_;
+  ref::Sequence seq_;
+  ref::StepContext ctx_;
+  Tensor rows_;  // an activation or its gradient over this rank's rows [rows, h]
+  parallel::MpBlockCache<M> blocks_[2];  // each kind's
+  parallel::MpHeadCache<M> head_;
+};
+
+}  // namespace
+
+namespace {
+
+// What the calls issue depends on, besides the model: the token layout, the numeric type, the
+// recompute mode, the attention and the routing, the sizes of the rank's groups and its place in
+// them. (Its parameters' shapes follow from the model and the TP and EP sizes; which of them it
+// holds decides only which calls it makes.)
+using TapeKey = std::array<int64_t, 13>;  // the layout's cp and tp are its groups' sizes
+
+TapeKey tape_key(const SequenceOps::Setup& s) {
+  return {s.layout->seq_len(),
+          s.layout->sp() ? 1 : 0,
+          s.precision == ref::Precision::kF64 ? 1 : 0,
+          static_cast<int64_t>(s.recompute),
+          static_cast<int64_t>(s.cp_algo),
+          static_cast<int64_t>(s.attention),
+          static_cast<int64_t>(s.moe_routing),
+          s.tp->size(),
+          s.tp->rank(),
+          s.cp->size(),
+          s.cp->rank(),
+          s.ep->size(),
+          s.ep->rank()};
+}
+
+// The thread's published tapes by key (one model at a time, bounded), shared by the runs of a
+// search's candidates and of a simulated world's ranks (fibers of one thread take turns; a tape
+// is published only once recorded whole, and never changes after).
+std::shared_ptr<SequenceTapes> published_tapes(const SequenceOps::Setup& s) {
+  struct Cache {
+    ref::ModelConfig model;
+    std::map<TapeKey, std::shared_ptr<SequenceTapes>> by_key;
+  };
+  thread_local Cache cache;
+  if (!(cache.model == *s.model) || cache.by_key.size() > 4096) cache = Cache{*s.model, {}};
+  std::shared_ptr<SequenceTapes>& slot = cache.by_key[tape_key(s)];
+  if (!slot) slot = std::make_shared<SequenceTapes>();
+  return slot;
 }
 
 }  // namespace
 
-double routed_rows_per_peer(const ref::ModelConfig& model, double rows, int ep, bool capacity) {
-  const ref::MoeConfig& moe = *model.moe;
-  if (capacity) {
-    const int64_t s = model.seq_len;
-    const ref::MoeSpec spec{
-        .experts = moe.experts, .top_k = moe.top_k, .capacity_factor = moe.capacity_factor};
-    const double cap = static_cast<double>(std::min(ref::moe_capacity(spec, s), s));
-    const double per_expert = std::ceil(cap * rows / static_cast<double>(s) - 1e-9);
-    return static_cast<double>(moe.experts / ep) * per_expert;
+SequenceOps::SequenceOps(const Setup& s)
+    : s_(s), own_(std::make_unique<SequenceTapes>()), shared_(published_tapes(s)) {}
+
+SequenceOps::~SequenceOps() = default;
+
+void SequenceOps::call(Call c) {
+  comm::Communicator* groups[] = {s_.tp, s_.cp, s_.ep};
+  // A backward reads its forward's cache: the two are published, and taken, together.
+  const auto pair_of = [](Call k) {
+    return std::pair{static_cast<Call>(k & ~1U), static_cast<Call>(k | 1U)};
+  };
+  const auto [forward, backward] = pair_of(c);
+  const auto both = [&](const SequenceTapes& t) {
+    return t.calls[forward].recorded && t.calls[backward].recorded;
+  };
+  if (both(*shared_)) return comm::replay(shared_->calls[c].log, groups);
+  SequenceTapes::Tape& t = own_->calls[c];
+  if (t.recorded) return comm::replay(t.log, groups);
+  if (!recorder_) {
+    if (s_.precision == ref::Precision::kF64)
+      recorder_ = std::make_unique<MetaRecorder<double>>(s_);
+    else
+      recorder_ = std::make_unique<MetaRecorder<float>>(s_);
   }
-  const double assignments = rows * moe.top_k;
-  return ep > 1 ? std::ceil(assignments / ep) : assignments;
-}
-
-void SequenceOps::ep_exchange() {
-  if (!ep_) return;
-  const auto peers = static_cast<std::size_t>(ep_->size());
-  const std::size_t split =
-      count_of(static_cast<int64_t>(routed_rows_per_peer())) * count_of(s_.model->hidden);
-  const std::vector<std::size_t> splits(peers, split);
-  ep_->all_to_all_v(null_buf(split * peers, activation()), splits,
-                    null_buf(split * peers, activation()), splits)
-      ->wait();
-}
-
-// ep_moe_forward: the router on the rank's own rows (SP: its TP part of the CP rank's), the whole
-// sequence's probabilities gathered (tokens.cpp's gather_sequence: over TP under SP, then over
-// CP), with EP the per-expert counts exchanged (all_to_all) and the rows dispatched, the local
-// experts on every row they receive, the outputs combined back.
-void SequenceOps::moe_forward() {
-  const ref::ModelConfig& m = *s_.model;
-  const double n = moe_rows(), h = m.hidden, e = m.moe->experts;
-  world_.compute(costs::moe_router(n, h, e, s_.elem));
-  if (sp())
-    tp_->all_gather(null_buf(count_of(static_cast<int64_t>(n * e)), activation()),
-                    null_buf(count_of(static_cast<int64_t>(rows() * e)), activation()))
-        ->wait();
-  if (cp_)
-    cp_->all_gather(null_buf(count_of(static_cast<int64_t>(rows() * e)), activation()),
-                    null_buf(count_of(static_cast<int64_t>(rows() * s_.cp * e)), activation()))
-        ->wait();
-  if (ep_)
-    ep_->all_to_all(null_buf(count_of(m.moe->experts), comm::DType::i64),
-                    null_buf(count_of(m.moe->experts), comm::DType::i64))
-        ->wait();
-  ep_exchange();  // dispatch
-  const double received = routed_rows_per_peer() * (ep_ ? ep_->size() : 1);
-  world_.compute(costs::moe_experts_forward(received, h, m.ffn));
-  ep_exchange();  // combine
-}
-
-// ep_moe_backward: the output gradients to the experts, their backward, the input gradients back;
-// no TP or CP collectives (each rank routed its own rows).
-void SequenceOps::moe_backward() {
-  const ref::ModelConfig& m = *s_.model;
-  const double n = moe_rows(), h = m.hidden;
-  ep_exchange();
-  const double received = routed_rows_per_peer() * (ep_ ? ep_->size() : 1);
-  world_.compute(costs::moe_experts_backward(received, h, m.ffn));
-  ep_exchange();
-  world_.compute(costs::moe_router_backward(n, h, m.moe->experts));
-}
-
-// mp_block_forward (tp_block.cpp, cp_attention.cpp, ep_moe.cpp).
-void SequenceOps::block_forward(int layer) {
-  const ref::ModelConfig& m = *s_.model;
-  const double s = rows(), h = m.hidden, q = local_heads() * m.head_dim(),
-               kv = local_kv_heads() * m.head_dim();
-  const costs::UlyssesShape a = attention(m, local_heads(), local_kv_heads(), s_.cp);
-  gather_in();
-  world_.compute(costs::qkv(s, h, q, kv));
-  if (s_.ring && cp_) {
-    ring_attention(true);
-  } else {
-    ulysses_exchange(s * q);  // rows_to_heads of q, k and v
-    ulysses_exchange(s * kv);
-    ulysses_exchange(s * kv);
-    world_.compute(s_.flash ? costs::flash_forward(a, s_.elem)
-                            : costs::ulysses_forward(a, s_.elem));
-    ulysses_exchange(s * q);  // heads_to_rows of the output
+  comm::RecordingCommunicator tp(*s_.tp, t.log), cp(*s_.cp, t.log), ep(*s_.ep, t.log);
+  recorder_->run(c, {.model = s_.model,
+                     .tp = &tp,
+                     .cp = &cp,
+                     .ep = &ep,
+                     .layout = s_.layout,
+                     .cp_algo = s_.cp_algo,
+                     .attention = s_.attention,
+                     .moe_routing = s_.moe_routing,
+                     .planted = parallel::testing::Mutation::kNone,
+                     .ep_part_of_source = {}});
+  t.recorded = true;
+  if (both(*own_) && !both(*shared_)) {
+    shared_->calls[forward] = own_->calls[forward];
+    shared_->calls[backward] = own_->calls[backward];
   }
-  world_.compute(costs::wo(s, q, h));
-  reduce_out();
-  if (m.is_moe_layer(layer)) {
-    moe_forward();
-  } else {
-    gather_in();
-    world_.compute(costs::mlp(s, h, static_cast<double>(m.ffn) / s_.tp));
-    reduce_out();
-  }
-}
-
-// mp_block_backward.
-void SequenceOps::block_backward(int layer) {
-  const ref::ModelConfig& m = *s_.model;
-  const double s = rows(), h = m.hidden, q = local_heads() * m.head_dim(),
-               kv = local_kv_heads() * m.head_dim();
-  const costs::UlyssesShape a = attention(m, local_heads(), local_kv_heads(), s_.cp);
-  if (m.is_moe_layer(layer)) {
-    moe_backward();
-  } else {
-    reduce_out_backward();
-    world_.compute(costs::mlp_backward(s, h, static_cast<double>(m.ffn) / s_.tp));
-    gather_in_backward();
-  }
-  reduce_out_backward();
-  if (s_.ring && cp_) {  // flash-style: the scores again inside the backward, whatever recompute
-    ring_attention(false);
-  } else {
-    ulysses_exchange(s * q);  // rows_to_heads of the output gradient
-    const bool selective = s_.recompute == ref::Recompute::kSelective;
-    if (s_.flash) {  // the scores again inside the backward, whatever the recompute
-      world_.compute(costs::flash_backward(a, s_.elem));
-    } else {
-      if (selective) world_.compute(costs::ulysses_recompute(a, s_.elem));
-      world_.compute(costs::ulysses_backward(a, !selective, s_.elem));
-    }
-    ulysses_exchange(s * q);  // heads_to_rows of dq, dk, dv
-    ulysses_exchange(s * kv);
-    ulysses_exchange(s * kv);
-  }
-  world_.compute(costs::projections_backward(s, h, q, kv));
-  gather_in_backward();
-}
-
-// mp_head_forward and vocab_head_forward: the row max, then [sum exp | target logit].
-void SequenceOps::head_forward() {
-  const ref::ModelConfig& m = *s_.model;
-  gather_in();
-  world_.compute(
-      costs::vocab_head_forward(rows(), m.hidden, static_cast<double>(m.vocab) / s_.tp, s_.elem));
-  if (tp_) {
-    const auto n = static_cast<std::size_t>(rows());
-    tp_->all_reduce(null_buf(n, activation()), {.op = comm::ReduceOp::max})->wait();
-    tp_->all_reduce(null_buf(2 * n, activation()))->wait();
-  }
-}
-
-// mp_head_backward: the input gradient summed over TP.
-void SequenceOps::head_backward() {
-  const ref::ModelConfig& m = *s_.model;
-  world_.compute(
-      costs::vocab_head_backward(rows(), m.hidden, static_cast<double>(m.vocab) / s_.tp, s_.elem));
-  tp_all_reduce_rows(m.hidden);
 }
 
 }  // namespace shardcheck::harness

@@ -35,9 +35,12 @@ namespace costs = parallel::costs;
 using parallel::FlatClass;
 using parallel::LocalParam;
 
-using skeleton_detail::count_of;
-using skeleton_detail::null_buf;
-using skeleton_detail::numeric_dtype;
+comm::Buffer null_buf(std::size_t count, comm::DType t) {
+  return comm::Buffer{nullptr, count, t, {}};
+}
+std::size_t count_of(int64_t n) {
+  return static_cast<std::size_t>(n);
+}
 
 }  // namespace
 
@@ -100,18 +103,17 @@ class SkeletonRun {
     group_ = groups_->get(G::dense);
     if ((parts_ = groups_->get(G::parts)) != nullptr)
       expert_parts_ = parallel::mesh_detail::expert_part_count(k_.mesh_, r);
-    seq_.emplace(SequenceOps::Shape{.model = &sp_.model,
+    seq_.emplace(SequenceOps::Setup{.model = &sp_.model,
                                     .layout = &k_.layout_,
                                     .precision = sp_.train.precision,
                                     .recompute = sp_.train.recompute,
-                                    .sequence_parallel = sp(),
-                                    .ring = sp_.mesh.cp_algo == parallel::CpAlgo::ring,
-                                    .flash = sp_.mesh.attention == parallel::AttentionKernel::flash,
-                                    .capacity_routing = sp_.capacity_routing,
-                                    .tp = sp_.tp,
-                                    .cp = cp(),
-                                    .elem = k_.elem_},
-                 world_, tp_, cp_, ep_);
+                                    .cp_algo = sp_.mesh.cp_algo,
+                                    .attention = sp_.mesh.attention,
+                                    .moe_routing = sp_.moe_routing,
+                                    .params = &specs_,
+                                    .tp = groups_->get(G::tp),
+                                    .cp = groups_->get(G::cp),
+                                    .ep = groups_->get(G::ep)});
     if (comm::Communicator* shard = groups_->get(G::dense_shard)) group_ = shard;
     // The classes in their groups (MeshOptimizer's): the experts' over the expert-data-parallel
     // ranks, the others' over dp x cp (hybrid shard: their shard groups, and replicas).

@@ -11,17 +11,19 @@
 // executor (run_pipeline with a NullPipeStage), each chunk's walk (mesh_walk.hpp: its steps, the
 // units they use, the gradients each completes), DDP's bucket fill (mesh_buckets.hpp), the sums
 // before a reduction (mesh_rows.hpp's replica_sums and no_shard_sums, mesh_bf16.hpp's
-// microbatch_presums), the tied embedding's exchange, and the compute reports
-// (parallel/costs.hpp). What it still writes itself (the step's phases and their scalar
-// collectives, the order of a chunk's end, the collectives inside a block: plan_block.hpp) is
-// checked against the engine by the conformance test (harness/conformance.hpp: the op logs of
-// both runs are equal for every configuration of the parity matrix). It runs on any
-// comm::Communicator that moves no data: sim::SimWorld in meta mode (every rank a thread), the
-// planner's sim::SymmetricClock (one representative rank: every rank of a mesh without a
-// pipeline issues alike) or sim::StageWorld (one representative per pipeline stage). Timing only:
-// no numerics, no memory books. Stated assumption (plan.moe_routing, plan_block.hpp): MoE experts
-// keep every top-k assignment (no capacity drops), spread evenly over the EP ranks (ceil(rows x
-// top_k / ep) rows to each), or every expert receives its full capacity of every sequence.
+// microbatch_presums), the tied embedding's exchange, each sequence's embedding, blocks and head
+// (tp_block.hpp's, with cp_attention, cp_ring, ep_moe and vocab_parallel, on Meta tensors:
+// plan_block.hpp), and the compute reports (parallel/costs.hpp). What it still writes itself (the
+// step's phases and their scalar collectives, the order of a chunk's end) is checked against the
+// engine by the conformance test (harness/conformance.hpp: the op logs of both runs are equal for
+// every configuration of the parity matrix). It runs on any comm::Communicator that moves no
+// data: sim::SimWorld in meta mode (every rank a thread), the planner's sim::SymmetricClock (one
+// representative rank: every rank of a mesh without a pipeline issues alike) or sim::StageWorld
+// (one representative per pipeline stage). Timing only: no numerics, no memory books. Stated
+// assumptions (plan_block.hpp): every sequence is one document without padding; MoE experts
+// receive what plan.moe_routing says (parallel::MoeRouting): every top-k assignment kept and
+// spread evenly over the EP ranks (ceil(rows x top_k / ep) rows to each), or every expert its
+// full capacity of every sequence.
 #pragma once
 
 #include <cstddef>
@@ -32,6 +34,7 @@
 #include "comm/communicator.hpp"
 #include "harness/scenario.hpp"
 #include "parallel/ledger.hpp"
+#include "parallel/mp/ep_moe.hpp"
 #include "parallel/mp/mesh_classes.hpp"
 #include "parallel/mp/mesh_engine.hpp"
 #include "parallel/mp/mesh_groups.hpp"
@@ -41,6 +44,12 @@
 #include "sim/clock.hpp"
 
 namespace shardcheck::harness {
+
+// The engine's numeric type (what activations, and its gradients outside the bf16 recipe, are):
+// f64, else f32.
+inline comm::DType numeric_dtype(ref::Precision p) {
+  return p == ref::Precision::kF64 ? comm::DType::f64 : comm::DType::f32;
+}
 
 struct SkeletonSpec {
   ref::ModelConfig model;
@@ -52,7 +61,7 @@ struct SkeletonSpec {
   int dp = 1;                                   // ranks in the data-parallel group
   int tp = 1;                                   // ranks in the tensor-parallel group
   int local_batch = 1;                          // sequences per rank per step
-  bool capacity_routing = false;                // MoE: plan.moe_routing "capacity" (plan_block.hpp)
+  parallel::MoeRouting moe_routing = parallel::MoeRouting::uniform;  // plan.moe_routing
   int steps = 2;
 };
 

@@ -21,7 +21,6 @@ namespace shardcheck::harness {
 namespace {
 
 namespace costs = parallel::costs;
-using skeleton_detail::numeric_dtype;
 
 }  // namespace
 
@@ -46,7 +45,8 @@ SkeletonSpec skeleton_spec(const Scenario& s, const ParallelSpec& p, int dp, int
                                                     " ranks x whole microbatches of " +
                                                     std::to_string(s.train.micro_batch));
   k.local_batch = global_batch / dp;
-  k.capacity_routing = s.plan.moe_routing == "capacity";
+  k.moe_routing = s.plan.moe_routing == "capacity" ? parallel::MoeRouting::capacity
+                                                   : parallel::MoeRouting::uniform;
   return k;
 }
 
@@ -135,14 +135,19 @@ double Skeleton::hardware_flops_per_step() const {
   const double convention =
       parallel::attention_core_flops(m, s) * (3 + (core_recomputed() ? 1 : 0));
   // MoE layers: the experts' rows as executed instead of the convention's s x k, forward, backward
-  // and recompute: plan_block.hpp's routed_rows_per_peer on each of the cp x tp ranks holding a
+  // and recompute: ep_moe.hpp's routed_rows_per_peer on each of the cp x tp ranks holding a
   // sequence's rows, each routing its n of them (without SP every TP rank routes the same n: the
   // experts are not split over TP).
   double routed = 0;
   if (m.moe) {
     const double n = static_cast<double>(layout_.row_count());
     const double holders = static_cast<double>(mesh_.size(comm::Axis::cp)) * spec_.tp;
-    const double rows = routed_rows_per_peer(m, n, ep(), spec_.capacity_routing) * ep() * holders;
+    const ref::MoeSpec moe{.experts = m.moe->experts,
+                           .top_k = m.moe->top_k,
+                           .capacity_factor = m.moe->capacity_factor,
+                           .aux_coef = m.moe->aux_loss};
+    const double rows =
+        parallel::routed_rows_per_peer(moe, m.seq_len, n, ep(), spec_.moe_routing) * ep() * holders;
     const double passes = 3 + (spec_.train.recompute == ref::Recompute::kFull ? 1 : 0);
     for (int i = 0; i < m.layers; ++i)
       if (m.is_moe_layer(i)) routed += (rows - s * m.moe->top_k) * 4 * m.hidden * m.ffn * passes;

@@ -86,9 +86,10 @@ struct PlanSpec {
   // The attention kernel the plan prices (without CP, or Ulysses): "engine", the engine's own
   // (keeps the s x s probabilities), or "flash" (parallel/costs.hpp's flash_forward).
   std::string attention_kernel = "engine";
-  // What MoE layers route (plan_block.hpp): "uniform", every top-k assignment kept and spread
-  // evenly over the experts, or "capacity", every expert receiving its full capacity of every
-  // sequence (a padded dispatch's volume; every expert at the most it can receive).
+  // What MoE layers route (parallel/mp/ep_moe.hpp's MoeRouting): "uniform", every top-k assignment
+  // kept and spread evenly over the experts, or "capacity", every expert receiving its full
+  // capacity of every sequence (a padded dispatch's volume; every expert at the most it can
+  // receive).
   std::string moe_routing = "uniform";
 };
 

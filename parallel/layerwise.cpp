@@ -1,6 +1,9 @@
 // The layerwise units of layerwise.hpp.
 #include "parallel/layerwise.hpp"
 
+#include <charconv>
+#include <stdexcept>
+#include <string>
 #include <utility>
 
 #include "reference/model.hpp"
@@ -16,7 +19,11 @@ int unit_of(const ref::ModelConfig& cfg, std::string_view name) {
   constexpr std::string_view kLayers = "layers.";
   if (name.starts_with(kLayers)) {
     const std::string_view rest = name.substr(kLayers.size());
-    return 1 + std::stoi(std::string(rest.substr(0, rest.find('.'))));
+    int layer = 0;
+    const auto [end, err] = std::from_chars(rest.data(), rest.data() + rest.size(), layer);
+    if (err != std::errc{} || end == rest.data())
+      throw std::invalid_argument("unit_of: no layer index in " + std::string(name));
+    return 1 + layer;
   }
   return cfg.layers + 1;  // final_norm.weight, lm_head.weight
 }

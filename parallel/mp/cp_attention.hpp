@@ -22,9 +22,11 @@
 #include <cstdint>
 #include <span>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "comm/communicator.hpp"
+#include "parallel/mp/meta.hpp"
 #include "parallel/mp/tokens.hpp"
 #include "parallel/testing.hpp"
 #include "reference/attention.hpp"
@@ -34,6 +36,11 @@ namespace shardcheck::parallel {
 
 enum class CpAlgo : std::uint8_t { ring, ulysses };
 std::string_view name_of(CpAlgo a);
+
+// The attention kernel without CP, or with Ulysses: the engine's own, which keeps the s x s
+// probabilities, or flash (costs.hpp's flash_forward: the scores computed again inside the
+// backward). Only a timing-only (Meta, meta.hpp) run takes flash: the numeric one refuses it.
+enum class AttentionKernel : std::uint8_t { engine, flash };
 
 // The ring's message tags (cp_ring.cpp): K/V blocks in the forward and in the backward, and the
 // dK/dV accumulators that travel with them.
@@ -45,12 +52,16 @@ inline constexpr int kRingDkvTag = 73;
 template <class T>
 struct CpAttentionCache {
   CpAlgo algo = CpAlgo::ring;
+  AttentionKernel kernel = AttentionKernel::engine;
   testing::Mutation planted = testing::Mutation::kNone;  // tests: kRingDiagonalUnmasked
   ref::AttentionShape shape;      // local (TP) head counts, as passed to forward
   ref::AttentionDropout dropout;  // as passed to forward
   int64_t seq_len = 0;
   int64_t head_dim = 0;
-  std::vector<std::vector<int64_t>> rows;  // rows[r] = layout.cp_rows(r), every CP rank
+  // chunks[r] = layout.cp_chunks(r), every CP rank; rows[r] = layout.cp_rows(r) (a numeric run's:
+  // its kernels and copies read them).
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> chunks;
+  std::vector<std::vector<int64_t>> rows;
   std::vector<int32_t> doc_ids;            // [S]
   // ring: this rank's q [n, heads*d], k, v [n, kv_heads*d], o [n, heads*d] and the log-sum-exp of
   // each (local head, local row), [heads * n].
@@ -68,14 +79,16 @@ struct CpAttentionCache {
 // doc_ids: the whole sequence's [S]. dropout: head_offset / total_heads as set by a TP caller.
 // Returns o [n, heads*d] = those rows of ref::attention_forward on the full sequence. Collective
 // over cp. Throws LayoutError when layout.cp() != cp.size(), when the shapes do not match the
-// layout, or (ulysses) when heads or kv_heads is not divisible by cp.
+// layout, or (ulysses) when heads or kv_heads is not divisible by cp; std::invalid_argument when
+// a numeric run is asked for the flash kernel.
 template <class T>
 ref::Tensor<T> cp_attention_forward(comm::Communicator& cp, CpAlgo algo, const TokenLayout& layout,
                                     const ref::Tensor<T>& q, const ref::Tensor<T>& k,
                                     const ref::Tensor<T>& v, std::span<const int32_t> doc_ids,
                                     ref::AttentionShape shape, const ref::AttentionDropout& dropout,
                                     CpAttentionCache<T>& cache,
-                                    testing::Mutation planted = testing::Mutation::kNone);
+                                    testing::Mutation planted = testing::Mutation::kNone,
+                                    AttentionKernel kernel = AttentionKernel::engine);
 
 // dout [n, heads*d] for the local rows; writes dq [n, heads*d], dk, dv [n, kv_heads*d]: the local
 // rows of the reference's full-sequence gradients (dK/dV contributions of other ranks' queries are

@@ -4,7 +4,8 @@
 // Block at step s on rank r belongs to owner (r - s) mod cp. Forward: cp - 1 hops of K/V (tag
 // kKvForward). Backward: cp - 1 hops of K/V (kKvBackward) and cp hops of dK/dV (kDkv), the last
 // one bringing each accumulator home. Every rank issues the same sends and receives whatever it
-// skips, so the pattern is identical on all ranks.
+// skips, so the pattern is identical on all ranks. On Meta tensors (meta.hpp) the same schedule
+// runs with null blocks and no kernels.
 #include "parallel/mp/cp_ring.hpp"
 
 #include <algorithm>
@@ -41,29 +42,37 @@ std::vector<Segment> segments_of(const std::vector<int64_t>& rows, int64_t chunk
   return out;
 }
 
+// The sizes the ring's schedule and its compute reports read (numeric or timing-only).
+struct RingShape {
+  int heads, kv_heads;
+  int64_t d, n;
+  int64_t chunk;  // rows of one of the layout's chunks
+  template <class T>
+  explicit RingShape(const CpAttentionCache<T>& cache)
+      : heads(cache.shape.heads),
+        kv_heads(cache.shape.kv_heads),
+        d(cache.head_dim),
+        n(cache.seq_len / static_cast<int64_t>(cache.chunks.size())),
+        chunk(costs::ring_chunk(cache.seq_len, static_cast<int>(cache.chunks.size()))) {}
+};
+
 // Everything the block kernels share.
 template <class T>
-struct Ctx {
+struct Ctx : RingShape {
   const CpAttentionCache<T>& c;
-  int heads, kv_heads, group;
-  int64_t d, n;
+  int group;
   T scale;
   ref::AttentionDropoutMask mask;
-  int64_t chunk;             // rows of one of the layout's chunks
   std::vector<Segment> own;  // this rank's query segments
 
   Ctx(const CpAttentionCache<T>& cache, int rank)
-      : c(cache),
-        heads(cache.shape.heads),
-        kv_heads(cache.shape.kv_heads),
+      : RingShape(cache),
+        c(cache),
         group(cache.shape.heads / cache.shape.kv_heads),
-        d(cache.head_dim),
-        n(static_cast<int64_t>(cache.rows[static_cast<std::size_t>(rank)].size())),
         scale(T{1} / std::sqrt(static_cast<T>(cache.head_dim))),
         mask(cache.dropout,
              cache.dropout.total_heads > 0 ? cache.dropout.total_heads : cache.shape.heads,
              cache.seq_len),
-        chunk(costs::ring_chunk(cache.seq_len, static_cast<int>(cache.rows.size()))),
         own(segments_of(cache.rows[static_cast<std::size_t>(rank)], chunk)) {}
 
   T drop(int h, int64_t i, int64_t j) const {
@@ -189,12 +198,115 @@ void backward_block(const Ctx<T>& x, const ref::Tensor<T>& dout, const std::vect
   }
 }
 
+// A K/V block on the move (k then v), or its dK/dV accumulator: its elements, or (Meta) their
+// count.
 template <class T>
-std::vector<T> pack_kv(const ref::Tensor<T>& k, const ref::Tensor<T>& v) {
-  std::vector<T> kv(k.vec());
-  kv.insert(kv.end(), v.vec().begin(), v.vec().end());
-  return kv;
-}
+struct KvBlock {
+  std::vector<T> v;
+  explicit KvBlock(std::size_t n) : v(n, T{0}) {}
+  KvBlock(const ref::Tensor<T>& k, const ref::Tensor<T>& val) : v(k.vec()) {
+    v.insert(v.end(), val.vec().begin(), val.vec().end());
+  }
+  std::size_t size() const { return v.size(); }
+  comm::Buffer buf() { return comm::view(std::span<T>(v)); }
+  comm::ConstBuffer cbuf() const { return comm::cview(std::span<const T>(v)); }
+};
+template <class U>
+struct KvBlock<Meta<U>> {
+  std::size_t count = 0;
+  explicit KvBlock(std::size_t n) : count(n) {}
+  KvBlock(const ref::Tensor<Meta<U>>& k, const ref::Tensor<Meta<U>>& val)
+      : count(static_cast<std::size_t>(k.numel() + val.numel())) {}
+  std::size_t size() const { return count; }
+  comm::Buffer buf() const { return {nullptr, count, kElemDType<U>, {}}; }
+  comm::ConstBuffer cbuf() const { return buf(); }
+};
+
+// The forward's online softmax over the blocks: per (head, row) the running max and normaliser,
+// and the weighted values; nothing for a timing-only run.
+template <class T>
+struct ForwardState {
+  Ctx<T> x;
+  std::vector<T> m, l;
+  ref::Tensor<T> acc;
+  ForwardState(const CpAttentionCache<T>& cache, int rank)
+      : x(cache, rank),
+        m(static_cast<std::size_t>(x.heads * x.n), -std::numeric_limits<T>::infinity()),
+        l(m.size(), T{0}),
+        acc({x.n, x.heads * x.d}) {}
+  void block(const ref::Tensor<T>& q, const KvBlock<T>& kv, int owner, bool unmasked) {
+    forward_block(x, q, kv.v, segments_of(x.c.rows[static_cast<std::size_t>(owner)], x.chunk),
+                  unmasked, m, l, acc);
+  }
+  // o, and the log-sum-exp of each (head, row) into the cache.
+  ref::Tensor<T> finish(CpAttentionCache<T>& cache) {
+    cache.lse.assign(m.size(), T{0});
+    for (int h = 0; h < x.heads; ++h) {
+      for (int64_t i = 0; i < x.n; ++i) {
+        const auto hi = static_cast<std::size_t>(h * x.n + i);
+        const T inv = T{1} / l[hi];
+        for (int64_t c = 0; c < x.d; ++c) acc.at(i, h * x.d + c) *= inv;
+        cache.lse[hi] = m[hi] + std::log(l[hi]);
+      }
+    }
+    return acc;
+  }
+};
+template <class U>
+struct ForwardState<Meta<U>> {
+  RingShape x;
+  ForwardState(const CpAttentionCache<Meta<U>>& cache, int /*rank*/) : x(cache) {}
+  void block(const ref::Tensor<Meta<U>>& /*q*/, const KvBlock<Meta<U>>& /*kv*/, int /*owner*/,
+             bool /*unmasked*/) {}
+  ref::Tensor<Meta<U>> finish(CpAttentionCache<Meta<U>>& /*cache*/) {
+    return ref::Tensor<Meta<U>>({x.n, x.heads * x.d});
+  }
+};
+
+// The backward's gradient contributions of each block: dq (local) and the block's accumulator;
+// nothing for a timing-only run.
+template <class T>
+struct BackwardState {
+  Ctx<T> x;
+  const ref::Tensor<T>& dout;
+  std::vector<T> dsum;  // D_i = dout_i . o_i per (head, row): the row sum of p * dp
+  BackwardState(const CpAttentionCache<T>& cache, int rank, const ref::Tensor<T>& d)
+      : x(cache, rank), dout(d), dsum(static_cast<std::size_t>(x.heads * x.n), T{0}) {
+    for (int h = 0; h < x.heads; ++h) {
+      for (int64_t i = 0; i < x.n; ++i) {
+        T s = 0;
+        for (int64_t c = 0; c < x.d; ++c) s += dout.at(i, h * x.d + c) * cache.o.at(i, h * x.d + c);
+        dsum[static_cast<std::size_t>(h * x.n + i)] = s;
+      }
+    }
+  }
+  void block(const KvBlock<T>& kv, int owner, bool unmasked, ref::Tensor<T>& dq, KvBlock<T>& dkv) {
+    backward_block(x, dout, dsum, kv.v,
+                   segments_of(x.c.rows[static_cast<std::size_t>(owner)], x.chunk), unmasked, dq,
+                   dkv.v);
+  }
+  // dk and dv out of the accumulator that came home.
+  void finish(const CpAttentionCache<T>& cache, const KvBlock<T>& dkv, ref::Tensor<T>& dk,
+              ref::Tensor<T>& dv) const {
+    const auto half = static_cast<std::ptrdiff_t>(cache.k.numel());
+    dk = ref::Tensor<T>(cache.k.shape(), std::vector<T>(dkv.v.begin(), dkv.v.begin() + half));
+    dv = ref::Tensor<T>(cache.v.shape(), std::vector<T>(dkv.v.begin() + half, dkv.v.end()));
+  }
+};
+template <class U>
+struct BackwardState<Meta<U>> {
+  RingShape x;
+  BackwardState(const CpAttentionCache<Meta<U>>& cache, int /*rank*/,
+                const ref::Tensor<Meta<U>>& /*dout*/)
+      : x(cache) {}
+  void block(const KvBlock<Meta<U>>& /*kv*/, int /*owner*/, bool /*unmasked*/,
+             ref::Tensor<Meta<U>>& /*dq*/, KvBlock<Meta<U>>& /*dkv*/) {}
+  void finish(const CpAttentionCache<Meta<U>>& cache, const KvBlock<Meta<U>>& /*dkv*/,
+              ref::Tensor<Meta<U>>& dk, ref::Tensor<Meta<U>>& dv) const {
+    dk = ref::Tensor<Meta<U>>(cache.k.shape());
+    dv = ref::Tensor<Meta<U>>(cache.v.shape());
+  }
+};
 
 int next_of(const comm::Communicator& cp) {
   return (cp.rank() + 1) % cp.size();
@@ -206,6 +318,14 @@ int owner_at(const comm::Communicator& cp, int step) {
   return (cp.rank() - step + cp.size()) % cp.size();
 }
 
+// The query-key pairs of rank `own`'s rows against the block of rank `owner`'s
+// (costs::ring_run_pairs over their chunks).
+template <class T>
+double block_pairs(const CpAttentionCache<T>& cache, int own, int owner, bool unmasked) {
+  return costs::ring_run_pairs(cache.chunks[static_cast<std::size_t>(own)],
+                               cache.chunks[static_cast<std::size_t>(owner)], unmasked);
+}
+
 }  // namespace
 
 template <class T>
@@ -215,90 +335,64 @@ ref::Tensor<T> ring_attention_forward(comm::Communicator& cp, const ref::Tensor<
   cache.q = q;
   cache.k = k;
   cache.v = v;
-  const Ctx<T> x(cache, cp.rank());
+  ForwardState<T> st(cache, cp.rank());
+  const RingShape& x = st.x;
   const int p = cp.size();
-  std::vector<T> cur = pack_kv(k, v), nxt(cur.size());
-  const auto hn = static_cast<std::size_t>(x.heads * x.n);
-  std::vector<T> m(hn, -std::numeric_limits<T>::infinity()), l(hn, T{0});
-  ref::Tensor<T> acc({x.n, x.heads * x.d});
-  const auto& own = cache.rows[static_cast<std::size_t>(cp.rank())];
+  KvBlock<T> cur(k, v), nxt(cur.size());
   for (int s = 0; s < p; ++s) {
     comm::WorkPtr ws, wr;
     if (s < p - 1) {
-      ws = cp.send(comm::cview(std::span<const T>(cur)), next_of(cp), {.tag = kKvForward});
-      wr = cp.recv(comm::view(std::span<T>(nxt)), prev_of(cp), {.tag = kKvForward});
+      ws = cp.send(cur.cbuf(), next_of(cp), {.tag = kKvForward});
+      wr = cp.recv(nxt.buf(), prev_of(cp), {.tag = kKvForward});
     }
-    const auto& owner = cache.rows[static_cast<std::size_t>(owner_at(cp, s))];
-    forward_block(x, q, cur, segments_of(owner, x.chunk), diagonal_unmasked(cache, s), m, l, acc);
+    st.block(q, cur, owner_at(cp, s), diagonal_unmasked(cache, s));
     cp.compute(costs::ring_forward(
-        costs::ring_block_pairs(own, owner, x.chunk, diagonal_unmasked(cache, s)),
-        static_cast<double>(x.n), x.heads, x.kv_heads, static_cast<double>(x.d), sizeof(T)));
+        block_pairs(cache, cp.rank(), owner_at(cp, s), diagonal_unmasked(cache, s)),
+        static_cast<double>(x.n), x.heads, x.kv_heads, static_cast<double>(x.d), kElemBytes<T>));
     if (s < p - 1) {
       ws->wait();
       wr->wait();
       std::swap(cur, nxt);
     }
   }
-  cache.lse.assign(hn, T{0});
-  for (int h = 0; h < x.heads; ++h) {
-    for (int64_t i = 0; i < x.n; ++i) {
-      const auto hi = static_cast<std::size_t>(h * x.n + i);
-      const T inv = T{1} / l[hi];
-      for (int64_t c = 0; c < x.d; ++c) acc.at(i, h * x.d + c) *= inv;
-      cache.lse[hi] = m[hi] + std::log(l[hi]);
-    }
-  }
-  cache.o = acc;
-  return acc;
+  cache.o = st.finish(cache);
+  return cache.o;
 }
 
 template <class T>
 void ring_attention_backward(comm::Communicator& cp, const ref::Tensor<T>& dout,
                              const CpAttentionCache<T>& cache, ref::Tensor<T>& dq,
                              ref::Tensor<T>& dk, ref::Tensor<T>& dv) {
-  const Ctx<T> x(cache, cp.rank());
+  BackwardState<T> st(cache, cp.rank(), dout);
+  const RingShape& x = st.x;
   const int p = cp.size();
-  // D_i = dout_i . o_i per (head, row): the row sum of p * dp, dropout included.
-  std::vector<T> dsum(static_cast<std::size_t>(x.heads * x.n), T{0});
-  for (int h = 0; h < x.heads; ++h) {
-    for (int64_t i = 0; i < x.n; ++i) {
-      T s = 0;
-      for (int64_t c = 0; c < x.d; ++c) s += dout.at(i, h * x.d + c) * cache.o.at(i, h * x.d + c);
-      dsum[static_cast<std::size_t>(h * x.n + i)] = s;
-    }
-  }
   dq = ref::Tensor<T>(cache.q.shape());
-  std::vector<T> cur = pack_kv(cache.k, cache.v), nxt(cur.size());
-  std::vector<T> dcur(cur.size(), T{0}), dnxt(cur.size());
-  const auto& own = cache.rows[static_cast<std::size_t>(cp.rank())];
+  KvBlock<T> cur(cache.k, cache.v), nxt(cur.size());
+  KvBlock<T> dcur(cur.size()), dnxt(cur.size());
   for (int s = 0; s < p; ++s) {
     comm::WorkPtr ws, wr;
     if (s < p - 1) {
-      ws = cp.send(comm::cview(std::span<const T>(cur)), next_of(cp), {.tag = kKvBackward});
-      wr = cp.recv(comm::view(std::span<T>(nxt)), prev_of(cp), {.tag = kKvBackward});
+      ws = cp.send(cur.cbuf(), next_of(cp), {.tag = kKvBackward});
+      wr = cp.recv(nxt.buf(), prev_of(cp), {.tag = kKvBackward});
     }
-    const auto& owner = cache.rows[static_cast<std::size_t>(owner_at(cp, s))];
-    backward_block(x, dout, dsum, cur, segments_of(owner, x.chunk), diagonal_unmasked(cache, s), dq,
-                   dcur);
+    st.block(cur, owner_at(cp, s), diagonal_unmasked(cache, s), dq, dcur);
     cp.compute(costs::ring_backward(
-        costs::ring_block_pairs(own, owner, x.chunk, diagonal_unmasked(cache, s)),
-        static_cast<double>(x.n), x.heads, x.kv_heads, static_cast<double>(x.d), sizeof(T)));
+        block_pairs(cache, cp.rank(), owner_at(cp, s), diagonal_unmasked(cache, s)),
+        static_cast<double>(x.n), x.heads, x.kv_heads, static_cast<double>(x.d), kElemBytes<T>));
     if (s < p - 1) {
       ws->wait();
       wr->wait();
       std::swap(cur, nxt);
     }
     if (p > 1) {  // the accumulator follows its block; after step p-1 it is back at its owner
-      auto dws = cp.send(comm::cview(std::span<const T>(dcur)), next_of(cp), {.tag = kDkv});
-      auto dwr = cp.recv(comm::view(std::span<T>(dnxt)), prev_of(cp), {.tag = kDkv});
+      auto dws = cp.send(dcur.cbuf(), next_of(cp), {.tag = kDkv});
+      auto dwr = cp.recv(dnxt.buf(), prev_of(cp), {.tag = kDkv});
       dws->wait();
       dwr->wait();
       std::swap(dcur, dnxt);
     }
   }
-  const auto half = static_cast<std::ptrdiff_t>(cache.k.numel());
-  dk = ref::Tensor<T>(cache.k.shape(), std::vector<T>(dcur.begin(), dcur.begin() + half));
-  dv = ref::Tensor<T>(cache.v.shape(), std::vector<T>(dcur.begin() + half, dcur.end()));
+  st.finish(cache, dcur, dk, dv);
 }
 
 #define SHARDCHECK_CP_RING(T)                                                                  \
@@ -310,6 +404,8 @@ void ring_attention_backward(comm::Communicator& cp, const ref::Tensor<T>& dout,
                                         ref::Tensor<T>&, ref::Tensor<T>&);
 SHARDCHECK_CP_RING(double)
 SHARDCHECK_CP_RING(float)
+SHARDCHECK_CP_RING(Meta<double>)
+SHARDCHECK_CP_RING(Meta<float>)
 #undef SHARDCHECK_CP_RING
 
 }  // namespace shardcheck::parallel::detail

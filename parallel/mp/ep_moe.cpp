@@ -23,12 +23,14 @@ template <class T>
 ref::Tensor<T> softmax_rows(const ref::Tensor<T>& logits) {
   const int64_t n = logits.dim(0), e_n = logits.dim(1);
   ref::Tensor<T> p({n, e_n});
-  for (int64_t t = 0; t < n; ++t) {
-    T mx = logits.at(t, 0);
-    for (int64_t e = 1; e < e_n; ++e) mx = std::max(mx, logits.at(t, e));
-    T sum = 0;
-    for (int64_t e = 0; e < e_n; ++e) sum += (p.at(t, e) = std::exp(logits.at(t, e) - mx));
-    for (int64_t e = 0; e < e_n; ++e) p.at(t, e) /= sum;
+  if constexpr (!kIsMeta<T>) {
+    for (int64_t t = 0; t < n; ++t) {
+      T mx = logits.at(t, 0);
+      for (int64_t e = 1; e < e_n; ++e) mx = std::max(mx, logits.at(t, e));
+      T sum = 0;
+      for (int64_t e = 0; e < e_n; ++e) sum += (p.at(t, e) = std::exp(logits.at(t, e) - mx));
+      for (int64_t e = 0; e < e_n; ++e) p.at(t, e) /= sum;
+    }
   }
   return p;
 }
@@ -118,7 +120,7 @@ ref::Tensor<T> exchange(comm::Communicator& ep, const ref::Tensor<T>& send,
   Counts sc, rc;
   for (const int64_t r : send_rows) sc.push_back(static_cast<std::size_t>(r * h));
   for (const int64_t r : recv_rows) rc.push_back(static_cast<std::size_t>(r * h));
-  ep.all_to_all_v(comm::cview(send.span()), sc, comm::view(recv.span()), rc)->wait();
+  ep.all_to_all_v(cbuffer_of(send), sc, buffer_of(recv), rc)->wait();
   return recv;
 }
 
@@ -155,10 +157,12 @@ RecvIndex recv_index(const std::vector<int64_t>& recv_count, int ep, int epl) {
   return ix;
 }
 
+// (Meta: nothing to copy.)
 template <class T>
 void copy_rows(const ref::Tensor<T>& from, int64_t from_row, ref::Tensor<T>& to, int64_t to_row,
                int64_t rows, int64_t h) {
-  std::copy_n(from.data() + from_row * h, rows * h, to.data() + to_row * h);
+  if constexpr (!kIsMeta<T>)
+    std::copy_n(from.data() + from_row * h, rows * h, to.data() + to_row * h);
 }
 
 // Per local expert j, the batch of rows it received (sources in EP-rank order).
@@ -234,13 +238,24 @@ PartRows part_rows(const RecvIndex& ix, const std::vector<int64_t>& recv_count,
 
 }  // namespace
 
+double routed_rows_per_peer(const ref::MoeSpec& spec, int64_t seq_len, double rows, int ep,
+                            MoeRouting routing) {
+  if (routing == MoeRouting::capacity) {
+    const double cap = static_cast<double>(std::min(ref::moe_capacity(spec, seq_len), seq_len));
+    const double per_expert = std::ceil(cap * rows / static_cast<double>(seq_len) - 1e-9);
+    return static_cast<double>(spec.experts / ep) * per_expert;
+  }
+  const double assignments = rows * spec.top_k;
+  return ep > 1 ? std::ceil(assignments / ep) : assignments;
+}
+
 template <class T>
 ref::Tensor<T> ep_moe_forward(const EpGroups& g, const TokenLayout& layout, const ref::Tensor<T>& x,
                               std::span<const int32_t> doc_ids, const ref::Tensor<T>& router,
                               const std::vector<const ref::Tensor<T>*>& local_w_up,
                               const std::vector<const ref::Tensor<T>*>& local_w_down,
                               const ref::MoeSpec& spec, EpMoeCache<T>& c, double* aux,
-                              int64_t* dropped, testing::Mutation planted) {
+                              int64_t* dropped, testing::Mutation planted, MoeRouting routing) {
   if (g.ep == nullptr) throw std::invalid_argument("ep_moe_forward: the ep group is required");
   const int ep = g.ep->size(), e_n = spec.experts, k = spec.top_k;
   if (e_n < 1 || k < 1 || k > e_n)
@@ -262,7 +277,6 @@ ref::Tensor<T> ep_moe_forward(const EpGroups& g, const TokenLayout& layout, cons
   const bool sp = layout.sp() && layout.tp() > 1;
   if (sp && g.tp == nullptr)
     throw std::invalid_argument("ep_moe_forward: SP layout needs the tp group");
-  const std::vector<int64_t> rows = layout.rows(g.cp ? g.cp->rank() : 0, sp ? g.tp->rank() : 0);
 
   c = EpMoeCache<T>{};
   c.spec = spec;
@@ -275,50 +289,66 @@ ref::Tensor<T> ep_moe_forward(const EpGroups& g, const TokenLayout& layout, cons
   // Router on the local rows, then the whole sequence's probabilities and routing.
   c.probs = softmax_rows(ref::linear_forward(x, router));
   g.ep->compute(costs::moe_router(static_cast<double>(n), static_cast<double>(h),
-                                  static_cast<double>(e_n), sizeof(T)));
+                                  static_cast<double>(e_n), kElemBytes<T>));
   ref::Tensor<T> full;
   if (layout.cp() > 1)
     full = gather_sequence(layout, *g.cp, g.tp, c.probs);
   else
     full = sp ? sp_gather(*g.tp, c.probs) : c.probs;
-  const Routing<T> r = route(full, doc_ids, spec, planted);
-  if (aux) *aux = r.aux;
-  if (dropped) *dropped = r.dropped;
-  c.f = r.f;
-  c.routed_tokens = r.routed;
-  c.choice.resize(static_cast<std::size_t>(n * k));
-  c.kept.resize(c.choice.size());
-  c.gate.resize(c.choice.size());
-  for (int64_t i = 0; i < n; ++i)
-    for (int ci = 0; ci < k; ++ci) {
-      const auto from = static_cast<std::size_t>(rows[static_cast<std::size_t>(i)] * k + ci);
-      const auto to = static_cast<std::size_t>(i * k + ci);
-      c.choice[to] = r.choice[from];
-      c.kept[to] = r.kept[from];
-      c.gate[to] = r.gate[from];
-    }
-
-  // Dispatch: kept slots ordered by expert (so by destination rank), then choice, then row.
   c.send_count.assign(static_cast<std::size_t>(e_n), 0);
-  for (int e = 0; e < e_n; ++e)
-    for (int ci = 0; ci < k; ++ci)
-      for (int64_t i = 0; i < n; ++i) {
-        const auto slot = static_cast<std::size_t>(i * k + ci);
-        if (c.kept[slot] && c.choice[slot] == e) {
-          c.send_slots.push_back(static_cast<int64_t>(slot));
-          ++c.send_count[static_cast<std::size_t>(e)];
-        }
+  int64_t nsend = 0;
+  if constexpr (kIsMeta<T>) {
+    // The assumption's rows to each expert: uniform puts each peer's on its first expert.
+    const double per_peer_rows = routed_rows_per_peer(spec, s, static_cast<double>(n), ep, routing);
+    for (int e = 0; e < e_n; ++e) {
+      if (routing == MoeRouting::capacity)
+        c.send_count[static_cast<std::size_t>(e)] = static_cast<int64_t>(per_peer_rows) / epl;
+      else if (e % epl == 0)
+        c.send_count[static_cast<std::size_t>(e)] = static_cast<int64_t>(per_peer_rows);
+      nsend += c.send_count[static_cast<std::size_t>(e)];
+    }
+    if (aux) *aux = 0.0;
+    if (dropped) *dropped = 0;
+  } else {
+    const std::vector<int64_t> rows = layout.rows(g.cp ? g.cp->rank() : 0, sp ? g.tp->rank() : 0);
+    const Routing<T> r = route(full, doc_ids, spec, planted);
+    if (aux) *aux = r.aux;
+    if (dropped) *dropped = r.dropped;
+    c.f = r.f;
+    c.routed_tokens = r.routed;
+    c.choice.resize(static_cast<std::size_t>(n * k));
+    c.kept.resize(c.choice.size());
+    c.gate.resize(c.choice.size());
+    for (int64_t i = 0; i < n; ++i)
+      for (int ci = 0; ci < k; ++ci) {
+        const auto from = static_cast<std::size_t>(rows[static_cast<std::size_t>(i)] * k + ci);
+        const auto to = static_cast<std::size_t>(i * k + ci);
+        c.choice[to] = r.choice[from];
+        c.kept[to] = r.kept[from];
+        c.gate[to] = r.gate[from];
       }
+    // Dispatch: kept slots ordered by expert (so by destination rank), then choice, then row.
+    for (int e = 0; e < e_n; ++e)
+      for (int ci = 0; ci < k; ++ci)
+        for (int64_t i = 0; i < n; ++i) {
+          const auto slot = static_cast<std::size_t>(i * k + ci);
+          if (c.kept[slot] && c.choice[slot] == e) {
+            c.send_slots.push_back(static_cast<int64_t>(slot));
+            ++c.send_count[static_cast<std::size_t>(e)];
+          }
+        }
+    nsend = static_cast<int64_t>(c.send_slots.size());
+  }
   c.recv_count.assign(static_cast<std::size_t>(e_n), 0);
-  if (ep == 1)
-    c.recv_count = c.send_count;
-  else
+  if (ep > 1)
     g.ep->all_to_all(comm::cview(std::span<const int64_t>(c.send_count)),
                      comm::view(std::span<int64_t>(c.recv_count)))
         ->wait();
-  const auto nsend = static_cast<int64_t>(c.send_slots.size());
+  // One EP rank keeps its rows; under the timing-only assumption every rank sends alike, so each
+  // receives from every peer what it sends to it (a timing-only exchange moves no counts).
+  if (ep == 1 || kIsMeta<T>) c.recv_count = c.send_count;
   ref::Tensor<T> send({nsend, h});
-  for (int64_t p = 0; p < nsend; ++p)
+  for (int64_t p = 0; p < static_cast<int64_t>(c.send_slots.size()); ++p)
     copy_rows(x, c.send_slots[static_cast<std::size_t>(p)] / k, send, p, 1, h);
   const std::vector<int64_t> to_peer = per_peer(c.send_count, ep, epl);
   const std::vector<int64_t> from_peer = per_peer(c.recv_count, ep, epl);
@@ -340,15 +370,18 @@ ref::Tensor<T> ep_moe_forward(const EpGroups& g, const TokenLayout& layout, cons
 
   // Combine: outputs back to the senders, then y_t = sum of kept choices in choice order.
   c.out = exchange(*g.ep, join_batches(outs, ix, c.recv_count, ep, epl, h), from_peer, to_peer, h);
-  std::vector<int64_t> pos(static_cast<std::size_t>(n * k), -1);
-  for (int64_t p = 0; p < nsend; ++p) pos[static_cast<std::size_t>(c.send_slots[p])] = p;
   ref::Tensor<T> y({n, h});
-  for (int64_t i = 0; i < n; ++i)
-    for (int ci = 0; ci < k; ++ci) {
-      const auto slot = static_cast<std::size_t>(i * k + ci);
-      if (!c.kept[slot]) continue;
-      for (int64_t col = 0; col < h; ++col) y.at(i, col) += c.gate[slot] * c.out.at(pos[slot], col);
-    }
+  if constexpr (!kIsMeta<T>) {
+    std::vector<int64_t> pos(static_cast<std::size_t>(n * k), -1);
+    for (int64_t p = 0; p < nsend; ++p) pos[static_cast<std::size_t>(c.send_slots[p])] = p;
+    for (int64_t i = 0; i < n; ++i)
+      for (int ci = 0; ci < k; ++ci) {
+        const auto slot = static_cast<std::size_t>(i * k + ci);
+        if (!c.kept[slot]) continue;
+        for (int64_t col = 0; col < h; ++col)
+          y.at(i, col) += c.gate[slot] * c.out.at(pos[slot], col);
+      }
+  }
   return y;
 }
 
@@ -375,18 +408,21 @@ ref::Tensor<T> ep_moe_backward(const EpGroups& g, const ref::Tensor<T>& dy, cons
                                 " local expert gradients");
 
   // Gate gradients and the expert outputs' gradients (gate_c * dy_t), in send order.
-  const auto nsend = static_cast<int64_t>(c.send_slots.size());
-  std::vector<T> dgate(static_cast<std::size_t>(n * k), T{0});
+  int64_t nsend = 0;
+  for (const int64_t rows : c.send_count) nsend += rows;
+  std::vector<T> dgate(static_cast<std::size_t>(n * k), T{});
   ref::Tensor<T> dsend({nsend, h});
-  for (int64_t p = 0; p < nsend; ++p) {
-    const auto slot = static_cast<std::size_t>(c.send_slots[static_cast<std::size_t>(p)]);
-    const auto i = static_cast<int64_t>(slot) / k;
-    T acc = 0;
-    for (int64_t col = 0; col < h; ++col) {
-      acc += dy.at(i, col) * c.out.at(p, col);
-      dsend.at(p, col) = c.gate[slot] * dy.at(i, col);
+  if constexpr (!kIsMeta<T>) {
+    for (int64_t p = 0; p < nsend; ++p) {
+      const auto slot = static_cast<std::size_t>(c.send_slots[static_cast<std::size_t>(p)]);
+      const auto i = static_cast<int64_t>(slot) / k;
+      T acc = 0;
+      for (int64_t col = 0; col < h; ++col) {
+        acc += dy.at(i, col) * c.out.at(p, col);
+        dsend.at(p, col) = c.gate[slot] * dy.at(i, col);
+      }
+      dgate[slot] = acc;
     }
-    dgate[slot] = acc;
   }
   const std::vector<int64_t> to_peer = per_peer(c.send_count, ep, epl);
   const std::vector<int64_t> from_peer = per_peer(c.recv_count, ep, epl);
@@ -399,10 +435,10 @@ ref::Tensor<T> ep_moe_backward(const EpGroups& g, const ref::Tensor<T>& dy, cons
   int64_t kept = 0;
   for (int j = 0; j < epl; ++j) {
     const auto ju = static_cast<std::size_t>(j);
-    if (parts == 1) {
+    if (parts == 1 || kIsMeta<T>) {
       din[ju] = ref::mlp_backward(dout[ju], c.in[ju], *c.w_up[ju], *c.w_down[ju], c.mlp[ju],
                                   *local_dw_up[ju], *local_dw_down[ju]);
-    } else {
+    } else if constexpr (!kIsMeta<T>) {
       din[ju] = ref::Tensor<T>({ix.batch_rows[ju], h});
       for (int part = 0; part < parts; ++part) {
         const PartRows rows = part_rows(ix, c.recv_count, part_of_source, part, j, epl);
@@ -420,38 +456,39 @@ ref::Tensor<T> ep_moe_backward(const EpGroups& g, const ref::Tensor<T>& dy, cons
                                             static_cast<double>(c.w_up.front()->dim(1))));
   const ref::Tensor<T> dx_rows =
       exchange(*g.ep, join_batches(din, ix, c.recv_count, ep, epl, h), from_peer, to_peer, h);
-  // Send order is expert order, so each row adds its experts' parts in expert order (as the
-  // reference does).
   ref::Tensor<T> dx({n, h});
-  for (int64_t p = 0; p < nsend; ++p) {
-    const int64_t i = c.send_slots[static_cast<std::size_t>(p)] / k;
-    for (int64_t col = 0; col < h; ++col) dx.at(i, col) += dx_rows.at(p, col);
-  }
-
-  // d probs of the local rows: gates (renormalised over the top-k) and the aux loss via P_e.
-  ref::Tensor<T> dprobs({n, e_n});
-  const auto routed = static_cast<double>(c.routed_tokens);
-  for (int64_t i = 0; i < n; ++i) {
-    if (c.choice[static_cast<std::size_t>(i * k)] < 0) continue;
-    T total = 0, gdot = 0;
-    for (int ci = 0; ci < k; ++ci) {
-      const auto slot = static_cast<std::size_t>(i * k + ci);
-      total += c.probs.at(i, c.choice[slot]);
-      gdot += dgate[slot] * c.gate[slot];
-    }
-    for (int ci = 0; ci < k; ++ci) {
-      const auto slot = static_cast<std::size_t>(i * k + ci);
-      dprobs.at(i, c.choice[slot]) += (dgate[slot] - gdot) / total;
-    }
-    for (int e = 0; e < e_n; ++e)
-      dprobs.at(i, e) += static_cast<T>(aux_weight * c.spec.aux_coef * e_n *
-                                        c.f[static_cast<std::size_t>(e)] / routed);
-  }
   ref::Tensor<T> dlogits({n, e_n});
-  for (int64_t i = 0; i < n; ++i) {
-    T dot = 0;
-    for (int e = 0; e < e_n; ++e) dot += c.probs.at(i, e) * dprobs.at(i, e);
-    for (int e = 0; e < e_n; ++e) dlogits.at(i, e) = c.probs.at(i, e) * (dprobs.at(i, e) - dot);
+  if constexpr (!kIsMeta<T>) {
+    // Send order is expert order, so each row adds its experts' parts in expert order (as the
+    // reference does).
+    for (int64_t p = 0; p < nsend; ++p) {
+      const int64_t i = c.send_slots[static_cast<std::size_t>(p)] / k;
+      for (int64_t col = 0; col < h; ++col) dx.at(i, col) += dx_rows.at(p, col);
+    }
+    // d probs of the local rows: gates (renormalised over the top-k) and the aux loss via P_e.
+    ref::Tensor<T> dprobs({n, e_n});
+    const auto routed = static_cast<double>(c.routed_tokens);
+    for (int64_t i = 0; i < n; ++i) {
+      if (c.choice[static_cast<std::size_t>(i * k)] < 0) continue;
+      T total = 0, gdot = 0;
+      for (int ci = 0; ci < k; ++ci) {
+        const auto slot = static_cast<std::size_t>(i * k + ci);
+        total += c.probs.at(i, c.choice[slot]);
+        gdot += dgate[slot] * c.gate[slot];
+      }
+      for (int ci = 0; ci < k; ++ci) {
+        const auto slot = static_cast<std::size_t>(i * k + ci);
+        dprobs.at(i, c.choice[slot]) += (dgate[slot] - gdot) / total;
+      }
+      for (int e = 0; e < e_n; ++e)
+        dprobs.at(i, e) += static_cast<T>(aux_weight * c.spec.aux_coef * e_n *
+                                          c.f[static_cast<std::size_t>(e)] / routed);
+    }
+    for (int64_t i = 0; i < n; ++i) {
+      T dot = 0;
+      for (int e = 0; e < e_n; ++e) dot += c.probs.at(i, e) * dprobs.at(i, e);
+      for (int e = 0; e < e_n; ++e) dlogits.at(i, e) = c.probs.at(i, e) * (dprobs.at(i, e) - dot);
+    }
   }
   ref::add_inplace(dx, ref::linear_backward(dlogits, c.x, *c.router, drouter));
   g.ep->compute(costs::moe_router_backward(static_cast<double>(n), static_cast<double>(h),
@@ -464,13 +501,15 @@ ref::Tensor<T> ep_moe_backward(const EpGroups& g, const ref::Tensor<T>& dy, cons
       const EpGroups&, const TokenLayout&, const ref::Tensor<T>&, std::span<const int32_t>,    \
       const ref::Tensor<T>&, const std::vector<const ref::Tensor<T>*>&,                        \
       const std::vector<const ref::Tensor<T>*>&, const ref::MoeSpec&, EpMoeCache<T>&, double*, \
-      int64_t*, testing::Mutation);                                                            \
+      int64_t*, testing::Mutation, MoeRouting);                                                \
   template ref::Tensor<T> ep_moe_backward(                                                     \
       const EpGroups&, const ref::Tensor<T>&, const EpMoeCache<T>&, double, ref::Tensor<T>&,   \
       const std::vector<ref::Tensor<T>*>&, const std::vector<ref::Tensor<T>*>&,                \
       std::span<const int>);
 SHARDCHECK_EP_MOE(double)
 SHARDCHECK_EP_MOE(float)
+SHARDCHECK_EP_MOE(Meta<double>)
+SHARDCHECK_EP_MOE(Meta<float>)
 #undef SHARDCHECK_EP_MOE
 
 }  // namespace shardcheck::parallel

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "comm/communicator.hpp"
+#include "parallel/mp/meta.hpp"
 #include "parallel/mp/tokens.hpp"
 #include "parallel/testing.hpp"
 #include "reference/moe.hpp"
@@ -29,6 +30,21 @@
 #include "reference/tensor.hpp"
 
 namespace shardcheck::parallel {
+
+// What a timing-only run (Meta, meta.hpp) assumes of the routing, which a numeric run computes
+// from its data. uniform: every top-k assignment kept, spread evenly over the EP ranks. capacity:
+// every expert receives its full capacity C = ref::moe_capacity (at most s) of every sequence,
+// each rank its share rows / s of it: the volume GShard's and DeepSpeed-MoE's padded dispatch
+// moves and computes, the most any expert can receive; with a capacity factor above 1 it is more
+// than any routing sends in all (E C above s k).
+enum class MoeRouting : std::uint8_t { uniform, capacity };
+
+// The rows (token, choice assignments) a rank routing `rows` rows of a sequence of `seq_len`
+// sends to each of its `ep` EP ranks (one: keeps) under the assumption. uniform: its rows x k
+// assignments spread evenly, ceil(rows k / ep) to each; capacity: E / ep x ceil(C rows / s). Every
+// rank's experts receive ep times that.
+double routed_rows_per_peer(const ref::MoeSpec& spec, int64_t seq_len, double rows, int ep,
+                            MoeRouting routing);
 
 struct EpGroups {
   comm::Communicator* ep = nullptr;  // experts split over this group (size 1: all experts local)
@@ -71,7 +87,8 @@ struct EpMoeCache {
 // value on every rank holding part of the sequence); *dropped = the sequence's dropped
 // assignments. Either pointer may be null. Collective over g.tp (SP), g.cp and g.ep, every member
 // calling it the same number of times in the same order. Throws LayoutError when E % ep != 0.
-// planted (tests): kRouteDroppedTokens keeps assignments over capacity.
+// planted (tests): kRouteDroppedTokens keeps assignments over capacity. routing: what a
+// timing-only run (T = Meta<...>) sends; a numeric run routes its data.
 template <class T>
 ref::Tensor<T> ep_moe_forward(const EpGroups& g, const TokenLayout& layout, const ref::Tensor<T>& x,
                               std::span<const int32_t> doc_ids, const ref::Tensor<T>& router,
@@ -79,7 +96,8 @@ ref::Tensor<T> ep_moe_forward(const EpGroups& g, const TokenLayout& layout, cons
                               const std::vector<const ref::Tensor<T>*>& local_w_down,
                               const ref::MoeSpec& spec, EpMoeCache<T>& cache, double* aux,
                               int64_t* dropped,
-                              testing::Mutation planted = testing::Mutation::kNone);
+                              testing::Mutation planted = testing::Mutation::kNone,
+                              MoeRouting routing = MoeRouting::uniform);
 
 // dy [n, h] for the local rows. Returns dx [n, h] for the local rows (router path + expert path).
 // ADDS into drouter this rank's rows' contribution only (gate gradient + aux gradient of its rows,

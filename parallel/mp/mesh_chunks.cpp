@@ -228,7 +228,7 @@ void MeshImpl<T>::check_gradients(int mb, ref::ParamMap<T>& grads,
 
 template <class T>
 void MeshImpl<T>::keep_for_backward(MpBlockCache<T>& c) const {
-  if (train_.recompute == ref::Recompute::kSelective) c.attn.probs = Tensor<T>{};
+  drop_selective(c, train_.recompute);
   if (train_.recompute == ref::Recompute::kFull) {
     MpBlockCache<T> input_only;
     input_only.x_in = std::move(c.x_in);

@@ -44,8 +44,16 @@ MeshImpl<T>::MeshImpl(comm::Communicator& world, const ref::ModelConfig& model,
   data_rank = data_->rank();
   data_world = data_->size();
   planted = opt_.planted;
-  env_ = BlockEnv{&model_,  g_.tp.get(),  g_.cp.get(),  g_.ep.get(),
-                  &layout_, opt_.cp_algo, opt_.planted, {}};
+  env_ = BlockEnv{.model = &model_,
+                  .tp = g_.tp.get(),
+                  .cp = g_.cp.get(),
+                  .ep = g_.ep.get(),
+                  .layout = &layout_,
+                  .cp_algo = opt_.cp_algo,
+                  .attention = AttentionKernel::engine,
+                  .moe_routing = MoeRouting::uniform,
+                  .planted = opt_.planted,
+                  .ep_part_of_source = {}};
   if (experts_ && opt_.planted != testing::Mutation::kBf16ExpertsRoundedTogether)
     env_.ep_part_of_source = experts_->part_of_source;
   stage_ = g_.pp->rank();

@@ -53,8 +53,6 @@ inline bool rounds_gradient_parts(const ref::ModelConfig& model, const ref::Trai
   return train.precision == ref::Precision::kBf16 && model.tie_embeddings && shape.pp > 1;
 }
 
-enum class AttentionKernel : std::uint8_t { engine, flash };
-
 struct MeshOptions {
   comm::MeshShape shape;
   std::string order = "tp-cp-ep-dp-pp";

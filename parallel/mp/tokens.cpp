@@ -47,8 +47,9 @@ template <class T>
 ref::Tensor<T> take_rows(const ref::Tensor<T>& full, std::span<const int64_t> rows) {
   const int64_t c = full.shape().back();
   ref::Tensor<T> out({static_cast<int64_t>(rows.size()), c});
-  for (std::size_t i = 0; i < rows.size(); ++i) {
-    std::copy_n(full.data() + rows[i] * c, c, out.data() + static_cast<int64_t>(i) * c);
+  if constexpr (!kIsMeta<T>) {
+    for (std::size_t i = 0; i < rows.size(); ++i)
+      std::copy_n(full.data() + rows[i] * c, c, out.data() + static_cast<int64_t>(i) * c);
   }
   return out;
 }
@@ -60,7 +61,7 @@ ref::Tensor<T> all_gather_rows(comm::Communicator& g, const ref::Tensor<T>& loca
   const int64_t n = local.numel() / c;
   ref::Tensor<T> out({n * g.size(), c});
   if (g.size() == 1) return local;
-  g.all_gather(comm::cview(local.span()), comm::view(out.span()))->wait();
+  g.all_gather(cbuffer_of(local), buffer_of(out))->wait();
   return out;
 }
 }  // namespace
@@ -76,14 +77,14 @@ ref::Tensor<T> sp_reduce_scatter(comm::Communicator& tp, const ref::Tensor<T>& p
   const int64_t c = partial.shape().back();
   const int64_t n = partial.numel() / c / tp.size();
   ref::Tensor<T> out({n, c});
-  tp.reduce_scatter(comm::cview(partial.span()), comm::view(out.span()))->wait();
+  tp.reduce_scatter(cbuffer_of(partial), buffer_of(out))->wait();
   return out;
 }
 
 template <class T>
 void all_reduce_sum(comm::Communicator& group, ref::Tensor<T>& t) {
   if (group.size() == 1 || t.numel() == 0) return;
-  group.all_reduce(t.span())->wait();
+  group.all_reduce(buffer_of(t))->wait();
 }
 
 template <class T>
@@ -98,12 +99,14 @@ ref::Tensor<T> gather_sequence(const TokenLayout& layout, comm::Communicator& cp
   const int64_t c = local.shape().back();
   const ref::Tensor<T> all = all_gather_rows(cp, cp_local);
   ref::Tensor<T> full({layout.seq_len(), c});
-  const int64_t per = layout.cp_row_count();
-  for (int r = 0; r < layout.cp(); ++r) {
-    const std::vector<int64_t> rows = layout.cp_rows(r);
-    for (int64_t i = 0; i < per; ++i) {
-      std::copy_n(all.data() + (r * per + i) * c, c,
-                  full.data() + rows[static_cast<std::size_t>(i)] * c);
+  if constexpr (!kIsMeta<T>) {
+    const int64_t per = layout.cp_row_count();
+    for (int r = 0; r < layout.cp(); ++r) {
+      const std::vector<int64_t> rows = layout.cp_rows(r);
+      for (int64_t i = 0; i < per; ++i) {
+        std::copy_n(all.data() + (r * per + i) * c, c,
+                    full.data() + rows[static_cast<std::size_t>(i)] * c);
+      }
     }
   }
   return full;
@@ -118,6 +121,8 @@ ref::Tensor<T> gather_sequence(const TokenLayout& layout, comm::Communicator& cp
   template void all_reduce_sum(comm::Communicator&, ref::Tensor<T>&);
 SHARDCHECK_TOKENS(double)
 SHARDCHECK_TOKENS(float)
+SHARDCHECK_TOKENS(Meta<double>)
+SHARDCHECK_TOKENS(Meta<float>)
 #undef SHARDCHECK_TOKENS
 
 }  // namespace shardcheck::parallel

@@ -1,6 +1,7 @@
 // Which rows (token positions) of a sequence a rank holds under context parallelism (CP) and
 // sequence parallelism (SP), and moving rows between ranks. Shared by the model-parallel pieces
-// (cp_attention, ep_moe, the TP block, the mesh engine).
+// (cp_attention, ep_moe, the TP block, the mesh engine). The row movers also take Meta tensors
+// (meta.hpp): the same collectives on null buffers.
 //
 // CP with causal load balancing (Megatron-Core / ring-flash-attention "zigzag"): the sequence of
 // length S is cut into 2*cp chunks of S/(2*cp) rows; CP rank r holds chunk r and chunk 2*cp-1-r,
@@ -17,6 +18,7 @@
 #include <vector>
 
 #include "comm/communicator.hpp"
+#include "parallel/mp/meta.hpp"
 #include "reference/tensor.hpp"
 
 namespace shardcheck::parallel {

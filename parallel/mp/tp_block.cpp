@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 
 #include "parallel/costs.hpp"
 #include "parallel/testing.hpp"
@@ -17,9 +18,22 @@ namespace {
 
 using ref::Tensor;
 
-std::string layer_prefix(int layer) {
-  return "layers." + std::to_string(layer) + ".";
-}
+// A layer's parameter names, built in one buffer: name("attn.wq") is "layers.<i>.attn.wq" (valid
+// until the next call; a lookup takes it at once).
+class LayerName {
+ public:
+  explicit LayerName(int layer)
+      : buf_("layers." + std::to_string(layer) + "."), base_(buf_.size()) {}
+  std::string_view operator()(std::string_view suffix) {
+    buf_.resize(base_);
+    buf_ += suffix;
+    return buf_;
+  }
+
+ private:
+  std::string buf_;
+  std::size_t base_;
+};
 
 void cost(const BlockEnv& env, const comm::ComputeCost& c) {
   env.tp->compute(c);
@@ -83,6 +97,15 @@ std::vector<int32_t> pick(const std::vector<int32_t>& v, const std::vector<int64
   return out;
 }
 
+// The sequence's ids at the CP rank's rows; a timing-only run reads none.
+template <class T>
+std::vector<int32_t> ids_at(const BlockEnv& env, const std::vector<int32_t>& ids) {
+  if constexpr (kIsMeta<T>)
+    return {};
+  else
+    return pick(ids, env.cp_rows());
+}
+
 ref::AttentionDropout dropout_of(const BlockEnv& env, const ref::StepContext& ctx, int layer,
                                  const ref::Sequence& seq) {
   ref::AttentionDropout d;
@@ -105,9 +128,10 @@ void local_experts(const BlockEnv& env, Map& m, int layer, std::vector<P*>& up,
                    std::vector<P*>& down) {
   const int per = env.model->moe->experts / env.ep->size();
   for (int j = env.ep->rank() * per; j < (env.ep->rank() + 1) * per; ++j) {
-    const std::string p = layer_prefix(layer) + "moe.experts." + std::to_string(j) + ".";
-    up.push_back(&m[p + "w_up"]);
-    down.push_back(&m[p + "w_down"]);
+    LayerName p(layer);
+    const std::string expert = "moe.experts." + std::to_string(j) + ".";
+    up.push_back(&m[p(expert + "w_up")]);
+    down.push_back(&m[p(expert + "w_down")]);
   }
 }
 
@@ -127,52 +151,71 @@ std::vector<int32_t> cp_positions(const BlockEnv& env, const ref::Sequence& seq)
   return pos;
 }
 
+namespace {
+// cp_positions; a timing-only run rotates nothing and reads none.
+template <class T>
+std::vector<int32_t> positions_of(const BlockEnv& env, const ref::Sequence& seq) {
+  if constexpr (kIsMeta<T>)
+    return {};
+  else
+    return cp_positions(env, seq);
+}
+}  // namespace
+
 template <class T>
 Tensor<T> mp_embed_forward(const BlockEnv& env, const ref::ParamMap<T>& params,
                            const ref::Sequence& seq) {
-  const std::vector<int32_t> tokens = pick(seq.tokens, env.cp_rows());
-  Tensor<T> part = vocab_embed_forward(params["embed.weight"], vocab_offset(env),
-                                       std::span<const int32_t>(tokens));
+  Tensor<T> part;
+  if constexpr (kIsMeta<T>) {  // the lookup's shape: a row per token
+    part = Tensor<T>({env.layout->cp_row_count(), params["embed.weight"].dim(1)});
+  } else {
+    const std::vector<int32_t> tokens = pick(seq.tokens, env.cp_rows());
+    part = vocab_embed_forward(params["embed.weight"], vocab_offset(env),
+                               std::span<const int32_t>(tokens));
+  }
   return reduce_out(env, std::move(part), false);
 }
 
 template <class T>
 void mp_embed_backward(const BlockEnv& env, const ref::Sequence& seq, const Tensor<T>& dx,
                        ref::ParamMap<T>& grads) {
-  const std::vector<int32_t> tokens = pick(seq.tokens, env.cp_rows());
-  vocab_embed_backward(reduce_out_backward(env, dx), vocab_offset(env),
-                       std::span<const int32_t>(tokens), grads["embed.weight"]);
+  const Tensor<T> dy = reduce_out_backward(env, dx);
+  if constexpr (!kIsMeta<T>) {
+    const std::vector<int32_t> tokens = pick(seq.tokens, env.cp_rows());
+    vocab_embed_backward(dy, vocab_offset(env), std::span<const int32_t>(tokens),
+                         grads["embed.weight"]);
+  }
 }
 
 template <class T>
 Tensor<T> mp_block_forward(const BlockEnv& env, const ref::ParamMap<T>& params, int layer,
                            const ref::Sequence& seq, const ref::StepContext& ctx,
                            const Tensor<T>& x, MpBlockCache<T>& c, MpSequenceLoss* loss) {
-  const std::string p = layer_prefix(layer);
+  LayerName p(layer);
   const int hl = env.local_heads(), kvl = env.local_kv_heads();
   c.x_in = x;
-  c.a = ref::rmsnorm_forward(x, params[p + "attn_norm.weight"], &c.rstd1);
+  c.a = ref::rmsnorm_forward(x, params[p("attn_norm.weight")], &c.rstd1);
   c.a_full = gather_in(env, c.a);
-  const Tensor<T>& wq = params[p + "attn.wq"];
-  const Tensor<T>& wk = params[p + "attn.wk"];
-  const Tensor<T>& wv = params[p + "attn.wv"];
-  const Tensor<T>& wo = params[p + "attn.wo"];
+  const Tensor<T>& wq = params[p("attn.wq")];
+  const Tensor<T>& wk = params[p("attn.wk")];
+  const Tensor<T>& wv = params[p("attn.wv")];
+  const Tensor<T>& wo = params[p("attn.wo")];
   c.q = ref::linear_forward(c.a_full, wq);
   c.k = ref::linear_forward(c.a_full, wk);
   c.v = ref::linear_forward(c.a_full, wv);
   const int64_t h = env.model->hidden;
   cost(env, costs::qkv(rows_of(c.a_full), static_cast<double>(h), cols_of(wq, h), cols_of(wk, h)));
-  const std::vector<int32_t> pos = cp_positions(env, seq);
+  const std::vector<int32_t> pos = positions_of<T>(env, seq);
   ref::rope_apply(c.q, std::span<const int32_t>(pos), hl, false);
   ref::rope_apply(c.k, std::span<const int32_t>(pos), kvl, false);
   c.o = cp_attention_forward(*env.cp, env.cp_algo, *env.layout, c.q, c.k, c.v,
                              std::span<const int32_t>(seq.doc_ids), ref::AttentionShape{hl, kvl},
-                             dropout_of(env, ctx, layer, seq), c.attn, env.planted);
+                             dropout_of(env, ctx, layer, seq), c.attn, env.planted, env.attention);
   Tensor<T> part = ref::linear_forward(c.o, wo);
   cost(env, costs::wo(rows_of(c.o), cols_of(wo, h), static_cast<double>(h)));
   c.x_mid = x;
   ref::add_inplace(c.x_mid, reduce_out(env, std::move(part), true));
-  c.b = ref::rmsnorm_forward(c.x_mid, params[p + "mlp_norm.weight"], &c.rstd2);
+  c.b = ref::rmsnorm_forward(c.x_mid, params[p("mlp_norm.weight")], &c.rstd2);
   Tensor<T> x_out = c.x_mid;
   if (env.model->is_moe_layer(layer)) {
     std::vector<const Tensor<T>*> up, down;
@@ -182,16 +225,16 @@ Tensor<T> mp_block_forward(const BlockEnv& env, const ref::ParamMap<T>& params, 
     int64_t dropped = 0;
     ref::add_inplace(
         x_out, ep_moe_forward(g, *env.layout, c.b, std::span<const int32_t>(seq.doc_ids),
-                              params[p + "moe.router"], up, down, moe_spec(*env.model), c.moe, &aux,
-                              &dropped, env.planted));
+                              params[p("moe.router")], up, down, moe_spec(*env.model), c.moe, &aux,
+                              &dropped, env.planted, env.moe_routing));
     if (loss) {
       loss->aux += aux;
       loss->dropped += dropped;
     }
   } else {
     c.b_full = gather_in(env, c.b);
-    const Tensor<T>& w_up = params[p + "mlp.w_up"];
-    const Tensor<T>& w_down = params[p + "mlp.w_down"];
+    const Tensor<T>& w_up = params[p("mlp.w_up")];
+    const Tensor<T>& w_down = params[p("mlp.w_down")];
     Tensor<T> mlp_part = ref::mlp_forward(c.b_full, w_up, w_down, &c.mlp);
     cost(env, costs::mlp(rows_of(c.b_full), static_cast<double>(h), cols_of(w_up, h)));
     ref::add_inplace(x_out, reduce_out(env, std::move(mlp_part), true));
@@ -204,7 +247,7 @@ Tensor<T> mp_block_backward(const BlockEnv& env, const ref::ParamMap<T>& params,
                             const ref::Sequence& seq, const ref::StepContext& ctx,
                             const MpBlockCache<T>& c, const Tensor<T>& dy, ref::ParamMap<T>& grads,
                             std::vector<ref::ParamMap<T>>* expert_parts) {
-  const std::string p = layer_prefix(layer);
+  LayerName p(layer);
   const int hl = env.local_heads(), kvl = env.local_kv_heads();
   const int64_t h = env.model->hidden;
   Tensor<T> dx = dy;
@@ -222,39 +265,38 @@ Tensor<T> mp_block_backward(const BlockEnv& env, const ref::ParamMap<T>& params,
         local_experts<Tensor<T>>(env, part, layer, dup, ddown);
     }
     const EpGroups g{.ep = env.ep, .cp = env.cp, .tp = env.sp() ? env.tp : nullptr};
-    db = ep_moe_backward(g, dx, c.moe, ctx.sequence_weight, grads[p + "moe.router"], dup, ddown,
+    db = ep_moe_backward(g, dx, c.moe, ctx.sequence_weight, grads[p("moe.router")], dup, ddown,
                          env.ep_part_of_source);
   } else {
     const Tensor<T> d_full = reduce_out_backward(env, dx);
     Tensor<T> db_full =
-        ref::mlp_backward(d_full, c.b_full, params[p + "mlp.w_up"], params[p + "mlp.w_down"], c.mlp,
-                          grads[p + "mlp.w_up"], grads[p + "mlp.w_down"]);
+        ref::mlp_backward(d_full, c.b_full, params[p("mlp.w_up")], params[p("mlp.w_down")], c.mlp,
+                          grads[p("mlp.w_up")], grads[p("mlp.w_down")]);
     cost(env, costs::mlp_backward(rows_of(c.b_full), static_cast<double>(h),
-                                  cols_of(params[p + "mlp.w_up"], h)));
+                                  cols_of(params[p("mlp.w_up")], h)));
     db = gather_in_backward(env, std::move(db_full));
   }
-  ref::add_inplace(dx, ref::rmsnorm_backward(db, c.x_mid, params[p + "mlp_norm.weight"], c.rstd2,
-                                             grads[p + "mlp_norm.weight"]));
+  ref::add_inplace(dx, ref::rmsnorm_backward(db, c.x_mid, params[p("mlp_norm.weight")], c.rstd2,
+                                             grads[p("mlp_norm.weight")]));
   const Tensor<T> d_part = reduce_out_backward(env, dx);
   const Tensor<T> d_o =
-      ref::linear_backward(d_part, c.o, params[p + "attn.wo"], grads[p + "attn.wo"]);
+      ref::linear_backward(d_part, c.o, params[p("attn.wo")], grads[p("attn.wo")]);
   Tensor<T> dq, dk, dv;
   cp_attention_backward(*env.cp, d_o, c.attn, dq, dk, dv);
-  const std::vector<int32_t> pos = cp_positions(env, seq);
+  const std::vector<int32_t> pos = positions_of<T>(env, seq);
   ref::rope_apply(dq, std::span<const int32_t>(pos), hl, true);
   ref::rope_apply(dk, std::span<const int32_t>(pos), kvl, true);
-  Tensor<T> da_full =
-      ref::linear_backward(dq, c.a_full, params[p + "attn.wq"], grads[p + "attn.wq"]);
+  Tensor<T> da_full = ref::linear_backward(dq, c.a_full, params[p("attn.wq")], grads[p("attn.wq")]);
   ref::add_inplace(da_full,
-                   ref::linear_backward(dk, c.a_full, params[p + "attn.wk"], grads[p + "attn.wk"]));
+                   ref::linear_backward(dk, c.a_full, params[p("attn.wk")], grads[p("attn.wk")]));
   ref::add_inplace(da_full,
-                   ref::linear_backward(dv, c.a_full, params[p + "attn.wv"], grads[p + "attn.wv"]));
+                   ref::linear_backward(dv, c.a_full, params[p("attn.wv")], grads[p("attn.wv")]));
   cost(env, costs::projections_backward(rows_of(c.a_full), static_cast<double>(h),
-                                        cols_of(params[p + "attn.wq"], h),
-                                        cols_of(params[p + "attn.wk"], h)));
+                                        cols_of(params[p("attn.wq")], h),
+                                        cols_of(params[p("attn.wk")], h)));
   const Tensor<T> da = gather_in_backward(env, std::move(da_full));
-  ref::add_inplace(dx, ref::rmsnorm_backward(da, c.x_in, params[p + "attn_norm.weight"], c.rstd1,
-                                             grads[p + "attn_norm.weight"]));
+  ref::add_inplace(dx, ref::rmsnorm_backward(da, c.x_in, params[p("attn_norm.weight")], c.rstd1,
+                                             grads[p("attn_norm.weight")]));
   return dx;
 }
 
@@ -266,9 +308,8 @@ void mp_head_forward(const BlockEnv& env, const ref::ParamMap<T>& params, const 
   c.y_full = gather_in(env, y);
   const bool tied = env.model->tie_embeddings;
   const Tensor<T>& w = tied ? params["embed.weight"] : params["lm_head.weight"];
-  const std::vector<int64_t> rows = env.cp_rows();
-  const std::vector<int32_t> targets = pick(seq.targets, rows);
-  const std::vector<int32_t> mask = pick(seq.loss_mask, rows);
+  const std::vector<int32_t> targets = ids_at<T>(env, seq.targets);
+  const std::vector<int32_t> mask = ids_at<T>(env, seq.loss_mask);
   const std::vector<double> losses = vocab_head_forward(
       *env.tp, c.y_full, w, tied, vocab_offset(env), std::span<const int32_t>(targets),
       std::span<const int32_t>(mask), c.vocab, env.planted);
@@ -283,7 +324,7 @@ Tensor<T> mp_head_backward(const BlockEnv& env, const ref::ParamMap<T>& params,
                            ref::ParamMap<T>& grads) {
   const bool tied = env.model->tie_embeddings;
   const char* wname = tied ? "embed.weight" : "lm_head.weight";
-  const std::vector<int32_t> mask = pick(seq.loss_mask, env.cp_rows());
+  const std::vector<int32_t> mask = ids_at<T>(env, seq.loss_mask);
   std::vector<double> weight(mask.size());
   for (std::size_t t = 0; t < mask.size(); ++t) weight[t] = mask[t] ? token_weight : 0.0;
   const Tensor<T> dy_full = vocab_head_backward(*env.tp, c.y_full, params[wname], tied, c.vocab,
@@ -311,6 +352,8 @@ Tensor<T> mp_head_backward(const BlockEnv& env, const ref::ParamMap<T>& params,
                                       ref::ParamMap<T>&);
 SHARDCHECK_TP_BLOCK(double)
 SHARDCHECK_TP_BLOCK(float)
+SHARDCHECK_TP_BLOCK(Meta<double>)
+SHARDCHECK_TP_BLOCK(Meta<float>)
 #undef SHARDCHECK_TP_BLOCK
 
 }  // namespace shardcheck::parallel

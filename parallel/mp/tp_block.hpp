@@ -9,6 +9,9 @@
 //
 // Parameters are looked up by their global names in a map of LOCAL slices (see mesh_params.hpp).
 // Activations are this rank's rows: layout.rows(cp rank, tp rank) ([n, h]).
+//
+// Instantiated for double and float (the numeric engine) and for Meta<double> and Meta<float>
+// (meta.hpp: the planner's timing-only run, the same collectives and compute reports on shapes).
 #pragma once
 
 #include <algorithm>
@@ -38,6 +41,10 @@ struct BlockEnv {
   comm::Communicator* ep = nullptr;
   const TokenLayout* layout = nullptr;
   CpAlgo cp_algo = CpAlgo::ring;
+  // A timing-only run's (Meta, meta.hpp) attention kernel and MoE routing assumption; a numeric
+  // run refuses flash and routes its data.
+  AttentionKernel attention = AttentionKernel::engine;
+  MoeRouting moe_routing = MoeRouting::uniform;
   // Internal use (tests): a known bug planted in the block (parallel/testing.hpp).
   testing::Mutation planted = testing::Mutation::kNone;
   // ep_moe_backward's part_of_source (empty: one part). With parts, mp_block_backward adds the
@@ -111,6 +118,13 @@ template <class T>
 ref::Tensor<T> mp_head_backward(const BlockEnv& env, const ref::ParamMap<T>& params,
                                 const ref::Sequence& seq, double token_weight,
                                 const MpHeadCache<T>& cache, ref::ParamMap<T>& grads);
+
+// Selective recompute keeps no attention probabilities for the backward, which computes them
+// again (cp_attention_backward).
+template <class T>
+void drop_selective(MpBlockCache<T>& c, ref::Recompute recompute) {
+  if (recompute == ref::Recompute::kSelective) c.attn.probs = ref::Tensor<T>{};
+}
 
 // The RoPE positions of the CP rank's rows: seq.positions at each global row (planted bug
 // kCpRopeChunkOffset: the row's offset from the start of its CP chunk).

@@ -37,9 +37,6 @@ int64_t local_vocab(const ref::Tensor<T>& y, const ref::Tensor<T>& w, bool tied)
   return tied ? w.dim(0) : w.dim(1);
 }
 
-template <class T>
-constexpr double kBytes = static_cast<double>(sizeof(T));
-
 }  // namespace
 
 VocabShard vocab_shard(int64_t vocab, int tp, int rank) {
@@ -90,7 +87,7 @@ std::vector<double> vocab_head_forward(comm::Communicator& tp, const ref::Tensor
   const int64_t vl = local_vocab(y, weight_local, tied);
   const int64_t n = y.dim(0), h = y.dim(1);
   const auto un = static_cast<std::size_t>(n);
-  if (targets.size() != un || mask.size() != un) {
+  if (!kIsMeta<T> && (targets.size() != un || mask.size() != un)) {  // a timing-only run has none
     throw LayoutError("vocab_head_forward: " + std::to_string(n) + " rows but " +
                       std::to_string(targets.size()) + " targets and " +
                       std::to_string(mask.size()) + " mask entries");
@@ -100,43 +97,48 @@ std::vector<double> vocab_head_forward(comm::Communicator& tp, const ref::Tensor
   cache.logits =
       tied ? ref::linear_t_forward(y, weight_local) : ref::linear_forward(y, weight_local);
   tp.compute(costs::vocab_head_forward(static_cast<double>(n), static_cast<double>(h),
-                                       static_cast<double>(vl), kBytes<T>));
+                                       static_cast<double>(vl), kElemBytes<T>));
   cache.targets.assign(targets.begin(), targets.end());
   cache.vocab_offset = vocab_offset;
 
   // 1. Row max over the full vocabulary.
-  cache.row_max.assign(un, T{0});
-  for (int64_t r = 0; r < n; ++r) {
-    const T* row = cache.logits.data() + r * vl;
-    cache.row_max[static_cast<std::size_t>(r)] = vl > 0 ? *std::max_element(row, row + vl) : T{0};
+  cache.row_max.assign(un, T{});
+  if constexpr (!kIsMeta<T>) {
+    for (int64_t r = 0; r < n; ++r) {
+      const T* row = cache.logits.data() + r * vl;
+      cache.row_max[static_cast<std::size_t>(r)] = vl > 0 ? *std::max_element(row, row + vl) : T{0};
+    }
   }
   const bool reduce = tp.size() > 1 && n > 0;
-  if (reduce) tp.all_reduce(std::span<T>(cache.row_max), {.op = comm::ReduceOp::max})->wait();
+  if (reduce) tp.all_reduce(buffer_of(cache.row_max), {.op = comm::ReduceOp::max})->wait();
 
   // 2. [sum exp | target logit]: one sum all_reduce. The target's owner alone contributes it.
-  std::vector<T> sums(2 * un, T{0});
-  for (int64_t r = 0; r < n; ++r) {
-    const auto ur = static_cast<std::size_t>(r);
-    const T mx = cache.row_max[ur];
-    T s = 0;
-    for (int64_t c = 0; c < vl; ++c) s += std::exp(cache.logits.at(r, c) - mx);
-    sums[ur] = s;
-    if (!mask[ur]) continue;
-    const int64_t local = int64_t{targets[ur]} - vocab_offset;
-    if (local >= 0 && local < vl) sums[un + ur] = cache.logits.at(r, local);
+  std::vector<T> sums(2 * un, T{});
+  if constexpr (!kIsMeta<T>) {
+    for (int64_t r = 0; r < n; ++r) {
+      const auto ur = static_cast<std::size_t>(r);
+      const T mx = cache.row_max[ur];
+      T s = 0;
+      for (int64_t c = 0; c < vl; ++c) s += std::exp(cache.logits.at(r, c) - mx);
+      sums[ur] = s;
+      if (!mask[ur]) continue;
+      const int64_t local = int64_t{targets[ur]} - vocab_offset;
+      if (local >= 0 && local < vl) sums[un + ur] = cache.logits.at(r, local);
+    }
   }
   const std::vector<T> local_sums = sums;
-  if (reduce) tp.all_reduce(std::span<T>(sums))->wait();
-  if (planted == testing::Mutation::kVocabTargetNotReduced) {
-    std::copy(local_sums.begin() + static_cast<std::ptrdiff_t>(un), local_sums.end(),
-              sums.begin() + static_cast<std::ptrdiff_t>(un));
-  }
-  cache.sum_exp.assign(sums.begin(), sums.begin() + static_cast<std::ptrdiff_t>(un));
-
+  if (reduce) tp.all_reduce(buffer_of(sums))->wait();
   std::vector<double> loss(un, 0.0);
-  for (std::size_t r = 0; r < un; ++r) {
-    if (!mask[r]) continue;
-    loss[r] = static_cast<double>(cache.row_max[r] + std::log(cache.sum_exp[r]) - sums[un + r]);
+  if constexpr (!kIsMeta<T>) {
+    if (planted == testing::Mutation::kVocabTargetNotReduced) {
+      std::copy(local_sums.begin() + static_cast<std::ptrdiff_t>(un), local_sums.end(),
+                sums.begin() + static_cast<std::ptrdiff_t>(un));
+    }
+    cache.sum_exp.assign(sums.begin(), sums.begin() + static_cast<std::ptrdiff_t>(un));
+    for (std::size_t r = 0; r < un; ++r) {
+      if (!mask[r]) continue;
+      loss[r] = static_cast<double>(cache.row_max[r] + std::log(cache.sum_exp[r]) - sums[un + r]);
+    }
   }
   return loss;
 }
@@ -149,7 +151,8 @@ ref::Tensor<T> vocab_head_backward(comm::Communicator& tp, const ref::Tensor<T>&
                                    ref::Tensor<T>& dweight_local) {
   const int64_t vl = local_vocab(y, weight_local, tied);
   const int64_t n = y.dim(0), h = y.dim(1);
-  if (cache.logits.shape() != ref::Shape{n, vl} || row_weight.size() != static_cast<size_t>(n) ||
+  if (cache.logits.shape() != ref::Shape{n, vl} ||
+      (!kIsMeta<T> && row_weight.size() != static_cast<size_t>(n)) ||
       dweight_local.shape() != weight_local.shape()) {
     throw LayoutError("vocab_head_backward: cache logits " + shape_str(cache.logits.shape()) +
                       ", " + std::to_string(row_weight.size()) + " row weights, dweight " +
@@ -158,20 +161,22 @@ ref::Tensor<T> vocab_head_backward(comm::Communicator& tp, const ref::Tensor<T>&
   }
   // dlogits = w * (softmax - onehot(target)) on this rank's columns, as the reference computes.
   ref::Tensor<T> dlogits({n, vl});
-  for (int64_t r = 0; r < n; ++r) {
-    const auto ur = static_cast<std::size_t>(r);
-    const auto wt = static_cast<T>(row_weight[ur]);
-    if (wt == T{0}) continue;
-    const T mx = cache.row_max[ur], sum = cache.sum_exp[ur];
-    for (int64_t c = 0; c < vl; ++c)
-      dlogits.at(r, c) = wt * std::exp(cache.logits.at(r, c) - mx) / sum;
-    const int64_t local = int64_t{cache.targets[ur]} - cache.vocab_offset;
-    if (local >= 0 && local < vl) dlogits.at(r, local) -= wt;
+  if constexpr (!kIsMeta<T>) {
+    for (int64_t r = 0; r < n; ++r) {
+      const auto ur = static_cast<std::size_t>(r);
+      const auto wt = static_cast<T>(row_weight[ur]);
+      if (wt == T{0}) continue;
+      const T mx = cache.row_max[ur], sum = cache.sum_exp[ur];
+      for (int64_t c = 0; c < vl; ++c)
+        dlogits.at(r, c) = wt * std::exp(cache.logits.at(r, c) - mx) / sum;
+      const int64_t local = int64_t{cache.targets[ur]} - cache.vocab_offset;
+      if (local >= 0 && local < vl) dlogits.at(r, local) -= wt;
+    }
   }
   ref::Tensor<T> dy = tied ? ref::linear_t_backward(dlogits, y, weight_local, dweight_local)
                            : ref::linear_backward(dlogits, y, weight_local, dweight_local);
   tp.compute(costs::vocab_head_backward(static_cast<double>(n), static_cast<double>(h),
-                                        static_cast<double>(vl), kBytes<T>));
+                                        static_cast<double>(vl), kElemBytes<T>));
   all_reduce_sum(tp, dy);
   return dy;
 }
@@ -236,18 +241,24 @@ void tp_unslice(const ref::Tensor<T>& local, TpSplit split, int tp, int rank,
   }
 }
 
-#define SHARDCHECK_VOCAB(T)                                                                       \
-  template ref::Tensor<T> vocab_embed_forward(const ref::Tensor<T>&, int64_t,                     \
-                                              std::span<const int32_t>);                          \
-  template void vocab_embed_backward(const ref::Tensor<T>&, int64_t, std::span<const int32_t>,    \
-                                     ref::Tensor<T>&);                                            \
+#define SHARDCHECK_VOCAB_HEAD(T)                                                                  \
   template std::vector<double> vocab_head_forward(                                                \
       comm::Communicator&, const ref::Tensor<T>&, const ref::Tensor<T>&, bool, int64_t,           \
       std::span<const int32_t>, std::span<const int32_t>, VocabHeadCache<T>&, testing::Mutation); \
   template ref::Tensor<T> vocab_head_backward(                                                    \
       comm::Communicator&, const ref::Tensor<T>&, const ref::Tensor<T>&, bool,                    \
-      const VocabHeadCache<T>&, std::span<const double>, ref::Tensor<T>&);                        \
-  template ref::Tensor<T> tp_slice(const ref::Tensor<T>&, TpSplit, int, int);                     \
+      const VocabHeadCache<T>&, std::span<const double>, ref::Tensor<T>&);
+SHARDCHECK_VOCAB_HEAD(double)
+SHARDCHECK_VOCAB_HEAD(float)
+SHARDCHECK_VOCAB_HEAD(Meta<double>)
+SHARDCHECK_VOCAB_HEAD(Meta<float>)
+#undef SHARDCHECK_VOCAB_HEAD
+#define SHARDCHECK_VOCAB(T)                                                                    \
+  template ref::Tensor<T> vocab_embed_forward(const ref::Tensor<T>&, int64_t,                  \
+                                              std::span<const int32_t>);                       \
+  template void vocab_embed_backward(const ref::Tensor<T>&, int64_t, std::span<const int32_t>, \
+                                     ref::Tensor<T>&);                                         \
+  template ref::Tensor<T> tp_slice(const ref::Tensor<T>&, TpSplit, int, int);                  \
   template void tp_unslice(const ref::Tensor<T>&, TpSplit, int, int, ref::Tensor<T>&);
 SHARDCHECK_VOCAB(double)
 SHARDCHECK_VOCAB(float)

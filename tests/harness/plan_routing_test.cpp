@@ -1,10 +1,10 @@
-// The planner's MoE routing assumption (scenario key plan.moe_routing, harness/plan_block.hpp):
-// under "capacity" every expert receives its full capacity C of every sequence, each rank its
-// share of the sequence's rows, so the experts' FLOPs over the world are the closed form's against
-// "uniform" (every top-k assignment, spread evenly) for capacity factors below, near and above
-// one; the planner still issues what the engine issues, and still bounds the engine's expert FLOPs
-// over the world; hardware FLOPs count the padded rows; a routing the planner does not know is
-// refused with the JSON path.
+// The planner's MoE routing assumption (scenario key plan.moe_routing, parallel/mp/ep_moe.hpp's
+// MoeRouting): under "capacity" every expert receives its full capacity C of every sequence, each
+// rank its share of the sequence's rows, so the experts' FLOPs over the world are the closed form's
+// against "uniform" (every top-k assignment, spread evenly) for capacity factors below, near and
+// above one; the planner still issues what the engine issues, and still bounds the engine's expert
+// FLOPs over the world; hardware FLOPs count the padded rows; a routing the planner does not know
+// is refused with the JSON path.
 #include <gtest/gtest.h>
 
 #include <algorithm>
