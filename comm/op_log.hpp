@@ -104,7 +104,8 @@ class RecordingCommunicator final : public Communicator {
 // Issues the ops of `log` again, in order, on `groups` (groups[i] for the log's group i): null
 // buffers of the recorded dtypes and counts, the same reductions, roots, peers and tags, the
 // compute reports (their names point into the log: consumers copy what they keep), each wait
-// where the recording first waited. A program whose ops do not depend on its data (the planner's
+// where the recording first waited (every Work held until the replay returns). A program whose
+// ops do not depend on its data (the planner's
 // timing-only block) replays what it issued. Throws std::invalid_argument on a split or a step
 // start (a replay makes no groups and stays inside a step) or a group index out of range.
 void replay(const OpLog& log, std::span<Communicator* const> groups);

@@ -32,7 +32,7 @@ struct PlanOptions {
 
 // The ranks whose programs differ, one representative each: one per pipeline stage; every other
 // rank issues what the representative of its stage issues (tp, dp, cp and ep ranks alike: ring
-// attention's blocks are alike on every CP rank at each step, costs::ring_block_pairs). class_of
+// attention's blocks are alike on every CP rank at each step, costs::ring_run_pairs). class_of
 // maps a world rank to its stage, reps[stage] is its representative: the pp group of rank 0.
 struct Representatives {
   std::vector<int> reps;

@@ -5,6 +5,7 @@
 #include <array>
 #include <cstdint>
 #include <map>
+#include <stdexcept>
 #include <string>
 #include <utility>
 
@@ -104,14 +105,10 @@ class MetaRecorder final : public SequenceOps::Recorder {
   parallel::MpHeadCache<M> head_;
 };
 
-}  // namespace
-
-namespace {
-
 // What the calls issue depends on, besides the model: the token layout, the numeric type, the
 // recompute mode, the attention and the routing, the sizes of the rank's groups and its place in
-// them. (Its parameters' shapes follow from the model and the TP and EP sizes; which of them it
-// holds decides only which calls it makes.)
+// them. (Its parameters' shapes follow from the model and the TP and EP sizes, as local_params
+// splits them; which of them it holds decides only which calls it makes.)
 using TapeKey = std::array<int64_t, 13>;  // the layout's cp and tp are its groups' sizes
 
 TapeKey tape_key(const SequenceOps::Setup& s) {
@@ -147,8 +144,15 @@ std::shared_ptr<SequenceTapes> published_tapes(const SequenceOps::Setup& s) {
 
 }  // namespace
 
-SequenceOps::SequenceOps(const Setup& s)
-    : s_(s), own_(std::make_unique<SequenceTapes>()), shared_(published_tapes(s)) {}
+SequenceOps::SequenceOps(const Setup& s) : s_(s), own_(std::make_unique<SequenceTapes>()) {
+  // The key reads the layout's CP and TP sizes from the groups.
+  if (s.layout->cp() != s.cp->size() || s.layout->tp() != s.tp->size())
+    throw std::logic_error("SequenceOps: the token layout's cp " + std::to_string(s.layout->cp()) +
+                           " and tp " + std::to_string(s.layout->tp()) +
+                           " are not its groups' sizes " + std::to_string(s.cp->size()) + " and " +
+                           std::to_string(s.tp->size()));
+  shared_ = published_tapes(s);
+}
 
 SequenceOps::~SequenceOps() = default;
 
@@ -165,6 +169,8 @@ void SequenceOps::call(Call c) {
   if (both(*shared_)) return comm::replay(shared_->calls[c].log, groups);
   SequenceTapes::Tape& t = own_->calls[c];
   if (t.recorded) return comm::replay(t.log, groups);
+  if (c == backward && !own_->calls[forward].recorded)  // its cache would be empty
+    throw std::logic_error("SequenceOps: a backward recorded before its forward ran here");
   if (!recorder_) {
     if (s_.precision == ref::Precision::kF64)
       recorder_ = std::make_unique<MetaRecorder<double>>(s_);

@@ -7,7 +7,6 @@
 #include <vector>
 
 #include "harness/driver.hpp"
-#include "harness/plan_block.hpp"
 #include "harness/plan_skeleton.hpp"
 #include "parallel/costs.hpp"
 #include "parallel/flops.hpp"
@@ -142,12 +141,9 @@ double Skeleton::hardware_flops_per_step() const {
   if (m.moe) {
     const double n = static_cast<double>(layout_.row_count());
     const double holders = static_cast<double>(mesh_.size(comm::Axis::cp)) * spec_.tp;
-    const ref::MoeSpec moe{.experts = m.moe->experts,
-                           .top_k = m.moe->top_k,
-                           .capacity_factor = m.moe->capacity_factor,
-                           .aux_coef = m.moe->aux_loss};
-    const double rows =
-        parallel::routed_rows_per_peer(moe, m.seq_len, n, ep(), spec_.moe_routing) * ep() * holders;
+    const double rows = parallel::routed_rows_per_peer(parallel::moe_spec(m), m.seq_len, n, ep(),
+                                                       spec_.moe_routing) *
+                        ep() * holders;
     const double passes = 3 + (spec_.train.recompute == ref::Recompute::kFull ? 1 : 0);
     for (int i = 0; i < m.layers; ++i)
       if (m.is_moe_layer(i)) routed += (rows - s * m.moe->top_k) * 4 * m.hidden * m.ffn * passes;

@@ -87,7 +87,7 @@ struct PlanSpec {
   // (keeps the s x s probabilities), or "flash" (parallel/costs.hpp's flash_forward).
   std::string attention_kernel = "engine";
   // What MoE layers route (parallel/mp/ep_moe.hpp's MoeRouting): "uniform", every top-k assignment
-  // kept and spread evenly over the experts, or "capacity", every expert receiving its full
+  // kept and spread evenly over the EP ranks, or "capacity", every expert receiving its full
   // capacity of every sequence (a padded dispatch's volume; every expert at the most it can
   // receive).
   std::string moe_routing = "uniform";

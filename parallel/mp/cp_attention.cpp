@@ -62,8 +62,6 @@ void check_shapes(const comm::Communicator& cp, CpAlgo algo, const TokenLayout& 
 
 // Ulysses all_to_all, rows -> heads: local [n, w * cp] (w = this rank's share of columns per
 // rank) becomes [S, w] in global row order, the columns [r*w, (r+1)*w) of every rank.
-// Ulysses all_to_all, rows -> heads: local [n, w * cp] (w = this rank's share of columns per
-// rank) becomes [S, w] in global row order, the columns [r*w, (r+1)*w) of every rank.
 template <class T>
 ref::Tensor<T> rows_to_heads(comm::Communicator& cp, const CpAttentionCache<T>& c,
                              const ref::Tensor<T>& local) {

@@ -1,5 +1,6 @@
 // Internal to cp_attention: the ring algorithm (cp_ring.cpp). The caller has validated the shapes
-// and filled the cache's shape, dropout, seq_len, head_dim, rows and doc_ids.
+// and filled the cache's shape, dropout, seq_len, head_dim and chunks (a numeric run's also rows
+// and doc_ids).
 #pragma once
 
 #include "parallel/mp/cp_attention.hpp"

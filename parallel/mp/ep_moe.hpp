@@ -25,6 +25,7 @@
 #include "parallel/mp/meta.hpp"
 #include "parallel/mp/tokens.hpp"
 #include "parallel/testing.hpp"
+#include "reference/config.hpp"
 #include "reference/moe.hpp"
 #include "reference/ops.hpp"
 #include "reference/tensor.hpp"
@@ -45,6 +46,14 @@ enum class MoeRouting : std::uint8_t { uniform, capacity };
 // rank's experts receive ep times that.
 double routed_rows_per_peer(const ref::MoeSpec& spec, int64_t seq_len, double rows, int ep,
                             MoeRouting routing);
+
+// The MoE layer's spec (reference/moe.hpp) of a model with experts.
+inline ref::MoeSpec moe_spec(const ref::ModelConfig& m) {
+  return {.experts = m.moe->experts,
+          .top_k = m.moe->top_k,
+          .capacity_factor = m.moe->capacity_factor,
+          .aux_coef = m.moe->aux_loss};
+}
 
 struct EpGroups {
   comm::Communicator* ep = nullptr;  // experts split over this group (size 1: all experts local)

@@ -119,10 +119,6 @@ ref::AttentionDropout dropout_of(const BlockEnv& env, const ref::StepContext& ct
   return d;
 }
 
-ref::MoeSpec moe_spec(const ref::ModelConfig& m) {
-  return {m.moe->experts, m.moe->top_k, m.moe->capacity_factor, m.moe->aux_loss};
-}
-
 template <class P, class Map>
 void local_experts(const BlockEnv& env, Map& m, int layer, std::vector<P*>& up,
                    std::vector<P*>& down) {
