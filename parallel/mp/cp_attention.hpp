@@ -62,7 +62,7 @@ struct CpAttentionCache {
   // its kernels and copies read them).
   std::vector<std::vector<std::pair<int64_t, int64_t>>> chunks;
   std::vector<std::vector<int64_t>> rows;
-  std::vector<int32_t> doc_ids;            // [S]
+  std::vector<int32_t> doc_ids;  // [S]
   // ring: this rank's q [n, heads*d], k, v [n, kv_heads*d], o [n, heads*d] and the log-sum-exp of
   // each (local head, local row), [heads * n].
   // ulysses: the full-sequence q, k, v of this rank's head shard (global row order).
