@@ -47,7 +47,7 @@ class MetaRecorder final : public SequenceOps::Recorder {
     // One layer of each kind stands for all of the rank's (their shapes and collectives are
     // alike); the rest of its parameters are the embedding's and the head's.
     for (const parallel::LocalParam& p : *s.params) {
-      const int layer = layer_of(p.name);
+      const int layer = p.unit >= 1 && p.unit <= model_.layers ? p.unit - 1 : -1;
       if (layer >= 0 && rep_[kind(layer)] < 0) rep_[kind(layer)] = layer;
       if (layer < 0 || layer == rep_[kind(layer)]) params_.add(p.name, p.local_shape);
     }
@@ -87,11 +87,6 @@ class MetaRecorder final : public SequenceOps::Recorder {
  private:
   // 0: dense, 1: MoE.
   std::size_t kind(int layer) const { return model_.is_moe_layer(layer) ? 1 : 0; }
-  // The block a parameter belongs to (parallel::unit_of), -1 for the embedding's and the head's.
-  int layer_of(const std::string& name) const {
-    const int unit = parallel::unit_of(model_, name);
-    return unit >= 1 && unit <= model_.layers ? unit - 1 : -1;
-  }
 
   const ref::ModelConfig& model_;
   ref::Recompute recompute_;

@@ -68,9 +68,8 @@ class SkeletonRun {
         parallel::mesh_detail::BucketFill({.tied_across_stages = m.tie_embeddings && pp() > 1,
                                            .sequence_parallel = sp(),
                                            .bucket_elems = sp_.mesh.bucket_elems});
-    flat_ = parallel::flat_classes(specs_, k_.rules_.zero, [&](const LocalParam& p) {
-      return k_.wrap_of_.at(parallel::unit_of(m, p.name));
-    });
+    flat_ = parallel::flat_classes(specs_, k_.rules_.zero,
+                                   [&](const LocalParam& p) { return k_.wrap_of_.at(p.unit); });
     // ZeRO-3's buffers reduced every microbatch and when (mesh_unit_reducer.hpp).
     units_.emplace(Units::Setup{.model = &m,
                                 .wrap_of = &k_.wrap_of_,

@@ -171,6 +171,9 @@ class SymmetricClock final : public comm::Communicator {
   std::uint64_t seq_ = 0;
   std::map<std::tuple<int, int, bool>, std::uint64_t> p2p_seq_;  // (peer, tag, send)
   mutable int stages_ = 0;                                       // stages_spanned(), once known
+  // Under share_splits: which of the memo's groups this is (null: the world), what the memo's
+  // layouts are keyed by.
+  const void* group_id_ = nullptr;
 };
 
 // The world of a pipelined mesh through one representative rank per stage: run(program) runs

@@ -51,8 +51,9 @@ struct SplitLayout {
 };
 
 struct SplitMemo {
-  // (the split's place in the program, the members of the group it splits)
-  std::map<std::pair<std::size_t, std::vector<int>>, SplitLayout> layouts;
+  // (the split's place in the program, the group it splits: null for the world, else the
+  // SplitLayout::Own its members came from)
+  std::map<std::pair<std::size_t, const void*>, SplitLayout> layouts;
 };
 
 std::shared_ptr<SplitMemo> make_split_memo() {
@@ -128,7 +129,7 @@ std::unique_ptr<comm::Communicator> SymmetricClock::do_split(int color, int key,
   std::optional<SplitLayout> own_layout;
   SplitLayout* layout = nullptr;
   if (s.split_memo) {
-    const auto k = std::pair{place, members_};
+    const auto k = std::pair{place, group_id_};
     auto it = s.split_memo->layouts.find(k);
     if (it == s.split_memo->layouts.end())
       it = s.split_memo->layouts.emplace(k, split_layout(rule, members_, s.topology)).first;
@@ -168,8 +169,10 @@ std::unique_ptr<comm::Communicator> SymmetricClock::do_split(int color, int key,
   const std::vector<int>& mine = own->ranks;
   const int r = static_cast<int>(std::find(mine.begin(), mine.end(), me) - mine.begin());
   const bool listed = std::find(s.listed.begin(), s.listed.end(), o.name) != s.listed.end();
-  return std::unique_ptr<comm::Communicator>(
-      new SymmetricClock(state_, mine, r, own->name, link, listed));
+  auto group =
+      std::unique_ptr<SymmetricClock>(new SymmetricClock(state_, mine, r, own->name, link, listed));
+  if (s.split_memo) group->group_id_ = own;
+  return group;
 }
 
 }  // namespace shardcheck::sim

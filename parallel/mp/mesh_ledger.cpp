@@ -138,7 +138,7 @@ std::vector<LedgerRow> mesh_ledger_modes(const ref::ModelConfig& model,
   const std::shared_ptr<const std::vector<LocalParam>> params =
       shared_local_params(model, mesh, world_rank, o.virtual_stages);
   const std::vector<LocalParam>& specs = *params;
-  const auto wrap_unit = [&](const LocalParam& p) { return wrap.at(unit_of(model, p.name)); };
+  const auto wrap_unit = [&](const LocalParam& p) { return wrap.at(p.unit); };
   const int cp = o.shape.cp, edp = mesh.size(comm::Axis::edp);
   const bool hybrid = rules.hybrid_shard;
   const int dense = (hybrid ? f.shard_group_size : o.shape.dp) * cp;

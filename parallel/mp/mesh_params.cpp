@@ -75,11 +75,6 @@ bool ends_with(const std::string& s, const std::string& suffix) {
          s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
-int layer_of(const std::string& name) {
-  if (name.rfind("layers.", 0) != 0) return -1;
-  return std::stoi(name.substr(7));
-}
-
 int expert_of(const std::string& name) {
   const auto at = name.find(".experts.");
   return at == std::string::npos ? -1 : std::stoi(name.substr(at + 9));
@@ -108,9 +103,10 @@ std::vector<LocalParam> local_params(const ref::ModelConfig& model, const comm::
     for (const auto& [name, shape] : ref::part_param_shapes(model, part)) {
       LocalParam p;
       p.name = name;
+      p.unit = part + 1;
       p.global_shape = shape;
       p.local_shape = shape;
-      const int layer = layer_of(name);
+      const int layer = part < model.layers ? part : -1;  // -1: the embedding or the head
       if (name == "embed.weight") {
         if (!plan.has_embed && !(plan.has_head && model.tie_embeddings)) continue;
         p.tied_copy = !plan.has_embed;
@@ -164,13 +160,10 @@ std::vector<LocalParam> local_params(const ref::ModelConfig& model, const comm::
 bool chunk_writes(const ref::ModelConfig& model, const StagePlan& plan, int chunk, int vs,
                   int last_vs, const LocalParam& p) {
   const auto [first, last] = plan.chunk_layers[static_cast<std::size_t>(chunk)];
-  if (p.name.rfind("layers.", 0) == 0) {
-    const int layer = std::stoi(p.name.substr(7));
-    return layer >= first && layer < last;
-  }
-  if (p.name == "embed.weight" && vs == 0) return true;
-  return vs == last_vs &&
-         mesh_detail::head_completes(mesh_detail::tied_done_at_head(model, plan.has_embed), p);
+  if (p.unit > 0 && p.unit <= model.layers) return p.unit > first && p.unit <= last;
+  if (p.unit == 0 && vs == 0) return true;
+  return vs == last_vs && mesh_detail::head_completes(
+                              mesh_detail::tied_done_at_head(model, plan.has_embed), model, p);
 }
 
 std::shared_ptr<const std::vector<LocalParam>> shared_local_params(const ref::ModelConfig& model,

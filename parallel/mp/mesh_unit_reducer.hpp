@@ -40,7 +40,7 @@ class UnitReducer {
   UnitReducer(const Setup& s, const std::vector<LocalParam>& specs, Units units,
               comm::MemoryTracker& mem)
       : units_(std::move(units)), mem_(mem), bytes_(s.bytes_per_elem), specs_(&specs) {
-    const auto unit = [&](const LocalParam& p) { return s.wrap_of->at(unit_of(*s.model, p.name)); };
+    const auto unit = [&](const LocalParam& p) { return s.wrap_of->at(p.unit); };
     std::vector<FlatClass> computed;
     if (s.classes == nullptr) computed = flat_classes(specs, s.zero, unit);
     const std::vector<FlatClass>& classes = s.classes != nullptr ? *s.classes : computed;

@@ -27,9 +27,9 @@ namespace shardcheck::parallel::mesh_detail {
 // Whether the head's backward completes p's gradient: the final norm, an untied head, and the tied
 // embedding's copy when `embedding` (tied, and the stage does not also hold the embedding, whose
 // backward writes it later: tied_done_at_head).
-inline bool head_completes(bool embedding, const LocalParam& p) {
-  if (p.name == "embed.weight") return embedding;
-  return p.name == "final_norm.weight" || p.name == "lm_head.weight";
+inline bool head_completes(bool embedding, const ref::ModelConfig& model, const LocalParam& p) {
+  if (p.unit == 0) return embedding;
+  return p.unit == model.layers + 1;
 }
 inline bool tied_done_at_head(const ref::ModelConfig& model, bool holds_embedding) {
   return model.tie_embeddings && !holds_embedding;
@@ -40,21 +40,14 @@ struct ChunkStep {
   Part part = Part::layer;
   int layer = -1;          // Part::layer
   std::vector<int> units;  // the wrap units it uses (none: the embedding's backward)
-  std::string prefix;      // Part::layer: "layers.<layer>."
+  int own = 0;             // the layerwise unit whose parameters it runs (LocalParam::unit)
   // Part::head: its backward completes the tied embedding's copy (head_completes).
   bool completes_embedding = false;
 
   // Backward: whether this step completes p's gradient for the microbatch.
   bool completes(const LocalParam& p) const {
-    switch (part) {
-      case Part::layer:
-        return p.name.compare(0, prefix.size(), prefix) == 0;
-      case Part::embed:
-        return p.name == "embed.weight";
-      case Part::head:
-        return head_completes(completes_embedding, p);
-    }
-    return false;
+    if (part == Part::head && p.unit == 0) return completes_embedding;
+    return p.unit == own;
   }
 };
 
@@ -67,13 +60,14 @@ inline std::vector<ChunkStep> chunk_steps(const ref::ModelConfig& model,
                                           bool last_stage, bool holds_embedding, bool forward) {
   std::vector<ChunkStep> steps;
   const auto add = [&](ChunkStep::Part part, int layer, std::vector<int> units) {
-    ChunkStep s{.part = part,
-                .layer = layer,
-                .units = std::move(units),
-                .prefix = {},
-                .completes_embedding = tied_done_at_head(model, holds_embedding)};
-    if (part == ChunkStep::Part::layer) s.prefix = "layers." + std::to_string(layer) + ".";
-    steps.push_back(std::move(s));
+    const int own = part == ChunkStep::Part::embed   ? 0
+                    : part == ChunkStep::Part::layer ? layer + 1
+                                                     : model.layers + 1;
+    steps.push_back(ChunkStep{.part = part,
+                              .layer = layer,
+                              .units = std::move(units),
+                              .own = own,
+                              .completes_embedding = tied_done_at_head(model, holds_embedding)});
   };
   const auto add_head = [&] {
     if (!last_stage) return;

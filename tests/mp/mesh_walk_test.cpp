@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "comm/mesh.hpp"
+#include "parallel/layerwise.hpp"
 #include "parallel/mp/mesh_params.hpp"
 #include "parallel/mp/mesh_residency.hpp"
 #include "parallel/mp/mesh_walk.hpp"
@@ -112,7 +113,8 @@ TEST(MeshWalk, FullRecomputeRunsEachLayersForwardAgainBeforeItsBackward) {
 }
 
 // Every parameter a rank's chunk writes (chunk_writes) is completed by exactly one step of that
-// chunk's backward, and no step completes a parameter the chunk does not write.
+// chunk's backward, and no step completes a parameter the chunk does not write. Both read the
+// parameter's unit (LocalParam::unit): it is unit_of's for its name.
 void expect_each_write_completed_once(const ref::ModelConfig& m, int pp, int v) {
   const comm::DeviceMesh mesh(comm::MeshShape{.pp = pp});  // rank = stage
   const std::map<int, int> wrap = layerwise(m);
@@ -125,6 +127,7 @@ void expect_each_write_completed_once(const ref::ModelConfig& m, int pp, int v) 
           chunk_steps(m, wrap, plan.chunk_layers[static_cast<std::size_t>(c)], vs == 0,
                       vs == last_vs, plan.has_embed, false);
       for (const LocalParam& p : local_params(m, mesh, stage, v)) {
+        EXPECT_EQ(p.unit, unit_of(m, p.name)) << p.name;
         int by = 0;
         for (const ChunkStep& s : b) by += s.completes(p) ? 1 : 0;
         EXPECT_EQ(by, chunk_writes(m, plan, c, vs, last_vs, p) ? 1 : 0)
