@@ -15,7 +15,6 @@
 
 #include "harness/driver.hpp"
 #include "harness/plan_block.hpp"
-#include "parallel/costs.hpp"
 #include "parallel/flops.hpp"
 #include "parallel/layerwise.hpp"
 #include "parallel/mp/mesh_bf16.hpp"
@@ -31,7 +30,6 @@ namespace shardcheck::harness {
 
 namespace {
 
-namespace costs = parallel::costs;
 using parallel::FlatClass;
 using parallel::LocalParam;
 
@@ -144,7 +142,7 @@ class SkeletonRun {
     for (int step = 1; step <= sp_.steps; ++step) {
       // MeshImpl::step: 1. the loss denominators.
       world_.begin_step(step);
-      data_->all_reduce(null_buf(3, comm::DType::i64))->wait();
+      parallel::global_counts(*data_, {});
       buckets_.clear(specs_.size());
       // 2. the pipeline: the engine's executor (run_pipeline) with null buffers.
       parallel::run_pipeline(*groups_->get(G::pp), events, stage);
@@ -155,12 +153,8 @@ class SkeletonRun {
                                           PickedSums{*this, true, nullptr});
       if (!k_.rules_.no_shard) reduce();
       // 4. norm and numerators, the health check.
-      world_.all_reduce(null_buf(4, comm::DType::f64))->wait();
-      if (sp_.mesh.health.check)
-        world_
-            .all_gather(null_buf(1, comm::DType::i32),
-                        null_buf(static_cast<std::size_t>(world_.size()), comm::DType::i32))
-            ->wait();
+      parallel::global_sums(world_, {});
+      if (sp_.mesh.health.check) parallel::agree_health(world_, false);
       // 5. the update (MeshOptimizer::update).
       update();
     }
@@ -381,15 +375,10 @@ class SkeletonRun {
   // MeshOptimizer::reduce.
   void reduce() { comm_.reduce(classes_, null_); }
 
-  // MeshOptimizer::update: each class's owned range, its collectives (share), then one AdamW
-  // report.
+  // MeshOptimizer::update's collectives and report, without the AdamW arithmetic.
   void update() {
-    int64_t owned = 0;
-    for (const parallel::ShardedClass& c : classes_) {
-      owned += c.own_end - c.own_begin;
-      comm_.share(c, null_);
-    }
-    world_.compute(costs::adamw(static_cast<double>(owned), sp_.recipe));
+    comm_.update(
+        classes_, null_, [](const parallel::ShardedClass&) {}, world_, sp_.recipe);
   }
 
   sim::SymmetricClock* memo_;

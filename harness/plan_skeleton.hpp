@@ -13,11 +13,12 @@
 // before a reduction (mesh_rows.hpp's replica_sums and no_shard_sums, mesh_bf16.hpp's
 // microbatch_presums), the tied embedding's exchange, each sequence's embedding, blocks and head
 // (tp_block.hpp's, with cp_attention, cp_ring, ep_moe and vocab_parallel, on Meta tensors:
-// plan_block.hpp), and the compute reports (parallel/costs.hpp). What it still writes itself (the
-// step's phases and their scalar collectives, the order of a chunk's end) is checked against the
-// engine by the conformance test (harness/conformance.hpp: the op logs of both runs are equal for
-// every configuration of the parity matrix). It runs on any comm::Communicator that moves no
-// data: sim::SimWorld in meta mode (every rank a thread), the planner's sim::SymmetricClock (one
+// plan_block.hpp), the step's scalar collectives (parallel/step.hpp's global_counts, global_sums
+// and agree_health), the update's (ClassComm::update) and the compute reports (parallel/costs.hpp).
+// What it still writes itself (the order of the step's phases and of a chunk's end) is checked
+// against the engine by the conformance test (harness/conformance.hpp: the op logs of both runs are
+// equal for every configuration of the parity matrix). It runs on any comm::Communicator that moves
+// no data: sim::SimWorld in meta mode (every rank a thread), the planner's sim::SymmetricClock (one
 // representative rank: every rank of a mesh without a pipeline issues alike) or sim::StageWorld
 // (one representative per pipeline stage). Timing only: no numerics, no memory books. Stated
 // assumptions (plan_block.hpp): every sequence is one document without padding; MoE experts

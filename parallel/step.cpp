@@ -60,6 +60,16 @@ ref::StepRecord step_record(int step, const LossCounts& global, double loss_sum,
   return rec;
 }
 
+LossCounts global_counts(comm::Communicator& data, LossCounts local) {
+  data.all_reduce(std::span<int64_t>(local))->wait();
+  return local;
+}
+
+StepSums global_sums(comm::Communicator& world, StepSums local) {
+  world.all_reduce(std::span<double>(local))->wait();
+  return local;
+}
+
 StepHealth agree_health(comm::Communicator& group, bool nonfinite) {
   std::vector<int32_t> flags(static_cast<std::size_t>(group.size()), 0);
   flags[static_cast<std::size_t>(group.rank())] = nonfinite ? 1 : 0;

@@ -70,6 +70,14 @@ struct StepHealth {
 using LossCounts = std::array<int64_t, 3>;
 LossCounts local_counts(const ref::Batch& local);
 
+// A step's sums over the world: the squared gradient norm and the numerators (token loss sum,
+// aux sum, dropped assignments).
+using StepSums = std::array<double, 4>;
+// The step's scalar collectives: the counts summed over the data-parallel ranks (before any
+// backward), the sums over the world (after the gradient sums).
+LossCounts global_counts(comm::Communicator& data, LossCounts local);
+StepSums global_sums(comm::Communicator& world, StepSums local);
+
 // The context the microbatches' backward runs with: gradients of the global loss (weights 1 / the
 // global counts), dropout keyed by (seed, step).
 ref::StepContext step_context(uint64_t seed, int step, const LossCounts& global,

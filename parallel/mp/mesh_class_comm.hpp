@@ -12,6 +12,8 @@
 //   issue_unit / complete_unit    zero 3: one class's reduce_scatter during the backward
 //                    (mesh_grad_units.hpp says which and when), its shard accumulated.
 //   share            zero 1/2, after the update: the owned shard all_gathered.
+//   update           the optimizer step around each class's AdamW: share, then one compute
+//                    report of every owned element.
 //   issue_gather / complete_gather    zero 3: a wrap unit's all_gathers before its use.
 // The planted bugs that change what is reduced (tests: kSkipBucket, kWrongShardOffset,
 // kSkipReplicaSum, kGradAveragedNotSummed) are applied here; the timing-only run plants none.
@@ -41,6 +43,7 @@
 #include <vector>
 
 #include "comm/communicator.hpp"
+#include "parallel/costs.hpp"
 #include "parallel/mp/mesh_classes.hpp"
 #include "parallel/testing.hpp"
 
@@ -173,6 +176,21 @@ class ClassComm {
     Buf full = d.owned_padded(c, true);
     g.all_gather(d.view(full))->wait();
     d.unpack_full(c, full);
+  }
+
+  // The optimizer step (MeshOptimizer::update): for each class, adam(c) (AdamW on its owned range;
+  // the timing-only run has none to do) then share(c, d); then one AdamW compute report on world
+  // over every owned element.
+  template <class C, class Adam>
+  void update(std::vector<C>& cs, D& d, const Adam& adam, comm::Communicator& world,
+              const Recipe& recipe) const {
+    int64_t owned = 0;
+    for (C& c : cs) {
+      adam(c);
+      owned += c.own_end - c.own_begin;
+      share(c, d);
+    }
+    world.compute(costs::adamw(static_cast<double>(owned), recipe));
   }
 
   // zero 3: one wrap unit's all_gathers (one per class holding it), in flight.

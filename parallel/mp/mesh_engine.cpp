@@ -137,9 +137,8 @@ ref::StepRecord MeshImpl<T>::step(const ref::Batch& local) {
   for (auto& e : grads_) e.value.fill(T{0});
 
   // 1. Global denominators, before any backward.
-  LossCounts den = local_counts(local);
-  const LossCounts mine = den;
-  data_->all_reduce(std::span<int64_t>(den))->wait();
+  const LossCounts mine = local_counts(local);
+  const LossCounts den = global_counts(*data_, mine);
   ctx_ = step_context(seed_, steps_, den, train_);
   if (opt_.planted == testing::Mutation::kMeanOfRankMeans) {  // the mean of data ranks' means
     ctx_ = step_context(seed_, steps_, mine, train_);
@@ -182,13 +181,13 @@ ref::StepRecord MeshImpl<T>::step(const ref::Batch& local) {
 
   // 4. Norm and numerators.
   const double sq = zopt_->sum_squares(grads_);
-  std::vector<double> sums = {sq, counted_[0], counted_[1], counted_[2]};
+  StepSums sums{};
   if (opt_.planted == testing::Mutation::kLocalNormClip) {
     std::vector<double> rest = {counted_[0], counted_[1], counted_[2]};
     world_.all_reduce(std::span<double>(rest))->wait();
     sums = {sq, rest[0], rest[1], rest[2]};
   } else {
-    world_.all_reduce(std::span<double>(sums))->wait();
+    sums = global_sums(world_, {sq, counted_[0], counted_[1], counted_[2]});
   }
   ref::StepRecord rec = step_record(steps_, den, sums[1], sums[2], sums[0], train_);
   if (opt_.health.check) health = agree_health(world_, nonfinite_);

@@ -10,7 +10,6 @@
 #include <type_traits>
 
 #include "parallel/adamw.hpp"
-#include "parallel/costs.hpp"
 #include "parallel/flops.hpp"
 #include "parallel/testing.hpp"
 #include "reference/bf16.hpp"
@@ -204,12 +203,11 @@ template <class T>
 void MeshOptimizer<T>::update(const ref::ParamMap<T>& grads, double clip_factor, double lr,
                               ref::ParamMap<T>& params) {
   ++t_;
-  int64_t owned = 0;
   std::vector<std::pair<std::string, std::vector<T>>> stale;  // kReplicaNotUpdated (tests)
   if (env_.planted == testing::Mutation::kReplicaNotUpdated && env_.tp_rank != 0)
     for (const LocalParam& p : specs_)
       if (p.tp_replicated) stale.emplace_back(p.name, params[p.name].vec());
-  for (Class& c : classes_) {
+  const auto adam_class = [&](Class& c) {
     const int64_t len = c.own_end - c.own_begin;
     std::vector<T> g;
     if (env_.zero >= 2) {
@@ -234,13 +232,11 @@ void MeshOptimizer<T>::update(const ref::ParamMap<T>& grads, double clip_factor,
       adam(c, std::span<T>(p), g, lr);
       unpack(c, std::span<const T>(p), c.own_begin, params);
     }
-    owned += len;
     c.grad = std::vector<T>{};
-    Data d{.o = this, .params = &params, .params_out = &params};
-    comm_.share(c, d);
-  }
+  };
+  Data d{.o = this, .params = &params, .params_out = &params};
+  comm_.update(classes_, d, adam_class, *env_.world, env_.recipe);
   for (auto& [name, v] : stale) params[name].vec() = std::move(v);
-  env_.world->compute(costs::adamw(static_cast<double>(owned), env_.recipe));
 }
 
 template <class T>
