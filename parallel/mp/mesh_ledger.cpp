@@ -122,10 +122,13 @@ LedgerRow mesh_ledger(const ref::ModelConfig& model, const ref::TrainConfig& tra
   return mesh_ledger_modes(model, train, options, world_rank, {&train.recompute, 1})[0];
 }
 
-std::vector<LedgerRow> mesh_ledger_modes(const ref::ModelConfig& model,
-                                         const ref::TrainConfig& train, const MeshOptions& options,
-                                         int world_rank, std::span<const ref::Recompute> modes) {
-  validate_mesh(model, train, options);
+namespace {
+
+// mesh_ledger_modes of options already validated (validate_mesh).
+std::vector<LedgerRow> validated_ledger_modes(const ref::ModelConfig& model,
+                                              const ref::TrainConfig& train,
+                                              const MeshOptions& options, int world_rank,
+                                              std::span<const ref::Recompute> modes) {
   MeshOptions o = options;
   const DataParallelRules rules = data_parallel_rules(o);
   o.zero = rules.zero;
@@ -186,11 +189,11 @@ std::vector<LedgerRow> mesh_ledger_modes(const ref::ModelConfig& model,
   // bf16 with MoE: the microbatch's expert gradients kept per data rank until rounded
   // (mesh_bf16.hpp), as many as the engine's parts.
   int64_t part_elems = 0;
-  if (train.precision == ref::Precision::kBf16 && model.moe)
+  if (train.precision == ref::Precision::kBf16 && model.moe) {
+    const int parts = mesh_detail::expert_part_count(mesh, world_rank);
     for (const LocalParam& p : specs)
-      if (p.expert)
-        part_elems +=
-            mesh_detail::expert_part_count(mesh, world_rank) * ref::numel_of(p.local_shape);
+      if (p.expert) part_elems += parts * ref::numel_of(p.local_shape);
+  }
   row.grad_peak =
       static_cast<std::size_t>(accumulated) * r.grad +
       static_cast<std::size_t>((microbatch_grads ? whole : 0) + part_elems + unit_peak) *
@@ -272,6 +275,15 @@ std::vector<LedgerRow> mesh_ledger_modes(const ref::ModelConfig& model,
   return rows;
 }
 
+}  // namespace
+
+std::vector<LedgerRow> mesh_ledger_modes(const ref::ModelConfig& model,
+                                         const ref::TrainConfig& train, const MeshOptions& options,
+                                         int world_rank, std::span<const ref::Recompute> modes) {
+  validate_mesh(model, train, options);
+  return validated_ledger_modes(model, train, options, world_rank, modes);
+}
+
 namespace {
 
 // What mesh_ledger reads of a rank's parameters: names (their units and chunks), local shapes and
@@ -294,6 +306,7 @@ std::vector<RankLedger> mesh_ledger_stages(const ref::ModelConfig& model,
 std::vector<std::vector<RankLedger>> mesh_ledger_stages_modes(
     const ref::ModelConfig& model, const ref::TrainConfig& train, const MeshOptions& options,
     std::span<const ref::Recompute> modes) {
+  validate_mesh(model, train, options);
   const comm::DeviceMesh mesh(options.shape, options.order);
   const auto stages = static_cast<std::size_t>(options.shape.pp);
   std::vector<std::vector<RankLedger>> best(modes.size(), std::vector<RankLedger>(stages));
@@ -324,7 +337,7 @@ std::vector<std::vector<RankLedger>> mesh_ledger_stages_modes(
         ++i;
       if (i == computed.size())
         computed.push_back(
-            {stage, parts, params, mesh_ledger_modes(model, train, options, r, modes)});
+            {stage, parts, params, validated_ledger_modes(model, train, options, r, modes)});
       it = by_coord.emplace(key, i).first;
     }
     const auto s = static_cast<std::size_t>(stage);

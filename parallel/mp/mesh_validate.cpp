@@ -3,6 +3,8 @@
 // the CLI's "not built" rows all call it. Each message names the value and what it must divide.
 #include <algorithm>
 #include <iterator>
+#include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -62,17 +64,24 @@ void validate_mesh(const ref::ModelConfig& m, const ref::TrainConfig& t, const M
     // expert-DP group read the same data ranks, or none of one another's). Checked on one TP/PP
     // slice (the others repeat it), for the meshes small enough to run.
     if (t.precision == ref::Precision::kBf16 && m.moe && s.ep > 1 && s.dp * s.cp <= 4096) {
-      const auto data_ranks = [&](int rank) {
+      // The data ranks an EP group reads, by world rank: the slice's ranks, each EP group once.
+      std::map<int, std::shared_ptr<const std::vector<int>>> read_by;
+      const auto data_ranks = [&](int rank) -> const std::vector<int>& {
+        std::shared_ptr<const std::vector<int>>& slot = read_by[rank];
+        if (slot) return *slot;
+        const std::vector<int> group = mesh.group(rank, comm::Axis::ep);
         std::vector<int> d;
-        for (int r : mesh.group(rank, comm::Axis::ep)) d.push_back(mesh.coord(r, comm::Axis::dp));
+        for (int r : group) d.push_back(mesh.coord(r, comm::Axis::dp));
         std::sort(d.begin(), d.end());
         d.erase(std::unique(d.begin(), d.end()), d.end());
-        return d;
+        auto shared = std::make_shared<const std::vector<int>>(std::move(d));
+        for (int r : group) read_by[r] = shared;
+        return *shared;
       };
       for (int r : mesh.group(0, std::vector<comm::Axis>{comm::Axis::ep, comm::Axis::edp})) {
-        const std::vector<int> mine = data_ranks(r);
+        const std::vector<int>& mine = data_ranks(r);
         for (int other : mesh.group(r, comm::Axis::edp)) {
-          const std::vector<int> theirs = data_ranks(other);
+          const std::vector<int>& theirs = data_ranks(other);
           std::vector<int> both;
           std::set_intersection(mine.begin(), mine.end(), theirs.begin(), theirs.end(),
                                 std::back_inserter(both));

@@ -125,9 +125,9 @@ MetaTensor<U> linear_t_forward(const MetaTensor<U>& x, const MetaTensor<U>& w) {
   return MetaTensor<U>({x.dim(0), w.dim(0)});
 }
 template <class U>
-MetaTensor<U> linear_t_backward(const MetaTensor<U>& /*dy*/, const MetaTensor<U>& x,
-                                const MetaTensor<U>& /*w*/, MetaTensor<U>& /*dw*/) {
-  return MetaTensor<U>(x.shape());
+MetaTensor<U> linear_t_backward(const MetaTensor<U>& dy, const MetaTensor<U>& x,
+                                const MetaTensor<U>& w, MetaTensor<U>& dw) {
+  return linear_backward(dy, x, w, dw);  // the same shapes: dx like x
 }
 template <class U>
 MetaTensor<U> mlp_forward(const MetaTensor<U>& x, const MetaTensor<U>& w_up,
