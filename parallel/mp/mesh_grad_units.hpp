@@ -39,7 +39,7 @@ inline std::vector<int> unit_reduce_chunks(const ref::ModelConfig& model, const 
   if (zero != 3) return out;
   const int last_vs = pp * virtual_stages - 1;
   const auto writer = [&](const LocalParam& p) {
-    if (p.name == "embed.weight" && model.tie_embeddings && last_vs > 0) return -1;
+    if (p.unit == 0 && model.tie_embeddings && last_vs > 0) return -1;  // the embedding
     for (int c = 0; c < virtual_stages; ++c)
       if (chunk_writes(model, plan, c, c * pp + stage, last_vs, p)) return c;
     return -1;

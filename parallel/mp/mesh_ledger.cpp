@@ -286,12 +286,13 @@ std::vector<LedgerRow> mesh_ledger_modes(const ref::ModelConfig& model,
 
 namespace {
 
-// What mesh_ledger reads of a rank's parameters: names (their units and chunks), local shapes and
-// the expert flag. Ranks of one stage equal in these (TP ranks of a model whose heads, kv heads,
-// FFN and vocabulary split evenly) have the same row.
+// What mesh_ledger reads of a rank's parameters: their units (wrap units and chunks), local
+// shapes and the expert flag, in order. Ranks of one stage equal in these (TP ranks of a model
+// whose heads, kv heads, FFN and vocabulary split evenly; EP ranks holding as many experts) have
+// the same row.
 bool same_ledger_params(const std::vector<LocalParam>& a, const std::vector<LocalParam>& b) {
   return std::equal(a.begin(), a.end(), b.begin(), b.end(), [](const auto& x, const auto& y) {
-    return x.expert == y.expert && x.local_shape == y.local_shape && x.name == y.name;
+    return x.unit == y.unit && x.expert == y.expert && x.local_shape == y.local_shape;
   });
 }
 
