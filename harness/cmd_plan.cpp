@@ -95,6 +95,18 @@ std::string routing_text(const Scenario& s) {
                "(plan.moe_routing: \"capacity\" for the capacity bound)";
 }
 
+// When the bf16 recipe rounds (scenario key plan.bf16_rounding), for a bf16 scenario.
+std::string rounding_text(const Scenario& s) {
+  if (s.train.precision != ref::Precision::kBf16) return "";
+  return s.plan.bf16_rounding == "local"
+             ? "; bf16: each rank rounds its own microbatch gradient, summed once per step "
+               "(plan.bf16_rounding \"local\": a what-if the engine does not run; memory the "
+               "engine's)"
+             : "; bf16: each microbatch's gradient summed over the ranks holding its partials (CP, "
+               "SP replicas, kv replicas, expert parts) before its rounding, as the engine does "
+               "(plan.bf16_rounding: \"local\" for Megatron-style f32 main grads)";
+}
+
 void print_table(std::ostream& os, const Scenario& s, const PlanResult& r, const PlanOptions& o) {
   const TopologySpec& t = s.topology;
   os << "# plan " << r.scenario
@@ -106,7 +118,7 @@ void print_table(std::ostream& os, const Scenario& s, const PlanResult& r, const
      << " GB/s " << t.intra_node.latency_us << " us, inter " << t.inter_node.bandwidth_gbps
      << " GB/s " << t.inter_node.latency_us << " us, " << t.peak_tflops << " TFLOP/s x "
      << r.compute_efficiency << " efficiency, " << t.memory_gib << " GiB per device; attention "
-     << attention_text(s) << routing_text(s) << "\n"
+     << attention_text(s) << routing_text(s) << rounding_text(s) << "\n"
      << "# batch: " << s.train.global_batch << " sequences x " << s.model.seq_len
      << " tokens per step (every token counted as non-padding); gradient reductions in "
      << r.reduce_dtype << "\n";
@@ -181,7 +193,7 @@ void print_search(std::ostream& os, const Scenario& s, const SearchResult& r) {
   os << "# plan --search " << r.scenario << ": every mesh of " << r.world << " ranks ("
      << t.ranks_per_node << " per node, " << t.memory_gib << " GiB each), global batch "
      << r.global_batch << " x " << s.model.seq_len << " tokens; attention " << attention_text(s)
-     << routing_text(s) << "\n"
+     << routing_text(s) << rounding_text(s) << "\n"
      << "# meshes (dp, tp, pp, cp up to " << r.max_cp << ", ep, CP algorithm): " << r.meshes
      << " considered, " << r.meshes_not_built << " not built by the engine\n"
      << "# candidates (ZeRO/FSDP, sequence parallel, schedule, micro batch, recompute, order): "

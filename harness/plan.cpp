@@ -409,6 +409,7 @@ PlanResult plan_scenario(const Scenario& s, const PlanOptions& o) {
   r.compute_efficiency = o.compute_efficiency;
   r.attention_kernel = s.plan.attention_kernel;
   r.moe_routing = s.plan.moe_routing;
+  r.bf16_rounding = s.plan.bf16_rounding;
   const double peak = s.topology.peak_tflops * 1e12;
   for (const ParallelSpec& p : s.configs) {
     ConfigPlan c;

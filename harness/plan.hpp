@@ -115,6 +115,7 @@ struct PlanResult {
   std::string reduce_dtype;                 // dtype of gradient reductions in the skeleton
   std::string attention_kernel = "engine";  // the scenario's plan.attention_kernel
   std::string moe_routing = "uniform";      // the scenario's plan.moe_routing
+  std::string bf16_rounding = "sum_first";  // the scenario's plan.bf16_rounding
   std::vector<ConfigPlan> configs;
   int best = -1;            // fastest configuration that fits, or -1
   int fastest = -1;         // fastest modelled configuration, fitting or not

@@ -186,6 +186,7 @@ nlohmann::json plan_json(const PlanResult& r) {
                         {"gradient_reduce_dtype", r.reduce_dtype},
                         {"attention_kernel", r.attention_kernel},
                         {"moe_routing", r.moe_routing},
+                        {"bf16_rounding", r.bf16_rounding},
                         {"evaluation",
                          "symmetric clock: one representative rank with the "
                          "simulator's cost model (sim/topology.hpp)"}};

@@ -234,6 +234,7 @@ SearchResult search_plans(const Scenario& s, const SearchOptions& o) {
   r.scenario = s.name;
   r.attention_kernel = s.plan.attention_kernel;
   r.moe_routing = s.plan.moe_routing;
+  r.bf16_rounding = s.plan.bf16_rounding;
   r.world = o.world > 0 ? o.world : s.parallel.mesh.world_size();
   r.max_cp = o.max_cp;
   if (o.world < 0 || r.world < 1 || r.world > comm::kMaxWorldSize)
@@ -554,6 +555,7 @@ nlohmann::json search_json(const SearchResult& r) {
           {"global_batch", r.global_batch},
           {"attention_kernel", r.attention_kernel},
           {"moe_routing", r.moe_routing},
+          {"bf16_rounding", r.bf16_rounding},
           {"device_memory_bytes", r.device_memory_bytes},
           {"meshes",
            {{"considered", r.meshes}, {"not_built", r.meshes_not_built}, {"max_cp", r.max_cp}}},

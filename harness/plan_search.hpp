@@ -74,6 +74,7 @@ struct SearchResult {
   std::string scenario;
   std::string attention_kernel = "engine";  // the scenario's plan.attention_kernel
   std::string moe_routing = "uniform";      // the scenario's plan.moe_routing
+  std::string bf16_rounding = "sum_first";  // the scenario's plan.bf16_rounding
   int world = 0;
   int global_batch = 0;
   double device_memory_bytes = 0;

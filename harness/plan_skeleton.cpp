@@ -337,8 +337,9 @@ class SkeletonRun {
     }
     void round(bool /*expert*/) {}
   };
-  // round_microbatch_gradient's sums.
+  // round_microbatch_gradient's sums (none under the "local" what-if).
   void round_presums(bool deferred, const std::vector<std::size_t>* only = nullptr) {
+    if (!sp_.microbatch_presums) return;
     parallel::mesh_detail::microbatch_presums(cp_, kv_, sp() ? tp_ : nullptr, parts_, expert_parts_,
                                               PickedSums{*this, deferred, only});
   }

@@ -63,6 +63,9 @@ struct SkeletonSpec {
   int tp = 1;                                   // ranks in the tensor-parallel group
   int local_batch = 1;                          // sequences per rank per step
   parallel::MoeRouting moe_routing = parallel::MoeRouting::uniform;  // plan.moe_routing
+  // The bf16 recipe's per-microbatch sums before rounding (microbatch_presums): issued, as the
+  // engine does, unless plan.bf16_rounding is "local" (a what-if).
+  bool microbatch_presums = true;
   int steps = 2;
 };
 

@@ -46,6 +46,7 @@ SkeletonSpec skeleton_spec(const Scenario& s, const ParallelSpec& p, int dp, int
   k.local_batch = global_batch / dp;
   k.moe_routing = s.plan.moe_routing == "capacity" ? parallel::MoeRouting::capacity
                                                    : parallel::MoeRouting::uniform;
+  k.microbatch_presums = s.plan.bf16_rounding != "local";
   return k;
 }
 

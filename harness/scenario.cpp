@@ -331,6 +331,7 @@ Scenario parse_scenario(const nlohmann::json& j) {
   sc.plan.restart_s = plan.number("restart_s", sc.plan.restart_s, 0, 1e9);
   sc.plan.attention_kernel = plan.choice("attention_kernel", "engine", {"engine", "flash"});
   sc.plan.moe_routing = plan.choice("moe_routing", "uniform", {"uniform", "capacity"});
+  sc.plan.bf16_rounding = plan.choice("bf16_rounding", "sum_first", {"sum_first", "local"});
   plan.finish();
 
   ObjectReader ck = o.object("checkpoint");

@@ -91,6 +91,13 @@ struct PlanSpec {
   // capacity of every sequence (a padded dispatch's volume; every expert at the most it can
   // receive).
   std::string moe_routing = "uniform";
+  // When the bf16 recipe rounds a microbatch's gradient (parallel/mp/mesh_bf16.hpp): "sum_first",
+  // the engine's (the partials of CP ranks, SP's TP-replicated parameters, replicated kv heads and
+  // expert parts summed over their ranks every microbatch, then rounded once, for parity with the
+  // reference), or "local", a what-if the engine does not run: each rank rounds its own partial
+  // and the partials meet in the step's gradient reduction (Megatron's f32 main grads), so those
+  // per-microbatch sums are not timed. Memory stays the engine's either way.
+  std::string bf16_rounding = "sum_first";
 };
 
 struct CheckpointSpec {

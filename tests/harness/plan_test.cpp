@@ -15,6 +15,8 @@
 #include <utility>
 
 #include "cli_support.hpp"
+#include "comm/op_log.hpp"
+#include "harness/conformance.hpp"
 #include "harness/driver.hpp"
 #include "harness/plan.hpp"
 #include "harness/plan_skeleton.hpp"
@@ -396,6 +398,44 @@ TEST(Plan, TheRingsHardwareFlopsAreItsWholeBlocks) {
     }
 }
 
+// plan.bf16_rounding "local" (a what-if): no per-microbatch sums before the bf16 rounding, so a
+// CP mesh in the bf16 recipe issues no all_reduce over its CP groups (the engine's "sum_first"
+// issues one per microbatch and parameter class) and its step is shorter; the f32 recipe rounds
+// nothing, so the key changes nothing there.
+TEST(Plan, LocalBf16RoundingDropsTheMicrobatchSums) {
+  const auto cp_all_reduces = [](const Scenario& s) {
+    int n = 0;
+    for (const comm::OpLog& log : planner_op_logs(s, s.configs.front()))
+      for (const comm::OpRecord& r : log.records)
+        if (r.kind == comm::OpRecord::Kind::all_reduce &&
+            log.groups[static_cast<std::size_t>(r.group)].name.starts_with("cp"))
+          ++n;
+    return n;
+  };
+  for (const std::string precision : {"bf16", "f32"}) {
+    StepEval e[2];
+    int sums[2] = {0, 0};
+    for (const bool local : {false, true}) {
+      json j = small_json();
+      j["train"]["precision"] = precision;
+      j["plan"]["bf16_rounding"] = local ? "local" : "sum_first";
+      Scenario s = with(j, {{"cp", 2}, {"tp", 2}, {"sequence_parallel", true}, {"zero", 1}}, 2);
+      const ParallelSpec& p = s.configs.front();
+      e[local] = evaluate(s, p, 2, s.train.global_batch, {});
+      sums[local] = cp_all_reduces(s);
+    }
+    if (precision == "bf16") {
+      EXPECT_GT(sums[0], 0);
+      EXPECT_EQ(sums[1], 0);
+      EXPECT_LT(e[1].step_time_s, e[0].step_time_s);
+      EXPECT_LT(e[1].comm_ops, e[0].comm_ops);
+    } else {
+      EXPECT_EQ(sums[0], sums[1]);
+      EXPECT_EQ(e[1].step_time_s, e[0].step_time_s);
+    }
+  }
+}
+
 TEST(Plan, BadInputExitsTwo) {
   const fs::path dir = temp_dir("shardcheck_plan_bad");
   fs::create_directories(dir);
@@ -405,10 +445,14 @@ TEST(Plan, BadInputExitsTwo) {
   j = small_json();
   j["plan"]["attention_kernel"] = "xformers";
   std::ofstream(dir / "kernel.json") << j.dump();
+  j = small_json();
+  j["plan"]["bf16_rounding"] = "stochastic";
+  std::ofstream(dir / "rounding.json") << j.dump();
   const std::pair<std::string, std::string> cases[] = {
       {"plan " + (dir / "missing.json").string(), "missing.json"},
       {"plan " + (dir / "bad.json").string(), "world_sizes"},
       {"plan " + (dir / "kernel.json").string(), "$.plan.attention_kernel"},
+      {"plan " + (dir / "rounding.json").string(), "$.plan.bf16_rounding"},
       {"plan " + kSmall + " --compute-efficiency 1.5", "--compute-efficiency"},
       {"plan " + kSmall + " --reduce-dtype i8", "--reduce-dtype"},
       {"plan", "scenario"},
