@@ -99,9 +99,9 @@ std::string routing_text(const Scenario& s) {
 std::string rounding_text(const Scenario& s) {
   if (s.train.precision != ref::Precision::kBf16) return "";
   return s.plan.bf16_rounding == "local"
-             ? "; bf16: each rank rounds its own microbatch gradient, summed once per step "
-               "(plan.bf16_rounding \"local\": a what-if the engine does not run; memory the "
-               "engine's)"
+             ? "; bf16: each rank rounds its own microbatch gradient, the partials summed by the "
+               "gradient reductions the engine issues anyway (plan.bf16_rounding \"local\": a "
+               "what-if the engine does not run; memory the engine's)"
              : "; bf16: each microbatch's gradient summed over the ranks holding its partials (CP, "
                "SP replicas, kv replicas, expert parts) before its rounding, as the engine does "
                "(plan.bf16_rounding: \"local\" for Megatron-style f32 main grads)";

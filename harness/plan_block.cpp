@@ -10,7 +10,6 @@
 #include <utility>
 
 #include "comm/op_log.hpp"
-#include "parallel/layerwise.hpp"
 #include "parallel/mp/meta.hpp"
 #include "parallel/mp/tp_block.hpp"
 #include "reference/batch.hpp"

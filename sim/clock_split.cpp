@@ -109,6 +109,9 @@ SplitLayout split_layout(const SplitRule& rule, const std::vector<int>& members,
 }  // namespace
 
 void SymmetricClock::share_splits(std::shared_ptr<SplitMemo> memo) {
+  // The memo keys a group by the memo's own entry (the world: none), so no group may exist yet.
+  if (state_->split_calls > 0)
+    throw std::logic_error("SymmetricClock: share_splits called after a split");
   state_->split_memo = std::move(memo);
 }
 

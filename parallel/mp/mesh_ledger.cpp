@@ -314,8 +314,8 @@ std::vector<std::vector<RankLedger>> mesh_ledger_stages_modes(
   std::vector<bool> seen(stages, false);
   // mesh_ledger reads a rank only through its stage, its parameters (local_params: its TP and EP
   // coordinates) and its expert part count: ranks alike in those (the CP ranks, the expert-data
-  // ranks, TP ranks with equal slices) have one row, computed once (tests/mp: equal to every
-  // rank's own ledger).
+  // ranks, TP ranks with equal slices, EP ranks holding as many experts) have one row, computed
+  // once (tests/mp: equal to every rank's own ledger).
   struct Computed {
     int stage = 0, parts = 0;
     std::shared_ptr<const std::vector<LocalParam>> params;

@@ -48,8 +48,8 @@ class MeshConfigError : public std::invalid_argument {
 struct LocalParam {
   std::string name;
   // Its layerwise unit (parallel/layerwise.hpp's unit_of: 0 the embedding, 1 + layer a block's,
-  // layers + 1 the head's), set once from the part param_shapes lists it in.
-  int unit = 0;
+  // layers + 1 the head's), set once from the part param_shapes lists it in (-1: not set).
+  int unit = -1;
   ref::Shape global_shape;
   ref::Shape local_shape;
   TpSplit split = TpSplit::replicated;

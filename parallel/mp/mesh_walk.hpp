@@ -14,7 +14,6 @@
 
 #include <cstddef>
 #include <map>
-#include <string>
 #include <utility>
 #include <vector>
 

@@ -401,7 +401,7 @@ TEST(Plan, TheRingsHardwareFlopsAreItsWholeBlocks) {
 // plan.bf16_rounding "local" (a what-if): no per-microbatch sums before the bf16 rounding, so a
 // CP mesh in the bf16 recipe issues no all_reduce over its CP groups (the engine's "sum_first"
 // issues one per microbatch and parameter class) and its step is shorter; the f32 recipe rounds
-// nothing, so the key changes nothing there.
+// nothing, so the key changes nothing there. The conformance check ignores the what-if.
 TEST(Plan, LocalBf16RoundingDropsTheMicrobatchSums) {
   const auto cp_all_reduces = [](const Scenario& s) {
     int n = 0;
@@ -434,6 +434,15 @@ TEST(Plan, LocalBf16RoundingDropsTheMicrobatchSums) {
       EXPECT_EQ(e[1].step_time_s, e[0].step_time_s);
     }
   }
+  // The conformance check compares the engine's rounding whatever the what-if (a parity
+  // scenario's bf16 ring CP configuration: a small model).
+  std::ifstream f(std::string(SHARDCHECK_SCENARIOS_DIR) + "/parity/mp_bf16.json");
+  json j = json::parse(f);
+  j["plan"]["bf16_rounding"] = "local";
+  j["parallel"] = {{"tp", 1}, {"cp", 2}, {"cp_algo", "ring"}};
+  j.erase("matrix");
+  const Scenario s = parse_scenario(j);
+  EXPECT_EQ(conformance(s, s.configs.front()), "");
 }
 
 TEST(Plan, BadInputExitsTwo) {

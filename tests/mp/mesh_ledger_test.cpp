@@ -265,6 +265,7 @@ TEST(MeshParams, SharedLocalParamsAreEveryRanksOwn) {
             for (std::size_t i = 0; i < want.size(); ++i) {
               const std::string where = order + " rank " + std::to_string(r) + " " + want[i].name;
               EXPECT_EQ(got[i].name, want[i].name) << where;
+              EXPECT_EQ(got[i].unit, want[i].unit) << where;
               EXPECT_EQ(got[i].local_shape, want[i].local_shape) << where;
               EXPECT_EQ(got[i].offset, want[i].offset) << where;
               EXPECT_EQ(got[i].split, want[i].split) << where;
