@@ -1,6 +1,6 @@
-// The step skeleton of plan_skeleton.hpp: MeshImpl::step (parallel/mp/mesh_engine.cpp) on a
-// dp x tp x pp x cp mesh, call for call, without data. Each part names the engine function it
-// follows; the conformance test (tests/harness/conformance_test.cpp) compares the two op logs.
+// The step skeleton of plan_skeleton.hpp: the engine's step order (parallel/mp/mesh_step.hpp) on
+// a dp x tp x pp x cp mesh without data, its timing-only backend beside the numeric MeshImpl; the
+// conformance test (tests/harness/conformance_test.cpp) compares the two op logs.
 #include "harness/plan_skeleton.hpp"
 
 #include <algorithm>
@@ -22,8 +22,8 @@
 #include "parallel/mp/mesh_class_comm.hpp"
 #include "parallel/mp/mesh_residency.hpp"
 #include "parallel/mp/mesh_rows.hpp"
+#include "parallel/mp/mesh_step.hpp"
 #include "parallel/mp/mesh_unit_reducer.hpp"
-#include "parallel/mp/mesh_walk.hpp"
 #include "parallel/mp/pipeline.hpp"
 
 namespace shardcheck::harness {
@@ -42,10 +42,15 @@ std::size_t count_of(int64_t n) {
 
 }  // namespace
 
-// One rank's execution of the skeleton: the engine's step state (residency, buckets, issued
-// reductions) without any data.
-class SkeletonRun {
+// One rank's execution of the skeleton: the timing-only backend of the engine's step order
+// (parallel/mp/mesh_step.hpp), with the engine's step state (residency, buckets, issued
+// reductions) and no data.
+class SkeletonRun : parallel::mesh_detail::StepOrder<SkeletonRun> {
   using ClassComm = parallel::ClassComm<parallel::NullClassData>;
+  using Order = parallel::mesh_detail::StepOrder<SkeletonRun>;
+  using ChunkStep = parallel::mesh_detail::ChunkStep;
+  using GradScope = parallel::mesh_detail::GradScope;
+  friend Order;
 
  public:
   // memo: world itself when it is a clock whose blocks may be replayed (run_replaying).
@@ -94,7 +99,6 @@ class SkeletonRun {
     tp_ = used(G::tp);
     pp_ = used(G::pp);
     cp_ = used(G::cp);
-    ep_ = used(G::ep);
     kv_ = groups_->get(G::kv);
     data_ = groups_->get(G::data);
     group_ = groups_->get(G::dense);
@@ -126,38 +130,25 @@ class SkeletonRun {
           Gathers{this}, world_.memory(), sp_.recipe.param,
           Residency::Options{.prefetch = k_.rules_.fsdp.prefetch,
                              .keep_after_forward = k_.rules_.keep_after_forward});
+    set_order({.model = &sp_.model,
+               .wrap_of = &k_.wrap_of_,
+               .plan = &plan_,
+               .pp = pp(),
+               .virtual_stages = sp_.mesh.virtual_stages,
+               .stage = stage_,
+               .micro_batch = sp_.train.micro_batch,
+               .precision = sp_.train.precision,
+               .recompute = sp_.train.recompute,
+               .no_shard = k_.rules_.no_shard,
+               .ddp_overlap = k_.rules_.ddp_overlap,
+               .sp_tp = sp() ? tp_ : nullptr,
+               .kv = kv_,
+               .dense = groups_->get(G::dense),
+               .expert = groups_->get(G::expert)});
     microbatches_ = sp_.local_batch / sp_.train.micro_batch;
-    chunk_steps_.resize(static_cast<std::size_t>(2 * sp_.mesh.virtual_stages));
-    const std::vector<parallel::PipeEvent> events = parallel::pipeline_events(
-        sp_.mesh.schedule, pp(), stage_, microbatches_, sp_.mesh.virtual_stages);
-    const parallel::NullPipeStage stage{
-        .forward = [this](int mb, int chunk) { forward(mb, chunk); },
-        .backward = [this](int mb, int chunk) { backward(mb, chunk); },
-        .activation_shape =
-            [this](int, int) {
-              return parallel::mesh_detail::chunk_activation_shape(sp_.model, k_.layout_,
-                                                                   sp_.train.micro_batch);
-            },
-        .dtype = activation()};
-    for (int step = 1; step <= sp_.steps; ++step) {
-      // MeshImpl::step: 1. the loss denominators.
-      world_.begin_step(step);
-      parallel::global_counts(*data_, {});
-      buckets_.clear(specs_.size());
-      // 2. the pipeline: the engine's executor (run_pipeline) with null buffers.
-      parallel::run_pipeline(*groups_->get(G::pp), events, stage);
-      // 3. gradient sums (sync_gradients): the tied embedding between the first and last stage,
-      // SP's TP-replicated parameters over TP, then the optimizer's.
-      sync_tied_embedding();
-      parallel::mesh_detail::replica_sums(sp() ? tp_ : nullptr, kv_,
-                                          PickedSums{*this, true, nullptr});
-      if (!k_.rules_.no_shard) reduce();
-      // 4. norm and numerators, the health check.
-      parallel::global_sums(world_, {});
-      if (sp_.mesh.health.check) parallel::agree_health(world_, false);
-      // 5. the update (MeshOptimizer::update).
-      update();
-    }
+    events_ = parallel::pipeline_events(sp_.mesh.schedule, pp(), stage_, microbatches_,
+                                        sp_.mesh.virtual_stages);
+    for (step_ = 1; step_ <= sp_.steps; ++step_) run_step();
   }
 
  private:
@@ -172,17 +163,43 @@ class SkeletonRun {
   };
   using Residency = parallel::mesh_detail::Residency<Gathers>;
 
-  const LocalParam& spec(std::size_t i) const { return specs_[i]; }
+  // The step's phases (MeshImpl's count, pipeline, reduced, sum, update) without data.
+  void count() {
+    world_.begin_step(step_);
+    parallel::global_counts(*data_, {});
+    buckets_.clear(specs_.size());
+  }
+  // The engine's executor (run_pipeline) with null buffers.
+  void pipeline() {
+    const parallel::NullPipeStage stage{
+        .forward = [this](int mb, int chunk) { forward(mb, chunk); },
+        .backward = [this](int mb, int chunk) { backward(mb, chunk); },
+        .activation_shape =
+            [this](int, int) {
+              return parallel::mesh_detail::chunk_activation_shape(sp_.model, k_.layout_,
+                                                                   sp_.train.micro_batch);
+            },
+        .dtype = activation()};
+    parallel::run_pipeline(*groups_->get(parallel::mesh_detail::Group::pp), events_, stage);
+  }
+  void reduced() {}
+  void sum() {
+    parallel::global_sums(world_, {});
+    if (sp_.mesh.health.check) parallel::agree_health(world_, false);
+  }
+  // MeshOptimizer::update's collectives and report, without the AdamW arithmetic.
+  void update() {
+    comm_.update(
+        classes_, null_, [](const parallel::ShardedClass&) {}, world_, sp_.recipe);
+  }
+  Residency* residency() { return residency_.get(); }
+
   comm::DType numeric() const { return sp_.grad_dtype; }
   // What activations and their gradients move in: the engine's numeric type.
   comm::DType activation() const { return numeric_dtype(sp_.train.precision); }
   bool sp() const { return sp_.mesh.sequence_parallel && sp_.tp > 1; }
 
-  int cp() const { return k_.mesh_.size(comm::Axis::cp); }
-
   int pp() const { return k_.mesh_.size(comm::Axis::pp); }
-  int virtual_stage(int chunk) const { return chunk * pp() + stage_; }
-  int last_virtual_stage() const { return pp() * sp_.mesh.virtual_stages - 1; }
   // MeshImpl::sync_tied_embedding.
   void sync_tied_embedding() {
     const int other = parallel::mesh_detail::tied_embedding_peer(sp_.model, plan_, pp());
@@ -192,35 +209,6 @@ class SkeletonRun {
       if (p.name == "embed.weight") n = count_of(ref::numel_of(p.local_shape));
     parallel::mesh_detail::exchange_tied_embedding(*pp_, other, null_buf(n, numeric()),
                                                    null_buf(n, numeric()));
-  }
-
-  // The steps of a chunk's forward or backward (mesh_walk.hpp) and the units they use: the same
-  // for every microbatch, so built once per chunk and direction.
-  struct Steps {
-    std::vector<parallel::mesh_detail::ChunkStep> steps;
-    std::vector<std::vector<int>> uses;
-  };
-  const Steps& chunk_steps(int chunk, bool forward) {
-    std::optional<Steps>& s = chunk_steps_[static_cast<std::size_t>(2 * chunk + forward)];
-    if (!s) {
-      const int vs = virtual_stage(chunk);
-      s.emplace();
-      s->steps = parallel::mesh_detail::chunk_steps(
-          sp_.model, k_.wrap_of_, plan_.chunk_layers[static_cast<std::size_t>(chunk)], vs == 0,
-          vs == last_virtual_stage(), plan_.has_embed, forward);
-      s->uses = parallel::mesh_detail::step_uses(s->steps);
-    }
-    return *s;
-  }
-  // MeshImpl::begin_uses / use / end_uses.
-  void begin_uses(int mb, int chunk, bool forward, const Steps& s) {
-    if (residency_) residency_->begin(mb, chunk, forward, s.uses);
-  }
-  void use() {
-    if (residency_) residency_->next();
-  }
-  void end_uses() {
-    if (residency_) residency_->end();
   }
 
   // One sequence's block of this layer (run_replaying: each kind of block once per run, replayed
@@ -233,127 +221,75 @@ class SkeletonRun {
                        ops);
   }
 
-  // MeshImpl::forward.
+  // A chunk's forward and backward (MeshImpl::forward and backward): the sequence pieces.
   void forward(int mb, int chunk) {
-    using Part = parallel::mesh_detail::ChunkStep::Part;
-    const Steps& s = chunk_steps(chunk, true);
-    begin_uses(mb, chunk, true, s);
-    struct Walk {
+    struct Parts {
       SkeletonRun& r;
-      void use() { r.use(); }
-      void forward(const parallel::mesh_detail::ChunkStep& step, int /*sequence*/) {
-        if (step.part == Part::embed) r.seq_->embed_forward();
-        if (step.part == Part::layer) r.block(step.layer, true);
-        if (step.part == Part::head) r.seq_->head_forward();
+      void forward(const ChunkStep& step, int /*sequence*/) {
+        if (step.part == ChunkStep::Part::embed) r.seq_->embed_forward();
+        if (step.part == ChunkStep::Part::layer) r.block(step.layer, true);
+        if (step.part == ChunkStep::Part::head) r.seq_->head_forward();
       }
+      void walked() {}
     };
-    parallel::mesh_detail::walk_forward(s.steps, sp_.train.micro_batch, Walk{*this});
-    end_uses();
+    forward_chunk(mb, chunk, Parts{*this});
   }
-
-  bool chunk_writes(int chunk, const LocalParam& p) const {
-    return parallel::chunk_writes(sp_.model, plan_, chunk, virtual_stage(chunk),
-                                  last_virtual_stage(), p);
-  }
-
-  // MeshImpl::backward.
   void backward(int mb, int chunk) {
-    using Part = parallel::mesh_detail::ChunkStep::Part;
-    const bool last = mb == microbatches_ - 1;
-    const bool bf16 = sp_.train.precision == ref::Precision::kBf16;
-    const Steps& s = chunk_steps(chunk, false);
-    begin_uses(mb, chunk, false, s);
-    struct Walk {
+    struct Parts {
       SkeletonRun& r;
-      int chunk;
-      bool bucket;  // DDP overlap, f64/f32, the last microbatch: buckets issued as they fill
-      void use() { r.use(); }
-      void begin(std::size_t step) { r.units_->begin(chunk, step); }
-      void recompute(const parallel::mesh_detail::ChunkStep& step, int /*sequence*/) {
-        r.block(step.layer, true);
+      void recompute(const ChunkStep& step, int /*sequence*/) { r.block(step.layer, true); }
+      void backward(const ChunkStep& step, int /*sequence*/) {
+        if (step.part == ChunkStep::Part::head) r.seq_->head_backward();
+        if (step.part == ChunkStep::Part::layer) r.block(step.layer, false);
+        if (step.part == ChunkStep::Part::embed) r.seq_->embed_backward();
       }
-      void backward(const parallel::mesh_detail::ChunkStep& step, int /*sequence*/) {
-        if (step.part == Part::head) r.seq_->head_backward();
-        if (step.part == Part::layer) r.block(step.layer, false);
-        if (step.part == Part::embed) r.seq_->embed_backward();
-      }
-      void complete(const parallel::mesh_detail::ChunkStep& step, std::size_t k) {
-        if (bucket) r.issue_bucket([&](const LocalParam& p) { return step.completes(p); }, false);
-        r.unit_ready(chunk, k);
-      }
+      void walked() {}
     };
-    parallel::mesh_detail::walk_backward(s.steps, sp_.train.micro_batch,
-                                         sp_.train.recompute == ref::Recompute::kFull,
-                                         Walk{*this, chunk, !bf16 && ddp_overlap() && last});
-    end_uses();
-    units_->finish();
-    if (bf16) round_presums(true);
-    if (k_.rules_.no_shard)  // each microbatch's gradient summed (MeshImpl::backward)
-      parallel::mesh_detail::no_shard_sums(groups_->get(parallel::mesh_detail::Group::dense),
-                                           groups_->get(parallel::mesh_detail::Group::expert),
-                                           PickedSums{*this, true, nullptr});
-    if (ddp_overlap() && last)
-      issue_bucket([&](const LocalParam& p) { return chunk_writes(chunk, p); }, true);
+    backward_chunk(mb, chunk, Parts{*this});
   }
 
-  bool ddp_overlap() const { return k_.rules_.ddp_overlap; }
-
-  // Elements of the picked parameters among those reduced at the step's end (deferred) or not
-  // (`only`: one class's): the same for every microbatch, so counted once per run.
-  int64_t numel_where(parallel::mesh_detail::ParamPick pick, bool deferred,
-                      const std::vector<std::size_t>* only) {
-    const auto [it, fresh] = counts_.try_emplace({pick, deferred, only}, 0);
+  // Elements of the picked parameters among those in scope (reduced at the step's end, or one
+  // class's): the same for every microbatch, so counted once per run.
+  int64_t numel_where(parallel::mesh_detail::ParamPick pick, GradScope scope) {
+    const auto [it, fresh] = counts_.try_emplace({pick, scope.cls}, 0);
     if (!fresh) return it->second;
     int64_t n = 0;
     const auto add = [&](std::size_t i) {
-      if (units_->deferred(i) == deferred && pick(spec(i))) n += ref::numel_of(spec(i).local_shape);
+      if (units_->deferred(i) == scope.deferred() && pick(specs_[i]))
+        n += ref::numel_of(specs_[i].local_shape);
     };
-    if (only != nullptr)
-      for (const std::size_t i : *only) add(i);
+    if (!scope.deferred())
+      for (const std::size_t i : classes_[scope.cls].specs) add(i);
     else
       for (std::size_t i = 0; i < specs_.size(); ++i) add(i);
     return it->second = n;
   }
 
-  // mesh_detail::all_reduce_picked: the picked parameters' gradients (reduced at the step's end,
-  // deferred, or not; `only`: one class's) summed over g in one all_reduce (none when g is null
-  // or of one rank, or nothing is picked).
-  void sum_picked(comm::Communicator* g, parallel::mesh_detail::ParamPick pick, bool deferred,
-                  const std::vector<std::size_t>* only) {
-    if (g == nullptr || g->size() == 1) return;
-    const int64_t n = numel_where(pick, deferred, only);
-    if (n > 0) g->all_reduce(null_buf(count_of(n), numeric()))->wait();
-  }
-
-  // The sums of mesh_rows.hpp's replica_sums and mesh_bf16.hpp's microbatch_presums over some
-  // parameters (`only`: one class's; else those reduced at the step's end, or not: deferred).
+  // mesh_detail::all_reduce_picked on the scope's gradients: the picked parameters' summed over
+  // g in one all_reduce (none when g is null or of one rank, or nothing is picked). The sums of
+  // replica_sums, no_shard_sums and microbatch_presums.
   struct PickedSums {
     SkeletonRun& r;
-    bool deferred;
-    const std::vector<std::size_t>* only;
+    GradScope scope;
     void part(int /*k*/) {}
     void sum(comm::Communicator* g, parallel::mesh_detail::ParamPick pick) {
-      r.sum_picked(g, pick, deferred, only);
+      if (g == nullptr || g->size() == 1) return;
+      const int64_t n = r.numel_where(pick, scope);
+      if (n > 0) g->all_reduce(null_buf(count_of(n), r.numeric()))->wait();
     }
     void round(bool /*expert*/) {}
   };
+  PickedSums replica_ops(GradScope scope) { return {*this, scope}; }
+  PickedSums microbatch_sum_ops() { return {*this, GradScope{}}; }
   // round_microbatch_gradient's sums (none under the "local" what-if).
-  void round_presums(bool deferred, const std::vector<std::size_t>* only = nullptr) {
+  void round_microbatch(GradScope scope) {
     if (!sp_.microbatch_presums) return;
     parallel::mesh_detail::microbatch_presums(cp_, kv_, sp() ? tp_ : nullptr, parts_, expert_parts_,
-                                              PickedSums{*this, deferred, only});
+                                              PickedSums{*this, scope});
   }
+  void accumulate_microbatch() {}
+  void completed(int /*mb*/, const ChunkStep& /*step*/) {}
 
-  // MeshImpl::unit_ready: each buffer the step completes is rounded (bf16) and its
-  // TP-replicated parameters summed over TP (SP) before its reduce_scatter.
-  void unit_ready(int chunk, std::size_t step) {
-    units_->ready(chunk, step, [&](std::size_t ci) {
-      const std::vector<std::size_t>& only = classes_[ci].specs;
-      if (sp_.train.precision == ref::Precision::kBf16) round_presums(false, &only);
-      parallel::mesh_detail::replica_sums(sp() ? tp_ : nullptr, kv_,
-                                          PickedSums{*this, false, &only});
-    });
-  }
   // The optimizer's per-microbatch reductions (UnitReducer's Units) on null buffers.
   struct NullUnits {
     using Pending = ClassComm::UnitReduce;
@@ -365,6 +301,7 @@ class SkeletonRun {
     }
   };
   using Units = parallel::mesh_detail::UnitReducer<NullUnits>;
+  Units& units() { return *units_; }
 
   // MeshImpl::issue_bucket: the picked gradients join the open bucket (mesh_buckets.hpp).
   template <class Pick>
@@ -376,12 +313,6 @@ class SkeletonRun {
   // MeshOptimizer::reduce.
   void reduce() { comm_.reduce(classes_, null_); }
 
-  // MeshOptimizer::update's collectives and report, without the AdamW arithmetic.
-  void update() {
-    comm_.update(
-        classes_, null_, [](const parallel::ShardedClass&) {}, world_, sp_.recipe);
-  }
-
   sim::SymmetricClock* memo_;
   const Skeleton& k_;
   const SkeletonSpec& sp_;
@@ -389,31 +320,29 @@ class SkeletonRun {
   comm::Communicator* data_;   // the data-parallel ranks (the loss denominators)
   comm::Communicator* group_;  // the dense classes' sharding (and summing) group
   std::optional<parallel::mesh_detail::MeshGroupSet> groups_;
-  // The groups of more than one rank (else null): tp, pp, cp, ep; the TP ranks sharing a
-  // replicated kv head; the bf16 recipe's expert-parts group (mesh_bf16.hpp) and how many parts it
-  // keeps (0: whole).
-  comm::Communicator *tp_ = nullptr, *pp_ = nullptr, *cp_ = nullptr, *ep_ = nullptr;
+  // The groups of more than one rank (else null): tp, pp, cp; the TP ranks sharing a replicated
+  // kv head; the bf16 recipe's expert-parts group (mesh_bf16.hpp) and how many parts it keeps
+  // (0: whole).
+  comm::Communicator *tp_ = nullptr, *pp_ = nullptr, *cp_ = nullptr;
   comm::Communicator *kv_ = nullptr, *parts_ = nullptr;
   int expert_parts_ = 0;
   int stage_ = 0;
+  int step_ = 0;
   parallel::StagePlan plan_;
   std::shared_ptr<const std::vector<LocalParam>> params_;  // this rank's parameters
   const std::vector<LocalParam>& specs_ = *params_;
   std::vector<FlatClass> flat_;                  // the rank's flat buffers
   std::vector<parallel::ShardedClass> classes_;  // the same in their groups (run())
   std::unique_ptr<Residency> residency_;
-  std::vector<std::optional<Steps>> chunk_steps_;  // per chunk: backward, forward
-  std::optional<SequenceOps> seq_;                 // one sequence's sublayers on this rank
-  int microbatches_ = 1;
+  std::vector<parallel::PipeEvent> events_;    // the pipeline schedule's, on this stage
+  std::optional<SequenceOps> seq_;             // one sequence's sublayers on this rank
   parallel::mesh_detail::BucketFill buckets_;  // DDP overlap
   // The optimizer's collectives (mesh_class_comm.hpp) on null buffers.
   parallel::NullClassData null_{.grad = sp_.grad_dtype, .param = sp_.param_dtype};
   ClassComm comm_{&specs_, {.zero = k_.rules_.zero, .sum = {}, .planted = {}}};
   std::optional<Units> units_;  // ZeRO-3's per-microbatch reductions
-  // numel_where's counts by (pick, deferred, class's specs or null)
-  std::map<std::tuple<parallel::mesh_detail::ParamPick, bool, const std::vector<std::size_t>*>,
-           int64_t>
-      counts_;
+  // numel_where's counts by (pick, scope)
+  std::map<std::pair<parallel::mesh_detail::ParamPick, std::size_t>, int64_t> counts_;
 };
 
 void Skeleton::run(comm::Communicator& dp) const {

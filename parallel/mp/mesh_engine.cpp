@@ -1,5 +1,6 @@
-// MeshEngine (mesh_engine.hpp): MeshImpl's construction, step, gradient sums and state
-// (mesh_impl.hpp); a chunk's forward and backward are in mesh_chunks.cpp.
+// MeshEngine (mesh_engine.hpp): MeshImpl's construction, the phases of its step (in the order of
+// mesh_step.hpp), the tied embedding's sum and the state (mesh_impl.hpp); a chunk's forward and
+// backward are in mesh_chunks.cpp.
 #include "parallel/mp/mesh_engine.hpp"
 
 #include "parallel/mp/mesh_impl.hpp"
@@ -71,9 +72,22 @@ MeshImpl<T>::MeshImpl(comm::Communicator& world, const ref::ModelConfig& model,
                          .bucket_elems = opt_.bucket_elems});
   const DataParallelRules rules = data_parallel_rules(opt_);
   const FsdpOptions& f = rules.fsdp;
-  no_shard_ = rules.no_shard;
-  ddp_overlap_ = rules.ddp_overlap;
   wrap_of_ = wrap_map(model_, f);
+  this->set_order({.model = &model_,
+                   .wrap_of = &wrap_of_,
+                   .plan = &plan_,
+                   .pp = opt_.shape.pp,
+                   .virtual_stages = opt_.virtual_stages,
+                   .stage = stage_,
+                   .micro_batch = train_.micro_batch,
+                   .precision = train_.precision,
+                   .recompute = train_.recompute,
+                   .no_shard = rules.no_shard,
+                   .ddp_overlap = rules.ddp_overlap,
+                   .sp_tp = env_.sp() ? g_.tp.get() : nullptr,
+                   .kv = kv_.get(),
+                   .dense = dense_.get(),
+                   .expert = expert_.get()});
   typename MeshOptimizer<T>::Env env{
       .dense = dense_h_.shard ? dense_h_.shard.get() : dense_.get(),
       .expert = expert_h_.shard ? expert_h_.shard.get() : expert_.get(),
@@ -112,14 +126,20 @@ MeshImpl<T>::MeshImpl(comm::Communicator& world, const ref::ModelConfig& model,
 
 template <class T>
 ref::StepRecord MeshImpl<T>::step(const ref::Batch& local) {
+  batch_ = &local;
+  this->run_step();
+  return record_;
+}
+
+template <class T>
+void MeshImpl<T>::count() {
   ++steps_;
   world_.begin_step(steps_);
   prefix_ = "step " + std::to_string(steps_);
   mem_.set_phase(prefix_ + " begin");
-  comm::TrackedBytes grads_held(
-      mem_, comm::MemCategory::grads,
-      static_cast<std::size_t>(zopt_->accumulated_grad_elems()) * recipe_.grad);
-  comm::TrackedBytes mb_held;
+  grads_held_ =
+      comm::TrackedBytes(mem_, comm::MemCategory::grads,
+                         static_cast<std::size_t>(zopt_->accumulated_grad_elems()) * recipe_.grad);
   buckets_.clear(specs_.size());
   zopt_->begin_accumulation();
   if (microbatch_grads()) {
@@ -131,15 +151,16 @@ ref::StepRecord MeshImpl<T>::step(const ref::Batch& local) {
         if (p.expert)
           part_elems += static_cast<std::size_t>(part.add(p.name, p.local_shape).numel());
     // ZeRO-3: the buffers reduced every microbatch are held one at a time (units_).
-    mb_held = comm::TrackedBytes(mem_, comm::MemCategory::grads,
-                                 (units_->deferred_elems() + part_elems) * recipe_.microbatch_grad);
+    mb_held_ =
+        comm::TrackedBytes(mem_, comm::MemCategory::grads,
+                           (units_->deferred_elems() + part_elems) * recipe_.microbatch_grad);
   }
   for (auto& e : grads_) e.value.fill(T{0});
 
-  // 1. Global denominators, before any backward.
-  const LossCounts mine = local_counts(local);
-  const LossCounts den = global_counts(*data_, mine);
-  ctx_ = step_context(seed_, steps_, den, train_);
+  // Global denominators, before any backward.
+  const LossCounts mine = local_counts(*batch_);
+  den_ = global_counts(*data_, mine);
+  ctx_ = step_context(seed_, steps_, den_, train_);
   if (opt_.planted == testing::Mutation::kMeanOfRankMeans) {  // the mean of data ranks' means
     ctx_ = step_context(seed_, steps_, mine, train_);
     ctx_.token_weight /= data_world;
@@ -150,13 +171,13 @@ ref::StepRecord MeshImpl<T>::step(const ref::Batch& local) {
     ctx_.sequence_weight = local_sequences > 0 ? 1.0 / static_cast<double>(local_sequences) : 0.0;
   health = {};
   nonfinite_ = false;
+}
 
-  // 2. The pipeline over the microbatches.
-  batch_ = &local;
+template <class T>
+void MeshImpl<T>::pipeline() {
   counted_ = {0.0, 0.0, 0.0};
   const int mbs = train_.micro_batch;
-  const int microbatches = static_cast<int>(local.size()) / mbs;
-  microbatches_ = microbatches;
+  this->microbatches_ = static_cast<int>(batch_->size()) / mbs;
   PipeStage<T> stage;
   stage.forward = [&](int mb, int chunk, Tensor<T> in) {
     return forward(mb, chunk, std::move(in));
@@ -165,21 +186,24 @@ ref::StepRecord MeshImpl<T>::step(const ref::Batch& local) {
     return backward(mb, chunk, std::move(d));
   };
   stage.activation_shape = [&](int, int) { return chunk_activation_shape(model_, layout_, mbs); };
-  run_pipeline(*g_.pp, opt_.schedule, microbatches, opt_.virtual_stages, stage);
+  run_pipeline(*g_.pp, opt_.schedule, this->microbatches_, opt_.virtual_stages, stage);
   caches_.clear();
-  mb_held.reset();
-
-  // 3. Gradient sums (zero 2: reduce_scatter, this rank keeps its shards).
+  mb_held_.reset();
   mem_.set_phase(prefix_ + " reduce");
-  sync_gradients();
-  if (opt_.zero >= 2) {
-    grads_held.reset();  // the full accumulator goes, the reduced shards stay
-    grads_held =
+}
+
+template <class T>
+void MeshImpl<T>::reduced() {
+  if (opt_.zero >= 2) {  // reduce_scatter: the full accumulator goes, the reduced shards stay
+    grads_held_.reset();
+    grads_held_ =
         comm::TrackedBytes(mem_, comm::MemCategory::grads,
                            static_cast<std::size_t>(zopt_->reduced_grad_elems()) * recipe_.grad);
   }
+}
 
-  // 4. Norm and numerators.
+template <class T>
+void MeshImpl<T>::sum() {
   const double sq = zopt_->sum_squares(grads_);
   StepSums sums{};
   if (opt_.planted == testing::Mutation::kLocalNormClip) {
@@ -189,20 +213,22 @@ ref::StepRecord MeshImpl<T>::step(const ref::Batch& local) {
   } else {
     sums = global_sums(world_, {sq, counted_[0], counted_[1], counted_[2]});
   }
-  ref::StepRecord rec = step_record(steps_, den, sums[1], sums[2], sums[0], train_);
+  record_ = step_record(steps_, den_, sums[1], sums[2], sums[0], train_);
   if (opt_.health.check) health = agree_health(world_, nonfinite_);
+}
 
-  // 5. Clip and update (each rank its owned range; zero >= 1 then all_gather), unless skipped.
+template <class T>
+void MeshImpl<T>::update() {
+  // Clip and update (each rank its owned range; zero >= 1 then all_gather), unless skipped.
   mem_.set_phase(prefix_ + " optimizer");
   model_state = mem_.current();
   if (health.skipped)
     ++skipped;
   else
-    zopt_->update(grads_, rec.clip_factor, rec.lr, params_);
-  grads_held.reset();
+    zopt_->update(grads_, record_.clip_factor, record_.lr, params_);
+  grads_held_.reset();
   mem_.set_phase(prefix_ + " end");
   enforce_health(health, opt_.health, steps_);
-  return rec;
 }
 
 template <class T>
@@ -262,26 +288,6 @@ void MeshImpl<T>::sync_tied_embedding() {
   for (int64_t i = 0; i < mine.numel(); ++i) {
     mine[i] = plan_.has_embed ? mine[i] + peer[i] : peer[i] + mine[i];
   }
-}
-
-template <class T>
-void MeshImpl<T>::sync_gradients() {
-  sync_tied_embedding();
-  // ZeRO-3's buffers reduced every microbatch had these sums then (unit_ready).
-  struct Deferred {
-    MeshImpl& e;
-    void sum(comm::Communicator* g, ParamPick pick) {
-      if (g == nullptr) return;
-      all_reduce_picked(
-          e.specs_, *g,
-          [&](const LocalParam& p) {
-            return pick(p) && e.units_->deferred(static_cast<std::size_t>(&p - e.specs_.data()));
-          },
-          e.grads_);
-    }
-  };
-  replica_sums(env_.sp() ? g_.tp.get() : nullptr, kv_.get(), Deferred{*this});
-  if (!no_shard_) zopt_->reduce(grads_);
 }
 
 }  // namespace mesh_detail

@@ -1,8 +1,9 @@
 // Internal to the mesh engine (mesh_engine.hpp): MeshEngine::Impl and MeshImpl<T>, the engine's
-// state on one rank. Defined in mesh_engine.cpp (construction, the step, the gradient sums, the
-// state's export and import) and mesh_chunks.cpp (one chunk's forward and backward over a
-// microbatch: the walk of mesh_walk.hpp, DDP's buckets, ZeRO-3's per-microbatch reductions, the
-// gradient hook). Model math in tp_block.cpp, parameter slices in mesh_params.cpp, validation in
+// state on one rank: the numeric backend of the step's order (mesh_step.hpp). Defined in
+// mesh_engine.cpp (construction, the step's phases, the gradient sums, the state's export and
+// import) and mesh_chunks.cpp (one chunk's forward and backward over a microbatch on data, and
+// what the order asks of the gradients: the hook, DDP's buckets, the bf16 rounding, the sums).
+// Model math in tp_block.cpp, parameter slices in mesh_params.cpp, validation in
 // mesh_validate.cpp.
 #pragma once
 
@@ -28,6 +29,7 @@
 #include "parallel/mp/mesh_memory.hpp"
 #include "parallel/mp/mesh_residency.hpp"
 #include "parallel/mp/mesh_rows.hpp"
+#include "parallel/mp/mesh_step.hpp"
 #include "parallel/mp/mesh_unit_reducer.hpp"
 #include "parallel/mp/mesh_walk.hpp"
 #include "parallel/mp/mesh_zero.hpp"
@@ -74,7 +76,10 @@ struct OptimizerUnits {
 };
 
 template <class T>
-class MeshImpl final : public MeshEngine::Impl {
+class MeshImpl final : public MeshEngine::Impl, StepOrder<MeshImpl<T>> {
+  using Order = StepOrder<MeshImpl<T>>;
+  friend Order;
+
  public:
   MeshImpl(comm::Communicator& world, const ref::ModelConfig& model, const ref::TrainConfig& train,
            uint64_t seed, MeshOptions options);
@@ -90,46 +95,51 @@ class MeshImpl final : public MeshEngine::Impl {
   // into the step's accumulator: the bf16 recipe's rounding, FSDP no_shard's per-microbatch sum,
   // ZeRO-3's per-microbatch reduce_scatter.
   bool microbatch_grads() const {
-    return train_.precision == ref::Precision::kBf16 || no_shard_ || opt_.zero == 3;
+    return train_.precision == ref::Precision::kBf16 || this->order().no_shard || opt_.zero == 3;
   }
   ref::ParamMap<T>& grad_target() { return microbatch_grads() ? mb_grads_ : grads_; }
 
-  // ZeRO-3 (mesh_unit_reducer.hpp): a buffer the step completes is rounded (the bf16 recipe) and
-  // pre-summed as sync_gradients would (SP's TP-replicated, the replicated kv heads) before its
-  // reduce_scatter.
-  void unit_ready(int chunk, std::size_t step);
-
-  int virtual_stage(int chunk) const { return chunk * opt_.shape.pp + stage_; }
-  int last_virtual_stage() const { return opt_.shape.pp * opt_.virtual_stages - 1; }
-
-  // The steps of local chunk `chunk`'s forward or backward (mesh_walk.hpp).
-  std::vector<ChunkStep> chunk_steps(int chunk, bool forward) const {
-    const int vs = virtual_stage(chunk);
-    return mesh_detail::chunk_steps(model_, wrap_of_,
-                                    plan_.chunk_layers[static_cast<std::size_t>(chunk)], vs == 0,
-                                    vs == last_virtual_stage(), plan_.has_embed, forward);
+  // The order's hooks (mesh_step.hpp): the step's phases, and what its calls do to the data.
+  void count();
+  void pipeline();
+  void reduced();
+  void sum();
+  void update();
+  MeshResidency<T>* residency() { return residency_.get(); }
+  UnitReducer<OptimizerUnits<T>>& units() { return *units_; }
+  void sync_tied_embedding();
+  void reduce() { zopt_->reduce(grads_); }
+  void round_microbatch(GradScope scope);
+  // The sums of replica_sums: at the step's end (deferred) on the step's gradients of the
+  // parameters reduced then; for a ZeRO-3 buffer, on its microbatch gradient.
+  struct ReplicaSums {
+    std::vector<LocalParam> specs;  // the scope's parameters
+    ref::ParamMap<T>& grads;
+    void sum(comm::Communicator* g, ParamPick pick) {
+      if (g != nullptr) all_reduce_picked(specs, *g, pick, grads);
+    }
+  };
+  ReplicaSums replica_ops(GradScope scope);
+  // FSDP no_shard: each microbatch's gradient summed (planted: the dense parameters left out).
+  struct MicrobatchSums {
+    MeshImpl& e;
+    void sum(comm::Communicator* g, ParamPick pick) {
+      if (g == nullptr) return;
+      if (g == e.dense_.get() && e.opt_.planted == testing::Mutation::kSkipBucket) return;
+      all_reduce_picked(e.specs_, *g, pick, e.mb_grads_, e.zopt_->sum());  // planted: avg
+    }
+  };
+  MicrobatchSums microbatch_sum_ops() { return {*this}; }
+  void accumulate_microbatch();
+  void completed(int mb, const ChunkStep& step) {
+    check_gradients(mb, grad_target(), [&step](const LocalParam& p) { return step.completes(p); });
   }
-  void begin_uses(int mb, int chunk, bool forward, const std::vector<ChunkStep>& steps) {
-    if (!residency_) return;
-    callback_uses_ = step_uses(steps);
-    residency_->begin(mb, chunk, forward, callback_uses_);
-  }
-  // ZeRO-3: before each use of the callback's units, and after the callback.
-  void use() {
-    if (residency_) residency_->next();
-  }
-  void end_uses() {
-    if (residency_) residency_->end();
-  }
+  // The scope's parameters: a flat class's, or those the step's end reduces.
+  std::vector<LocalParam> scope_params(GradScope scope) const;
 
   Tensor<T> forward(int mb, int chunk, Tensor<T> input);
 
   Tensor<T> backward(int mb, int chunk, Tensor<T> dout);
-
-  bool chunk_writes(int chunk, const LocalParam& p) const {
-    return parallel::chunk_writes(model_, plan_, chunk, virtual_stage(chunk), last_virtual_stage(),
-                                  p);
-  }
 
   // DDP overlap: the chunk's gradients are complete after its last microbatch; those summed only
   // over their class's group go now (the tied embedding, SP's TP-replicated and the replicated kv
@@ -137,7 +147,6 @@ class MeshImpl final : public MeshEngine::Impl {
   // Buckets fill in completion order and go once they hold bucket_elems elements; what a chunk's
   // backward leaves goes at its end (flush).
   void issue_bucket(const typename MeshOptimizer<T>::Pick& pick, bool flush);
-  bool ddp_overlap() const { return ddp_overlap_; }
 
   // The grad hook and the health flag on this rank's local gradients of the picked parameters,
   // complete for this microbatch, before any reduction over another rank (the bf16 recipe: before
@@ -154,9 +163,6 @@ class MeshImpl final : public MeshEngine::Impl {
     return (*batch_)[static_cast<std::size_t>(mb * train_.micro_batch + i)];
   }
 
-  void sync_tied_embedding();
-  void sync_gradients();
-
   comm::Communicator& world_;
   ref::ModelConfig model_;
   ref::TrainConfig train_;
@@ -169,8 +175,6 @@ class MeshImpl final : public MeshEngine::Impl {
   std::unique_ptr<comm::Communicator> data_, dense_, expert_, kv_;
   HybridGroups dense_h_, expert_h_;  // hybrid_shard: shard and replica groups
   std::map<int, int> wrap_of_;       // layerwise unit -> wrap unit
-  bool no_shard_ = false;            // FSDP no_shard: gradients summed per microbatch
-  bool ddp_overlap_ = false;         // DDP's buckets issued during the backward
   BucketFill buckets_;               // DDP overlap
   BlockEnv env_;
   int stage_ = 0;
@@ -185,7 +189,6 @@ class MeshImpl final : public MeshEngine::Impl {
   comm::TrackedBytes params_held_;
   std::unique_ptr<MeshOptimizer<T>> zopt_;
   std::unique_ptr<MeshResidency<T>> residency_;            // zero 3
-  std::vector<std::vector<int>> callback_uses_;            // what residency_'s callback uses
   std::unique_ptr<UnitReducer<OptimizerUnits<T>>> units_;  // zero 3: per-microbatch reductions
   std::string prefix_;
   int steps_ = 0;
@@ -193,7 +196,10 @@ class MeshImpl final : public MeshEngine::Impl {
   const ref::Batch* batch_ = nullptr;
   std::vector<double> counted_;  // loss_sum, aux_sum, dropped this rank counts
   bool nonfinite_ = false;       // this step's local gradients held a NaN or infinity
-  int microbatches_ = 0;         // this step's, per rank
+  // This step's: its denominators, its record, the gradients held through it.
+  LossCounts den_{};
+  ref::StepRecord record_;
+  comm::TrackedBytes grads_held_, mb_held_;
   std::map<std::pair<int, int>, ChunkCache<T>> caches_;
 };
 
