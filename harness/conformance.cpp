@@ -39,7 +39,7 @@ std::vector<comm::OpLog> engine_op_logs(const Scenario& scenario, const Parallel
 std::vector<comm::OpLog> planner_op_logs(const Scenario& scenario, const ParallelSpec& p) {
   const Scenario s = calm(scenario);
   const int n = p.mesh.world_size();
-  SkeletonSpec spec = skeleton_spec(s, p, p.mesh.dp, s.train.global_batch);
+  parallel::TimingSpec spec = skeleton_spec(s, p, p.mesh.dp, s.train.global_batch);
   spec.steps = s.train.steps;
   const Skeleton k(spec);
   sim::SimOptions o = sim_options(s, n);

@@ -192,7 +192,7 @@ struct TimedSkeleton {
 
 TimedSkeleton timed_skeleton(const Scenario& s, const ParallelSpec& p, int dp, int global_batch,
                              const PlanOptions& o) {
-  SkeletonSpec spec =
+  parallel::TimingSpec spec =
       skeleton_spec(s, p, dp, global_batch, o.reduce_dtype ? &*o.reduce_dtype : nullptr);
   spec.steps = o.steps;
   const int world = dp * p.mesh.tp * p.mesh.pp * p.mesh.cp;
@@ -436,7 +436,7 @@ PlanResult plan_scenario(const Scenario& s, const PlanOptions& o) {
     c.strategy = std::string(parallel::name_of(opts.strategy));
     if (opts.strategy == parallel::Strategy::fsdp)
       c.strategy += ":" + std::string(parallel::name_of(opts.fsdp.sharding));
-    const SkeletonSpec spec =
+    const parallel::TimingSpec spec =
         skeleton_spec(s, p, dp, s.train.global_batch, o.reduce_dtype ? &*o.reduce_dtype : nullptr);
     r.reduce_dtype = std::string(comm::name_of(spec.grad_dtype));
     const Skeleton k(spec);

@@ -1,11 +1,11 @@
 // The compute reports (comm::Communicator::compute) of the mesh engine's pieces, as functions of
 // shapes only: the one description of what a sublayer costs, called by the numeric pieces with
 // their tensors' shapes (parallel/mp/) and by the planner's timing-only run with the shapes it
-// derives from the model and mesh (harness/plan_skeleton.cpp), so the two report the same. A matmul
-// [m,k]·[k,n] is 2·m·k·n FLOPs; a backward is twice its forward; attention counts the causal half
-// (s·(s+1)/2 query-key pairs per head), as a causal kernel computes it (parallel/flops.hpp's MFU
-// counts the full s², as the usual model-FLOPs formulas do). `elem` is the bytes of one element of
-// the numeric type, for the memory traffic of the bandwidth-bound pieces.
+// derives from the model and mesh (parallel/mp/mesh_timing.cpp), so the two report the same. A
+// matmul [m,k]·[k,n] is 2·m·k·n FLOPs; a backward is twice its forward; attention counts the causal
+// half (s·(s+1)/2 query-key pairs per head), as a causal kernel computes it (parallel/flops.hpp's
+// MFU counts the full s², as the usual model-FLOPs formulas do). `elem` is the bytes of one element
+// of the numeric type, for the memory traffic of the bandwidth-bound pieces.
 #pragma once
 
 #include <cstdint>

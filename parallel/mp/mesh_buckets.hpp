@@ -1,6 +1,6 @@
 // DDP overlap's gradient buckets on the mesh engine (PyTorch DDP's and Megatron's buckets, issued
 // during the last microbatch's backward), written once for the engine (mesh_chunks.cpp) and the
-// planner's timing-only run (harness/plan_skeleton.cpp). Gradients join the open bucket as the
+// planner's timing-only run (mesh_timing.cpp). Gradients join the open bucket as the
 // backward completes them (mesh_walk.hpp), in the rank's parameter order, once per step; those
 // that need another sum first are left to the step's end (sync_gradients: the tied embedding
 // under a pipeline, SP's TP-replicated parameters, kv heads replicated over TP ranks). The bucket

@@ -1,6 +1,6 @@
 // The optimizer's collectives over its flat buffers (ShardedClass, mesh_classes.hpp), written once
 // and run with data or without: MeshOptimizer<T> (mesh_zero.cpp) runs them on its packed
-// gradients and parameters, the planner's timing-only run (harness/plan_skeleton.cpp) on null
+// gradients and parameters, the planner's timing-only run (mesh_timing.cpp) on null
 // buffers of the same counts (NullClassData). Which class, which collective on which of its
 // groups, over which flat ranges, in which order:
 //   issue            zero 0/1, DDP's buckets: per class, one all_reduce of the bucket's gradients

@@ -1,5 +1,5 @@
 // The mesh engine's process groups, in the order it splits them, written once for the engine
-// (mesh_engine.cpp) and the planner's timing-only run (harness/plan_skeleton.cpp), whose symmetric
+// (mesh_engine.cpp) and the planner's timing-only run (mesh_timing.cpp), whose symmetric
 // clock states each split's rule for every member: a split is its group, the group it is split
 // from (the world, or the TP group for the kv replicas), its name, and each member's colour as a
 // function of its rank in that parent (the key is that rank).

@@ -1,7 +1,7 @@
 // The order of one training step on a rank of the mesh engine, written once: its phases, each
 // chunk's forward and backward around the per-sequence work, what a completed gradient sets off,
 // a chunk's end and the step's gradient sums. Two backends run it: the numeric engine (MeshImpl<T>,
-// mesh_impl.hpp, on data) and the planner's timing-only run (harness/plan_timing.cpp, on null
+// mesh_impl.hpp, on data) and the engine's timing-only backend (mesh_timing.hpp, on null
 // buffers of the same counts). What differs between them is only what a call does to data; which
 // collectives go, in which order, on which group, is decided here and in the pieces this calls
 // (mesh_walk.hpp, mesh_residency.hpp, mesh_unit_reducer.hpp, mesh_rows.hpp, mesh_bf16.hpp).

@@ -3,7 +3,7 @@
 // residency, mesh_residency.hpp), the parameters whose gradient each backward step completes for
 // the microbatch (DDP's buckets, ZeRO-3's per-microbatch reductions: mesh_grad_units.hpp), and
 // the walk over the microbatch's sequences. The numeric engine (mesh_chunks.cpp), its ledger
-// (mesh_ledger.cpp) and the planner's timing-only run (harness/plan_skeleton.cpp) all walk it.
+// (mesh_ledger.cpp) and the planner's timing-only run (mesh_timing.cpp) all walk it.
 //
 // Forward: the embedding (first virtual stage), each layer, the head (last virtual stage); each
 // step uses its units once, then runs every sequence of the microbatch. Backward: the head with

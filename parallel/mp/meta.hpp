@@ -3,7 +3,7 @@
 // without storage. Instantiated with Meta<T>, each piece issues the same collectives (null buffers
 // of the same counts and T's dtype) and the same compute reports (T's bytes) in the same order
 // as with T, and computes nothing: the planner times the engine's own block this way
-// (harness/plan_skeleton.cpp). Where a piece's traffic depends on its data (MoE routing), the
+// (mesh_timing.cpp). Where a piece's traffic depends on its data (MoE routing), the
 // timing-only run follows a stated assumption (ep_moe.hpp's MoeRouting). The ref ops a block calls
 // have shape-only overloads here, more specialised than the numeric templates; code that reads or
 // writes elements does not compile for Meta and sits behind `if constexpr (kIsMeta<T>)`.

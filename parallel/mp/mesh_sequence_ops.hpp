@@ -1,16 +1,16 @@
-// One sequence's embedding, blocks and head on one rank, for the planner's step skeleton
-// (plan_skeleton.hpp): the engine's own (parallel/mp/tp_block.hpp's mp_embed_*, mp_block_* and
-// mp_head_*, with cp_attention, cp_ring, ep_moe and vocab_parallel under them) instantiated
-// timing-only on shapes (parallel/mp/meta.hpp): the same TP, CP and EP collectives on null buffers
+// One sequence's embedding, blocks and head on one rank, for the engine's timing-only backend
+// (mesh_timing.hpp): the engine's own (tp_block.hpp's mp_embed_*, mp_block_* and mp_head_*, with
+// cp_attention, cp_ring, ep_moe and vocab_parallel under them) instantiated timing-only on shapes
+// (meta.hpp): the same TP, CP and EP collectives on null buffers
 // and the same compute reports, nothing computed. Sizes from the rank's parameters (their local
 // shapes), the token layout and the groups. What the data decides in a numeric run follows stated
 // assumptions: every sequence one document without padding, and the MoE routing of
-// parallel::MoeRouting (uniform, or every expert at its full capacity).
+// MoeRouting (uniform, or every expert at its full capacity).
 //
 // Each kind of call (embedding, dense or MoE block, head; forward or backward) issues the same ops
 // every time, so it runs the engine's pieces once, under comm::RecordingCommunicator, and replays
-// the recorded tape after (comm::replay): one layer of each kind stands for the others, as
-// sim::SymmetricClock::memo_region assumes too. A thread shares its tapes between runs whose calls
+// the recorded tape after (comm::replay): one layer of each kind stands for the others, as a
+// BlockMemo (mesh_timing.hpp) assumes too. A thread shares its tapes between runs whose calls
 // depend on the same inputs (the model, the layout, the numeric type, recompute, attention,
 // routing, the rank's groups and its place in them), a forward with its backward.
 #pragma once
@@ -26,22 +26,22 @@
 #include "parallel/mp/tokens.hpp"
 #include "reference/config.hpp"
 
-namespace shardcheck::harness {
+namespace shardcheck::parallel {
 
-// What each kind of call issued (comm::OpLog tapes, plan_block.cpp).
+// What each kind of call issued (comm::OpLog tapes, mesh_sequence_ops.cpp).
 struct SequenceTapes;
 
 class SequenceOps {
  public:
   struct Setup {
     const ref::ModelConfig* model = nullptr;
-    const parallel::TokenLayout* layout = nullptr;
+    const TokenLayout* layout = nullptr;
     ref::Precision precision = ref::Precision::kF32;  // f64: the engine computes in double
     ref::Recompute recompute = ref::Recompute::kNone;
-    parallel::CpAlgo cp_algo = parallel::CpAlgo::ring;
-    parallel::AttentionKernel attention = parallel::AttentionKernel::engine;
-    parallel::MoeRouting moe_routing = parallel::MoeRouting::uniform;
-    const std::vector<parallel::LocalParam>* params = nullptr;  // this rank's
+    CpAlgo cp_algo = CpAlgo::ring;
+    AttentionKernel attention = AttentionKernel::engine;
+    MoeRouting moe_routing = MoeRouting::uniform;
+    const std::vector<LocalParam>* params = nullptr;  // this rank's
     // The rank's groups (of one rank where an axis is off), as the engine's BlockEnv has them.
     comm::Communicator* tp = nullptr;
     comm::Communicator* cp = nullptr;
@@ -74,7 +74,8 @@ class SequenceOps {
     kHeadBackward,
     kCalls
   };
-  // The engine's pieces on Meta tensors, built at the first call no tape holds (plan_block.cpp).
+  // The engine's pieces on Meta tensors, built at the first call no tape holds
+  // (mesh_sequence_ops.cpp).
   class Recorder;
 
  private:
@@ -84,10 +85,10 @@ class SequenceOps {
   Setup s_;
   // What each kind of call issued, recorded at its first call (the shapes and groups do not change
   // from call to call) and replayed at the next ones (comm::replay): this run's recordings, and
-  // those published for every run of the thread with the same inputs (plan_block.cpp's key).
+  // those published for every run of the thread with the same inputs (mesh_sequence_ops.cpp's key).
   std::unique_ptr<SequenceTapes> own_;
   std::shared_ptr<SequenceTapes> shared_;
   std::unique_ptr<Recorder> recorder_;
 };
 
-}  // namespace shardcheck::harness
+}  // namespace shardcheck::parallel

@@ -1,6 +1,6 @@
-// plan_block.hpp: the engine's sequence pieces on Meta tensors, recorded once per kind of call
-// and replayed.
-#include "harness/plan_block.hpp"
+// mesh_sequence_ops.hpp: the engine's sequence pieces on Meta tensors, recorded once per kind of
+// call and replayed.
+#include "parallel/mp/mesh_sequence_ops.hpp"
 
 #include <array>
 #include <cstdint>
@@ -15,7 +15,7 @@
 #include "reference/batch.hpp"
 #include "reference/blocks.hpp"
 
-namespace shardcheck::harness {
+namespace shardcheck::parallel {
 
 struct SequenceTapes {
   struct Tape {
@@ -29,14 +29,14 @@ class SequenceOps::Recorder {
  public:
   virtual ~Recorder() = default;
   // Runs call c of the engine's pieces on `env` (the setup's, over recording groups).
-  virtual void run(Call c, const parallel::BlockEnv& env) = 0;
+  virtual void run(Call c, const BlockEnv& env) = 0;
 };
 
 namespace {
 
 template <class U>
 class MetaRecorder final : public SequenceOps::Recorder {
-  using M = parallel::Meta<U>;
+  using M = Meta<U>;
   using Tensor = ref::Tensor<M>;
   using Call = SequenceOps::Call;
 
@@ -45,7 +45,7 @@ class MetaRecorder final : public SequenceOps::Recorder {
       : model_(*s.model), recompute_(s.recompute), rows_({s.layout->row_count(), s.model->hidden}) {
     // One layer of each kind stands for all of the rank's (their shapes and collectives are
     // alike); the rest of its parameters are the embedding's and the head's.
-    for (const parallel::LocalParam& p : *s.params) {
+    for (const LocalParam& p : *s.params) {
       const int layer = p.unit >= 1 && p.unit <= model_.layers ? p.unit - 1 : -1;
       if (layer >= 0 && rep_[kind(layer)] < 0) rep_[kind(layer)] = layer;
       if (layer < 0 || layer == rep_[kind(layer)]) params_.add(p.name, p.local_shape);
@@ -54,29 +54,29 @@ class MetaRecorder final : public SequenceOps::Recorder {
     seq_.doc_ids.assign(static_cast<std::size_t>(s.layout->seq_len()), 0);
   }
 
-  void run(Call c, const parallel::BlockEnv& e) override {
+  void run(Call c, const BlockEnv& e) override {
     const std::size_t k = c == Call::kMoeForward || c == Call::kMoeBackward ? 1 : 0;
     switch (c) {
       case Call::kEmbedForward:
-        parallel::mp_embed_forward(e, params_, seq_);
+        mp_embed_forward(e, params_, seq_);
         break;
       case Call::kEmbedBackward:
-        parallel::mp_embed_backward(e, seq_, rows_, params_);
+        mp_embed_backward(e, seq_, rows_, params_);
         break;
       case Call::kDenseForward:
       case Call::kMoeForward:
-        parallel::mp_block_forward(e, params_, rep_[k], seq_, ctx_, rows_, blocks_[k], nullptr);
-        parallel::drop_selective(blocks_[k], recompute_);
+        mp_block_forward(e, params_, rep_[k], seq_, ctx_, rows_, blocks_[k], nullptr);
+        drop_selective(blocks_[k], recompute_);
         break;
       case Call::kDenseBackward:
       case Call::kMoeBackward:
-        parallel::mp_block_backward(e, params_, rep_[k], seq_, ctx_, blocks_[k], rows_, params_);
+        mp_block_backward(e, params_, rep_[k], seq_, ctx_, blocks_[k], rows_, params_);
         break;
       case Call::kHeadForward:
-        parallel::mp_head_forward(e, params_, seq_, rows_, head_, nullptr);
+        mp_head_forward(e, params_, seq_, rows_, head_, nullptr);
         break;
       case Call::kHeadBackward:
-        parallel::mp_head_backward(e, params_, seq_, ctx_.token_weight, head_, params_);
+        mp_head_backward(e, params_, seq_, ctx_.token_weight, head_, params_);
         break;
       case Call::kCalls:
         break;
@@ -94,9 +94,9 @@ class MetaRecorder final : public SequenceOps::Recorder {
   ref::ParamMap<M> params_;
   ref::Sequence seq_;
   ref::StepContext ctx_;
-  Tensor rows_;  // an activation or its gradient over this rank's rows [rows, h]
-  parallel::MpBlockCache<M> blocks_[2];  // each kind's
-  parallel::MpHeadCache<M> head_;
+  Tensor rows_;                // an activation or its gradient over this rank's rows [rows, h]
+  MpBlockCache<M> blocks_[2];  // each kind's
+  MpHeadCache<M> head_;
 };
 
 // What the calls issue depends on, besides the model: the token layout, the numeric type, the
@@ -180,7 +180,7 @@ void SequenceOps::call(Call c) {
                      .cp_algo = s_.cp_algo,
                      .attention = s_.attention,
                      .moe_routing = s_.moe_routing,
-                     .planted = parallel::testing::Mutation::kNone,
+                     .planted = testing::Mutation::kNone,
                      .ep_part_of_source = {}});
   t.recorded = true;
   if (both(*own_) && !both(*shared_)) {
@@ -189,4 +189,4 @@ void SequenceOps::call(Call c) {
   }
 }
 
-}  // namespace shardcheck::harness
+}  // namespace shardcheck::parallel
