@@ -202,7 +202,10 @@ class TimingRun : mesh_detail::StepOrder<TimingRun> {
 
   // One sequence's block of this layer, through the memo when there is one.
   void block(int layer, bool forward) {
-    const auto ops = [&] { forward ? seq_->block_forward(layer) : seq_->block_backward(layer); };
+    // Captured by value: small enough for std::function to hold without allocating.
+    const auto ops = [this, layer, forward] {
+      forward ? seq_->block_forward(layer) : seq_->block_backward(layer);
+    };
     if (memo_ == nullptr) return ops();
     (*memo_)(2 * std::uint64_t{forward} + std::uint64_t{sp_.model.is_moe_layer(layer)}, ops);
   }
