@@ -137,6 +137,8 @@ void MeshImpl<T>::count() {
   world_.begin_step(steps_);
   prefix_ = "step " + std::to_string(steps_);
   mem_.set_phase(prefix_ + " begin");
+  grads_held_.reset();  // what a step that threw left held
+  mb_held_.reset();
   grads_held_ =
       comm::TrackedBytes(mem_, comm::MemCategory::grads,
                          static_cast<std::size_t>(zopt_->accumulated_grad_elems()) * recipe_.grad);
@@ -189,7 +191,7 @@ void MeshImpl<T>::pipeline() {
   run_pipeline(*g_.pp, opt_.schedule, this->microbatches_, opt_.virtual_stages, stage);
   caches_.clear();
   mb_held_.reset();
-  mem_.set_phase(prefix_ + " reduce");
+  mem_.set_phase(prefix_ + " reduce");  // phase 3, the gradient sums, follows (run_step)
 }
 
 template <class T>

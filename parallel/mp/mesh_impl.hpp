@@ -1,10 +1,10 @@
 // Internal to the mesh engine (mesh_engine.hpp): MeshEngine::Impl and MeshImpl<T>, the engine's
-// state on one rank: the numeric backend of the step's order (mesh_step.hpp). Defined in
-// mesh_engine.cpp (construction, the step's phases, the gradient sums, the state's export and
-// import) and mesh_chunks.cpp (one chunk's forward and backward over a microbatch on data, and
-// what the order asks of the gradients: the hook, DDP's buckets, the bf16 rounding, the sums).
-// Model math in tp_block.cpp, parameter slices in mesh_params.cpp, validation in
-// mesh_validate.cpp.
+// state on one rank: the numeric backend of the step's order (mesh_step.hpp, which also holds the
+// step's gradient sums). Defined in mesh_engine.cpp (construction, the step's phases, the tied
+// embedding's sum, the state's export and import) and mesh_chunks.cpp (one chunk's forward and
+// backward over a microbatch on data, and what the order asks of the gradients: the hook, DDP's
+// buckets, the bf16 rounding, the sums before a reduction). Model math in tp_block.cpp, parameter
+// slices in mesh_params.cpp, validation in mesh_validate.cpp.
 #pragma once
 
 #include <cmath>

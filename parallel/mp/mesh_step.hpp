@@ -7,19 +7,18 @@
 // (mesh_walk.hpp, mesh_residency.hpp, mesh_unit_reducer.hpp, mesh_rows.hpp, mesh_bf16.hpp).
 //
 // StepOrder<D> is a base of the backend D (CRTP), which provides:
-//   residency()                    the ZeRO-3 / FSDP Residency, or null
-//   units()                        ZeRO-3's UnitReducer (its per-microbatch reductions)
-//   count(), pipeline(),           the step's phases 1, 2, the end of 3 (after the sums), 4 and 5
-//   reduced(), sum(), update()     (run_step)
-//   sync_tied_embedding()          the tied embedding's exchange between the first and last stage
-//   reduce()                       the optimizer's gradient reductions at the step's end
-//   round_microbatch(scope)        the bf16 recipe's microbatch sums and rounding
-//   (microbatch_presums) replica_ops(scope)             Ops for replica_sums over the scope's
-//   parameters microbatch_sum_ops()           Ops for no_shard_sums (each microbatch's gradient)
-//   accumulate_microbatch()        the microbatch's gradients reduced at the step's end join the
-//   step's completed(mb, step)            the gradients `step` completed are whole for this
-//   microbatch issue_bucket(pick, flush)      DDP overlap: the picked gradients join the open
-//   bucket
+// - residency(): the ZeRO-3 / FSDP Residency, or null;
+// - units(): the UnitReducer of ZeRO-3's per-microbatch reductions (inert below ZeRO-3);
+// - count(), pipeline(), reduced(), sum(), update(): the step's phases 1, 2, the end of 3 (after
+//   the sums), 4 and 5 (run_step);
+// - sync_tied_embedding(): the tied embedding's exchange between the first and the last stage;
+// - reduce(): the optimizer's gradient reductions at the step's end;
+// - round_microbatch(scope): the bf16 recipe's sums before rounding, and the rounding;
+// - replica_ops(scope): the Ops of replica_sums over the scope's parameters;
+// - microbatch_sum_ops(): the Ops of no_shard_sums (each microbatch's gradient);
+// - accumulate_microbatch(): the microbatch's gradients reduced at the step's end join the step's;
+// - completed(mb, step): the gradients `step` completed are whole for this microbatch;
+// - issue_bucket(pick, flush): DDP overlap, the picked gradients join the open bucket.
 // A scope names the gradients a call reaches: those reduced at the step's end (deferred) or one
 // flat class's (ZeRO-3's buffers reduced every microbatch, mesh_unit_reducer.hpp).
 #pragma once
@@ -48,7 +47,8 @@ template <class D>
 class StepOrder {
  public:
   // What the order reads, fixed for the rank: its chunks, the data-parallel rules, the precision,
-  // the groups of more than one rank it sums over (null otherwise).
+  // the groups it sums over (null, or of one rank, where there is nothing to sum: the Ops skip
+  // them).
   struct Setup {
     const ref::ModelConfig* model = nullptr;
     const std::map<int, int>* wrap_of = nullptr;  // layerwise unit -> wrap unit
@@ -68,7 +68,7 @@ class StepOrder {
  protected:
   void set_order(const Setup& s) {
     o_ = s;
-    steps_.assign(static_cast<std::size_t>(2 * s.virtual_stages), std::nullopt);
+    chunk_steps_.assign(static_cast<std::size_t>(2 * s.virtual_stages), std::nullopt);
   }
   const Setup& order() const { return o_; }
   bool bf16() const { return o_.precision == ref::Precision::kBf16; }
@@ -97,7 +97,7 @@ class StepOrder {
     std::vector<std::vector<int>> uses;
   };
   const Steps& chunk_steps(int chunk, bool forward) {
-    std::optional<Steps>& s = steps_[static_cast<std::size_t>(2 * chunk + (forward ? 1 : 0))];
+    std::optional<Steps>& s = chunk_steps_[static_cast<std::size_t>(2 * chunk + (forward ? 1 : 0))];
     if (!s) {
       const int vs = virtual_stage(chunk);
       s.emplace();
@@ -207,7 +207,7 @@ class StepOrder {
   }
 
   Setup o_;
-  std::vector<std::optional<Steps>> steps_;  // per chunk: backward, forward
+  std::vector<std::optional<Steps>> chunk_steps_;  // per chunk: backward, forward
 };
 
 }  // namespace shardcheck::parallel::mesh_detail
