@@ -323,10 +323,12 @@ std::vector<std::vector<RankLedger>> mesh_ledger_stages_modes(
   };
   std::vector<Computed> computed;
   std::map<std::array<int, 4>, std::size_t> by_coord;  // -> computed
+  // The parts are read only by the bf16 recipe with MoE (validated_ledger_modes).
+  const bool parts_read = train.precision == ref::Precision::kBf16 && model.moe.has_value();
   for (int r = 0; r < options.shape.world_size(); ++r) {
     if (mesh.coord(r, comm::Axis::dp) != 0) continue;
     const int stage = mesh.coord(r, comm::Axis::pp);
-    const int parts = mesh_detail::expert_part_count(mesh, r);
+    const int parts = parts_read ? mesh_detail::expert_part_count(mesh, r) : 0;
     const std::array<int, 4> key{stage, mesh.coord(r, comm::Axis::tp),
                                  mesh.coord(r, comm::Axis::ep), parts};
     auto it = by_coord.find(key);
