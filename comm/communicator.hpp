@@ -15,6 +15,7 @@
 // reduced in group-rank order, whatever the thread interleaving).
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -49,10 +50,17 @@ struct SplitOptions {
 // simulator advances the rank's virtual compute stream by its cost model (max of flops over the
 // device rate and bytes over memory bandwidth); a real backend, whose time is real, only records
 // it.
+// One matrix multiply of a compute report: an m x n output over an inner dimension k, 2mnk FLOPs.
+struct Gemm {
+  double m = 0, n = 0, k = 0;
+};
 struct ComputeCost {
   std::string_view name;  // "forward layers.0", "adamw", ... (timeline label)
   double flops = 0;
   double bytes = 0;  // memory traffic
+  // The GEMMs among `flops` (their 2mnk are part of it; unused entries zero): what a device model
+  // of GEMM efficiency by shape reads (sim::Topology's device: whole tiles, whole waves).
+  std::array<Gemm, 4> gemms{};
 };
 
 // What a rank is working on, for timelines and step phases only (no effect on any result): the

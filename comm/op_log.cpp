@@ -55,6 +55,8 @@ std::string OpLog::describe(const OpRecord& r) const {
   if (r.kind == K::compute) {
     if (!r.name.empty()) os << " " << r.name;
     os << " " << r.flops << " flop " << r.bytes << " B";
+    for (const Gemm& g : r.gemms)
+      if (g.m > 0) os << " gemm " << g.m << "x" << g.n << "x" << g.k;
   } else if (r.kind == K::wait) {
     os << " on record " << r.op;
   } else if (r.kind == K::begin_step) {
@@ -265,7 +267,7 @@ void replay(const OpLog& log, std::span<Communicator* const> groups) {
         works[i] = g.barrier();
         break;
       case K::compute:
-        g.compute({.name = r.name, .flops = r.flops, .bytes = r.bytes});
+        g.compute({.name = r.name, .flops = r.flops, .bytes = r.bytes, .gemms = r.gemms});
         break;
       default:
         break;
@@ -279,6 +281,7 @@ void RecordingCommunicator::do_compute(const ComputeCost& c) {
   r.name = std::string(c.name);
   r.flops = c.flops;
   r.bytes = c.bytes;
+  r.gemms = c.gemms;
   record(std::move(r));
   inner_->compute(c);
 }
@@ -334,6 +337,10 @@ bool same(const OpLog& la, const OpRecord& a, const OpLog& lb, const OpRecord& b
     };
     if (listed(o.unchecked_flops)) return true;
     if (listed(o.upper_bounds)) return b.flops >= a.flops * (1 - rel);
+    for (std::size_t i = 0; i < a.gemms.size(); ++i) {
+      const Gemm &x = a.gemms[i], &y = b.gemms[i];
+      if (!near(x.m, y.m, rel) || !near(x.n, y.n, rel) || !near(x.k, y.k, rel)) return false;
+    }
     return near(a.flops, b.flops, rel);
   }
   if (a.kind == K::wait) return a.op == b.op;

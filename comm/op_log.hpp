@@ -7,6 +7,7 @@
 // times what the engine issues). One log per rank, written by that rank's thread only.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -44,6 +45,7 @@ struct OpRecord {
   std::vector<std::size_t> send_counts, recv_counts;  // all_to_all_v
   std::string name;                                   // compute
   double flops = 0, bytes = 0;                        // compute
+  std::array<Gemm, 4> gemms{};                        // compute
   std::size_t op = 0;                                 // wait: the index of the waited record
   int step = 0;                                       // begin_step: the step; others: current
 };

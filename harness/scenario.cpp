@@ -300,6 +300,9 @@ Scenario parse_scenario(const nlohmann::json& j) {
   sc.topology.peak_tflops = dev.number("peak_tflops", sc.topology.peak_tflops, 1e-6, 1e9);
   sc.topology.hbm_gbps = dev.number("hbm_gbps", sc.topology.hbm_gbps, 1e-6, 1e9);
   sc.topology.memory_gib = dev.number("memory_gib", sc.topology.memory_gib, 1e-6, 1e9);
+  sc.topology.sm_count = dev.integer("sm_count", sc.topology.sm_count, 0, 1 << 16);
+  sc.topology.gemm_tile_m = dev.integer("gemm_tile_m", sc.topology.gemm_tile_m, 1, 4096);
+  sc.topology.gemm_tile_n = dev.integer("gemm_tile_n", sc.topology.gemm_tile_n, 1, 4096);
   dev.finish();
   topo.finish();
 

@@ -57,6 +57,10 @@ struct TopologySpec {
   double peak_tflops = 989;
   double hbm_gbps = 4800;
   double memory_gib = 141;
+  // GEMM efficiency by shape (sim::DeviceSpec): SMs (0: not modelled) and the kernel's tile.
+  int sm_count = 0;
+  int gemm_tile_m = 128;
+  int gemm_tile_n = 256;
 };
 
 struct FaultSpec {

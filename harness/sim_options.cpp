@@ -30,7 +30,12 @@ sim::SimOptions sim_options(const Scenario& s, int world_size) {
   o.topology.ranks_per_node = t.ranks_per_node;
   o.topology.intra_node = {t.intra_node.bandwidth_gbps, t.intra_node.latency_us};
   o.topology.inter_node = {t.inter_node.bandwidth_gbps, t.inter_node.latency_us};
-  o.topology.device = {t.peak_tflops, t.hbm_gbps, t.memory_gib};
+  o.topology.device = {.peak_tflops = t.peak_tflops,
+                       .hbm_gbps = t.hbm_gbps,
+                       .memory_gib = t.memory_gib,
+                       .sms = t.sm_count,
+                       .gemm_tile_m = t.gemm_tile_m,
+                       .gemm_tile_n = t.gemm_tile_n};
   o.faults.seed = s.seed;
   for (const FaultSpec& f : s.faults) {
     if (f.rank >= world_size) continue;

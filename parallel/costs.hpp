@@ -23,26 +23,49 @@ inline double matmul(double m, double k, double n) {
   return 2.0 * m * k * n;
 }
 
+// The GEMM shapes (comm::Gemm: an m x n output over k) of y[m,n] = x[m,k] w[k,n] and of its
+// backward: the input's gradient dx[m,k] = dy w^T over n, the weight's dw[k,n] = x^T dy over m.
+inline comm::Gemm gemm(double m, double k, double n) {
+  return {.m = m, .n = n, .k = k};
+}
+inline comm::Gemm gemm_dgrad(double m, double k, double n) {
+  return {.m = m, .n = k, .k = n};
+}
+inline comm::Gemm gemm_wgrad(double m, double k, double n) {
+  return {.m = k, .n = n, .k = m};
+}
+
 // The attention block's projections over `rows` tokens of width h: q (q_cols = local heads · d),
-// k and v (kv_cols each), and the output projection.
+// k and v (kv_cols each) as one fused GEMM (as Megatron-Core and most kernels run them), and the
+// output projection.
 inline comm::ComputeCost qkv(double rows, double h, double q_cols, double kv_cols) {
-  return {.name = "qkv", .flops = matmul(rows, h, q_cols) + 2 * matmul(rows, h, kv_cols)};
+  return {.name = "qkv",
+          .flops = matmul(rows, h, q_cols) + 2 * matmul(rows, h, kv_cols),
+          .gemms = {gemm(rows, h, q_cols + 2 * kv_cols)}};
 }
 inline comm::ComputeCost wo(double rows, double q_cols, double h) {
-  return {.name = "wo", .flops = matmul(rows, q_cols, h)};
+  return {.name = "wo", .flops = matmul(rows, q_cols, h), .gemms = {gemm(rows, q_cols, h)}};
 }
 inline comm::ComputeCost projections_backward(double rows, double h, double q_cols,
                                               double kv_cols) {
+  const double qkv_cols = q_cols + 2 * kv_cols;
   return {.name = "attention projections backward",
           .flops = 2 * (matmul(rows, h, q_cols) + 2 * matmul(rows, h, kv_cols) +
-                        matmul(rows, q_cols, h))};
+                        matmul(rows, q_cols, h)),
+          .gemms = {gemm_dgrad(rows, h, qkv_cols), gemm_wgrad(rows, h, qkv_cols),
+                    gemm_dgrad(rows, q_cols, h), gemm_wgrad(rows, q_cols, h)}};
 }
 // The dense MLP (up, activation, down) over `rows` tokens, f = the local ffn width.
 inline comm::ComputeCost mlp(double rows, double h, double f) {
-  return {.name = "mlp", .flops = matmul(rows, h, f) + matmul(rows, f, h)};
+  return {.name = "mlp",
+          .flops = matmul(rows, h, f) + matmul(rows, f, h),
+          .gemms = {gemm(rows, h, f), gemm(rows, f, h)}};
 }
 inline comm::ComputeCost mlp_backward(double rows, double h, double f) {
-  return {.name = "mlp backward", .flops = 2 * (matmul(rows, h, f) + matmul(rows, f, h))};
+  return {.name = "mlp backward",
+          .flops = 2 * (matmul(rows, h, f) + matmul(rows, f, h)),
+          .gemms = {gemm_dgrad(rows, h, f), gemm_wgrad(rows, h, f), gemm_dgrad(rows, f, h),
+                    gemm_wgrad(rows, f, h)}};
 }
 
 // Causal attention over s tokens, `heads` heads of width d: per_element FLOPs per (pair, channel).
@@ -151,16 +174,20 @@ inline comm::ComputeCost ring_backward(double pairs, double n, int heads, int kv
 inline comm::ComputeCost vocab_head_forward(double n, double h, double vl, double elem) {
   return {.name = "vocab head forward",
           .flops = 2.0 * n * h * vl,
-          .bytes = elem * (n * h + h * vl + n * vl)};
+          .bytes = elem * (n * h + h * vl + n * vl),
+          .gemms = {gemm(n, h, vl)}};
 }
 inline comm::ComputeCost vocab_head_backward(double n, double h, double vl, double elem) {
   return {.name = "vocab head backward",
           .flops = 4.0 * n * h * vl,
-          .bytes = elem * (2 * n * h + 2 * h * vl + n * vl)};
+          .bytes = elem * (2 * n * h + 2 * h * vl + n * vl),
+          .gemms = {gemm_dgrad(n, h, vl), gemm_wgrad(n, h, vl)}};
 }
 
 // The MoE router over n tokens of width h and E experts (logits, softmax), and the experts' MLPs
-// over the `rows` (token, choice) assignments they keep (f: an expert's ffn width). The rows depend
+// over the `rows` (token, choice) assignments they keep (f: an expert's ffn width). Their GEMMs
+// are not described (one per expert, of rows the routing decides; a skinny router): they run at
+// the one compute efficiency. The rows depend
 // on the routing: the numeric run counts what its router kept; a timing-only run states an
 // assumption (the planner: every top-k assignment kept, an upper bound when capacity drops some).
 inline comm::ComputeCost moe_router(double n, double h, double experts, double elem) {

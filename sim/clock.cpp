@@ -347,7 +347,7 @@ comm::WorkPtr SymmetricClock::do_barrier() {
 
 void SymmetricClock::do_compute(const comm::ComputeCost& c) {
   ClockState& s = *state_;
-  const double dt = sim::compute_seconds(s.topology, c.flops, c.bytes);
+  const double dt = sim::compute_seconds(s.topology, c);
   s.compute += dt;
   ++s.events;
   if (ClockStep* st = s.current()) {

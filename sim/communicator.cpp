@@ -313,8 +313,7 @@ std::shared_ptr<Slot> SimCommunicator::collective(const OpDesc& desc, comm::Cons
 
 void SimCommunicator::do_compute(const comm::ComputeCost& c) {
   RankLocal& l = local();
-  const double dt =
-      compute_seconds(world_->options().topology, c.flops, c.bytes) * l.faults.slowdown(l.step);
+  const double dt = compute_seconds(world_->options().topology, c) * l.faults.slowdown(l.step);
   if (world_->options().record_timeline)
     l.events.push_back({world_rank(),
                         Stream::compute,

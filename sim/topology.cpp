@@ -30,6 +30,11 @@ void Topology::validate() const {
           device.peak_tflops, "> 0");
   require(std::isfinite(device.hbm_gbps) && device.hbm_gbps > 0, "device.hbm_gbps", device.hbm_gbps,
           "> 0");
+  require(device.sms >= 0 && device.sms <= 1 << 16, "device.sms", device.sms, "in [0, 65536]");
+  require(device.gemm_tile_m >= 1 && device.gemm_tile_m <= 4096, "device.gemm_tile_m",
+          device.gemm_tile_m, "in [1, 4096]");
+  require(device.gemm_tile_n >= 1 && device.gemm_tile_n <= 4096, "device.gemm_tile_n",
+          device.gemm_tile_n, "in [1, 4096]");
   require(compute_efficiency > 0 && compute_efficiency <= 1, "compute_efficiency",
           compute_efficiency, "in (0, 1]");
 }
@@ -53,6 +58,25 @@ double compute_seconds(const Topology& t, double flops, double bytes) {
   const double f = flops / (t.device.peak_tflops * 1e12 * t.compute_efficiency);
   const double m = bytes / (t.device.hbm_gbps * 1e9);
   return std::max(f, m);
+}
+
+double gemm_spent_flops(const DeviceSpec& d, const comm::Gemm& g) {
+  const double counted = 2 * g.m * g.n * g.k;
+  if (d.sms <= 0 || g.m <= 0 || g.n <= 0) return counted;
+  const auto spent = [&](double tm, double tn) {
+    const double tiles = std::ceil(g.m / tm) * std::ceil(g.n / tn);
+    return std::ceil(tiles / d.sms) * d.sms * tm * tn * 2 * g.k;
+  };
+  const double a = d.gemm_tile_m, b = d.gemm_tile_n;
+  return std::min(spent(a, b), spent(b, a));
+}
+
+double compute_seconds(const Topology& t, const comm::ComputeCost& c) {
+  double flops = c.flops;
+  if (t.device.sms > 0)
+    for (const comm::Gemm& g : c.gemms)
+      flops += gemm_spent_flops(t.device, g) - 2 * g.m * g.n * g.k;
+  return compute_seconds(t, flops, c.bytes);
 }
 
 double op_seconds(OpKind k, int p, double bytes, const LinkCost& l) {

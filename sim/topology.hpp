@@ -7,6 +7,7 @@
 #include <span>
 #include <string>
 
+#include "comm/communicator.hpp"
 #include "sim/op.hpp"
 
 namespace shardcheck::sim {
@@ -21,6 +22,15 @@ struct DeviceSpec {
   double peak_tflops = 989;  // dense peak of the datatype in use
   double hbm_gbps = 4800;    // memory bandwidth, GB/s
   double memory_gib = 141;   // capacity; informational (the ledger compares against it)
+  // GEMM efficiency by shape (0 SMs: not modelled, every GEMM at the one compute efficiency): a
+  // GEMM's output is computed in whole tiles of gemm_tile_m x gemm_tile_n (either orientation,
+  // whichever its shape fills better), one tile per SM at a time, so in whole waves of `sms` tiles
+  // (NVIDIA's tile and wave quantization). The tile is the large-GEMM kernel's (128 x 256 for
+  // bf16 tensor cores on Ampere and Hopper), one for every shape: smaller kernels for skinny
+  // shapes are not modelled.
+  int sms = 0;
+  int gemm_tile_m = 128;
+  int gemm_tile_n = 256;
 };
 
 // Defaults: an H100/H200-class node of 8 GPUs on NVLink, 400 Gb/s-class network between nodes.
@@ -52,6 +62,11 @@ LinkCost link_cost(const Topology& t, bool inter_node);
 
 // Seconds a compute op takes: max(flops / (peak * efficiency), bytes / hbm).
 double compute_seconds(const Topology& t, double flops, double bytes);
+// The FLOPs the device spends on one GEMM (DeviceSpec's tile and wave quantization): 2mnk when
+// the model is off (no SMs), else 2k per output element of its whole tiles in whole waves.
+double gemm_spent_flops(const DeviceSpec& d, const comm::Gemm& g);
+// The same for a compute report: its GEMMs at what the device spends on them, the rest as counted.
+double compute_seconds(const Topology& t, const comm::ComputeCost& c);
 
 // Seconds a communication op takes on p members over link l; `bytes` is the S of its formula:
 //   all_reduce (ring)            2(p-1)a + 2(p-1)/p * S*b     S = the buffer

@@ -301,6 +301,37 @@ TEST(Plan, StepTimeIsTheEnginesOnModelParallelMeshes) {
   EXPECT_GT(compared, 9);
 }
 
+// GEMM efficiency by shape (topology.device.sm_count): the engine's run on the simulator and the
+// plan time the same GEMMs in whole tiles and waves, on TP, PP and CP meshes; every configuration
+// is slower than without the model (this model's shapes fill few 16 x 32 tiles of 3 SMs).
+TEST(Plan, GemmTilesAndWavesAreTimedAsTheEngineRunsThem) {
+  int compared = 0;
+  for (const char* name : {"mp_tp.json", "mp_pp.json", "mp_cp.json"}) {
+    std::ifstream f(shardcheck::testing::kScenarios + "/parity/" + name);
+    json j = json::parse(f);
+    j["plan"] = {{"world_sizes", json::array()}};
+    const PlanResult without = plan_scenario(parse_scenario(j));
+    json& device = j["topology"]["device"];
+    device["sm_count"] = 3;
+    device["gemm_tile_m"] = 16;
+    device["gemm_tile_n"] = 32;
+    const Scenario s = parse_scenario(j);
+    const RunResult run = run_scenario(s);
+    const PlanResult plan = plan_scenario(s);
+    ASSERT_EQ(run.configs.size(), plan.configs.size());
+    for (std::size_t i = 0; i < run.configs.size(); ++i) {
+      if (!plan.configs[i].modelled || !run.configs[i].timing.valid) continue;
+      ++compared;
+      const double engine = run.configs[i].timing.step_time_s,
+                   planned = plan.configs[i].eval.step_time_s;
+      EXPECT_NEAR(planned, engine, 1e-9 * engine) << name << " " << plan.configs[i].config;
+      EXPECT_GT(plan.configs[i].eval.compute_s, without.configs[i].eval.compute_s * 1.01)
+          << name << " " << plan.configs[i].config;
+    }
+  }
+  EXPECT_GT(compared, 9);
+}
+
 // Expert-parallel meshes (bf16: the expert-parts sums too; with TP, SP, PP, Ulysses CP, ZeRO-1
 // and ZeRO-3): the symmetric clock or the stage representatives give the step time that every
 // rank on SimWorld in meta mode gives, running the same skeleton (its routing assumption:
@@ -457,11 +488,15 @@ TEST(Plan, BadInputExitsTwo) {
   j = small_json();
   j["plan"]["bf16_rounding"] = "stochastic";
   std::ofstream(dir / "rounding.json") << j.dump();
+  j = small_json();
+  j["topology"]["device"]["sm_count"] = -1;
+  std::ofstream(dir / "sms.json") << j.dump();
   const std::pair<std::string, std::string> cases[] = {
       {"plan " + (dir / "missing.json").string(), "missing.json"},
       {"plan " + (dir / "bad.json").string(), "world_sizes"},
       {"plan " + (dir / "kernel.json").string(), "$.plan.attention_kernel"},
       {"plan " + (dir / "rounding.json").string(), "$.plan.bf16_rounding"},
+      {"plan " + (dir / "sms.json").string(), "$.topology.device.sm_count"},
       {"plan " + kSmall + " --compute-efficiency 1.5", "--compute-efficiency"},
       {"plan " + kSmall + " --reduce-dtype i8", "--reduce-dtype"},
       {"plan", "scenario"},

@@ -56,6 +56,36 @@ TEST(CostModel, FormulasAsStated) {
   expect_time(compute_seconds(t, 1e9, 1e10), 0.01);
 }
 
+// GEMM efficiency by shape: whole tiles (either orientation, the better), whole waves of one tile
+// per SM; off without SMs; a report's other FLOPs as counted.
+TEST(CostModel, GemmsRunInWholeTilesAndWaves) {
+  Topology t = simple_topology();
+  const comm::Gemm even{.m = 2048, .n = 6912, .k = 2304};    // 16 x 27 = 432 tiles: 4 waves of 108
+  const comm::Gemm ragged{.m = 2048, .n = 4608, .k = 3072};  // 288 tiles: 3 waves, 36 idle SMs
+  const comm::Gemm small{.m = 100, .n = 100, .k = 10};       // one tile, mostly padding
+  const auto counted = [](const comm::Gemm& g) { return 2 * g.m * g.n * g.k; };
+  for (const comm::Gemm& g : {even, ragged, small})
+    EXPECT_EQ(gemm_spent_flops(t.device, g), counted(g));  // not modelled: 0 SMs
+  t.device.sms = 108;
+  EXPECT_DOUBLE_EQ(gemm_spent_flops(t.device, even), counted(even));
+  EXPECT_DOUBLE_EQ(gemm_spent_flops(t.device, ragged), counted(ragged) * 324 / 288);
+  EXPECT_DOUBLE_EQ(gemm_spent_flops(t.device, small), 2.0 * 128 * 256 * 108 * 10);
+  t.device.gemm_tile_m = 100;  // a 100 x 100 tile fits the small one exactly, one SM of 108
+  t.device.gemm_tile_n = 100;
+  EXPECT_DOUBLE_EQ(gemm_spent_flops(t.device, small), counted(small) * 108);
+  t.device.gemm_tile_m = 128;
+  t.device.gemm_tile_n = 256;
+  // A report: its GEMMs at what they take, the rest of its FLOPs (1e9) as counted.
+  const comm::ComputeCost c{.name = "mlp",
+                            .flops = counted(even) + counted(ragged) + 1e9,
+                            .bytes = 0,
+                            .gemms = {even, ragged}};
+  expect_time(compute_seconds(t, c),
+              (counted(even) + counted(ragged) * 324 / 288 + 1e9) / (100e12 * 0.5));
+  t.device.sms = 0;
+  expect_time(compute_seconds(t, c), c.flops / (100e12 * 0.5));
+}
+
 TEST(CostModel, GroupSpanningNodesUsesTheInterNodeLink) {
   Topology t = simple_topology();
   t.ranks_per_node = 2;
