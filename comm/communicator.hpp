@@ -46,14 +46,14 @@ struct SplitOptions {
   std::string name;  // label of the new groups in messages and tables ("tp", "dp", ...)
 };
 
-// Local work a rank did (or, in a timing-only run, would have done) between collectives. The
-// simulator advances the rank's virtual compute stream by its cost model (max of flops over the
-// device rate and bytes over memory bandwidth); a real backend, whose time is real, only records
-// it.
 // One matrix multiply of a compute report: an m x n output over an inner dimension k, 2mnk FLOPs.
 struct Gemm {
   double m = 0, n = 0, k = 0;
 };
+// Local work a rank did (or, in a timing-only run, would have done) between collectives. The
+// simulator advances the rank's virtual compute stream by its cost model (max of flops over the
+// device rate and bytes over memory bandwidth; with a device of SMs, the GEMMs at whole tiles and
+// waves); a real backend, whose time is real, only records it.
 struct ComputeCost {
   std::string_view name;  // "forward layers.0", "adamw", ... (timeline label)
   double flops = 0;

@@ -117,8 +117,9 @@ void print_table(std::ostream& os, const Scenario& s, const PlanResult& r, const
      << "# cluster: " << t.ranks_per_node << " ranks/node, intra " << t.intra_node.bandwidth_gbps
      << " GB/s " << t.intra_node.latency_us << " us, inter " << t.inter_node.bandwidth_gbps
      << " GB/s " << t.inter_node.latency_us << " us, " << t.peak_tflops << " TFLOP/s x "
-     << r.compute_efficiency << " efficiency, " << t.memory_gib << " GiB per device; attention "
-     << attention_text(s) << routing_text(s) << rounding_text(s) << "\n"
+     << r.compute_efficiency << " efficiency (GEMMs: " << r.gemm_model << "), " << t.memory_gib
+     << " GiB per device; attention " << attention_text(s) << routing_text(s) << rounding_text(s)
+     << "\n"
      << "# batch: " << s.train.global_batch << " sequences x " << s.model.seq_len
      << " tokens per step (every token counted as non-padding); gradient reductions in "
      << r.reduce_dtype << "\n";
@@ -192,8 +193,8 @@ void print_search(std::ostream& os, const Scenario& s, const SearchResult& r) {
   const TopologySpec& t = s.topology;
   os << "# plan --search " << r.scenario << ": every mesh of " << r.world << " ranks ("
      << t.ranks_per_node << " per node, " << t.memory_gib << " GiB each), global batch "
-     << r.global_batch << " x " << s.model.seq_len << " tokens; attention " << attention_text(s)
-     << routing_text(s) << rounding_text(s) << "\n"
+     << r.global_batch << " x " << s.model.seq_len << " tokens; GEMMs: " << r.gemm_model
+     << "; attention " << attention_text(s) << routing_text(s) << rounding_text(s) << "\n"
      << "# meshes (dp, tp, pp, cp up to " << r.max_cp << ", ep, CP algorithm): " << r.meshes
      << " considered, " << r.meshes_not_built << " not built by the engine\n"
      << "# candidates (ZeRO/FSDP, sequence parallel, schedule, micro batch, recompute, order): "

@@ -218,6 +218,12 @@ std::shared_ptr<sim::SplitMemo> split_memo(const Skeleton& k, int world, const s
 
 }  // namespace
 
+std::string gemm_model_text(const TopologySpec& t) {
+  if (t.sm_count == 0) return "every GEMM at the compute efficiency (topology.device.sm_count 0)";
+  return "whole " + std::to_string(t.gemm_tile_m) + " x " + std::to_string(t.gemm_tile_n) +
+         " tiles in waves of " + std::to_string(t.sm_count) + " SMs";
+}
+
 Representatives representatives(const ParallelSpec& p, int dp) {
   using comm::Axis;
   comm::MeshShape shape = p.mesh;
@@ -410,6 +416,7 @@ PlanResult plan_scenario(const Scenario& s, const PlanOptions& o) {
   r.attention_kernel = s.plan.attention_kernel;
   r.moe_routing = s.plan.moe_routing;
   r.bf16_rounding = s.plan.bf16_rounding;
+  r.gemm_model = gemm_model_text(s.topology);
   const double peak = s.topology.peak_tflops * 1e12;
   for (const ParallelSpec& p : s.configs) {
     ConfigPlan c;

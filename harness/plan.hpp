@@ -30,6 +30,10 @@ struct PlanOptions {
   int steps = 2;                            // steps simulated (all alike; the mean is reported)
 };
 
+// How the device times GEMMs (topology.device.sm_count, gemm_tile_m / _n): "whole 128 x 256 tiles
+// in waves of 108 SMs", or "every GEMM at the compute efficiency (topology.device.sm_count 0)".
+std::string gemm_model_text(const TopologySpec& t);
+
 // The ranks whose programs differ, one representative each: one per pipeline stage; every other
 // rank issues what the representative of its stage issues (tp, dp, cp and ep ranks alike: ring
 // attention's blocks are alike on every CP rank at each step, costs::ring_run_pairs). class_of
@@ -116,6 +120,7 @@ struct PlanResult {
   std::string attention_kernel = "engine";  // the scenario's plan.attention_kernel
   std::string moe_routing = "uniform";      // the scenario's plan.moe_routing
   std::string bf16_rounding = "sum_first";  // the scenario's plan.bf16_rounding
+  std::string gemm_model;                   // gemm_model_text of the scenario's device
   std::vector<ConfigPlan> configs;
   int best = -1;            // fastest configuration that fits, or -1
   int fastest = -1;         // fastest modelled configuration, fitting or not

@@ -187,6 +187,7 @@ nlohmann::json plan_json(const PlanResult& r) {
                         {"attention_kernel", r.attention_kernel},
                         {"moe_routing", r.moe_routing},
                         {"bf16_rounding", r.bf16_rounding},
+                        {"gemm_model", r.gemm_model},
                         {"evaluation",
                          "symmetric clock: one representative rank with the "
                          "simulator's cost model (sim/topology.hpp)"}};

@@ -235,6 +235,7 @@ SearchResult search_plans(const Scenario& s, const SearchOptions& o) {
   r.attention_kernel = s.plan.attention_kernel;
   r.moe_routing = s.plan.moe_routing;
   r.bf16_rounding = s.plan.bf16_rounding;
+  r.gemm_model = gemm_model_text(s.topology);
   r.world = o.world > 0 ? o.world : s.parallel.mesh.world_size();
   r.max_cp = o.max_cp;
   if (o.world < 0 || r.world < 1 || r.world > comm::kMaxWorldSize)
@@ -556,6 +557,7 @@ nlohmann::json search_json(const SearchResult& r) {
           {"attention_kernel", r.attention_kernel},
           {"moe_routing", r.moe_routing},
           {"bf16_rounding", r.bf16_rounding},
+          {"gemm_model", r.gemm_model},
           {"device_memory_bytes", r.device_memory_bytes},
           {"meshes",
            {{"considered", r.meshes}, {"not_built", r.meshes_not_built}, {"max_cp", r.max_cp}}},

@@ -75,6 +75,7 @@ struct SearchResult {
   std::string attention_kernel = "engine";  // the scenario's plan.attention_kernel
   std::string moe_routing = "uniform";      // the scenario's plan.moe_routing
   std::string bf16_rounding = "sum_first";  // the scenario's plan.bf16_rounding
+  std::string gemm_model;                   // gemm_model_text of the scenario's device
   int world = 0;
   int global_batch = 0;
   double device_memory_bytes = 0;

@@ -318,6 +318,7 @@ TEST(Plan, GemmTilesAndWavesAreTimedAsTheEngineRunsThem) {
     const Scenario s = parse_scenario(j);
     const RunResult run = run_scenario(s);
     const PlanResult plan = plan_scenario(s);
+    EXPECT_EQ(plan.gemm_model, "whole 16 x 32 tiles in waves of 3 SMs");
     ASSERT_EQ(run.configs.size(), plan.configs.size());
     for (std::size_t i = 0; i < run.configs.size(); ++i) {
       if (!plan.configs[i].modelled || !run.configs[i].timing.valid) continue;
@@ -518,6 +519,8 @@ TEST(Plan, JsonAndReportFields) {
   const json out = json::parse(r.out);
   const json& plan = out.at("plan");
   ASSERT_EQ(plan.at("candidates").size(), 9u);
+  EXPECT_EQ(plan.at("assumptions").at("gemm_model"),
+            "every GEMM at the compute efficiency (topology.device.sm_count 0)");
   int modelled = 0;
   for (const json& c : plan["candidates"]) {
     for (const char* k : {"config", "mesh", "step_time_s", "memory_per_rank_bytes", "fits",
