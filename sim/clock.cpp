@@ -193,12 +193,12 @@ void SymmetricClock::record_region(std::uint64_t key, const RegionMark& mark) {
   if (s.stage_meets != mark.stage_meets) return;  // its times depend on the other stages
   const ClockStep& before = mark.step;
   const ClockStep& after = s.steps.back();
-  s.regions.emplace(key, ClockState::Region{after.compute_busy - before.compute_busy,
-                                            after.comm_busy - before.comm_busy,
-                                            after.forced_busy - before.forced_busy,
-                                            after.forced_listed - before.forced_listed,
-                                            s.compute - mark.compute, s.comm_free - mark.compute,
-                                            after.comm_ops - before.comm_ops});
+  s.regions.emplace(
+      key,
+      ClockState::Region{after.compute_busy - before.compute_busy,
+                         after.comm_busy - before.comm_busy, after.forced_busy - before.forced_busy,
+                         after.forced_listed - before.forced_listed, s.compute - mark.compute,
+                         s.comm_free - mark.compute, after.comm_ops - before.comm_ops});
 }
 
 double SymmetricClock::meet(double arrival, std::string_view op, std::string_view detail) {
