@@ -263,4 +263,35 @@ std::unique_ptr<comm::Communicator> SimCommunicator::do_split(int color, int key
   return std::make_unique<SimCommunicator>(world_, g, static_cast<int>(it - g->members.begin()));
 }
 
+std::unique_ptr<SimCommunicator> SimCommunicator::group(const std::string& id,
+                                                        const std::vector<int>& members,
+                                                        const std::string& name) const {
+  const comm::OpContext ctx{world_rank(), name, "group " + id, 0};
+  const int world = world_->world_size();
+  std::vector<int> sorted = members;
+  std::sort(sorted.begin(), sorted.end());
+  if (members.empty() || sorted.front() < 0 || sorted.back() >= world ||
+      std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end())
+    throw comm::InvalidArgument(ctx, "members " + comm::rank_list(members) +
+                                         " are not distinct world ranks in [0, " +
+                                         std::to_string(world) + ")");
+  const auto me = std::find(members.begin(), members.end(), world_rank());
+  if (me == members.end())
+    throw comm::InvalidArgument(ctx, "rank " + std::to_string(world_rank()) +
+                                         " is not among the members " +
+                                         comm::rank_list(members));
+  std::shared_ptr<SimGroup> g;
+  {
+    std::lock_guard lk(world_->mu);
+    world_->check_usable(ctx);
+    g = world_->named_group(id, members);
+    if (g->name.empty()) g->name = (name.empty() ? "group" : name) + comm::rank_list(members);
+  }
+  if (g->members != members)
+    throw comm::InvalidArgument(ctx, "group id '" + id + "' was registered with members " +
+                                         comm::rank_list(g->members) + "; this rank names " +
+                                         comm::rank_list(members));
+  return std::make_unique<SimCommunicator>(world_, g, static_cast<int>(me - members.begin()));
+}
+
 }  // namespace shardcheck::sim

@@ -43,6 +43,16 @@ class SimCommunicator final : public comm::Communicator {
   const std::string& name() const override { return group_->name; }
   const std::vector<int>& members() const override { return group_->members; }
 
+  // A communicator over `members` (world ranks, in group-rank order, this rank among them) that
+  // needs no collective over this group: each member calls it on its own with the same `id`, as
+  // with NCCL's ncclCommInitRank and a shared unique id (torch.distributed's new_group, where
+  // ranks outside the group take no part). Members that never call it are missing from the
+  // group's first op and the deadlock detector names them. InvalidArgument when this rank is not
+  // among `members`, a member is outside the world or repeated, or another rank registered `id`
+  // with other members (naming both lists). `name` labels the group in messages ("tp", "dp").
+  std::unique_ptr<SimCommunicator> group(const std::string& id, const std::vector<int>& members,
+                                         const std::string& name) const;
+
  protected:
   comm::WorkPtr do_all_reduce(comm::ConstBuffer send, comm::Buffer recv,
                               comm::ReduceOptions o) override;

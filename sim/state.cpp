@@ -147,6 +147,17 @@ void WorldState::check_usable(const comm::OpContext& ctx) const {
                                       std::to_string(failed_rank_) + " failed: " + failure_);
 }
 
+std::shared_ptr<SimGroup> WorldState::named_group(const std::string& id,
+                                                  const std::vector<int>& members) {
+  auto [it, made] = named_groups_.try_emplace(id);
+  if (made) {
+    it->second = std::make_shared<SimGroup>();
+    it->second->members = members;
+    it->second->link = group_link(opts_.topology, members);
+  }
+  return it->second;
+}
+
 void WorldState::throw_for(RankInfo& me, int rank) {
   const comm::OpContext ctx{rank, me.wait.group, me.wait.op, me.wait.seq};
   if (me.state == RunState::blocked) {

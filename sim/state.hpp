@@ -163,6 +163,10 @@ class WorldState {
   bool aborted() const { return aborted_; }
   // Throws AbortedError for a new op issued after a failure (lock held).
   void check_usable(const comm::OpContext& ctx) const;
+  // The group registered under `id` (lock held): made over `members` by the first call, the same
+  // one (whatever its members) for every later call.
+  std::shared_ptr<SimGroup> named_group(const std::string& id, const std::vector<int>& members);
+  int world_size() const { return static_cast<int>(ranks_.size()); }
 
   // Flight recorder of each rank (lock held), and seconds since the run started.
   FlightRecorder& recorder(int rank) { return ranks_[static_cast<std::size_t>(rank)].recorder; }
@@ -200,6 +204,7 @@ class WorldState {
   std::string failure_;
   SimOptions opts_;
   std::vector<RankPicture> picture_;
+  std::map<std::string, std::shared_ptr<SimGroup>> named_groups_;
   std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
 };
 
