@@ -251,6 +251,45 @@ std::string ParallelSpec::label() const {
   return s;
 }
 
+TopologySpec parse_topology(ObjectReader topo) {
+  TopologySpec t;
+  t.ranks_per_node = topo.integer("ranks_per_node", t.ranks_per_node, 1, 1 << 20);
+  for (const char* link : {"intra_node", "inter_node"}) {
+    ObjectReader l = topo.object(link);
+    LinkSpec& spec = std::string(link) == "intra_node" ? t.intra_node : t.inter_node;
+    spec.bandwidth_gbps = l.number("bandwidth_gbps", spec.bandwidth_gbps, 1e-6, 1e9);
+    spec.latency_us = l.number("latency_us", spec.latency_us, 0.0, 1e9);
+    l.finish();
+  }
+  ObjectReader dev = topo.object("device");
+  t.peak_tflops = dev.number("peak_tflops", t.peak_tflops, 1e-6, 1e9);
+  t.hbm_gbps = dev.number("hbm_gbps", t.hbm_gbps, 1e-6, 1e9);
+  t.memory_gib = dev.number("memory_gib", t.memory_gib, 1e-6, 1e9);
+  t.sm_count = dev.integer("sm_count", t.sm_count, 0, 1 << 16);
+  t.gemm_tile_m = dev.integer("gemm_tile_m", t.gemm_tile_m, 1, 4096);
+  t.gemm_tile_n = dev.integer("gemm_tile_n", t.gemm_tile_n, 1, 4096);
+  dev.finish();
+  topo.finish();
+  return t;
+}
+
+std::vector<FaultSpec> parse_faults(const nlohmann::json& faults, const std::string& path,
+                                    int world, int steps) {
+  std::vector<FaultSpec> out;
+  for (std::size_t i = 0; i < faults.size(); ++i)
+    out.push_back(
+        parse_fault(ObjectReader(faults[i], path + "[" + std::to_string(i) + "]"), world, steps));
+  return out;
+}
+
+HealthSpec parse_health(ObjectReader health) {
+  HealthSpec h;
+  h.payload_checksums = health.boolean("payload_checksums", false);
+  h.nan_policy = health.choice("nan_policy", "skip_step", {"skip_step", "stop"});
+  health.finish();
+  return h;
+}
+
 Scenario parse_scenario(const nlohmann::json& j) {
   ObjectReader o(j, "$");
   Scenario sc;
@@ -285,38 +324,11 @@ Scenario parse_scenario(const nlohmann::json& j) {
   sc.has_matrix = !sc.configs.empty();
   if (sc.configs.empty()) sc.configs.push_back(sc.parallel);
 
-  ObjectReader topo = o.object("topology");
-  sc.topology.ranks_per_node =
-      topo.integer("ranks_per_node", sc.topology.ranks_per_node, 1, 1 << 20);
-  for (const char* link : {"intra_node", "inter_node"}) {
-    ObjectReader l = topo.object(link);
-    LinkSpec& spec =
-        std::string(link) == "intra_node" ? sc.topology.intra_node : sc.topology.inter_node;
-    spec.bandwidth_gbps = l.number("bandwidth_gbps", spec.bandwidth_gbps, 1e-6, 1e9);
-    spec.latency_us = l.number("latency_us", spec.latency_us, 0.0, 1e9);
-    l.finish();
-  }
-  ObjectReader dev = topo.object("device");
-  sc.topology.peak_tflops = dev.number("peak_tflops", sc.topology.peak_tflops, 1e-6, 1e9);
-  sc.topology.hbm_gbps = dev.number("hbm_gbps", sc.topology.hbm_gbps, 1e-6, 1e9);
-  sc.topology.memory_gib = dev.number("memory_gib", sc.topology.memory_gib, 1e-6, 1e9);
-  sc.topology.sm_count = dev.integer("sm_count", sc.topology.sm_count, 0, 1 << 16);
-  sc.topology.gemm_tile_m = dev.integer("gemm_tile_m", sc.topology.gemm_tile_m, 1, 4096);
-  sc.topology.gemm_tile_n = dev.integer("gemm_tile_n", sc.topology.gemm_tile_n, 1, 4096);
-  dev.finish();
-  topo.finish();
-
+  sc.topology = parse_topology(o.object("topology"));
   int max_world = 0;
   for (const auto& c : sc.configs) max_world = std::max(max_world, c.mesh.world_size());
-  const nlohmann::json& faults = o.array("faults");
-  for (std::size_t i = 0; i < faults.size(); ++i)
-    sc.faults.push_back(parse_fault(ObjectReader(faults[i], "$.faults[" + std::to_string(i) + "]"),
-                                    max_world, sc.train.steps));
-
-  ObjectReader health = o.object("health");
-  sc.health.payload_checksums = health.boolean("payload_checksums", false);
-  sc.health.nan_policy = health.choice("nan_policy", "skip_step", {"skip_step", "stop"});
-  health.finish();
+  sc.faults = parse_faults(o.array("faults"), "$.faults", max_world, sc.train.steps);
+  sc.health = parse_health(o.object("health"));
 
   ObjectReader plan = o.object("plan");
   const nlohmann::json& sizes = plan.array("world_sizes");

@@ -132,6 +132,13 @@ struct Scenario {
 
 // Throws ScenarioError (JSON path + what was expected) for anything unusable.
 Scenario parse_scenario(const nlohmann::json& j);
+// The parts of a scenario that also describe a simulated world alone (sim_options.hpp's
+// sim_world_options, the Python module's World): "topology", "faults" (each rank in [0, world),
+// each step in [1, steps]; `path` is the array's JSON path) and "health".
+TopologySpec parse_topology(ObjectReader topology);
+std::vector<FaultSpec> parse_faults(const nlohmann::json& faults, const std::string& path,
+                                    int world, int steps);
+HealthSpec parse_health(ObjectReader health);
 // Parses scenario text under the input limits of scenarios/README.md (size, JSON depth, number
 // range); errors are prefixed with `origin` (the file name). What load_scenario and the scenario
 // fuzz target (fuzz/scenario_fuzz.cpp) call.

@@ -54,4 +54,19 @@ sim::SimOptions sim_options(const Scenario& s, int world_size) {
   return o;
 }
 
+sim::SimOptions sim_world_options(const nlohmann::json& j, int world_size, int max_steps) {
+  ObjectReader o(j, "$");
+  Scenario s;
+  if (const nlohmann::json* seed = o.raw("seed")) {
+    if (!seed->is_number_unsigned())
+      throw ScenarioError("$.seed", "expected an integer >= 0, got " + describe_json(*seed));
+    s.seed = seed->get<std::uint64_t>();
+  }
+  s.topology = parse_topology(o.object("topology"));
+  s.faults = parse_faults(o.array("faults"), "$.faults", world_size, max_steps);
+  s.health = parse_health(o.object("health"));
+  o.finish();
+  return sim_options(s, world_size);
+}
+
 }  // namespace shardcheck::harness
