@@ -1,0 +1,51 @@
+"""Every examples/torch/ script passes against the single-process oracle on the shardcheck
+backend, and every planted user bug makes its comparison fail."""
+
+import pytest
+
+import common
+import shardcheck.torch as sct
+
+ORACLE = common.reference()
+
+
+def run(module, bug=None, world=4, **kw):
+    train = __import__(module).train
+    return common.compare(ORACLE, sct.spawn(lambda r: train(r, world, bug, **kw), world)[0])
+
+
+CASES = [
+    ("ddp", {}),
+    ("fsdp2", {"mode": "reshard"}),
+    ("fsdp2", {"mode": "no_reshard"}),
+    ("fsdp2", {"mode": "hsdp"}),
+    ("tp", {}),
+    ("pipeline", {"schedule": "gpipe"}),
+    ("pipeline", {"schedule": "1f1b"}),
+    ("pipeline", {"schedule": "interleaved", "world": 2}),
+]
+BUGS = [
+    ("ddp", "mean_of_means", {}),
+    ("fsdp2", "mean_of_means", {"mode": "reshard"}),
+    ("fsdp2", "local_norm_clip", {"mode": "reshard"}),
+    ("fsdp2", "local_norm_clip", {"mode": "hsdp"}),
+    ("tp", "sp_norm_local", {}),
+    ("pipeline", "mean_of_means", {"schedule": "1f1b"}),
+    ("pipeline", "local_norm_clip", {"schedule": "gpipe"}),
+    ("pipeline", "mean_of_means", {"schedule": "interleaved", "world": 2}),
+]
+
+
+def name(*parts):
+    return "-".join(str(v) for p in parts for v in (p.values() if isinstance(p, dict) else [p]))
+
+
+@pytest.mark.parametrize("module,kw", CASES, ids=[name(m, k) for m, k in CASES])
+def test_example_has_parity_with_the_oracle(module, kw):
+    assert run(module, **kw) == []
+
+
+@pytest.mark.parametrize("module,bug,kw", BUGS, ids=[name(m, b, k) for m, b, k in BUGS])
+def test_planted_bug_fails_the_comparison(module, bug, kw):
+    bad = run(module, bug, **kw)
+    assert bad, f"{module} with {bug} still has parity"
