@@ -49,3 +49,24 @@ def test_example_has_parity_with_the_oracle(module, kw):
 def test_planted_bug_fails_the_comparison(module, bug, kw):
     bad = run(module, bug, **kw)
     assert bad, f"{module} with {bug} still has parity"
+
+
+def test_dcp_resume_on_another_mesh_has_parity():
+    import dcp
+
+    assert common.compare(ORACLE, dcp.run()) == []
+
+
+def test_dcp_resume_without_the_optimizer_state_fails_the_comparison():
+    import dcp
+
+    assert common.compare(ORACLE, dcp.run("optimizer_not_restored")) != []
+
+
+def test_dcp_rank_local_load_on_another_mesh_fails_loudly():
+    import dcp
+
+    from shardcheck import errors
+
+    with pytest.raises(errors.RankFailure, match="must match the size"):
+        dcp.run("rank_local_load")

@@ -30,6 +30,7 @@ from torch.testing._internal.distributed.multi_threaded_pg import ThreadLocalWor
 
 from .. import sim
 from ..errors import RankFailure  # noqa: F401  (spawn raises it)
+from . import checkpoint  # noqa: F401  (sct.checkpoint: DCP save/verify/load with a seal)
 from .backend import ShardcheckProcessGroup, ShardcheckWork  # noqa: F401
 
 BACKEND = "shardcheck"
