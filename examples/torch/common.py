@@ -50,10 +50,10 @@ class TinyLM(nn.Module):
         return self.head(self.norm(x))
 
 
-def make_model():
-    """TinyLM with weights drawn from a generator of its own, the same on every rank and in the
-    reference, whatever any other code did to torch's global RNG."""
-    model = TinyLM()
+def make_model(cls=None):
+    """TinyLM (or `cls`) with weights drawn from a generator of its own, the same on every rank
+    and in the reference, whatever any other code did to torch's global RNG."""
+    model = (cls or TinyLM)()
     g = torch.Generator().manual_seed(SEED)
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -85,10 +85,10 @@ def make_optimizer(params):
     return torch.optim.AdamW(params, lr=LR, weight_decay=WEIGHT_DECAY)
 
 
-def reference(steps=STEPS):
-    """The single-process run: per step the loss (mean over real tokens), the gradient norm
-    before clipping, and at the end every parameter."""
-    model = make_model()
+def reference(steps=STEPS, make=None):
+    """The single-process run of the model `make` builds (TinyLM by default): per step the loss
+    (mean over real tokens), the gradient norm before clipping, and at the end every parameter."""
+    model = (make or make_model)()
     opt = make_optimizer(model.parameters())
     record = {"loss": [], "grad_norm": []}
     for step in range(1, steps + 1):
@@ -140,7 +140,7 @@ def shard_rows(n_rows, rank, world):
     return slice(rank * per, (rank + 1) * per)
 
 
-def run_main(train, argv=None, world_size=4, bugs=()):
+def run_main(train, argv=None, world_size=4, bugs=(), make=None):
     """Command line of an example: runs `train` on the shardcheck backend (or, under torchrun,
     on the backend torchrun's environment names) and compares rank 0's record with the oracle.
     Exit 0 on parity, 1 when the comparison fails."""
@@ -164,7 +164,7 @@ def run_main(train, argv=None, world_size=4, bugs=()):
 
         record = sct.spawn(lambda r: train(r, a.world_size, bug=a.bug), a.world_size,
                            trace=a.trace)[0]
-    bad = compare(reference(), record)
+    bad = compare(reference(make=make), record)
     for line in bad:
         print("FAIL", line)
     print("parity with the single-process oracle" if not bad else f"{len(bad)} checks failed")

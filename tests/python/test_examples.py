@@ -7,11 +7,23 @@ import common
 import shardcheck.torch as sct
 
 ORACLE = common.reference()
+_ORACLES = {}
+
+
+def oracle_of(module):
+    """The single-process run of the example's model (TinyLM, or the module's make_model)."""
+    make = getattr(__import__(module), "make_model", None)
+    if make is None:
+        return ORACLE
+    if module not in _ORACLES:
+        _ORACLES[module] = common.reference(make=make)
+    return _ORACLES[module]
 
 
 def run(module, bug=None, world=4, **kw):
     train = __import__(module).train
-    return common.compare(ORACLE, sct.spawn(lambda r: train(r, world, bug, **kw), world)[0])
+    return common.compare(oracle_of(module),
+                          sct.spawn(lambda r: train(r, world, bug, **kw), world)[0])
 
 
 CASES = [
@@ -23,6 +35,8 @@ CASES = [
     ("pipeline", {"schedule": "gpipe"}),
     ("pipeline", {"schedule": "1f1b"}),
     ("pipeline", {"schedule": "interleaved", "world": 2}),
+    ("cp", {}),
+    ("cp", {"world": 2}),
 ]
 BUGS = [
     ("ddp", "mean_of_means", {}),
@@ -33,6 +47,8 @@ BUGS = [
     ("pipeline", "mean_of_means", {"schedule": "1f1b"}),
     ("pipeline", "local_norm_clip", {"schedule": "gpipe"}),
     ("pipeline", "mean_of_means", {"schedule": "interleaved", "world": 2}),
+    ("cp", "rope_offset", {}),
+    ("cp", "mean_of_means", {}),
 ]
 
 
