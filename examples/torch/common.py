@@ -150,6 +150,10 @@ def run_main(train, argv=None, world_size=4, bugs=(), make=None):
     p.add_argument("--world-size", type=int, default=world_size)
     p.add_argument("--bug", choices=list(bugs), default=None, help="plant a user bug")
     p.add_argument("--trace", default=None, help="write the run's Perfetto trace here")
+    p.add_argument("--dump", default=None,
+                   help="write the run's tensors here (the --dump-tensors layout)")
+    p.add_argument("--oracle-dump", default=None,
+                   help="write the single-process oracle's tensors here")
     a = p.parse_args(argv)
     if "RANK" in os.environ:  # under torchrun: one process per rank, e.g. gloo
         import torch.distributed as dist
@@ -164,7 +168,15 @@ def run_main(train, argv=None, world_size=4, bugs=(), make=None):
 
         record = sct.spawn(lambda r: train(r, a.world_size, bug=a.bug), a.world_size,
                            trace=a.trace)[0]
-    bad = compare(reference(make=make), record)
+    oracle = reference(make=make)
+    if a.dump or a.oracle_dump:
+        from shardcheck.dump import write_record
+
+        if a.dump:
+            write_record(a.dump, record)
+        if a.oracle_dump:
+            write_record(a.oracle_dump, oracle)
+    bad = compare(oracle, record)
     for line in bad:
         print("FAIL", line)
     print("parity with the single-process oracle" if not bad else f"{len(bad)} checks failed")

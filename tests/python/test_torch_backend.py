@@ -257,3 +257,25 @@ def test_the_jobs_collectives_are_on_the_timeline_and_in_the_trace(tmp_path):
 def test_the_backend_refuses_use_outside_spawn():
     with pytest.raises(RuntimeError, match="inside shardcheck.torch.spawn"):
         sct.begin_step(1)
+
+
+@pytest.mark.parametrize("module", ["ddp", "fsdp2"])
+def test_nan_gradient_fault_reaches_the_gradient_reduction(module):
+    train = __import__(module).train
+    clean = spawn(lambda r: train(r, N))
+    res = spawn(lambda r: train(r, N), faults=[{"kind": "nan_gradient", "rank": 1, "step": 2}])
+    assert res.nan_fired == ["nan_gradient on rank 1 at step 2"]
+    for rec in res:
+        assert rec["grad_norm"][0] == clean[0]["grad_norm"][0]
+        assert rec["grad_norm"][1] != rec["grad_norm"][1]  # NaN on every rank after the reduction
+
+
+def test_steps_follow_optimizer_step_in_an_unmodified_script():
+    import ddp
+
+    res = spawn(lambda r: ddp.train(r, N))
+    steps = {e["step"] for e in res.world.timeline() if e["stream"] == "comm"}
+    assert {1, 2, 3} <= steps
+    f = failure(lambda r: ddp.train(r, N),
+                faults=[{"kind": "hang", "rank": 3, "step": 3, "op_index": 1}])
+    assert "Rank 3 hung (injected hang fault at step 3, op 1" in f.diagnosis

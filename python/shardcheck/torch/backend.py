@@ -120,9 +120,10 @@ def _premul(op, t):
 class ShardcheckProcessGroup(dist.ProcessGroup):
     """One rank's view of one group: `comm` is the simulator communicator of that group."""
 
-    def __init__(self, comm, rank, size):
+    def __init__(self, comm, rank, size, state=None):
         super().__init__(rank, size)
         self._comm = comm
+        self._state = state  # shardcheck.torch.RankState: the step, nan_gradient faults
         self._rank = rank
         self._size = size
 
@@ -148,7 +149,15 @@ class ShardcheckProcessGroup(dist.ProcessGroup):
         return f"ShardcheckProcessGroup({self._comm.name} rank {self._rank} of {self._size})"
 
     # --- reductions -----------------------------------------------------------------------
+    def _nan_fault(self, t):
+        """The rank's nan_gradient fault, if it is due: a NaN in t's first element."""
+        if self._state is not None and t.is_floating_point() and t.numel() and \
+                self._state.take_nan():
+            with torch.no_grad():
+                t[(0,) * t.dim()] = float("nan")
+
     def _all_reduce_one(self, t, op):
+        self._nan_fault(t)
         w = _wire(_premul(op, t) if not _is_bool(t) else t)
         b = sim.buffer(w)
         work = self._comm.all_reduce(b, b, _reduce_op(op, t.dtype))
@@ -172,6 +181,7 @@ class ShardcheckProcessGroup(dist.ProcessGroup):
         return ShardcheckWork(works, tensors)
 
     def _reduce_scatter_flat(self, out, flat, op):
+        self._nan_fault(flat)
         src = _wire(_premul(op, flat) if not _is_bool(flat) else flat)
         dst = _wire(out) if out.is_contiguous() and not _is_bool(out) else _wire(out.clone())
         work = self._comm.reduce_scatter(sim.buffer(src), sim.buffer(dst), _reduce_op(op, out.dtype))
