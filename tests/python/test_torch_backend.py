@@ -279,3 +279,21 @@ def test_steps_follow_optimizer_step_in_an_unmodified_script():
     f = failure(lambda r: ddp.train(r, N),
                 faults=[{"kind": "hang", "rank": 3, "step": 3, "op_index": 1}])
     assert "Rank 3 hung (injected hang fault at step 3, op 1" in f.diagnosis
+
+
+def test_functional_collectives_go_through_the_backend():
+    import torch.distributed._functional_collectives as funcol
+
+    def fn(rank):
+        w = dist.group.WORLD
+        return (funcol.all_reduce(torch.ones(2) * rank, "sum", w).tolist(),
+                funcol.all_gather_tensor(torch.tensor([float(rank)]), 0, w).tolist(),
+                funcol.reduce_scatter_tensor(torch.arange(float(N)), "sum", 0, w).tolist(),
+                funcol.all_to_all_single(torch.arange(float(N)) + 10 * rank, None, None,
+                                         w).tolist())
+
+    res = spawn(fn)
+    for rank, (ar, ag, rs, a2a) in enumerate(res):
+        assert ar == [6.0, 6.0] and ag == [0.0, 1.0, 2.0, 3.0] and rs == [4.0 * rank]
+        assert a2a == [rank + 10.0 * i for i in range(N)]
+    assert len([e for e in res.world.timeline() if e["rank"] == 0]) == 4
