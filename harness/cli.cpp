@@ -30,6 +30,7 @@ int run_cli(int argc, char** argv) {
   add_plan_command(app, exit_code);
   add_bench_commands(app, exit_code);
   add_drill_command(app, exit_code);
+  add_compare_command(app, exit_code);
 
   if (argc > 1 && argv[1][0] != '-') {
     bool known = false;

@@ -28,6 +28,9 @@ void add_plan_command(CLI::App& app, int& exit_code);
 // `drill checkpoint`.
 void add_drill_command(CLI::App& app, int& exit_code);
 
+// `compare`: a run's tensor dump against an oracle's.
+void add_compare_command(CLI::App& app, int& exit_code);
+
 // Refuses --backend nccl in a build without gpu/.
 void check_backend(const std::string& backend);
 

@@ -1,0 +1,467 @@
+// The dump comparison of compare.hpp: reading and checking both index.json files and every listed
+// .npy header, pairing tensors step by step, the per-tensor errors, and the text, report.json,
+// index.html and JUnit writers.
+#include "harness/compare.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <limits>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "harness/cli_commands.hpp"
+#include "harness/html.hpp"
+#include "harness/npy_read.hpp"
+#include "harness/report.hpp"
+
+namespace shardcheck::harness {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+// One tensor of a dump: what index.json says, its file's header, and where it belongs.
+struct DumpTensor {
+  std::string name;  // as listed
+  fs::path file;
+  NpyHeader header;
+  enum class Kind { kStep, kInit, kBatch } kind = Kind::kBatch;
+  int64_t step = 0;
+  std::string key;  // within its step for kStep, the full name for kInit
+};
+
+struct Dump {
+  std::string role;  // "oracle" or "run"
+  fs::path dir;
+  std::vector<DumpTensor> tensors;
+  std::map<int64_t, std::map<std::string, std::size_t>> steps;  // step -> key -> tensor index
+  std::map<std::string, std::size_t> init;                      // name -> tensor index
+
+  std::string what() const { return "the " + role + " dump '" + dir.string() + "'"; }
+};
+
+// "step<N>/<rest>" -> N and rest; false when the name is not of that form.
+bool split_step_name(const std::string& name, int64_t& step, std::string& rest) {
+  if (name.rfind("step", 0) != 0) return false;
+  std::size_t i = 4;
+  int64_t n = 0;
+  while (i < name.size() && name[i] >= '0' && name[i] <= '9') {
+    if (n > (std::numeric_limits<int64_t>::max() - 9) / 10) return false;
+    n = n * 10 + (name[i] - '0');
+    ++i;
+  }
+  if (i == 4 || i >= name.size() || name[i] != '/' || i + 1 == name.size()) return false;
+  step = n;
+  rest = name.substr(i + 1);
+  return true;
+}
+
+const nlohmann::json& index_field(const nlohmann::json& e, const char* key, const fs::path& index,
+                                  std::size_t i) {
+  if (!e.contains(key))
+    throw BadInput(index.string() + ": entry " + std::to_string(i) + " lacks \"" + key +
+                   "\" (each entry is {\"name\", \"file\", \"shape\", \"dtype\"})");
+  return e.at(key);
+}
+
+Dump load_dump(const fs::path& dir, const std::string& role) {
+  Dump d{role, dir, {}, {}, {}};
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec))
+    throw BadInput(d.what() + " is not a directory" +
+                   (fs::exists(dir, ec) ? "" : " (it does not exist)"));
+  const fs::path index = dir / "index.json";
+  if (!fs::is_regular_file(index, ec))
+    throw BadInput(d.what() + " has no index.json (expected " + index.string() +
+                   ", written by --dump-tensors)");
+  nlohmann::json j;
+  {
+    std::ifstream f(index);
+    if (!f) throw BadInput(index.string() + ": cannot be opened for reading");
+    try {
+      j = nlohmann::json::parse(f);
+    } catch (const nlohmann::json::exception& e) {
+      throw BadInput(index.string() + ": not valid JSON (" + e.what() + ")");
+    }
+  }
+  if (!j.is_array())
+    throw BadInput(index.string() +
+                   ": expected a JSON list of {\"name\", \"file\", \"shape\", \"dtype\"}");
+  std::set<std::string> names;
+  for (std::size_t i = 0; i < j.size(); ++i) {
+    const nlohmann::json& e = j[i];
+    const std::string at = index.string() + ": entry " + std::to_string(i);
+    if (!e.is_object()) throw BadInput(at + " is not an object");
+    const auto& name = index_field(e, "name", index, i);
+    const auto& file = index_field(e, "file", index, i);
+    const auto& shape = index_field(e, "shape", index, i);
+    const auto& dtype = index_field(e, "dtype", index, i);
+    if (!name.is_string() || name.get<std::string>().empty())
+      throw BadInput(at + ": \"name\" must be a non-empty string");
+    if (!file.is_string() || file.get<std::string>().empty())
+      throw BadInput(at + ": \"file\" must be a non-empty string");
+    if (!dtype.is_string()) throw BadInput(at + ": \"dtype\" must be a string");
+    std::vector<int64_t> dims;
+    if (!shape.is_array()) throw BadInput(at + ": \"shape\" must be a list of integers >= 0");
+    for (const auto& dim : shape) {
+      if (!dim.is_number_integer() || dim.get<int64_t>() < 0)
+        throw BadInput(at + ": \"shape\" must be a list of integers >= 0");
+      dims.push_back(dim.get<int64_t>());
+    }
+    DumpTensor t;
+    t.name = name.get<std::string>();
+    t.file = dir / file.get<std::string>();
+    if (!names.insert(t.name).second)
+      throw BadInput(index.string() + ": the tensor '" + t.name + "' is listed twice");
+    try {
+      t.header = read_npy_header(t.file);
+    } catch (const NpyError& err) {
+      throw BadInput(d.what() + ", tensor '" + t.name + "': " + err.what());
+    }
+    if (t.header.shape != dims)
+      throw BadInput(d.what() + ", tensor '" + t.name + "': index.json gives the shape " +
+                     shape_text(dims) + " but " + t.file.string() + " holds " +
+                     shape_text(t.header.shape));
+    if (dtype.get<std::string>() != t.header.dtype)
+      throw BadInput(d.what() + ", tensor '" + t.name + "': index.json gives the dtype '" +
+                     dtype.get<std::string>() + "' but " + t.file.string() + " holds " +
+                     t.header.dtype + " ('" + t.header.descr + "')");
+    if (split_step_name(t.name, t.step, t.key)) {
+      t.kind = DumpTensor::Kind::kStep;
+      if (!d.steps[t.step].emplace(t.key, d.tensors.size()).second)
+        throw BadInput(index.string() + ": step " + std::to_string(t.step) + " lists '" + t.key +
+                       "' twice (as '" + t.name + "' and another spelling of the step)");
+    } else if (t.name.rfind("init/", 0) == 0) {
+      t.kind = DumpTensor::Kind::kInit;
+      t.key = t.name;
+      d.init.emplace(t.key, d.tensors.size());
+    } else if (t.name.rfind("batch/", 0) == 0) {
+      t.kind = DumpTensor::Kind::kBatch;
+    } else {
+      throw BadInput(d.what() + ": the tensor '" + t.name +
+                     "' has an unknown name (expected step<N>/..., init/... or batch/...)");
+    }
+    d.tensors.push_back(std::move(t));
+  }
+  return d;
+}
+
+// "1-3, 5, 7-8"; "none" when empty.
+std::string step_list(const std::map<int64_t, std::map<std::string, std::size_t>>& steps) {
+  std::vector<int64_t> s;
+  for (const auto& [n, tensors] : steps) s.push_back(n);
+  if (s.empty()) return "none";
+  std::string out;
+  for (std::size_t i = 0; i < s.size();) {
+    std::size_t j = i;
+    while (j + 1 < s.size() && s[j + 1] == s[j] + 1) ++j;
+    out += (out.empty() ? "" : ", ") + std::to_string(s[i]) +
+           (j > i ? (j == i + 1 ? ", " : "-") + std::to_string(s[j]) : "");
+    i = j + 1;
+  }
+  return out;
+}
+
+// Every tensor of `have`'s step that `lacks` does not hold: a BadInput naming them.
+void check_same_tensors(const Dump& have, const Dump& lacks, int64_t step) {
+  const auto& mine = have.steps.at(step);
+  const auto& theirs = lacks.steps.at(step);
+  std::vector<std::string> missing;
+  for (const auto& [key, index] : mine)
+    if (!theirs.count(key)) missing.push_back(have.tensors[index].name);
+  if (missing.empty()) return;
+  if (missing.size() == 1)
+    throw BadInput(lacks.what() + " lacks the tensor " + missing[0] + ", which " + have.what() +
+                   " holds");
+  std::string list;
+  for (std::size_t i = 0; i < missing.size() && i < 8; ++i) list += (i ? ", " : "") + missing[i];
+  if (missing.size() > 8) list += " and " + std::to_string(missing.size() - 8) + " more";
+  throw BadInput(lacks.what() + " lacks " + std::to_string(missing.size()) + " tensors of step " +
+                 std::to_string(step) + " that " + have.what() + " holds: " + list);
+}
+
+NpyArray read_tensor(const Dump& d, const DumpTensor& t) {
+  try {
+    return read_npy(t.file);
+  } catch (const NpyError& err) {
+    throw BadInput(d.what() + ", tensor '" + t.name + "': " + err.what());
+  }
+}
+
+// |a − b| for two integers, exactly (the difference of two int64 fits an unsigned 64-bit integer).
+double int_distance(int64_t a, int64_t b) {
+  const auto ua = static_cast<uint64_t>(a), ub = static_cast<uint64_t>(b);
+  return static_cast<double>(a >= b ? ua - ub : ub - ua);
+}
+
+void measure_errors(const NpyArray& oracle, const NpyArray& run, CompareRow& row) {
+  const bool ints = !oracle.ints.empty() && !run.ints.empty();
+  double scale = 0, max_abs = 0;
+  bool nonfinite_mismatch = false;
+  for (std::size_t i = 0; i < oracle.values.size(); ++i) {
+    const double o = oracle.values[i], r = run.values[i];
+    if (std::isfinite(o)) scale = std::max(scale, std::abs(o));
+    if (ints) {
+      max_abs = std::max(max_abs, int_distance(run.ints[i], oracle.ints[i]));
+    } else if (!std::isfinite(o) || !std::isfinite(r)) {
+      const bool same = (std::isnan(o) && std::isnan(r)) || o == r;  // o == r: the same infinity
+      nonfinite_mismatch = nonfinite_mismatch || !same;
+    } else {
+      max_abs = std::max(max_abs, std::abs(r - o));
+    }
+  }
+  if (scale == 0) scale = 1;
+  const double inf = std::numeric_limits<double>::infinity();
+  row.max_abs_err = nonfinite_mismatch ? inf : max_abs;
+  row.max_rel_err = nonfinite_mismatch ? inf : max_abs / scale;
+  row.pass = row.max_rel_err <= row.tolerance;
+}
+
+CompareRow compare_pair(const Dump& od, const DumpTensor& o, const Dump& rd, const DumpTensor& r,
+                        std::optional<int64_t> step, std::optional<double> rtol) {
+  CompareRow row;
+  row.step = step;
+  row.name = o.key;
+  row.shape = o.header.shape;
+  row.dtype = r.header.dtype;
+  row.oracle_dtype = o.header.dtype;
+  row.tolerance = rtol ? *rtol : default_tolerance(row.dtype);
+  measure_errors(read_tensor(od, o), read_tensor(rd, r), row);
+  return row;
+}
+
+std::string num_text(double v, const char* spec = "%.3g") {
+  char buf[48];
+  std::snprintf(buf, sizeof buf, spec, v);
+  return buf;
+}
+
+nlohmann::json json_number(double v) {
+  if (std::isnan(v)) return "nan";
+  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+  return v;
+}
+
+std::string group_label(std::optional<int64_t> step) {
+  return step ? "step " + std::to_string(*step) : "init";
+}
+
+std::string failure_text(const CompareRow& row) {
+  return row.name + " " + shape_text(row.shape) + ": max_rel_err " + num_text(row.max_rel_err) +
+         " > tolerance " + num_text(row.tolerance, "%g");
+}
+
+}  // namespace
+
+std::size_t CompareResult::failed() const {
+  std::size_t n = 0;
+  for (const CompareRow& row : rows) n += !row.pass;
+  return n;
+}
+
+std::size_t CompareResult::steps() const {
+  std::size_t n = 0;
+  for (const CompareGroup& g : groups) n += g.step.has_value();
+  return n;
+}
+
+const CompareRow* CompareResult::first_failure() const {
+  for (const CompareRow& row : rows)
+    if (!row.pass) return &row;
+  return nullptr;
+}
+
+double default_tolerance(const std::string& dtype) {
+  if (dtype == "float64") return 1e-9;
+  if (dtype == "float32") return 1e-4;
+  if (dtype == "float16") return 1e-2;
+  return 0;  // integers: exact
+}
+
+std::string tolerance_rule(std::optional<double> rtol) {
+  const std::string measure = "max_rel_err = max|run - oracle| / max|oracle| <= ";
+  if (rtol) return measure + num_text(*rtol, "%g") + " for every tensor (--rtol)";
+  return measure +
+         "the run's dtype's tolerance: float64 1e-9, float32 1e-4, float16 1e-2, integers 0";
+}
+
+CompareResult compare_dumps(const fs::path& oracle, const fs::path& run,
+                            std::optional<double> rtol) {
+  const Dump od = load_dump(oracle, "oracle");
+  const Dump rd = load_dump(run, "run");
+  bool same_steps = od.steps.size() == rd.steps.size();
+  for (const auto& [step, tensors] : od.steps) same_steps = same_steps && rd.steps.count(step);
+  if (!same_steps)
+    throw BadInput("the dumps hold different steps: " + od.what() + " has steps " +
+                   step_list(od.steps) + "; " + rd.what() + " has steps " + step_list(rd.steps));
+  for (const auto& [step, tensors] : od.steps) {
+    check_same_tensors(od, rd, step);
+    check_same_tensors(rd, od, step);
+  }
+  // The counterpart of each oracle tensor that is compared; every shape checked before any data
+  // is read.
+  std::vector<const DumpTensor*> partner(od.tensors.size(), nullptr);
+  for (std::size_t i = 0; i < od.tensors.size(); ++i) {
+    const DumpTensor& o = od.tensors[i];
+    if (o.kind == DumpTensor::Kind::kStep)
+      partner[i] = &rd.tensors[rd.steps.at(o.step).at(o.key)];
+    else if (o.kind == DumpTensor::Kind::kInit && rd.init.count(o.key))
+      partner[i] = &rd.tensors[rd.init.at(o.key)];
+    if (partner[i] && partner[i]->header.shape != o.header.shape)
+      throw BadInput(o.name + ": the shapes differ: " + shape_text(o.header.shape) + " in " +
+                     od.what() + ", " + shape_text(partner[i]->header.shape) + " in " + rd.what());
+  }
+
+  CompareResult r;
+  r.oracle = oracle.string();
+  r.run = run.string();
+  r.rtol = rtol;
+  // init/: the oracle's order, where the run holds the tensor too.
+  CompareGroup init{std::nullopt, 0, 0};
+  for (std::size_t i = 0; i < od.tensors.size(); ++i) {
+    if (od.tensors[i].kind != DumpTensor::Kind::kInit || !partner[i]) continue;
+    r.rows.push_back(compare_pair(od, od.tensors[i], rd, *partner[i], std::nullopt, rtol));
+    ++init.tensors;
+    init.failed += !r.rows.back().pass;
+  }
+  if (init.tensors) r.groups.push_back(init);
+  // Steps in order, each in the oracle's order.
+  for (const auto& [step, tensors] : od.steps) {
+    CompareGroup g{step, 0, 0};
+    std::vector<std::size_t> order;
+    for (const auto& [key, index] : tensors) order.push_back(index);
+    std::sort(order.begin(), order.end());
+    for (const std::size_t i : order) {
+      r.rows.push_back(compare_pair(od, od.tensors[i], rd, *partner[i], step, rtol));
+      ++g.tensors;
+      g.failed += !r.rows.back().pass;
+    }
+    r.groups.push_back(g);
+  }
+  if (r.rows.empty())
+    throw BadInput("nothing to compare: neither " + od.what() + " nor " + rd.what() +
+                   " holds a step<N>/ tensor, and they share no init/ tensor");
+  return r;
+}
+
+void print_compare(std::ostream& os, const CompareResult& r) {
+  os << "# compare: oracle " << r.oracle << ", run " << r.run << "; pass when "
+     << tolerance_rule(r.rtol) << "\n";
+  std::size_t i = 0;
+  for (const CompareGroup& g : r.groups) {
+    os << group_label(g.step) << ": " << g.tensors << " tensors, " << g.failed << " failed\n";
+    for (std::size_t k = 0; k < g.tensors; ++k, ++i) {
+      const CompareRow& row = r.rows[i];
+      if (row.pass) continue;
+      char line[160];
+      std::snprintf(line, sizeof line, " %-14s max_rel_err %-10s tolerance %-8s FAIL\n",
+                    shape_text(row.shape).c_str(), num_text(row.max_rel_err).c_str(),
+                    num_text(row.tolerance, "%g").c_str());
+      os << "  " << row.name << line;
+    }
+  }
+  if (const CompareRow* f = r.first_failure())
+    os << "first failure: " << group_label(f->step) << " tensor " << f->name << ": max_rel_err "
+       << num_text(f->max_rel_err) << " > tolerance " << num_text(f->tolerance, "%g") << "\n";
+  os << "compare: " << r.rows.size() << " tensors in " << r.steps() << " steps, " << r.failed()
+     << " failed\n";
+}
+
+nlohmann::json compare_report_json(const CompareResult& r) {
+  nlohmann::json steps = nlohmann::json::array(), rows = nlohmann::json::array();
+  nlohmann::json init = nullptr;
+  for (const CompareGroup& g : r.groups) {
+    const nlohmann::json counts{{"tensors", g.tensors}, {"failed", g.failed}};
+    if (!g.step) {
+      init = counts;
+      continue;
+    }
+    nlohmann::json s = counts;
+    s["step"] = *g.step;
+    steps.push_back(s);
+  }
+  for (const CompareRow& row : r.rows)
+    rows.push_back({{"step", row.step ? nlohmann::json(*row.step) : nlohmann::json(nullptr)},
+                    {"name", row.name},
+                    {"shape", row.shape},
+                    {"dtype", row.dtype},
+                    {"oracle_dtype", row.oracle_dtype},
+                    {"max_abs_err", json_number(row.max_abs_err)},
+                    {"max_rel_err", json_number(row.max_rel_err)},
+                    {"tolerance", json_number(row.tolerance)},
+                    {"pass", row.pass}});
+  return {{"command", "compare"},
+          {"oracle", r.oracle},
+          {"run", r.run},
+          {"rtol", r.rtol ? nlohmann::json(*r.rtol) : nlohmann::json(nullptr)},
+          {"tolerance_rule", tolerance_rule(r.rtol)},
+          {"pass", r.failed() == 0},
+          {"init", init},
+          {"steps", steps},
+          {"rows", rows},
+          {"passed", r.rows.size() - r.failed()},
+          {"failed", r.failed()}};
+}
+
+std::string compare_html(const CompareResult& r) {
+  using html::escape;
+  std::ostringstream h;
+  const std::size_t failed = r.failed();
+  h << "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+    << "<title>shardcheck compare: " << (failed ? "FAIL" : "PASS") << "</title><style>"
+    << "body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}"
+    << "td,th{border:1px solid #ccc;padding:2px 8px;text-align:left}"
+    << "td.n{text-align:right;font-family:monospace}tr.fail{background:#fdd}</style></head><body>\n"
+    << "<h1>shardcheck compare: " << (failed ? "FAIL" : "PASS") << "</h1>\n<p>oracle <code>"
+    << escape(r.oracle) << "</code>, run <code>" << escape(r.run) << "</code></p>\n<p>pass when "
+    << escape(tolerance_rule(r.rtol)) << "</p>\n<p>" << r.rows.size() << " tensors in " << r.steps()
+    << " steps, " << failed << " failed</p>\n";
+  h << "<table>\n<tr><th>step</th><th>tensor</th><th>shape</th><th>dtype (run / oracle)</th>"
+    << "<th>max_abs_err</th><th>max_rel_err</th><th>tolerance</th><th>result</th></tr>\n";
+  std::vector<const CompareRow*> order;
+  for (const CompareRow& row : r.rows) order.push_back(&row);
+  std::stable_partition(order.begin(), order.end(), [](const CompareRow* x) { return !x->pass; });
+  for (const CompareRow* row : order)
+    h << "<tr" << (row->pass ? "" : " class=\"fail\"") << "><td>" << escape(group_label(row->step))
+      << "</td><td>" << escape(row->name) << "</td><td>" << escape(shape_text(row->shape))
+      << "</td><td>" << escape(row->dtype) << " / " << escape(row->oracle_dtype)
+      << "</td><td class=\"n\">" << num_text(row->max_abs_err) << "</td><td class=\"n\">"
+      << num_text(row->max_rel_err) << "</td><td class=\"n\">" << num_text(row->tolerance, "%g")
+      << "</td><td>" << (row->pass ? "pass" : "FAIL") << "</td></tr>\n";
+  h << "</table>\n</body></html>\n";
+  return h.str();
+}
+
+std::string compare_junit(const CompareResult& r) {
+  std::ostringstream f;
+  f << "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
+    << "<testsuites tests=\"" << r.groups.size() << "\" failures=\"";
+  std::size_t failing_groups = 0;
+  for (const CompareGroup& g : r.groups) failing_groups += g.failed > 0;
+  f << failing_groups << "\">\n  <testsuite name=\"compare\" tests=\"" << r.groups.size()
+    << "\" failures=\"" << failing_groups << "\">\n";
+  std::size_t i = 0;
+  for (const CompareGroup& g : r.groups) {
+    f << "    <testcase classname=\"compare\" name=\"" << xml_escape(group_label(g.step)) << "\">";
+    std::string names, detail;
+    for (std::size_t k = 0; k < g.tensors; ++k, ++i) {
+      const CompareRow& row = r.rows[i];
+      if (row.pass) continue;
+      names += (names.empty() ? "" : ", ") + row.name;
+      detail += failure_text(row) + "\n";
+    }
+    if (g.failed)
+      f << "<failure message=\""
+        << xml_escape(std::to_string(g.failed) + " of " + std::to_string(g.tensors) +
+                      " tensors out of tolerance: " + names)
+        << "\">" << xml_escape(detail) << "</failure>";
+    f << "</testcase>\n";
+  }
+  f << "  </testsuite>\n</testsuites>\n";
+  return f.str();
+}
+
+}  // namespace shardcheck::harness

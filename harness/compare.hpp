@@ -1,0 +1,79 @@
+// `shardcheck compare`: judges a run's tensor dump against an oracle's, step by step (DESIGN.md
+// "Tensor dumps": DIR/index.json and one .npy per tensor). Every tensor `step<N>/...` of a step is
+// compared with the oracle's of that step, `init/...` where both dumps hold it, `batch/...` never.
+// Per tensor: max_abs_err = max|run − oracle| (in double), max_rel_err = max_abs_err / max|oracle|
+// (1 when the oracle is all zeros); a non-finite run element where the oracle's is finite (or the
+// other way round, or two different non-finite values) makes both infinite; the same NaN or the
+// same infinity on both sides matches. A tensor passes when max_rel_err <= its tolerance: --rtol,
+// else by the run's dtype (float64 1e-9, float32 1e-4, float16 1e-2, integers 0).
+//
+// Dumps that cannot be compared (a missing or malformed index.json or .npy, an index that
+// disagrees with its files, different steps, a tensor in one dump only, different shapes) throw
+// BadInput (harness/cli_commands.hpp) naming the dump, the tensor or file, and what was expected.
+//
+// report.json writes a non-finite number as the string "inf", "-inf" or "nan" (JSON has none).
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <ostream>
+#include <string>
+#include <vector>
+
+namespace shardcheck::harness {
+
+struct CompareRow {
+  std::optional<int64_t> step;  // nullopt: an init/ tensor
+  std::string name;             // within its step ("loss", "param/embed.weight"); init/: in full
+  std::vector<int64_t> shape;
+  std::string dtype;         // the run's (it picks the tolerance)
+  std::string oracle_dtype;  // the oracle's
+  double max_abs_err = 0;
+  double max_rel_err = 0;
+  double tolerance = 0;
+  bool pass = true;
+};
+
+// One group of rows: the init/ tensors (step nullopt, first when any) or one step.
+struct CompareGroup {
+  std::optional<int64_t> step;
+  std::size_t tensors = 0;
+  std::size_t failed = 0;
+};
+
+struct CompareResult {
+  std::string oracle, run;     // the dump directories as given
+  std::optional<double> rtol;  // --rtol, or nullopt: by dtype
+  std::vector<CompareGroup> groups;
+  std::vector<CompareRow> rows;  // group by group, each in the oracle's index order
+
+  std::size_t failed() const;
+  std::size_t steps() const;  // numbered steps (the init/ group not counted)
+  const CompareRow* first_failure() const;
+};
+
+// The tolerance for a run tensor of `dtype` ("float64", ...) when no --rtol is given.
+double default_tolerance(const std::string& dtype);
+// The rule in words, for the header line and the reports.
+std::string tolerance_rule(std::optional<double> rtol);
+
+// Loads both dumps, checks that they can be compared, compares. Throws BadInput.
+CompareResult compare_dumps(const std::filesystem::path& oracle, const std::filesystem::path& run,
+                            std::optional<double> rtol);
+
+// The text summary: a header, a line per group with its failing rows under it, the first failure
+// (when any) and `compare: N tensors in S steps, F failed`.
+void print_compare(std::ostream& os, const CompareResult& r);
+// report.json: {command: "compare", oracle, run, rtol (null: by dtype), tolerance_rule, pass,
+// init: {tensors, failed} or null, steps: [{step, tensors, failed}], rows: [{step (null for
+// init/), name, shape, dtype, oracle_dtype, max_abs_err, max_rel_err, tolerance, pass}], passed,
+// failed} (passed and failed count tensors).
+nlohmann::json compare_report_json(const CompareResult& r);
+// index.html: one self-contained page, the rows in a table, failures first.
+std::string compare_html(const CompareResult& r);
+// JUnit XML: testsuite "compare", one testcase per group ("init", "step N").
+std::string compare_junit(const CompareResult& r);
+
+}  // namespace shardcheck::harness

@@ -1,0 +1,78 @@
+"""A team's data-parallel script (examples/torch/llm.py: DDP, FSDP2, HSDP) on the oracle model,
+judged by `shardcheck compare` against the C++ oracle's dump (`shardcheck run --dump-tensors`):
+exit 0 on parity, 1 naming the step and tensor for each planted bug, 2 for a run dump that lacks
+a tensor or has another shape."""
+
+import copy
+import json
+import os
+import subprocess
+
+import numpy as np
+import pytest
+
+import llm
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir, os.pardir))
+BUILD = os.environ.get("SHARDCHECK_BUILD_DIR") or os.path.join(ROOT, "build", "default")
+CLI = os.path.join(BUILD, "harness", "shardcheck")
+pytestmark = pytest.mark.skipif(not os.path.exists(CLI), reason=f"no shardcheck CLI at {CLI}")
+
+
+@pytest.fixture(scope="module")
+def oracle(tmp_path_factory):
+    """data_parallel_dense (MQA, tied head, dropout, clipping active) on a smaller batch."""
+    with open(os.path.join(ROOT, "scenarios", "parity", "data_parallel_dense.json")) as f:
+        s = copy.deepcopy(json.load(f))
+    s.pop("matrix")
+    s["train"].update(steps=2, global_batch=16)
+    d = tmp_path_factory.mktemp("oracle")
+    path = str(d / "scenario.json")
+    with open(path, "w") as f:
+        json.dump(s, f)
+    subprocess.run([CLI, "run", path, "--dump-tensors", str(d / "dump")], check=True,
+                   capture_output=True, timeout=120)
+    return path, str(d / "dump")
+
+
+def compare(oracle_dump, run_dump, *extra):
+    return subprocess.run([CLI, "compare", oracle_dump, run_dump, *extra], capture_output=True,
+                          text=True, timeout=120)
+
+
+@pytest.mark.parametrize("strategy", llm.STRATEGIES)
+def test_a_data_parallel_script_has_parity_with_the_cpp_oracle(oracle, tmp_path, strategy):
+    run = str(tmp_path / "run")
+    llm.run(oracle[0], 4, strategy, dump=run)
+    r = compare(oracle[1], run, "--report", str(tmp_path / "report"),
+                "--junit", str(tmp_path / "junit.xml"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.strip().endswith("failed") and ", 0 failed" in r.stdout
+    report = json.load(open(tmp_path / "report" / "report.json"))
+    assert report["failed"] == 0 and report["passed"] > 0
+
+
+@pytest.mark.parametrize("bug", llm.BUGS)
+def test_a_planted_bug_fails_naming_step_and_tensor(oracle, tmp_path, bug):
+    run = str(tmp_path / "run")
+    llm.run(oracle[0], 4, "fsdp2", bug, dump=run)
+    r = compare(oracle[1], run)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "first failure: step 1 tensor " in r.stdout
+
+
+def test_a_run_dump_lacking_a_tensor_or_with_another_shape_is_bad_input(oracle, tmp_path):
+    run = str(tmp_path / "run")
+    llm.run(oracle[0], 2, "ddp", dump=run)
+    index_path = os.path.join(run, "index.json")
+    index = json.load(open(index_path))
+    json.dump([e for e in index if e["name"] != "step2/param/embed.weight"], open(index_path, "w"))
+    r = compare(oracle[1], run)
+    assert r.returncode == 2 and "step2/param/embed.weight" in r.stderr + r.stdout
+    json.dump(index, open(index_path, "w"))
+    entry = next(e for e in index if e["name"] == "step1/grad/final_norm.weight")
+    np.save(os.path.join(run, entry["file"]), np.zeros((2, 9)))
+    entry["shape"] = [2, 9]
+    json.dump(index, open(index_path, "w"))
+    r = compare(oracle[1], run)
+    assert r.returncode == 2 and "final_norm.weight" in r.stderr + r.stdout
