@@ -69,8 +69,8 @@ def batch(step):
     g = torch.Generator().manual_seed(SEED * 1000 + step)
     tokens = torch.randint(0, VOCAB, (GLOBAL_BATCH, SEQ + 1), generator=g)
     targets = tokens[:, 1:].clone()
-    for i in range(GLOBAL_BATCH):  # sequence i keeps (i * 5) % SEQ + 1 real tokens
-        targets[i, (i * 5) % SEQ + 1:] = -100
+    for i in range(GLOBAL_BATCH):  # sequence i keeps (i * 3) % SEQ + 1 real tokens: 1, 4, 7,
+        targets[i, (i * 3) % SEQ + 1:] = -100  # 2, 5, 8, 3, 6 (halves and quarters differ)
     return tokens[:, :-1].contiguous(), targets
 
 
