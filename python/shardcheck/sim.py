@@ -55,7 +55,7 @@ class World:
         if topology is not None:
             options["topology"] = topology
         if faults is not None:
-            options["faults"] = list(faults)
+            options["faults"] = list(faults) if isinstance(faults, tuple) else faults
         if health is not None:
             options["health"] = health
         if seed is not None:

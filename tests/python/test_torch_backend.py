@@ -297,3 +297,20 @@ def test_functional_collectives_go_through_the_backend():
         assert ar == [6.0, 6.0] and ag == [0.0, 1.0, 2.0, 3.0] and rs == [4.0 * rank]
         assert a2a == [rank + 10.0 * i for i in range(N)]
     assert len([e for e in res.world.timeline() if e["rank"] == 0]) == 4
+
+
+@pytest.mark.parametrize("kwargs,error,text", [
+    ({"world_size": 0}, ValueError, "at least one rank"),
+    ({"world_size": 2, "faults": [{"kind": "crash", "rank": 5, "step": 1}]}, errors.ConfigError,
+     r"\$\.faults\[0\]\.rank: expected an integer in \[0, 1\], got 5"),
+    ({"world_size": 2, "faults": [{"kind": "bogus", "rank": 0}]}, errors.ConfigError,
+     r"\$\.faults\[0\]\.kind: expected one of"),
+    ({"world_size": 2, "faults": "crash"}, errors.ConfigError, r"\$\.faults: expected an array"),
+    ({"world_size": 2, "topology": {"nope": 1}}, errors.ConfigError,
+     r"\$\.topology\.nope: unknown key"),
+])
+def test_bad_launch_options_are_refused_before_any_rank_runs(kwargs, error, text):
+    ran = []
+    with pytest.raises(error, match=text):
+        sct.spawn(lambda r: ran.append(r), **kwargs)
+    assert ran == []
