@@ -1,8 +1,9 @@
 // `shardcheck compare ORACLE_DUMP RUN_DUMP [--report DIR] [--junit FILE] [--rtol X]`: judges a
-// run's tensor dump against an oracle's step by step (compare.hpp), prints one line per step with
-// its failing tensors, writes report.json, index.html and JUnit, and maps the verdict to exit
-// codes (0 every tensor within tolerance, 1 some tensor out of it, 2 dumps that cannot be
-// compared or a bad argument, 3 an output that could not be written).
+// run's tensor dump against an oracle's step by step (compare.hpp: bounds from the oracle's noise
+// probe when it has one, else by dtype), prints one line per step with its failing tensors, writes
+// report.json, index.html and JUnit, and maps the verdict to exit codes (0 every tensor within
+// tolerance, 1 some tensor out of it, 2 dumps that cannot be compared or a bad argument, 3 an
+// output that could not be written).
 #include <cmath>
 #include <filesystem>
 #include <iostream>
@@ -68,9 +69,10 @@ void add_compare_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--report", args->report, "Write report.json and index.html into this directory");
   cmd->add_option("--junit", args->junit, "Write JUnit XML (one testcase per step)");
   args->rtol_option = cmd->add_option("--rtol", args->rtol,
-                                      "Tolerance on max_rel_err for every tensor (default by the "
-                                      "run's dtype: float64 1e-9, float32 1e-4, float16 1e-2, "
-                                      "integers 0)")
+                                      "Tolerance on max_rel_err for every tensor (default: 100 x "
+                                      "the noise probe's error when ORACLE_DUMP/noise holds one, "
+                                      "as `run --dump-tensors` writes; else by the run's dtype: "
+                                      "float64 1e-9, float32 1e-4, float16 1e-2, integers 0)")
                           ->check(CLI::PositiveNumber);
   cmd->callback([args, &exit_code] { exit_code = compare_cmd(*args); });
 }

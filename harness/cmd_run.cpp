@@ -290,7 +290,8 @@ void add_run_commands(CLI::App& app, int& exit_code) {
                   "Write manifest.json (at start) and report.json into this directory");
   run->add_option("--junit", ra.junit, "Write JUnit XML (one testcase per configuration)");
   run->add_option("--dump-tensors", ra.dump_tensors,
-                  "Write the reference run's tensors (.npy + index.json) into this directory");
+                  "Write the reference run's tensors (.npy + index.json) into this directory, "
+                  "and its noise probe's into DIR/noise (the bounds of `compare`)");
   run->add_option("--checkpoint-dir", ra.checkpoint_dir,
                   "Save a sharded checkpoint every checkpoint.every steps into this directory");
   run->add_option("--resume", ra.resume,

@@ -1,6 +1,6 @@
-// The dump comparison of compare.hpp: reading and checking both index.json files and every listed
-// .npy header, pairing tensors step by step, the per-tensor errors, and the text, report.json,
-// index.html and JUnit writers.
+// The dump comparison of compare.hpp: reading and checking both index.json files (and the noise
+// probe's) and every listed .npy header, pairing tensors step by step, the per-tensor errors and
+// bounds, and the text, report.json, index.html and JUnit writers.
 #include "harness/compare.hpp"
 
 #include <algorithm>
@@ -15,6 +15,7 @@
 #include "harness/cli_commands.hpp"
 #include "harness/html.hpp"
 #include "harness/npy_read.hpp"
+#include "harness/parity_bound.hpp"
 #include "harness/report.hpp"
 
 namespace shardcheck::harness {
@@ -183,6 +184,38 @@ void check_same_tensors(const Dump& have, const Dump& lacks, int64_t step) {
                  std::to_string(step) + " that " + have.what() + " holds: " + list);
 }
 
+// The same steps in both dumps and the same tensors in each step, or a BadInput naming them.
+void check_same_steps(const Dump& a, const Dump& b) {
+  bool same_steps = a.steps.size() == b.steps.size();
+  for (const auto& [step, tensors] : a.steps) same_steps = same_steps && b.steps.count(step);
+  if (!same_steps)
+    throw BadInput("the dumps hold different steps: " + a.what() + " has steps " +
+                   step_list(a.steps) + "; " + b.what() + " has steps " + step_list(b.steps));
+  for (const auto& [step, tensors] : a.steps) {
+    check_same_tensors(a, b, step);
+    check_same_tensors(b, a, step);
+  }
+}
+
+// The counterpart in `other` of each oracle tensor that is compared (every step<N>/ tensor, an
+// init/ tensor where `other` holds it; null otherwise); every shape checked before any data is
+// read.
+std::vector<const DumpTensor*> counterparts(const Dump& od, const Dump& other) {
+  std::vector<const DumpTensor*> partner(od.tensors.size(), nullptr);
+  for (std::size_t i = 0; i < od.tensors.size(); ++i) {
+    const DumpTensor& o = od.tensors[i];
+    if (o.kind == DumpTensor::Kind::kStep)
+      partner[i] = &other.tensors[other.steps.at(o.step).at(o.key)];
+    else if (o.kind == DumpTensor::Kind::kInit && other.init.count(o.key))
+      partner[i] = &other.tensors[other.init.at(o.key)];
+    if (partner[i] && partner[i]->header.shape != o.header.shape)
+      throw BadInput(o.name + ": the shapes differ: " + shape_text(o.header.shape) + " in " +
+                     od.what() + ", " + shape_text(partner[i]->header.shape) + " in " +
+                     other.what());
+  }
+  return partner;
+}
+
 NpyArray read_tensor(const Dump& d, const DumpTensor& t) {
   try {
     return read_npy(t.file);
@@ -197,13 +230,23 @@ double int_distance(int64_t a, int64_t b) {
   return static_cast<double>(a >= b ? ua - ub : ub - ua);
 }
 
-void measure_errors(const NpyArray& oracle, const NpyArray& run, CompareRow& row) {
+// One tensor against the oracle's: max_abs and max_rel as compare.hpp says, and the sums of the
+// norm-wise measure (infinite with a non-finite mismatch; matching non-finite elements left out).
+struct Errors {
+  double max_abs = 0, max_rel = 0;
+  double diff_sq = 0, ref_sq = 0;  // sum (x - oracle)^2, sum oracle^2
+};
+
+Errors errors_of(const NpyArray& oracle, const NpyArray& run) {
   const bool ints = !oracle.ints.empty() && !run.ints.empty();
-  double scale = 0, max_abs = 0;
+  double scale = 0, max_abs = 0, diff_sq = 0, ref_sq = 0;
   bool nonfinite_mismatch = false;
   for (std::size_t i = 0; i < oracle.values.size(); ++i) {
     const double o = oracle.values[i], r = run.values[i];
-    if (std::isfinite(o)) scale = std::max(scale, std::abs(o));
+    if (std::isfinite(o)) {
+      scale = std::max(scale, std::abs(o));
+      ref_sq += o * o;
+    }
     if (ints) {
       max_abs = std::max(max_abs, int_distance(run.ints[i], oracle.ints[i]));
     } else if (!std::isfinite(o) || !std::isfinite(r)) {
@@ -211,26 +254,52 @@ void measure_errors(const NpyArray& oracle, const NpyArray& run, CompareRow& row
       nonfinite_mismatch = nonfinite_mismatch || !same;
     } else {
       max_abs = std::max(max_abs, std::abs(r - o));
+      diff_sq += (r - o) * (r - o);
     }
   }
   if (scale == 0) scale = 1;
   const double inf = std::numeric_limits<double>::infinity();
-  row.max_abs_err = nonfinite_mismatch ? inf : max_abs;
-  row.max_rel_err = nonfinite_mismatch ? inf : max_abs / scale;
-  row.pass = row.max_rel_err <= row.tolerance;
+  if (nonfinite_mismatch) return {inf, inf, inf, ref_sq};
+  return {max_abs, max_abs / scale, diff_sq, ref_sq};
 }
 
-CompareRow compare_pair(const Dump& od, const DumpTensor& o, const Dump& rd, const DumpTensor& r,
-                        std::optional<int64_t> step, std::optional<double> rtol) {
-  CompareRow row;
-  row.step = step;
-  row.name = o.key;
-  row.shape = o.header.shape;
-  row.dtype = r.header.dtype;
-  row.oracle_dtype = o.header.dtype;
-  row.tolerance = rtol ? *rtol : default_tolerance(row.dtype);
-  measure_errors(read_tensor(od, o), read_tensor(rd, r), row);
-  return row;
+// The noise bound's floor for a run tensor of `dtype` (harness/README.md "Parity bounds", the
+// formula of noise_floors in parity_bound.cpp, by the run's dtype rather than the scenario's
+// precision): one ulp relative of the dtype; for a step scalar at least 2^-52 x sqrt(N), N the
+// model's parameter elements (a sum of N squares, in f64, added in another order).
+double noise_floor_of(const std::string& dtype, bool step_scalar, double n_params) {
+  const double eps64 = std::numeric_limits<double>::epsilon();
+  const double unit = dtype == "float64"   ? eps64
+                      : dtype == "float32" ? double{std::numeric_limits<float>::epsilon()}
+                                           : std::ldexp(1.0, -10);  // float16
+  return step_scalar ? std::max(unit, eps64 * std::sqrt(n_params)) : unit;
+}
+
+// N of the step scalars' floor: the elements of the oracle's param/ tensors at its first step that
+// holds any (init/param/ when no step does).
+double parameter_count(const Dump& od) {
+  for (const auto& [step, tensors] : od.steps) {
+    double n = 0;
+    for (const auto& [key, index] : tensors)
+      if (key.rfind("param/", 0) == 0) n += static_cast<double>(od.tensors[index].header.numel);
+    if (n > 0) return n;
+  }
+  double n = 0;
+  for (const auto& [name, index] : od.init)
+    if (name.rfind("init/param/", 0) == 0) n += static_cast<double>(od.tensors[index].header.numel);
+  return n;
+}
+
+// One step's parameters norm-wise, added up tensor by tensor (the run's and the probe's).
+struct NormSums {
+  double run_diff_sq = 0, probe_diff_sq = 0, ref_sq = 0;
+  int64_t elements = 0;
+  double unit = 0;  // the largest floor of the run's dtypes
+  std::string dtype, oracle_dtype;
+};
+
+double norm_rel(double diff_sq, double ref_sq) {
+  return ref_sq > 0 ? std::sqrt(diff_sq / ref_sq) : std::sqrt(diff_sq);
 }
 
 std::string num_text(double v, const char* spec = "%.3g") {
@@ -238,6 +307,90 @@ std::string num_text(double v, const char* spec = "%.3g") {
   std::snprintf(buf, sizeof buf, spec, v);
   return buf;
 }
+
+// The comparison once the dumps are checked: each oracle tensor against its partner in the run,
+// under the rule that applies, with the noise probe's largest errors so far.
+struct Comparison {
+  const Dump& od;
+  const Dump& rd;
+  const Dump* nd = nullptr;                // the noise probe, or null
+  std::vector<const DumpTensor*> run;      // each oracle tensor's partner in the run
+  std::vector<const DumpTensor*> probe{};  // ... in the noise probe
+  std::optional<double> rtol;
+  double n_params = 0;                        // N of the step scalars' floor
+  std::map<std::string, double> probe_max{};  // per tensor (its key; init/: its name)
+  double probe_norm_max = 0;
+
+  // max(m, e): the probe's largest error so far; one that is not finite cannot bound anything.
+  double raise(double m, double e, const std::string& what) const {
+    if (!std::isfinite(e))
+      throw BadInput(nd->what() + ", " + what + ": the noise probe's error against the oracle is " +
+                     num_text(e) + ": the scenario is too chaotic to check");
+    return std::max(m, e);
+  }
+
+  CompareRow row(std::size_t i, std::optional<int64_t> step, NormSums& norm) {
+    const DumpTensor& o = od.tensors[i];
+    const DumpTensor& r = *run[i];
+    CompareRow row;
+    row.step = step;
+    row.name = o.key;
+    row.shape = o.header.shape;
+    row.dtype = r.header.dtype;
+    row.oracle_dtype = o.header.dtype;
+    const NpyArray oracle = read_tensor(od, o);
+    const Errors e = errors_of(oracle, read_tensor(rd, r));
+    row.max_abs_err = e.max_abs;
+    row.max_rel_err = e.max_rel;
+    if (rtol) {
+      row.tolerance = *rtol;
+      row.bound = "rtol";
+    } else if (!nd || r.header.integer()) {
+      row.tolerance = default_tolerance(row.dtype);
+      row.bound = "dtype";
+    } else {
+      const Errors pe = errors_of(oracle, read_tensor(*nd, *probe[i]));
+      double& m = probe_max[o.key];
+      m = raise(m, pe.max_rel, "tensor '" + o.name + "'");
+      const bool scalar = step && o.key.find('/') == std::string::npos;
+      row.probe_err = m;
+      row.tolerance = kNoiseMargin * std::max(m, noise_floor_of(row.dtype, scalar, n_params));
+      row.bound = "noise";
+      if (step && o.key.rfind("param/", 0) == 0) {
+        norm.run_diff_sq += e.diff_sq;
+        norm.probe_diff_sq += pe.diff_sq;
+        norm.ref_sq += e.ref_sq;
+        norm.elements += static_cast<int64_t>(o.header.numel);
+        norm.unit = std::max(norm.unit, noise_floor_of(row.dtype, false, 0));
+        norm.dtype = norm.dtype.empty() || norm.dtype == row.dtype ? row.dtype : "mixed";
+        norm.oracle_dtype = norm.oracle_dtype.empty() || norm.oracle_dtype == row.oracle_dtype
+                                ? row.oracle_dtype
+                                : "mixed";
+      }
+    }
+    row.pass = row.max_rel_err <= row.tolerance;
+    return row;
+  }
+
+  // The step's parameters norm-wise (max_abs_err: ||run - oracle||_2), against the probe's.
+  CompareRow norm_row(int64_t step, const NormSums& n) {
+    CompareRow row;
+    row.step = step;
+    row.name = "params (norm-wise)";
+    row.shape = {n.elements};
+    row.dtype = n.dtype;
+    row.oracle_dtype = n.oracle_dtype;
+    row.max_abs_err = std::sqrt(n.run_diff_sq);
+    row.max_rel_err = norm_rel(n.run_diff_sq, n.ref_sq);
+    probe_norm_max = raise(probe_norm_max, norm_rel(n.probe_diff_sq, n.ref_sq),
+                           "step " + std::to_string(step) + " parameters norm-wise");
+    row.probe_err = probe_norm_max;
+    row.tolerance = kNoiseMargin * std::max(probe_norm_max, n.unit);
+    row.bound = "noise";
+    row.pass = row.max_rel_err <= row.tolerance;
+    return row;
+  }
+};
 
 nlohmann::json json_number(double v) {
   if (std::isnan(v)) return "nan";
@@ -281,9 +434,16 @@ double default_tolerance(const std::string& dtype) {
   return 0;  // integers: exact
 }
 
-std::string tolerance_rule(std::optional<double> rtol) {
+std::string tolerance_rule(const CompareResult& r) {
   const std::string measure = "max_rel_err = max|run - oracle| / max|oracle| <= ";
-  if (rtol) return measure + num_text(*rtol, "%g") + " for every tensor (--rtol)";
+  if (r.rtol) return measure + num_text(*r.rtol, "%g") + " for every tensor (--rtol)";
+  if (!r.noise.empty())
+    return measure + num_text(kNoiseMargin, "%g") + " x the noise probe's error (" + r.noise +
+           ") on the same tensor, its largest up to that step; floors one ulp of the run's dtype, "
+           "step scalars 2^-52 x sqrt(N) (N = " +
+           num_text(r.noise_params, "%.0f") +
+           " parameters); integers 0; per step also the parameters norm-wise, ||run - oracle|| / "
+           "||oracle||, alike";
   return measure +
          "the run's dtype's tolerance: float64 1e-9, float32 1e-4, float16 1e-2, integers 0";
 }
@@ -292,50 +452,54 @@ CompareResult compare_dumps(const fs::path& oracle, const fs::path& run,
                             std::optional<double> rtol) {
   const Dump od = load_dump(oracle, "oracle");
   const Dump rd = load_dump(run, "run");
-  bool same_steps = od.steps.size() == rd.steps.size();
-  for (const auto& [step, tensors] : od.steps) same_steps = same_steps && rd.steps.count(step);
-  if (!same_steps)
-    throw BadInput("the dumps hold different steps: " + od.what() + " has steps " +
-                   step_list(od.steps) + "; " + rd.what() + " has steps " + step_list(rd.steps));
-  for (const auto& [step, tensors] : od.steps) {
-    check_same_tensors(od, rd, step);
-    check_same_tensors(rd, od, step);
-  }
-  // The counterpart of each oracle tensor that is compared; every shape checked before any data
-  // is read.
-  std::vector<const DumpTensor*> partner(od.tensors.size(), nullptr);
-  for (std::size_t i = 0; i < od.tensors.size(); ++i) {
-    const DumpTensor& o = od.tensors[i];
-    if (o.kind == DumpTensor::Kind::kStep)
-      partner[i] = &rd.tensors[rd.steps.at(o.step).at(o.key)];
-    else if (o.kind == DumpTensor::Kind::kInit && rd.init.count(o.key))
-      partner[i] = &rd.tensors[rd.init.at(o.key)];
-    if (partner[i] && partner[i]->header.shape != o.header.shape)
-      throw BadInput(o.name + ": the shapes differ: " + shape_text(o.header.shape) + " in " +
-                     od.what() + ", " + shape_text(partner[i]->header.shape) + " in " + rd.what());
+  check_same_steps(od, rd);
+  Comparison c{.od = od, .rd = rd, .run = counterparts(od, rd), .rtol = rtol};
+  // The noise probe `run --dump-tensors` writes beside the oracle: the bounds derive from it
+  // unless --rtol is given (harness/README.md "Parity bounds").
+  std::optional<Dump> nd;
+  std::error_code ec;
+  if (!rtol && fs::is_regular_file(oracle / "noise" / "index.json", ec)) {
+    nd = load_dump(oracle / "noise", "noise probe");
+    check_same_steps(od, *nd);
+    c.probe = counterparts(od, *nd);
+    for (std::size_t i = 0; i < od.tensors.size(); ++i)
+      if (c.run[i] && !c.probe[i])
+        throw BadInput(nd->what() + " lacks the tensor " + od.tensors[i].name + ", which " +
+                       od.what() + " holds");
+    c.nd = &*nd;
+    c.n_params = parameter_count(od);
   }
 
   CompareResult r;
   r.oracle = oracle.string();
   r.run = run.string();
   r.rtol = rtol;
+  r.noise = nd ? nd->dir.string() : "";
+  r.noise_params = c.n_params;
+  NormSums unused;
   // init/: the oracle's order, where the run holds the tensor too.
   CompareGroup init{std::nullopt, 0, 0};
   for (std::size_t i = 0; i < od.tensors.size(); ++i) {
-    if (od.tensors[i].kind != DumpTensor::Kind::kInit || !partner[i]) continue;
-    r.rows.push_back(compare_pair(od, od.tensors[i], rd, *partner[i], std::nullopt, rtol));
+    if (od.tensors[i].kind != DumpTensor::Kind::kInit || !c.run[i]) continue;
+    r.rows.push_back(c.row(i, std::nullopt, unused));
     ++init.tensors;
     init.failed += !r.rows.back().pass;
   }
   if (init.tensors) r.groups.push_back(init);
-  // Steps in order, each in the oracle's order.
+  // Steps in order, each in the oracle's order (then, with the probe, the parameters norm-wise).
   for (const auto& [step, tensors] : od.steps) {
     CompareGroup g{step, 0, 0};
     std::vector<std::size_t> order;
     for (const auto& [key, index] : tensors) order.push_back(index);
     std::sort(order.begin(), order.end());
+    NormSums norm;
     for (const std::size_t i : order) {
-      r.rows.push_back(compare_pair(od, od.tensors[i], rd, *partner[i], step, rtol));
+      r.rows.push_back(c.row(i, step, norm));
+      ++g.tensors;
+      g.failed += !r.rows.back().pass;
+    }
+    if (!norm.dtype.empty()) {
+      r.rows.push_back(c.norm_row(step, norm));
       ++g.tensors;
       g.failed += !r.rows.back().pass;
     }
@@ -348,8 +512,8 @@ CompareResult compare_dumps(const fs::path& oracle, const fs::path& run,
 }
 
 void print_compare(std::ostream& os, const CompareResult& r) {
-  os << "# compare: oracle " << r.oracle << ", run " << r.run << "; pass when "
-     << tolerance_rule(r.rtol) << "\n";
+  os << "# compare: oracle " << r.oracle << ", run " << r.run << "; pass when " << tolerance_rule(r)
+     << "\n";
   std::size_t i = 0;
   for (const CompareGroup& g : r.groups) {
     os << group_label(g.step) << ": " << g.tensors << " tensors, " << g.failed << " failed\n";
@@ -384,20 +548,24 @@ nlohmann::json compare_report_json(const CompareResult& r) {
     steps.push_back(s);
   }
   for (const CompareRow& row : r.rows)
-    rows.push_back({{"step", row.step ? nlohmann::json(*row.step) : nlohmann::json(nullptr)},
-                    {"name", row.name},
-                    {"shape", row.shape},
-                    {"dtype", row.dtype},
-                    {"oracle_dtype", row.oracle_dtype},
-                    {"max_abs_err", json_number(row.max_abs_err)},
-                    {"max_rel_err", json_number(row.max_rel_err)},
-                    {"tolerance", json_number(row.tolerance)},
-                    {"pass", row.pass}});
+    rows.push_back(
+        {{"step", row.step ? nlohmann::json(*row.step) : nlohmann::json(nullptr)},
+         {"name", row.name},
+         {"shape", row.shape},
+         {"dtype", row.dtype},
+         {"oracle_dtype", row.oracle_dtype},
+         {"max_abs_err", json_number(row.max_abs_err)},
+         {"max_rel_err", json_number(row.max_rel_err)},
+         {"tolerance", json_number(row.tolerance)},
+         {"bound", row.bound},
+         {"probe_err", row.probe_err ? json_number(*row.probe_err) : nlohmann::json(nullptr)},
+         {"pass", row.pass}});
   return {{"command", "compare"},
           {"oracle", r.oracle},
           {"run", r.run},
           {"rtol", r.rtol ? nlohmann::json(*r.rtol) : nlohmann::json(nullptr)},
-          {"tolerance_rule", tolerance_rule(r.rtol)},
+          {"noise", r.noise.empty() ? nlohmann::json(nullptr) : nlohmann::json(r.noise)},
+          {"tolerance_rule", tolerance_rule(r)},
           {"pass", r.failed() == 0},
           {"init", init},
           {"steps", steps},
@@ -417,7 +585,7 @@ std::string compare_html(const CompareResult& r) {
     << "td.n{text-align:right;font-family:monospace}tr.fail{background:#fdd}</style></head><body>\n"
     << "<h1>shardcheck compare: " << (failed ? "FAIL" : "PASS") << "</h1>\n<p>oracle <code>"
     << escape(r.oracle) << "</code>, run <code>" << escape(r.run) << "</code></p>\n<p>pass when "
-    << escape(tolerance_rule(r.rtol)) << "</p>\n<p>" << r.rows.size() << " tensors in " << r.steps()
+    << escape(tolerance_rule(r)) << "</p>\n<p>" << r.rows.size() << " tensors in " << r.steps()
     << " steps, " << failed << " failed</p>\n";
   h << "<table>\n<tr><th>step</th><th>tensor</th><th>shape</th><th>dtype (run / oracle)</th>"
     << "<th>max_abs_err</th><th>max_rel_err</th><th>tolerance</th><th>result</th></tr>\n";

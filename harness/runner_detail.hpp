@@ -94,14 +94,16 @@ GoodputResult goodput_of(const Trace& want, const RankTrace& rank0, double secon
 // Tokens, FLOPs and MFU of t's step time (parallel/flops.hpp), against the scenario's device peak.
 void fill_rates(const Scenario& s, const ParallelSpec& p, const Trace& want, TimingResult& t);
 // The single-device reference over the scenario's steps (the sampler's global batches); with a
-// dump_dir, its tensors as .npy files there. Always on the CPU, whatever Compute the calling
-// thread has installed. With its noise floor (noise_floor). `tied`: how the bf16 recipe rounds
-// the tied embedding's two uses, per step (TiedRounding).
+// dump_dir, its tensors as .npy files there (and the noise probe's in dump_dir/noise). Always on
+// the CPU, whatever Compute the calling thread has installed. With its noise floor (noise_floor).
+// `tied`: how the bf16 recipe rounds the tied embedding's two uses, per step (TiedRounding).
 Trace reference_run(const Scenario& s, const ref::Dataset& ds, const std::string& dump_dir,
                     TiedRounding tied = {});
 // The noise probe (parity_bound.hpp): the reference trained again under ref::RoundingNoise, its
-// errors against `want` (its recipe, want.tied) per step and measure.
-NoiseFloor noise_floor(const Scenario& s, const ref::Dataset& ds, const Trace& want);
+// errors against `want` (its recipe, want.tied) per step and measure. With a dump_dir, the probe's
+// tensors there too (reference_run gives DIR/noise: what `compare` derives its bounds from).
+NoiseFloor noise_floor(const Scenario& s, const ref::Dataset& ds, const Trace& want,
+                       const std::string& dump_dir);
 // A configuration's row before it runs: label, spec, and, when it cannot run,
 // supported = false with the reason in detail.
 ConfigResult config_row(const Scenario& s, const ParallelSpec& p);

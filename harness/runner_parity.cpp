@@ -212,7 +212,7 @@ Trace reference_run(const Scenario& s, const ref::Dataset& ds, const std::string
                     TiedRounding tied) {
   Trace t = train_reference(s, ds, dump_dir, nullptr, tied);  // the oracle, on the CPU
   t.tied = tied;
-  t.noise = noise_floor(s, ds, t);
+  t.noise = noise_floor(s, ds, t, dump_dir.empty() ? "" : dump_dir + "/noise");
   return t;
 }
 
@@ -229,14 +229,15 @@ std::vector<std::array<double, kMeasures>> probe_errors(const Trace& probe, cons
   return out;
 }
 
-NoiseFloor noise_floor(const Scenario& s, const ref::Dataset& ds, const Trace& want) {
+NoiseFloor noise_floor(const Scenario& s, const ref::Dataset& ds, const Trace& want,
+                       const std::string& dump_dir) {
   NoiseFloor out;
   double n_params = 0;
   for (const auto& e : want.params.front()) n_params += static_cast<double>(e.value.numel());
   out.floor = noise_floors(s.train.precision, n_params);
   out.unit = out.floor[static_cast<std::size_t>(Measure::master_max)];
   ref::RoundingNoise noise(s.seed ^ 0x6e6f697365ULL);
-  out.probe = probe_errors(train_reference(s, ds, "", &noise, want.tied), want);
+  out.probe = probe_errors(train_reference(s, ds, dump_dir, &noise, want.tied), want);
   return out;
 }
 
