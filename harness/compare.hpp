@@ -74,12 +74,16 @@ struct CompareResult {
 double default_tolerance(const std::string& dtype);
 // The rule in words, for the header line and the reports.
 std::string tolerance_rule(const CompareResult& r);
+// One number as printf's `spec` writes it, for the messages and the reports.
+std::string num_text(double v, const char* spec = "%.3g");
 
 // Loads both dumps (and ORACLE/noise when it holds index.json and no --rtol is given), checks that
 // they can be compared, compares. Throws BadInput.
 CompareResult compare_dumps(const std::filesystem::path& oracle, const std::filesystem::path& run,
                             std::optional<double> rtol);
 
+// The writers (compare_report.cpp) read a CompareResult only; the comparison never calls them.
+//
 // The text summary: a header, a line per group with its failing rows under it, the first failure
 // (when any) and `compare: N tensors in S steps, F failed`.
 void print_compare(std::ostream& os, const CompareResult& r);
