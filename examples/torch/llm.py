@@ -31,17 +31,17 @@ STRATEGIES = ("ddp", "fsdp2", "hsdp")
 BUGS = ("mean_of_means", "local_norm_clip")
 
 
-def wrap(model, strategy, world):
+def wrap(model, strategy, world, device):
     if strategy == "ddp":
         from torch.nn.parallel import DistributedDataParallel as DDP
 
-        return DDP(model), model
+        return DDP(model.to(device)), model
     from torch.distributed.fsdp import fully_shard
 
     if strategy == "hsdp":
-        mesh = init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("replicate", "shard"))
+        mesh = init_device_mesh(device.type, (2, world // 2), mesh_dim_names=("replicate", "shard"))
     else:
-        mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("dp",))
+        mesh = init_device_mesh(device.type, (world,), mesh_dim_names=("dp",))
     for layer in model.layers:
         fully_shard(layer, mesh=mesh)
     return fully_shard(model, mesh=mesh), model
@@ -57,25 +57,34 @@ def local_norm_clip(params, max_norm):
     return norm, factor
 
 
-def train(rank, world, cfg, strategy="fsdp2", bug=None):
-    """Trains cfg.train.steps steps; returns {dump name: tensor} of what rank 0 records."""
+def full_params(model):
+    return {k: v.cpu() for k, v in sct.full_params(model).items()}
+
+
+def train(rank, world, cfg, strategy="fsdp2", bug=None, device="cpu"):
+    """Trains cfg.train.steps steps; returns {dump name: CPU tensor} of what rank 0 records.
+    device "cuda": each rank on its GPU (under torchrun with NCCL)."""
+    device = torch.device(device)
     model = so.Model(cfg)
     if strategy == "ddp":
         so.init_(model, cfg)
-        ddp, model = wrap(model, strategy, world)
+        ddp, model = wrap(model, strategy, world, device)
         forward = ddp
     else:
-        forward, model = wrap(model, strategy, world)
+        forward, model = wrap(model, strategy, world, device)
         so.init_(model, cfg)
-    record = {f"init/param/{k}": v for k, v in sct.full_params(model).items()}
+    record = {f"init/param/{k}": v for k, v in full_params(model).items()}
     opt = so.ReferenceAdamW(model.parameters(), cfg)
     for step in range(1, cfg.train.steps + 1):
         batch = so.global_batch(cfg, step)
         tw, sw = so.token_weights(batch)
         parts = []
         for mb in batch.rank_slice(rank, world).microbatches(cfg.train.micro_batch):
-            logits, aux = forward(mb.tokens, mb.doc_ids, mb.positions, mb.index, step)
-            p = so.loss_parts(logits, mb.targets, mb.loss_mask, aux)
+            tokens, doc_ids, positions, index, targets, mask = (
+                t.to(device) for t in (mb.tokens, mb.doc_ids, mb.positions, mb.index, mb.targets,
+                                       mb.loss_mask))
+            logits, aux = forward(tokens, doc_ids, positions, index, step)
+            p = so.loss_parts(logits, targets, mask, aux)
             if bug == "mean_of_means":
                 objective = p.loss_sum / max(p.tokens, 1) + p.aux_sum / p.sequences
                 objective = objective / (len(batch.index) // cfg.train.micro_batch)
@@ -86,20 +95,22 @@ def train(rank, world, cfg, strategy="fsdp2", bug=None):
         sums = torch.tensor([float(sum(p.loss_sum.detach() for p in parts)),
                              float(sum(p.tokens for p in parts)),
                              float(sum(p.aux_sum.detach() for p in parts)),
-                             float(sum(p.sequences for p in parts))], dtype=torch.float64)
+                             float(sum(p.sequences for p in parts))], dtype=torch.float64,
+                            device=device)
         dist.all_reduce(sums)
+        sums = sums.cpu()
         total = so.LossParts(sums[0], int(sums[1]), sums[2], int(sums[3]))
         record[f"step{step}/loss"] = torch.tensor(total.loss(), dtype=torch.float64)
         for name, p in model.named_parameters():
             g = p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad
-            record[f"step{step}/grad/{name}"] = g.detach().clone()
+            record[f"step{step}/grad/{name}"] = g.detach().cpu().clone()
         if bug == "local_norm_clip":
             local_norm_clip(list(model.parameters()), cfg.train.clip_grad_norm)
         else:
             so.clip_(model.parameters(), cfg.train.clip_grad_norm)
         opt.step()
         opt.zero_grad()
-        for name, value in sct.full_params(model).items():
+        for name, value in full_params(model).items():
             record[f"step{step}/param/{name}"] = value
     return record
 
@@ -124,11 +135,17 @@ def main(argv=None):
     p.add_argument("--world-size", type=int, default=4)
     p.add_argument("--bug", choices=BUGS, default=None, help="plant a user bug")
     p.add_argument("--dump", required=True, help="write the run's tensors here")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="under torchrun: cpu (gloo) or cuda (NCCL, a GPU per rank)")
     a = p.parse_args(argv)
-    if "RANK" in os.environ:  # under torchrun: gloo, one process per rank
-        dist.init_process_group("gloo")
+    if "RANK" in os.environ:  # under torchrun: one process per rank, gloo or NCCL
+        device = "cpu"
+        if a.device == "cuda":
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+            device = f"cuda:{torch.cuda.current_device()}"
+        dist.init_process_group("nccl" if a.device == "cuda" else "gloo")
         cfg = so.Config.from_scenario(a.scenario)
-        record = train(dist.get_rank(), dist.get_world_size(), cfg, a.strategy, a.bug)
+        record = train(dist.get_rank(), dist.get_world_size(), cfg, a.strategy, a.bug, device)
         if dist.get_rank() == 0:
             d = Dump(a.dump)
             for name, value in record.items():

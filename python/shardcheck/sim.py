@@ -8,11 +8,15 @@ contiguous NumPy array or CPU torch tensor."""
 
 import json
 
-from . import _core
 from .errors import ConfigError  # noqa: F401  (re-exported: World's bad options raise it)
 
-Communicator = _core.Communicator
-Work = _core.Work
+try:
+    from . import _core
+except ImportError as _missing:  # not built: buffer() and dtype_name() still work, World does not
+    _core, _core_error = None, _missing
+
+Communicator = getattr(_core, "Communicator", None)
+Work = getattr(_core, "Work", None)
 
 _NUMPY = {
     "float64": "f64", "float32": "f32", "float16": "f16", "int32": "i32", "int64": "i64",
@@ -51,6 +55,9 @@ class World:
 
     def __init__(self, ranks, *, topology=None, faults=None, health=None, seed=None,
                  max_steps=1_000_000):
+        if _core is None:
+            raise ImportError("shardcheck._core is not built: run scripts/setup, then build the "
+                              "default preset (or set SHARDCHECK_BUILD_DIR)") from _core_error
         options = {}
         if topology is not None:
             options["topology"] = topology
