@@ -3,8 +3,8 @@ oracle, tensor by tensor. The model is shardcheck.torch.oracle's PyTorch port of
 (reference/README.md: the same parameter names, initialisation, batches and dropout, so no RNG has
 to agree); the script is what a team writes around it — DDP, FSDP2 or HSDP, each rank its slice
 of the global batch in microbatches, the loss weighted by the global batch's counts, clipping by
-the global norm, AdamW — and it records every step (loss, gradients before clipping, parameters
-after the update) in the --dump-tensors layout:
+the global norm, AdamW — and it records every step with shardcheck.torch.record.Recorder (loss,
+gradients before clipping, parameters after the update) in the --dump-tensors layout:
 
     build/default/harness/shardcheck run SCENARIO --dump-tensors out/oracle
     .venv/bin/python examples/torch/llm.py SCENARIO --strategy fsdp2 --dump out/run
@@ -25,7 +25,7 @@ from torch.distributed.tensor import DTensor
 import common  # noqa: F401  (puts python/ on the path)
 import shardcheck.torch as sct
 import shardcheck.torch.oracle as so
-from shardcheck.dump import Dump
+from shardcheck.torch.record import Recorder
 
 STRATEGIES = ("ddp", "fsdp2", "hsdp")
 BUGS = ("mean_of_means", "local_norm_clip")
@@ -57,12 +57,8 @@ def local_norm_clip(params, max_norm):
     return norm, factor
 
 
-def full_params(model):
-    return {k: v.cpu() for k, v in sct.full_params(model).items()}
-
-
-def train(rank, world, cfg, strategy="fsdp2", bug=None, device="cpu"):
-    """Trains cfg.train.steps steps; returns {dump name: CPU tensor} of what rank 0 records.
+def train(rank, world, cfg, strategy="fsdp2", bug=None, device="cpu", dump=None):
+    """Trains cfg.train.steps steps; with `dump`, rank 0 records the run there (Recorder).
     device "cuda": each rank on its GPU (under torchrun with NCCL)."""
     device = torch.device(device)
     model = so.Model(cfg)
@@ -73,7 +69,7 @@ def train(rank, world, cfg, strategy="fsdp2", bug=None, device="cpu"):
     else:
         forward, model = wrap(model, strategy, world, device)
         so.init_(model, cfg)
-    record = {f"init/param/{k}": v for k, v in full_params(model).items()}
+    rec = Recorder(dump, model, writer=rank == 0) if dump else None
     opt = so.ReferenceAdamW(model.parameters(), cfg)
     for step in range(1, cfg.train.steps + 1):
         batch = so.global_batch(cfg, step)
@@ -99,32 +95,25 @@ def train(rank, world, cfg, strategy="fsdp2", bug=None, device="cpu"):
                             device=device)
         dist.all_reduce(sums)
         sums = sums.cpu()
-        total = so.LossParts(sums[0], int(sums[1]), sums[2], int(sums[3]))
-        record[f"step{step}/loss"] = torch.tensor(total.loss(), dtype=torch.float64)
-        for name, p in model.named_parameters():
-            g = p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad
-            record[f"step{step}/grad/{name}"] = g.detach().cpu().clone()
+        loss = so.LossParts(sums[0], int(sums[1]), sums[2], int(sums[3])).loss()
+        if rec:
+            rec.grads(step)
         if bug == "local_norm_clip":
             local_norm_clip(list(model.parameters()), cfg.train.clip_grad_norm)
         else:
             so.clip_(model.parameters(), cfg.train.clip_grad_norm)
         opt.step()
         opt.zero_grad()
-        for name, value in full_params(model).items():
-            record[f"step{step}/param/{name}"] = value
-    return record
+        if rec:
+            rec.step(step, loss=loss)
+    if rec:
+        rec.close()
 
 
 def run(scenario, world=4, strategy="fsdp2", bug=None, dump=None):
-    """The job on the shardcheck backend; rank 0's record, written to `dump` if given."""
+    """The job on the shardcheck backend; rank 0 records it in `dump` if given."""
     cfg = so.Config.from_scenario(scenario)
-    record = sct.spawn(lambda r: train(r, world, cfg, strategy, bug), world)[0]
-    if dump:
-        d = Dump(dump)
-        for name, value in record.items():
-            d.add(name, value)
-        d.close()
-    return record
+    sct.spawn(lambda r: train(r, world, cfg, strategy, bug, dump=dump), world)
 
 
 def main(argv=None):
@@ -145,12 +134,7 @@ def main(argv=None):
             device = f"cuda:{torch.cuda.current_device()}"
         dist.init_process_group("nccl" if a.device == "cuda" else "gloo")
         cfg = so.Config.from_scenario(a.scenario)
-        record = train(dist.get_rank(), dist.get_world_size(), cfg, a.strategy, a.bug, device)
-        if dist.get_rank() == 0:
-            d = Dump(a.dump)
-            for name, value in record.items():
-                d.add(name, value)
-            d.close()
+        train(dist.get_rank(), dist.get_world_size(), cfg, a.strategy, a.bug, device, a.dump)
         dist.destroy_process_group()
     else:
         run(a.scenario, a.world_size, a.strategy, a.bug, a.dump)
