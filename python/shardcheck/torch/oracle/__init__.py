@@ -29,7 +29,10 @@ and the pieces a distributed script needs:
     opt.step(); opt.zero_grad()
 
 Precision: "f64" (exact to float64 rounding), "f32" (parameters, gradients, activations and
-moments in float32, init = the f64 init rounded); "bf16" raises NotImplementedError. MoE layers
+moments in float32, init = the f64 init rounded), "bf16" (the Trainer's: f32 master weights and
+moments, working weights = the master rounded to bf16 each step, f32 forward/backward, each
+microbatch's gradients rounded to bf16 and accumulated in f32; the tied-embedding variant that
+rounds the two uses apart is not implemented: the dumped reference rounds their sum). MoE layers
 (top-k routing with capacity and the aux loss, one routing group per sequence) are implemented.
 
 Not bitwise: the C++ reference sums in plain loops, torch in its own (blocked, vectorised) order,
@@ -41,8 +44,9 @@ angles.
 Submodules, each importing only those before it: rng (Philox, RngStream), config (Config,
 param_shapes), data (corpus, packing, sampler, Batch, global_batch, token_weights), model (Model,
 init_ and its pieces), loss (LossParts, loss_parts, objective), optim (lr_at, clip_,
-ReferenceAdamW), train (Trainer, train_and_dump). Everything public is re-exported here; patch a
-function where it is used (e.g. shardcheck.torch.oracle.model.rope), not on this package."""
+ReferenceAdamW), train (Trainer, bf16_round, train_and_dump). Everything public is re-exported
+here; patch a function where it is used (e.g. shardcheck.torch.oracle.model.rope), not on this
+package."""
 
 from .config import (  # noqa: F401
     Config, DataConfig, ModelConfig, MoeConfig, OptimizerConfig, TrainConfig, param_shapes)
@@ -55,4 +59,4 @@ from .model import (  # noqa: F401
     dropout_scale, gelu, init_, init_values, moe_capacity, rmsnorm, rope, rope_tables)
 from .optim import ReferenceAdamW, clip_, clip_factor, grad_norm, lr_at  # noqa: F401
 from .rng import RngStream, fnv1a32, philox4x32_10  # noqa: F401
-from .train import StepRecord, Trainer, train_and_dump  # noqa: F401
+from .train import StepRecord, Trainer, bf16_round, train_and_dump  # noqa: F401

@@ -171,13 +171,13 @@ class Config:
 
     @property
     def dtype(self):
-        """The torch dtype of parameters, gradients, activations and moments."""
+        """The torch dtype of parameters, gradients, activations and moments: float64 for f64,
+        float32 for f32 and for bf16 (whose master weights, moments, activations and accumulated
+        gradients are f32; the Trainer rounds the working weights and each microbatch's
+        gradients to bf16 on top)."""
         if self.train.precision == "f64":
             return torch.float64
-        if self.train.precision == "f32":
-            return torch.float32
-        raise NotImplementedError("the torch oracle implements the f64 and f32 recipes, not "
-                                  "bf16 (f32 master weights, bf16 working copies and gradients)")
+        return torch.float32
 
 
 def param_shapes(model_cfg):

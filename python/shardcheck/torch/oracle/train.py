@@ -12,6 +12,12 @@ from .loss import LossParts, loss_parts, objective
 from .model import Model, init_
 from .optim import ReferenceAdamW, clip_
 
+
+def bf16_round(t):
+    """t rounded to the nearest bfloat16 (ties to even), kept in t's dtype."""
+    return t.to(torch.bfloat16).to(t.dtype)
+
+
 @dataclasses.dataclass
 class StepRecord:
     step: int
@@ -30,7 +36,12 @@ class Trainer:
     its microbatches in order (forward, backward of objective() with the global weights,
     gradients accumulated), the norm and the reference clipping, the scheduled AdamW update.
     `grads` holds the accumulated gradients of the latest step before clipping; `init_params`
-    the initial parameters."""
+    the initial parameters. Precision "bf16" runs the reference's recipe on f32 parameters (the
+    master): `round_weights` makes the step's working weights, `round_grads` rounds each
+    microbatch's gradients before the f32 accumulation (both bf16_round)."""
+
+    round_weights = staticmethod(bf16_round)
+    round_grads = staticmethod(bf16_round)
 
     def __init__(self, cfg, model=None):
         self.cfg = cfg
@@ -56,13 +67,39 @@ class Trainer:
             raise ValueError("batch.index must be the positions 0..B-1 in the global batch")
         tw, sw = token_weights(batch)
         self.optimizer.zero_grad(set_to_none=False)
+        params = list(self.model.parameters())
+        bf16 = self.cfg.train.precision == "bf16"
+        if bf16:
+            # the bf16 recipe: the working weights are the f32 master rounded to bf16 (RNE) for
+            # this whole step; each microbatch's gradients (from zero) are rounded to bf16 and
+            # added to an f32 accumulator; the master comes back before clipping and AdamW.
+            master = [p.detach().clone() for p in params]
+            acc = [torch.zeros_like(p) for p in params]
+            with torch.no_grad():
+                for p in params:
+                    p.copy_(self.round_weights(p))
         parts = None
-        for mb in batch.microbatches(self.cfg.train.micro_batch):
-            logits, aux = self.model(mb.tokens, mb.doc_ids, mb.positions, mb.index, n)
-            p = loss_parts(logits, mb.targets, mb.loss_mask, aux)
-            objective(p, tw, sw).backward()
-            p = LossParts(p.loss_sum.detach(), p.tokens, p.aux_sum.detach(), p.sequences)
-            parts = p if parts is None else parts + p
+        try:
+            for mb in batch.microbatches(self.cfg.train.micro_batch):
+                logits, aux = self.model(mb.tokens, mb.doc_ids, mb.positions, mb.index, n)
+                p = loss_parts(logits, mb.targets, mb.loss_mask, aux)
+                objective(p, tw, sw).backward()
+                p = LossParts(p.loss_sum.detach(), p.tokens, p.aux_sum.detach(), p.sequences)
+                parts = p if parts is None else parts + p
+                if bf16:
+                    with torch.no_grad():
+                        for a, q in zip(acc, params):
+                            if q.grad is not None:
+                                a.add_(self.round_grads(q.grad))
+                                q.grad.zero_()
+        finally:
+            if bf16:
+                with torch.no_grad():
+                    for q, m in zip(params, master):
+                        q.copy_(m)
+        if bf16:
+            for q, a in zip(params, acc):
+                q.grad = a
         self.grads = {k: v.grad.detach().clone() for k, v in self.model.named_parameters()}
         norm, factor = clip_(self.model.parameters(), self.cfg.train.clip_grad_norm)
         self.optimizer.step()
