@@ -25,6 +25,7 @@
 #include "harness/npy_read.hpp"
 #include "reference/npy.hpp"
 #include "tests/harness/cli_support.hpp"
+#include "tests/harness/compare_support.hpp"
 
 namespace shardcheck::harness {
 namespace compare_noise_test {
@@ -37,15 +38,12 @@ using shardcheck::testing::read_json;
 using shardcheck::testing::shardcheck;
 using shardcheck::testing::TempDir;
 
-using Tensors = std::vector<std::pair<std::string, ref::HostArray>>;
+using compare_support::bad_input;
+using compare_support::f64;
+using compare_support::Tensors;
+using compare_support::values;
+using compare_support::write_dump;
 constexpr double kEps = std::numeric_limits<double>::epsilon();
-
-std::vector<double> values(std::size_t n, int salt) {
-  std::vector<double> v(n);
-  for (std::size_t i = 0; i < n; ++i)
-    v[i] = (i % 2 ? -1.0 : 1.0) * (0.37 * static_cast<double>(i + 1) + 0.11 * salt);
-  return v;
-}
 
 // init/param/{w,b}, batch/0/tokens and, per step 1-3, loss, grad_norm, param/w, param/b, grad/w.
 Tensors base() {
@@ -64,12 +62,6 @@ Tensors base() {
   return t;
 }
 
-std::vector<double>& f64(Tensors& t, const std::string& name) {
-  for (auto& [n, a] : t)
-    if (n == name) return std::get<std::vector<double>>(a.data);
-  throw std::runtime_error("no tensor " + name);
-}
-
 double max_abs(const std::vector<double>& v) {
   double m = 0;
   for (const double x : v) m = std::max(m, std::abs(x));
@@ -82,13 +74,6 @@ void nudge(Tensors& t, const std::string& name, double rel, std::size_t i = 0) {
   v[i] += rel * max_abs(v);
 }
 
-fs::path write_dump(const fs::path& dir, const Tensors& t) {
-  ref::TensorDumper d(dir);
-  for (const auto& [n, a] : t) d.add(n, a);
-  d.write_index();
-  return dir;
-}
-
 // The oracle base() with the probe `noise` in oracle/noise.
 fs::path oracle_with_noise(const fs::path& dir, const Tensors& noise) {
   write_dump(dir / "noise", noise);
@@ -99,15 +84,6 @@ const CompareRow& row(const CompareResult& r, int64_t step, const std::string& n
   for (const CompareRow& x : r.rows)
     if (x.step == step && x.name == name) return x;
   throw std::runtime_error("no row step " + std::to_string(step) + " " + name);
-}
-
-std::string bad_input(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const BadInput& e) {
-    return e.what();
-  }
-  return "";
 }
 
 TEST(CompareNoise, JustUnderAHundredTimesTheProbePassesJustOverFails) {

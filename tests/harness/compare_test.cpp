@@ -22,6 +22,7 @@
 #include "harness/npy_read.hpp"
 #include "reference/npy.hpp"
 #include "tests/harness/cli_support.hpp"
+#include "tests/harness/compare_support.hpp"
 
 namespace shardcheck::harness {
 namespace compare_test {
@@ -34,14 +35,11 @@ using shardcheck::testing::shardcheck;
 using shardcheck::testing::slurp;
 using shardcheck::testing::TempDir;
 
-using Tensors = std::vector<std::pair<std::string, ref::HostArray>>;
-
-std::vector<double> values(std::size_t n, int salt) {
-  std::vector<double> v(n);
-  for (std::size_t i = 0; i < n; ++i)
-    v[i] = (i % 2 ? -1.0 : 1.0) * (0.37 * static_cast<double>(i + 1) + 0.11 * salt);
-  return v;
-}
+using compare_support::bad_input;
+using compare_support::f64;
+using compare_support::Tensors;
+using compare_support::values;
+using compare_support::write_dump;
 
 // init/param/{w,b}, batch/0/tokens and, per step, loss, grad_norm, param/w and grad/w:
 // 2 + 4 · steps compared tensors.
@@ -60,12 +58,6 @@ Tensors base(int first_step = 1, int last_step = 3) {
   return t;
 }
 
-std::vector<double>& f64(Tensors& t, const std::string& name) {
-  for (auto& [n, a] : t)
-    if (n == name) return std::get<std::vector<double>>(a.data);
-  throw std::runtime_error("no tensor " + name);
-}
-
 void drop(Tensors& t, const std::string& name) {
   std::erase_if(t, [&](const auto& e) { return e.first == name; });
 }
@@ -80,23 +72,6 @@ Tensors as_f32(const Tensors& t) {
       out.push_back({n, a});
   }
   return out;
-}
-
-fs::path write_dump(const fs::path& dir, const Tensors& t) {
-  ref::TensorDumper d(dir);
-  for (const auto& [n, a] : t) d.add(n, a);
-  d.write_index();
-  return dir;
-}
-
-// The message of the BadInput `f` throws ("" when it throws none).
-std::string bad_input(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const BadInput& e) {
-    return e.what();
-  }
-  return "";
 }
 
 // A .npy file written by hand: magic, version, header length, `dict` padded and ended by '\n',

@@ -12,31 +12,12 @@
 #include "comm/errors.hpp"
 #include "sim/rank_thread.hpp"
 #include "sim/world.hpp"
+#include "tests/sim/failure_support.hpp"
 
 namespace shardcheck::testing {
 namespace {
 
 using comm::Communicator;
-
-// Runs fn on n ranks, expects a failure whose cause is E, returns the RankFailure and cause.
-template <class E>
-std::pair<sim::RankFailure, E> expect_failure(int n, const std::function<void(Communicator&)>& fn) {
-  sim::SimWorld w(n);
-  try {
-    w.run(fn);
-  } catch (const sim::RankFailure& f) {
-    try {
-      f.rethrow_cause();
-    } catch (const E& e) {
-      return {f, e};
-    } catch (const std::exception& other) {
-      ADD_FAILURE() << "failure of the wrong type: " << other.what();
-      throw;
-    }
-  }
-  ADD_FAILURE() << "the run did not fail";
-  throw std::logic_error("no failure");
-}
 
 bool contains(const std::string& s, const std::string& part) {
   return s.find(part) != std::string::npos;

@@ -4,14 +4,13 @@
 // never joins is a deadlock that names it.
 #include <gtest/gtest.h>
 
-#include <functional>
-#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "comm/errors.hpp"
 #include "sim/communicator.hpp"
 #include "sim/world.hpp"
+#include "tests/sim/failure_support.hpp"
 
 namespace shardcheck::testing {
 namespace {
@@ -19,24 +18,6 @@ namespace {
 using comm::Communicator;
 
 sim::SimCommunicator& as_sim(Communicator& c) { return dynamic_cast<sim::SimCommunicator&>(c); }
-
-// Catches the run's failure and returns its cause as E (fails the test if it is not one).
-template <class E>
-E cause_of(sim::SimWorld& w, const std::function<void(Communicator&)>& fn) {
-  try {
-    w.run(fn);
-  } catch (const sim::RankFailure& f) {
-    try {
-      f.rethrow_cause();
-    } catch (const E& e) {
-      return e;
-    } catch (const std::exception& e) {
-      ADD_FAILURE() << "unexpected cause: " << e.what();
-    }
-  }
-  ADD_FAILURE() << "the run did not fail";
-  throw std::logic_error("no failure");
-}
 
 TEST(NamedGroups, MembersAloneReduceInGroupRankOrder) {
   sim::SimWorld w(4);
@@ -60,8 +41,7 @@ TEST(NamedGroups, MembersAloneReduceInGroupRankOrder) {
 }
 
 TEST(NamedGroups, DisagreeingMembersNameTheId) {
-  sim::SimWorld w(2);
-  auto e = cause_of<comm::InvalidArgument>(w, [](Communicator& c) {
+  auto [f, e] = expect_failure<comm::InvalidArgument>(2, [](Communicator& c) {
     if (c.rank() == 0) {
       (void)as_sim(c).group("x", {0, 1}, "pg");
     } else {
@@ -75,14 +55,12 @@ TEST(NamedGroups, DisagreeingMembersNameTheId) {
 }
 
 TEST(NamedGroups, NonMemberAndBadRanksAreRefused) {
-  sim::SimWorld w(2);
-  auto e = cause_of<comm::InvalidArgument>(w, [](Communicator& c) {
+  auto [f, e] = expect_failure<comm::InvalidArgument>(2, [](Communicator& c) {
     if (c.rank() == 0) (void)as_sim(c).group("a", {1}, "pg");
   });
   EXPECT_NE(std::string(e.what()).find("rank 0 is not among the members [1]"), std::string::npos)
       << e.what();
-  sim::SimWorld w2(2);
-  auto e2 = cause_of<comm::InvalidArgument>(w2, [](Communicator& c) {
+  auto [f2, e2] = expect_failure<comm::InvalidArgument>(2, [](Communicator& c) {
     (void)as_sim(c).group("b", {c.rank(), 2}, "pg");
   });
   EXPECT_NE(std::string(e2.what()).find("not distinct world ranks in [0, 2)"), std::string::npos)
@@ -90,8 +68,7 @@ TEST(NamedGroups, NonMemberAndBadRanksAreRefused) {
 }
 
 TEST(NamedGroups, AMemberThatNeverJoinsIsADeadlockNamingIt) {
-  sim::SimWorld w(3);
-  auto e = cause_of<comm::DeadlockError>(w, [](Communicator& c) {
+  auto [f, e] = expect_failure<comm::DeadlockError>(3, [](Communicator& c) {
     if (c.rank() == 2) return;  // a member of the group below that never builds it
     auto g = as_sim(c).group("g", {0, 1, 2}, "pg");
     std::vector<float> x{1.0f};
