@@ -2,6 +2,8 @@
 // and the manifest (round trip, strict schema, unsafe paths, bad layouts, hostile JSON).
 #include <gtest/gtest.h>
 
+#include <chrono>
+
 #include "tests/checkpoint/support.hpp"
 
 namespace shardcheck::testing {
@@ -147,6 +149,40 @@ TEST(Manifest, ATreeTooLargeForMemoryIsRefusedBeforeItIsBuilt) {
   // Invalid or too deep text has no estimate; the parser then names what is wrong.
   EXPECT_FALSE(ck::json_tree_bytes("{").has_value());
   EXPECT_FALSE(ck::json_tree_bytes(std::string(100000, '[')).has_value());
+}
+
+// A manifest listing 400 000 tensors (one flat shard each, ~100 MiB of text) is refused by count
+// while it is streamed: before the tree or any record is built, in well under a second, naming the
+// limit. The largest real models list far fewer (kMaxManifestTensors).
+TEST(Manifest, FourHundredThousandTensorsAreRefusedByCountWhileStreamed) {
+  auto j = nlohmann::json::parse(ck::dump_manifest(sample_manifest()));
+  j["tensors"] = "@";
+  const std::string outer = j.dump();
+  const std::size_t at = outer.find("\"@\"");
+  ASSERT_NE(at, std::string::npos);
+  std::string text = outer.substr(0, at) + "[";
+  for (int i = 0; i < 400000; ++i) {
+    const std::string name = "param/t" + std::to_string(i);
+    text += (i ? ",{\"name\":\"" : "{\"name\":\"") + name +
+            "\",\"dtype\":\"f32\",\"shape\":[4],\"shards\":[{\"file\":\"" +
+            ck::shard_file_name(name, ck::FlatRange{0, 4}) +
+            "\",\"rank\":0,\"slice\":{\"flat\":{\"begin\":0,\"count\":4}},\"bytes\":16,"
+            "\"xxh3\":\"0000000000000001\"}]}";
+  }
+  text += "]" + outer.substr(at + 3);
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    ck::parse_manifest(text);
+    ADD_FAILURE() << "a manifest of 400000 tensors was accepted";
+  } catch (const ck::RestoreError& e) {
+    EXPECT_EQ(e.reason(), Reason::bad_manifest);
+    EXPECT_NE(std::string(e.what()).find("$.tensors"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(std::to_string(ck::kMaxManifestTensors)),
+              std::string::npos)
+        << e.what();
+  }
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(s, 5.0) << "refused after " << s << " s";
 }
 
 // The writer's commit round-trips; a manifest from before it was recorded reads as "unknown", and a
