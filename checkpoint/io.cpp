@@ -1,4 +1,5 @@
-// POSIX I/O for checkpoints: the only file in checkpoint/ that touches file descriptors.
+// POSIX I/O for checkpoints: the only file in checkpoint/ that touches file descriptors (through
+// files::Dir for everything written below a checkpoint directory).
 #include "checkpoint/io.hpp"
 
 #include <fcntl.h>
@@ -18,10 +19,11 @@ namespace {
 }
 }  // namespace
 
-void write_file(const fs::path& path, std::span<const std::span<const std::byte>> pieces,
-                bool durable, std::size_t chunk, const Progress& progress) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  if (fd < 0) fail("cannot create", path);
+namespace {
+
+// Writes the pieces to the open `fd` (chunked), fsyncs when durable, closes it; `path` names it.
+void write_fd(int fd, const fs::path& path, std::span<const std::span<const std::byte>> pieces,
+              bool durable, std::size_t chunk, const Progress& progress) {
   std::uint64_t written = 0;
   auto close_fail = [&](const char* what) {
     const int e = errno;
@@ -46,9 +48,41 @@ void write_file(const fs::path& path, std::span<const std::span<const std::byte>
   if (::close(fd) != 0) fail("cannot close", path);
 }
 
+std::span<const std::span<const std::byte>> one_piece(const std::string& text,
+                                                      std::span<const std::byte>& one) {
+  one = std::as_bytes(std::span(text.data(), text.size()));
+  return std::span(&one, 1);
+}
+
+}  // namespace
+
+void rethrow_files_error(const files::Error& e) {
+  throw CheckpointError(Reason::io_error, e.what());
+}
+
+void write_file(const fs::path& path, std::span<const std::span<const std::byte>> pieces,
+                bool durable, std::size_t chunk, const Progress& progress) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+  if (fd < 0) fail("cannot create", path);
+  write_fd(fd, path, pieces, durable, chunk, progress);
+}
+
 void write_file(const fs::path& path, const std::string& text, bool durable) {
-  const std::span<const std::byte> one = std::as_bytes(std::span(text.data(), text.size()));
-  write_file(path, std::span(&one, 1), durable);
+  std::span<const std::byte> one;
+  write_file(path, one_piece(text, one), durable);
+}
+
+void write_file(const files::Dir& dir, std::string_view name,
+                std::span<const std::span<const std::byte>> pieces, bool durable,
+                std::size_t chunk, const Progress& progress) {
+  const int fd = confined([&] { return dir.create(name); });
+  write_fd(fd, dir.path() / std::string(name), pieces, durable, chunk, progress);
+}
+
+void write_file(const files::Dir& dir, std::string_view name, const std::string& text,
+                bool durable) {
+  std::span<const std::byte> one;
+  write_file(dir, name, one_piece(text, one), durable);
 }
 
 void fsync_dir(const fs::path& dir) {
@@ -73,8 +107,8 @@ Kind kind_of(const fs::path& path) {
   return S_ISREG(st.st_mode) ? Kind::regular : Kind::other;
 }
 
-std::string read_small_file(const fs::path& path, std::uint64_t max_bytes, const char* what) {
-  File f(path);
+namespace {
+std::string read_whole(const File& f, std::uint64_t max_bytes, const char* what) {
   const std::uint64_t n = f.size();
   if (n > max_bytes)
     throw CheckpointError(Reason::io_error, std::string(what) + " is " + std::to_string(n) +
@@ -85,6 +119,19 @@ std::string read_small_file(const fs::path& path, std::uint64_t max_bytes, const
     throw CheckpointError(Reason::io_error, std::string(what) + " shrank while read");
   return s;
 }
+}  // namespace
+
+std::string read_small_file(const fs::path& path, std::uint64_t max_bytes, const char* what) {
+  return read_whole(File(path), max_bytes, what);
+}
+
+std::string read_small_file(const files::Dir& dir, std::string_view name, std::uint64_t max_bytes,
+                            const char* what) {
+  const int fd = confined([&] { return dir.open_read(name); });
+  return read_whole(File(fd, dir.path() / std::string(name)), max_bytes, what);
+}
+
+File::File(int fd, const fs::path& path) : fd_(fd), path_(path.string()) {}
 
 File::File(const fs::path& path) : path_(path.string()) {
   // O_NOFOLLOW: a symlink planted after validation is refused rather than followed.

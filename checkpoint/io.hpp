@@ -10,7 +10,10 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
+
+#include "files/dir.hpp"
 
 namespace shardcheck::checkpoint::io {
 
@@ -24,6 +27,12 @@ void write_file(const fs::path& path, std::span<const std::span<const std::byte>
                 bool durable, std::size_t chunk = std::size_t{1} << 20,
                 const Progress& progress = {});
 void write_file(const fs::path& path, const std::string& text, bool durable);
+// The same, creating entry `name` of `dir` (files/dir.hpp: a symlink there is refused).
+void write_file(const files::Dir& dir, std::string_view name,
+                std::span<const std::span<const std::byte>> pieces, bool durable,
+                std::size_t chunk = std::size_t{1} << 20, const Progress& progress = {});
+void write_file(const files::Dir& dir, std::string_view name, const std::string& text,
+                bool durable);
 void fsync_dir(const fs::path& dir);
 
 // What is at `path`, without following a symlink.
@@ -31,11 +40,17 @@ enum class Kind { absent, regular, symlink, other };
 Kind kind_of(const fs::path& path);
 // The whole file, refusing one larger than max_bytes before allocating (io_error naming `what`).
 std::string read_small_file(const fs::path& path, std::uint64_t max_bytes, const char* what);
+std::string read_small_file(const files::Dir& dir, std::string_view name, std::uint64_t max_bytes,
+                            const char* what);
+// Runs `fn`, turning a files::Error into CheckpointError(io_error) with the same message.
+template <class Fn>
+decltype(auto) confined(Fn&& fn);
 
 // An open read-only file.
 class File {
  public:
   explicit File(const fs::path& path);  // throws CheckpointError(io_error)
+  File(int fd, const fs::path& path);     // takes ownership of an open descriptor
   ~File();
   File(const File&) = delete;
   File& operator=(const File&) = delete;
@@ -47,5 +62,15 @@ class File {
   int fd_ = -1;
   std::string path_;
 };
+
+[[noreturn]] void rethrow_files_error(const files::Error& e);
+template <class Fn>
+decltype(auto) confined(Fn&& fn) {
+  try {
+    return fn();
+  } catch (const files::Error& e) {
+    rethrow_files_error(e);
+  }
+}
 
 }  // namespace shardcheck::checkpoint::io

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "checkpoint/errors.hpp"
+#include "checkpoint/io.hpp"
 
 namespace shardcheck::checkpoint {
 namespace {
@@ -39,15 +40,18 @@ std::string read_holder(int fd) {
 
 }  // namespace
 
-DirLock::DirLock(const std::filesystem::path& dir) {
+DirLock::DirLock(const std::filesystem::path& dir)
+    : DirLock(io::confined([&] { return files::Dir::open(dir, true); })) {}
+
+DirLock::DirLock(const files::Dir& d) {
+  const std::filesystem::path dir = d.path();
   const std::filesystem::path file = dir / kFile;
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  fd_ = ::open(file.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
-  if (fd_ < 0)
-    throw CheckpointError(Reason::io_error,
-                          "cannot open the lock file (" + std::string(std::strerror(errno)) + ")",
+  try {
+    fd_ = d.open_rw(kFile);
+  } catch (const files::Error& e) {
+    throw CheckpointError(Reason::io_error, std::string("cannot open the lock file: ") + e.what(),
                           file.string());
+  }
   if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
     const int err = errno;
     const std::string holder = err == EWOULDBLOCK ? read_holder(fd_) : "";

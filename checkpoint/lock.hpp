@@ -6,6 +6,8 @@
 
 #include <filesystem>
 
+#include "files/dir.hpp"
+
 namespace shardcheck::checkpoint {
 
 class DirLock {
@@ -14,6 +16,8 @@ class DirLock {
   // (process id, host, start time, as it wrote them into DIR/.lock) when another writer holds it,
   // or CheckpointError(Reason::io_error) when the lock file cannot be made.
   explicit DirLock(const std::filesystem::path& dir);
+  // The same on an open directory: its .lock is opened without following a symlink.
+  explicit DirLock(const files::Dir& dir);
   ~DirLock();
   DirLock(const DirLock&) = delete;
   DirLock& operator=(const DirLock&) = delete;

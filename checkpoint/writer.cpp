@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <map>
+#include <optional>
 #include <set>
 #include <string_view>
 #include <thread>
@@ -109,7 +110,8 @@ void check_piece(const ShardPiece& p) {
 }
 
 // Writes one shard file, sleeping as needed to stay under the bandwidth cap.
-std::uint64_t write_shard(const fs::path& path, const ShardPiece& p, std::uint64_t checksum,
+std::uint64_t write_shard(const files::Dir& dir, const std::string& file, const ShardPiece& p,
+                          std::uint64_t checksum,
                           const SaveOptions& o, Clock::time_point t0, std::uint64_t& done) {
   ShardHeader h{p.tensor, p.dtype, p.shape, p.slice, p.bytes.size(), checksum, 0};
   const std::vector<std::byte> header = encode_shard_header(h);
@@ -127,7 +129,7 @@ std::uint64_t write_shard(const fs::path& path, const ShardPiece& p, std::uint64
       if (ahead > 0) std::this_thread::sleep_for(std::chrono::duration<double>(ahead));
     };
   }
-  io::write_file(path, parts, o.durable, chunk, throttle);
+  io::write_file(dir, file, parts, o.durable, chunk, throttle);
   done = before + header.size() + p.bytes.size();
   return p.bytes.size();
 }
@@ -220,13 +222,13 @@ Manifest build_manifest(const std::vector<json>& reports, const SaveRequest& req
 // shards the ranks reported, each passing the reader's own file check (header, checksum in the
 // header, size). Another writer in the same directory (DirLock refuses one; a file system without
 // working locks might not) shows as a missing, extra, resized or replaced file.
-void recheck_tmp(const fs::path& tmp, const Manifest& m) {
+void recheck_tmp(const files::Dir& tmp, const Manifest& m) {
   std::set<std::string> expected{"manifest.json"};
   for (const TensorRecord& t : m.tensors)
     for (const ShardRecord& s : t.shards) {
       expected.insert(s.file);
       try {
-        (void)check_shard_file(tmp, t, s);
+        (void)check_shard_file(tmp.path(), t, s);
       } catch (const CheckpointError& e) {
         throw SaveError(Reason::changed_during_save,
                         "the shard is no longer the one its rank wrote (" +
@@ -235,12 +237,12 @@ void recheck_tmp(const fs::path& tmp, const Manifest& m) {
                         s.file, t.name);
       }
     }
-  for (const auto& e : fs::directory_iterator(tmp))
-    if (expected.count(e.path().filename().string()) == 0)
+  for (const std::string& name : io::confined([&] { return tmp.list(); }))
+    if (expected.count(name) == 0)
       throw SaveError(Reason::changed_during_save,
-                      "a file no rank wrote appeared in " + tmp.string() +
+                      "a file no rank wrote appeared in " + tmp.path().string() +
                           "; is another run writing into this directory?",
-                      e.path().filename().string());
+                      name);
 }
 
 constexpr std::string_view kDeleting = ".deleting";
@@ -249,47 +251,102 @@ bool ends_with(const std::string& s, std::string_view tail) {
   return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
 }
 
+// The step of "step-N<tail>", if `name` is one.
+std::optional<std::uint64_t> step_of(const std::string& name, std::string_view tail) {
+  if (!ends_with(name, tail)) return std::nullopt;
+  return parse_step_dir_name(name.substr(0, name.size() - tail.size()));
+}
+
+// Deletes checkpoint directory `name` of `dir` by what its own manifest and marker say it wrote:
+// the shards the manifest lists, then SUCCESS, then manifest.json (last, so that a deletion a kill
+// interrupted can be finished), then the directory if nothing else is left in it. Anything else
+// (a file the checkpoint did not write, a directory, a link) is left, and named in the warning.
+// Never follows a symlink (files::Dir). Returns false when something was left.
+bool remove_checkpoint(const files::Dir& dir, const std::string& name, std::string& warning) {
+  const files::Dir d = io::confined([&] { return dir.sub(name, false); });
+  std::set<std::string> ours{"manifest.json", "SUCCESS"};
+  if (d.kind("manifest.json") == files::Kind::regular) {
+    const Manifest m =
+        parse_manifest(io::read_small_file(d, "manifest.json", kMaxManifestBytes, "manifest.json"));
+    for (const TensorRecord& t : m.tensors)
+      for (const ShardRecord& sr : t.shards) ours.insert(sr.file);
+  }
+  std::vector<std::string> foreign;
+  for (const std::string& entry : d.list())
+    if (ours.count(entry) == 0 || d.kind(entry) != files::Kind::regular) foreign.push_back(entry);
+  for (const std::string& entry : d.list())
+    if (entry != "manifest.json" && std::find(foreign.begin(), foreign.end(), entry) == foreign.end())
+      io::confined([&] { d.remove_file(entry); });
+  if (std::find(foreign.begin(), foreign.end(), "manifest.json") == foreign.end())
+    io::confined([&] { d.remove_file("manifest.json"); });
+  if (foreign.empty()) {
+    io::confined([&] { dir.remove_empty_dir(name); });
+    return true;
+  }
+  std::string listed;
+  for (std::size_t i = 0; i < foreign.size() && i < 4; ++i)
+    listed += (i ? ", " : "") + foreign[i];
+  if (foreign.size() > 4) listed += ", ... (" + std::to_string(foreign.size()) + " in all)";
+  warning += (warning.empty() ? "" : "; ") + std::string("left ") + d.path().string() +
+             ": it holds what the checkpoint did not write (" + listed + ")";
+  return false;
+}
+
+// A stale step-M.tmp (a save that never committed): its plain files are removed (links as links),
+// then the directory if it is empty; a directory inside it is left and named.
+bool remove_stale_tmp(const files::Dir& dir, const std::string& name, std::string& warning) {
+  const files::Dir d = io::confined([&] { return dir.sub(name, false); });
+  std::vector<std::string> left;
+  for (const std::string& entry : d.list()) {
+    if (d.kind(entry) == files::Kind::directory)
+      left.push_back(entry);
+    else
+      io::confined([&] { d.remove_file(entry); });
+  }
+  if (left.empty()) {
+    io::confined([&] { dir.remove_empty_dir(name); });
+    return true;
+  }
+  warning += (warning.empty() ? "" : "; ") + std::string("left ") + d.path().string() +
+             ": it holds directories no save writes (" + left.front() + ")";
+  return false;
+}
+
 // Deletes committed checkpoints beyond `keep` (never `current`) and stale step-M.tmp with M < step.
 // A victim is first renamed to step-M.deleting (one atomic step: it stops being a checkpoint at
-// once), then removed; a deletion a kill interrupted is finished here, by the next save.
-std::vector<fs::path> retain(const fs::path& dir, std::uint64_t step, std::size_t keep,
-                             bool durable) {
+// once), then removed by what its manifest lists; a deletion a kill interrupted is finished here,
+// by the next save. Only real directories are touched: a symlink named like a step is never a
+// checkpoint of this directory and is left alone.
+std::vector<fs::path> retain(const files::Dir& dir, std::uint64_t step, std::size_t keep,
+                             bool durable, std::string& warning) {
   std::vector<fs::path> removed;
-  for (const auto& e : fs::directory_iterator(dir)) {
-    const std::string name = e.path().filename().string();
-    if (ends_with(name, kDeleting) && e.is_directory() && !e.is_symlink() &&
-        parse_step_dir_name(name.substr(0, name.size() - kDeleting.size()))) {
-      fs::remove_all(e.path());
-      removed.push_back(e.path());
-    }
-  }
-  auto steps = list_steps(dir);
-  std::sort(steps.begin(), steps.end(),
-            [](const StepDir& a, const StepDir& b) { return a.step > b.step; });
+  auto is_dir = [&](const std::string& name) { return dir.kind(name) == files::Kind::directory; };
+  for (const std::string& name : dir.list())
+    if (step_of(name, kDeleting) && is_dir(name) && remove_checkpoint(dir, name, warning))
+      removed.push_back(dir.path() / name);
+  std::vector<std::pair<std::uint64_t, std::string>> committed;
+  for (const std::string& name : dir.list())
+    if (const auto n = step_of(name, ""); n && is_dir(name) &&
+        io::confined([&] { return dir.sub(name, false); }).kind("SUCCESS") ==
+            files::Kind::regular)
+      committed.emplace_back(*n, name);
+  std::sort(committed.begin(), committed.end(), std::greater<>());
   std::size_t kept = 0;
-  for (const StepDir& s : steps) {
-    if (!s.committed) continue;
-    if (s.step == step || keep == 0 || kept < keep) {
+  for (const auto& [n, name] : committed) {
+    if (n == step || keep == 0 || kept < keep) {
       ++kept;
       continue;
     }
-    fs::path doomed = s.path;
-    doomed += kDeleting;
-    fs::rename(s.path, doomed);
-    if (durable) io::fsync_dir(dir);
-    fs::remove_all(doomed);
-    removed.push_back(s.path);
+    const std::string doomed = name + std::string(kDeleting);
+    io::confined([&] { dir.rename(name, doomed); });
+    if (durable) io::confined([&] { dir.fsync(); });
+    if (remove_checkpoint(dir, doomed, warning)) removed.push_back(dir.path() / name);
   }
-  for (const auto& e : fs::directory_iterator(dir)) {
-    const std::string name = e.path().filename().string();
-    if (name.size() < 4 || name.compare(name.size() - 4, 4, ".tmp") != 0) continue;
-    const auto n = parse_step_dir_name(name.substr(0, name.size() - 4));
-    if (n && *n < step && e.is_directory()) {
-      fs::remove_all(e.path());
-      removed.push_back(e.path());
-    }
-  }
-  if (durable && !removed.empty()) io::fsync_dir(dir);
+  for (const std::string& name : dir.list())
+    if (const auto n = step_of(name, ".tmp");
+        n && *n < step && is_dir(name) && remove_stale_tmp(dir, name, warning))
+      removed.push_back(dir.path() / name);
+  if (durable && !removed.empty()) io::confined([&] { dir.fsync(); });
   return removed;
 }
 
@@ -305,18 +362,32 @@ SaveResult save(comm::Communicator& world, const SaveRequest& req, const SaveOpt
   SaveResult res;
   res.step = req.state.step;
   res.path = req.dir / step_dir_name(res.step);
-  const fs::path tmp = req.dir / (step_dir_name(res.step) + ".tmp");
+  const std::string step_name = step_dir_name(res.step);
+  const std::string tmp_name = step_name + ".tmp";
 
-  // 1. The coordinator makes a fresh step-N.tmp/; nobody writes before it exists.
+  // 1. The coordinator makes a fresh step-N.tmp/; nobody writes before it exists. Everything
+  // below req.dir is reached through one open descriptor, never through a symlink (files::Dir).
   json verdict = nullptr;
+  std::optional<files::Dir> dir;
   if (rank == 0) {
     try {
-      fs::create_directories(req.dir);
-      if (io::kind_of(res.path / "SUCCESS") == io::Kind::regular)
+      dir.emplace(io::confined([&] { return files::Dir::open(req.dir, true); }));
+      const files::Kind at_step = dir->kind(step_name);
+      if (at_step == files::Kind::symlink || at_step == files::Kind::other ||
+          at_step == files::Kind::regular)
+        throw SaveError(Reason::io_error, res.path.string() +
+                                              " exists and is not a directory this run wrote; "
+                                              "refusing to replace it");
+      if (at_step == files::Kind::directory &&
+          io::confined([&] { return dir->sub(step_name, false); }).kind("SUCCESS") ==
+              files::Kind::regular)
         throw SaveError(Reason::already_committed, res.path.string() + " is already committed");
-      fs::remove_all(res.path);  // uncommitted leftovers only (no marker): never a checkpoint
-      fs::remove_all(tmp);
-      fs::create_directory(tmp);
+      // Uncommitted leftovers only (no marker): never a checkpoint.
+      io::confined([&] {
+        dir->remove_tree(step_name);
+        dir->remove_tree(tmp_name);
+        dir->make_dir(tmp_name);
+      });
     } catch (const CheckpointError& e) {
       verdict = error_json(e);
     } catch (const std::exception& e) {
@@ -332,6 +403,7 @@ SaveResult save(comm::Communicator& world, const SaveRequest& req, const SaveOpt
                  {"state", req.rank_state},
                  {"shards", json::array()},
                  {"declared", json::array()}};
+  std::optional<files::Dir> tmp_dir;  // step-N.tmp, opened below req.dir by its first shard
   {
     std::uint64_t done = 0;
     const int n = world.size();
@@ -349,7 +421,10 @@ SaveResult save(comm::Communicator& world, const SaveRequest& req, const SaveOpt
             if (p.bytes.empty()) continue;
             const std::string file = shard_file_name(p.tensor, p.slice, rank);
             const std::uint64_t sum = xxh3(p.bytes);
-            res.rank_bytes += write_shard(tmp / file, p, sum, o, tw, done);
+            if (!tmp_dir)
+              tmp_dir.emplace(io::confined(
+                  [&] { return files::Dir::open(req.dir, false).sub(tmp_name, false); }));
+            res.rank_bytes += write_shard(*tmp_dir, file, p, sum, o, tw, done);
             ++res.rank_files;
             report["shards"].push_back(report_shard(p, file, sum));
           }
@@ -404,25 +479,30 @@ SaveResult save(comm::Communicator& world, const SaveRequest& req, const SaveOpt
       for (const auto& t : m.tensors)
         for (const auto& s : t.shards) total += s.bytes, ++files;
       const std::string text = dump_manifest(m);
-      io::write_file(tmp / "manifest.json", text, o.durable);
+      const files::Dir t = io::confined([&] { return dir->sub(tmp_name, false); });
+      io::write_file(t, "manifest.json", text, o.durable);
       stage(SaveStage::manifest_written);
-      recheck_tmp(tmp, m);
+      recheck_tmp(t, m);
       const json marker = {{"format", "shardcheck-checkpoint"},
                            {"step", res.step},
                            {"manifest_xxh3", hex64(xxh3(std::as_bytes(std::span(text))))}};
-      io::write_file(tmp / "SUCCESS", marker.dump() + "\n", o.durable);
+      io::write_file(t, "SUCCESS", marker.dump() + "\n", o.durable);
       stage(SaveStage::marker_written);
-      if (o.durable) io::fsync_dir(tmp);
-      fs::rename(tmp, res.path);
-      if (o.durable) io::fsync_dir(req.dir);
+      io::confined([&] {
+        if (o.durable) t.fsync();
+        dir->rename(tmp_name, step_name);
+        if (o.durable) dir->fsync();
+      });
       stage(SaveStage::committed);
       outcome["total_bytes"] = total;
       outcome["total_files"] = files;
       try {
         json removed = json::array();
-        for (const auto& p : retain(req.dir, res.step, o.keep, o.durable))
+        std::string left;
+        for (const auto& p : retain(*dir, res.step, o.keep, o.durable, left))
           removed.push_back(p.string());
         outcome["removed"] = removed;
+        if (!left.empty()) outcome["warning"] = "retention " + left;
       } catch (const std::exception& e) {
         outcome["warning"] = std::string("retention failed: ") + e.what();
       }

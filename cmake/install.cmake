@@ -46,7 +46,7 @@ endforeach()
 
 # Exported names: shardcheck_comm -> shardcheck::comm, ... The warning flags are link-only
 # dependencies of the static libraries, so they are exported too (they add nothing to a consumer).
-set(_targets shardcheck_warnings shardcheck_comm shardcheck_sim shardcheck_reference
+set(_targets shardcheck_warnings shardcheck_files shardcheck_comm shardcheck_sim shardcheck_reference
              shardcheck_parallel shardcheck_checkpoint shardcheck_mp)
 get_property(_mp_parts DIRECTORY ${PROJECT_SOURCE_DIR}/parallel/mp PROPERTY BUILDSYSTEM_TARGETS)
 list(FILTER _mp_parts INCLUDE REGEX "^shardcheck_mp_")

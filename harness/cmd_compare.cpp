@@ -36,20 +36,22 @@ int compare_cmd(const CompareArgs& a) {
       throw BadInput("--rtol: expected a finite number > 0, got " + std::to_string(a.rtol));
     rtol = a.rtol;
   }
-  if (!a.report.empty()) {  // created now, so a typo fails before the dumps are read (exit 2)
-    std::error_code ec;
-    std::filesystem::create_directories(a.report, ec);
-    if (ec || !std::filesystem::is_directory(a.report))
-      throw BadInput("--report: cannot create the directory '" + a.report + "'" +
-                     (ec ? " (" + ec.message() + ")" : ""));
+  // The report directory is made and checked now, so a typo fails before the dumps are read.
+  std::optional<files::Dir> report;
+  const std::vector<std::string> inputs{(std::filesystem::path(a.oracle) / "index.json").string(),
+                                        (std::filesystem::path(a.run) / "index.json").string()};
+  if (!a.report.empty()) {
+    report.emplace(open_output_dir("--report", a.report));
+    const std::vector<std::filesystem::path> outs{"report.json", "index.html"};
+    check_output_files(*report, outs, inputs, "--report");
   }
+  refuse_output_over_input(a.junit, inputs, "--junit");
   const CompareResult r = compare_dumps(a.oracle, a.run, rtol);
   print_compare(std::cout, r);
   std::cout << std::flush;
-  if (!a.report.empty()) {
-    const std::filesystem::path dir(a.report);
-    write_output(dir / "report.json", compare_report_json(r).dump() + "\n", "--report");
-    write_output(dir / "index.html", compare_html(r), "--report");
+  if (report) {
+    write_output_in(*report, "report.json", compare_report_json(r).dump() + "\n", "--report");
+    write_output_in(*report, "index.html", compare_html(r), "--report");
   }
   if (!a.junit.empty()) write_output(a.junit, compare_junit(r), "--junit");
   return r.failed() == 0 ? kExitOk : kExitCheckFailed;

@@ -37,17 +37,19 @@ struct DrillArgs {
   double max_time = kDefaultMaxTimeSeconds;
 };
 
-// An output directory the user named: created (or refused) before the drills run.
-void prepare_dir(const std::string& option, const std::string& dir, bool must_be_empty) {
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec || !fs::is_directory(dir))
-    throw BadInput(option + ": cannot create the directory '" + dir + "'" +
-                   (ec ? " (" + ec.message() + ")" : ""));
-  // The drills write step-N directories of their own and damage some of them: never mix them
-  // with checkpoints that are already there.
-  if (must_be_empty && !fs::is_empty(dir, ec))
-    throw BadInput(option + ": '" + dir + "' is not empty; give a new or empty directory");
+// The drills' work directory (--keep-dir): created now, and empty. The drills write step-N
+// directories of their own and damage some of them: never mix them with checkpoints already there.
+files::Dir keep_dir(const std::string& dir) {
+  files::Dir d = open_output_dir("--keep-dir", dir);
+  bool empty = false;
+  try {
+    empty = d.list().empty();
+  } catch (const files::Error& e) {
+    throw BadInput("--keep-dir: " + std::string(e.what()));
+  }
+  if (!empty)
+    throw BadInput("--keep-dir: '" + dir + "' is not empty; give a new or empty directory");
+  return d;
 }
 
 int drill_cmd(const DrillArgs& a) {
@@ -61,12 +63,18 @@ int drill_cmd(const DrillArgs& a) {
   } catch (const ScenarioError& e) {
     throw BadInput(e.what());
   }
-  if (!a.report.empty()) prepare_dir("--report", a.report, false);
+  std::optional<files::Dir> report;
+  const std::vector<std::string> inputs{a.scenario};
+  if (!a.report.empty()) {
+    report.emplace(open_output_dir("--report", a.report));
+    const std::vector<fs::path> outs{"report.json", "index.html"};
+    check_output_files(*report, outs, inputs, "--report");
+  }
+  refuse_output_over_input(a.junit, inputs, "--junit");
   std::optional<checkpoint::DirLock> lock;  // two drills racing into one empty --keep-dir
   if (!a.keep_dir.empty()) {
-    prepare_dir("--keep-dir", a.keep_dir, true);
     try {
-      lock.emplace(a.keep_dir);
+      lock.emplace(keep_dir(a.keep_dir));
     } catch (const checkpoint::CheckpointError& e) {
       throw BadInput("--keep-dir: " + e.detail());
     }
@@ -79,10 +87,10 @@ int drill_cmd(const DrillArgs& a) {
   }
   print_drill_table(std::cout, r);
   std::cout << std::flush;
-  if (!a.report.empty()) {
+  if (report) {
     const nlohmann::json j = drill_report_json(r);
-    write_output(fs::path(a.report) / "report.json", j.dump(2) + "\n", "--report");
-    write_output(fs::path(a.report) / "index.html", render_html(j), "--report");
+    write_output_in(*report, "report.json", j.dump(2) + "\n", "--report");
+    write_output_in(*report, "index.html", render_html(j), "--report");
   }
   if (!a.junit.empty()) write_drill_junit(r, a.junit);
   if (r.broke()) {

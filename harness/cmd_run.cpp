@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -13,6 +14,7 @@
 #include "checkpoint/lock.hpp"
 #include "harness/backend.hpp"
 #include "harness/budget.hpp"
+#include "harness/checkpointing.hpp"
 #include "harness/cli.hpp"
 #include "harness/cli_commands.hpp"
 #include "harness/html.hpp"
@@ -39,15 +41,6 @@ struct RunArgs {
   double max_time = kDefaultMaxTimeSeconds;
 };
 
-// An output directory the user named: created now, so a typo fails before a long run (exit 2).
-void prepare_dir(const std::string& option, const std::string& dir) {
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  if (ec || !std::filesystem::is_directory(dir))
-    throw BadInput(option + ": cannot create the directory '" + dir + "'" +
-                   (ec ? " (" + ec.message() + ")" : ""));
-}
-
 // Progress goes to stderr only when it is a terminal, so logs and pipes stay clean.
 RunOptions::Progress progress_reporter(const std::string& scenario) {
   if (isatty(STDERR_FILENO) == 0) return {};
@@ -59,34 +52,29 @@ RunOptions::Progress progress_reporter(const std::string& scenario) {
   };
 }
 
-void write_json(const std::string& dir, const char* file, const nlohmann::json& j) {
-  write_output(std::filesystem::path(dir) / file, j.dump(2) + "\n", "--report");
+void write_json(const files::Dir& dir, const char* file, const nlohmann::json& j) {
+  write_output_in(dir, file, j.dump(2) + "\n", "--report");
 }
 
 // report.json and its human view, index.html (rendered from `view`: the report with each
 // configuration's one-step timeline).
-void write_report(const std::string& dir, const nlohmann::json& j, const nlohmann::json& view) {
-  write_output(std::filesystem::path(dir) / "report.json", j.dump() + "\n", "--report");
-  write_output(std::filesystem::path(dir) / "index.html", render_html(view), "--report");
+void write_report(const files::Dir& dir, const nlohmann::json& j, const nlohmann::json& view) {
+  write_output_in(dir, "report.json", j.dump() + "\n", "--report");
+  write_output_in(dir, "index.html", render_html(view), "--report");
 }
 
 // Each configuration's trace file under dir (trace.hpp), and `report` made into its HTML view:
 // every parity row gets the one-step timeline the page draws.
-nlohmann::json write_traces(const std::string& dir, const RunResult& r,
+nlohmann::json write_traces(const files::Dir& dir, const RunResult& r,
                             const nlohmann::json& report) {
   nlohmann::json view = report;
   for (std::size_t i = 0; i < r.configs.size(); ++i) {
     const ConfigResult& c = r.configs[i];
     if (c.timeline.empty()) continue;
     const std::string file = trace_file(r.scenario.name, i, c.config);
-    const std::filesystem::path path = std::filesystem::path(dir) / file;
-    std::error_code ec;
-    std::filesystem::create_directories(path.parent_path(), ec);
-    if (ec)
-      throw BadInput("--report: cannot create " + path.parent_path().string() + ": " +
-                     ec.message());
-    write_output(path, chrome_trace(c, r.scenario.name, r.scenario.train.steps).dump() + "\n",
-                 "--report");
+    write_output_in(dir, file,
+                    chrome_trace(c, r.scenario.name, r.scenario.train.steps).dump() + "\n",
+                    "--report");
     view["parity"][i]["timeline"] = step_timeline(c, file, r.scenario.train.steps);
   }
   for (std::size_t i = 0; i < r.configs.size(); ++i) {
@@ -106,7 +94,7 @@ nlohmann::json write_traces(const std::string& dir, const RunResult& r,
 
 // The run manifest, written before anything runs so that a run that breaks still leaves it: one
 // scenario's, or {"scenarios": [...]} with every scenario's of a matrix.
-void write_manifest(const std::string& dir, const std::vector<Scenario>& scenarios) {
+void write_manifest(const files::Dir& dir, const std::vector<Scenario>& scenarios) {
   nlohmann::json all = nlohmann::json::array();
   for (const Scenario& s : scenarios) all.push_back(manifest_json(s));
   write_json(dir, "manifest.json",
@@ -120,15 +108,21 @@ std::vector<std::string> scenario_files(const std::vector<std::string>& paths) {
     std::error_code ec;
     if (std::filesystem::is_directory(p, ec)) {
       std::vector<std::string> found;
-      for (const auto& e : std::filesystem::recursive_directory_iterator(p))
-        if (e.path().extension() == ".json") found.push_back(e.path().string());
+      try {
+        for (const auto& e : std::filesystem::recursive_directory_iterator(p))
+          if (e.path().extension() == ".json") found.push_back(e.path().string());
+      } catch (const std::filesystem::filesystem_error& e) {
+        throw BadInput("cannot read the scenario directory '" + p + "': '" + e.path1().string() +
+                       "': " + e.code().message());
+      }
       std::sort(found.begin(), found.end());
       if (found.empty()) throw BadInput("'" + p + "' holds no .json scenario");
       files.insert(files.end(), found.begin(), found.end());
     } else if (std::filesystem::exists(p, ec)) {
       files.push_back(p);
     } else {
-      throw BadInput("no such scenario file or directory: '" + p + "'");
+      throw BadInput(ec ? "cannot read the scenario path '" + p + "': " + ec.message()
+                        : "no such scenario file or directory: '" + p + "'");
     }
   }
   return files;
@@ -167,6 +161,50 @@ ComputeChoice choose_compute(const RunArgs& a) {
   return {cuda_compute(a.backend == "nccl"), "cuda"};
 }
 
+// Every output of the run, checked before anything runs (output.hpp): the scenarios' files are
+// distinct, no two scenarios share a trace directory (names that sanitise alike, "a/b" and
+// "a_b"), no output is a symlink or an input, and each configuration's checkpoint directory
+// below --checkpoint-dir is a real directory.
+void check_outputs(const RunArgs& a, const std::vector<std::string>& files,
+                   const std::vector<Scenario>& scenarios, const files::Dir* report,
+                   const files::Dir* checkpoints) {
+  for (std::size_t i = 0; i < files.size(); ++i)
+    for (std::size_t j = 0; j < i; ++j)
+      if (std::error_code ec; std::filesystem::equivalent(files[i], files[j], ec))
+        throw BadInput("the scenario file '" + files[i] + "' is given twice (also as '" +
+                       files[j] + "'); each scenario runs once");
+  std::map<std::string, std::size_t> trace_dirs;
+  for (std::size_t i = 0; i < scenarios.size(); ++i) {
+    const std::string dir =
+        std::filesystem::path(trace_file(scenarios[i].name, 0, "x")).parent_path().string();
+    const auto [at, fresh] = trace_dirs.emplace(dir, i);
+    if (!fresh)
+      throw BadInput("the scenarios '" + scenarios[at->second].name + "' (" + files[at->second] +
+                     ") and '" + scenarios[i].name + "' (" + files[i] +
+                     ") would write their traces to the same directory " + dir +
+                     "; give them names that differ in letters, digits, '-' or '_'");
+  }
+  refuse_output_over_input(a.junit, files, "--junit");
+  if (report != nullptr) {
+    std::vector<std::filesystem::path> outs{"manifest.json", "report.json", "index.html"};
+    for (const Scenario& s : scenarios)
+      for (std::size_t i = 0; i < s.configs.size(); ++i)
+        outs.emplace_back(trace_file(s.name, i, s.configs[i].label()));
+    check_output_files(*report, outs, files, "--report");
+  }
+  if (checkpoints != nullptr)
+    for (const Scenario& s : scenarios)
+      for (const ParallelSpec& p : s.configs) {
+        const std::filesystem::path d = config_checkpoint_dir(s, p, checkpoints->path());
+        if (d == checkpoints->path()) continue;
+        try {
+          (void)checkpoints->sub(d.lexically_relative(checkpoints->path()), true);
+        } catch (const files::Error& e) {
+          throw BadInput("--checkpoint-dir: " + std::string(e.what()));
+        }
+      }
+}
+
 int run_scenarios(const RunArgs& a) {
   const std::vector<std::string> files = scenario_files(a.paths);
   std::vector<Scenario> scenarios;
@@ -196,17 +234,23 @@ int run_scenarios(const RunArgs& a) {
   std::ostream& out = lead ? std::cout : silent;
   std::vector<RunResult> runs;
   nlohmann::json all = nlohmann::json::array(), views = nlohmann::json::array();
-  if (lead && !a.report.empty()) {
-    prepare_dir("--report", a.report);
-    write_manifest(a.report, scenarios);
+  std::optional<files::Dir> report, checkpoints;
+  if (lead && !a.report.empty()) report.emplace(open_output_dir("--report", a.report));
+  if (lead && !a.dump_tensors.empty()) {
+    const std::vector<std::filesystem::path> dumped{"index.json", "noise/index.json"};
+    check_output_files(open_output_dir("--dump-tensors", a.dump_tensors), dumped, files,
+                       "--dump-tensors");
   }
-  if (lead && !a.dump_tensors.empty()) prepare_dir("--dump-tensors", a.dump_tensors);
+  if (!a.checkpoint_dir.empty())
+    checkpoints.emplace(open_output_dir("--checkpoint-dir", a.checkpoint_dir));
+  check_outputs(a, files, scenarios, report ? &*report : nullptr,
+                checkpoints ? &*checkpoints : nullptr);
+  if (report) write_manifest(*report, scenarios);
   // One writer per checkpoint directory, for the whole run: a second run is refused at once.
   std::optional<checkpoint::DirLock> lock;
-  if (!a.checkpoint_dir.empty()) {
-    prepare_dir("--checkpoint-dir", a.checkpoint_dir);
+  if (checkpoints) {
     try {
-      lock.emplace(a.checkpoint_dir);
+      lock.emplace(*checkpoints);
     } catch (const checkpoint::CheckpointError& e) {
       throw BadInput("--checkpoint-dir: " + e.detail());
     }
@@ -236,13 +280,13 @@ int run_scenarios(const RunArgs& a) {
     print_summary(out, runs.back());
     out << std::flush;
     all.push_back(report_json(runs.back(), a.backend));
-    if (lead && !a.report.empty()) views.push_back(write_traces(a.report, runs.back(), all.back()));
+    if (report) views.push_back(write_traces(*report, runs.back(), all.back()));
   }
   bool pass = true;
   for (const auto& r : runs) pass = pass && r.pass();
-  if (lead && !a.report.empty())
+  if (report)
     write_report(
-        a.report, runs.size() == 1 ? all[0] : nlohmann::json{{"pass", pass}, {"scenarios", all}},
+        *report, runs.size() == 1 ? all[0] : nlohmann::json{{"pass", pass}, {"scenarios", all}},
         runs.size() == 1 ? views[0] : nlohmann::json{{"pass", pass}, {"scenarios", views}});
   if (lead && !a.junit.empty()) write_junit(runs, a.junit);
   std::size_t configs = 0, failed = 0;

@@ -1,5 +1,5 @@
 // Complete-or-failed file writes for the CLI's outputs (see output.hpp): POSIX calls, each result
-// checked, a temporary file renamed into place.
+// checked, a temporary file renamed into place; inside a named directory, through files::Dir.
 #include "harness/output.hpp"
 
 #include <fcntl.h>
@@ -8,7 +8,10 @@
 
 #include <cerrno>
 #include <cstring>
+#include <set>
 #include <string>
+
+#include "harness/cli_commands.hpp"
 
 namespace shardcheck::harness {
 namespace {
@@ -98,6 +101,81 @@ void write_output(const std::filesystem::path& given, std::string_view text,
     ::unlink(tmp.c_str());
     fail(what, given, "rename into place", err);
   }
+}
+
+namespace {
+
+// The file a path names, for "is it the same file" (symlinks the user wrote resolved).
+std::filesystem::path identity_of(const std::filesystem::path& p) {
+  std::error_code ec;
+  std::filesystem::path c = std::filesystem::weakly_canonical(p, ec);
+  return ec ? std::filesystem::absolute(p, ec).lexically_normal() : c;
+}
+
+bool same_file(const std::filesystem::path& a, const std::filesystem::path& b) {
+  std::error_code ec;
+  if (std::filesystem::equivalent(a, b, ec)) return true;
+  return identity_of(a) == identity_of(b);
+}
+
+}  // namespace
+
+files::Dir open_output_dir(std::string_view option, const std::string& dir) {
+  if (dir.empty()) throw BadInput(std::string(option) + ": an empty path names no directory");
+  try {
+    return files::Dir::open(dir, true);
+  } catch (const files::Error& e) {
+    throw BadInput(std::string(option) + ": " + e.what());
+  }
+}
+
+void check_output_files(const files::Dir& dir, std::span<const std::filesystem::path> rels,
+                        std::span<const std::string> inputs, std::string_view option) {
+  std::set<std::filesystem::path> seen;
+  for (const std::filesystem::path& rel : rels) {
+    const std::filesystem::path full = dir.path() / rel;
+    if (!seen.insert(rel.lexically_normal()).second)
+      throw BadInput(std::string(option) + ": two outputs would be written to the same file '" +
+                     full.string() + "'");
+    try {
+      const files::Dir parent =
+          rel.has_parent_path() ? dir.sub(rel.parent_path(), true) : dir.sub(".", false);
+      const files::Kind k = parent.kind(rel.filename().string());
+      if (k == files::Kind::symlink)
+        throw BadInput(std::string(option) + ": refusing '" + full.string() +
+                       "': it is a symlink; shardcheck writes only inside the directory you "
+                       "named and follows no link below it");
+      if (k != files::Kind::absent && k != files::Kind::regular)
+        throw BadInput(std::string(option) + ": '" + full.string() +
+                       "' exists and is not a file; shardcheck would write a file there");
+    } catch (const files::Error& e) {
+      throw BadInput(std::string(option) + ": " + e.what());
+    }
+    for (const std::string& in : inputs)
+      if (same_file(full, in))
+        throw BadInput(std::string(option) + ": '" + full.string() + "' is the input '" + in +
+                       "'; writing the output there would overwrite it");
+  }
+}
+
+void write_output_in(const files::Dir& dir, const std::filesystem::path& rel,
+                     std::string_view text, std::string_view what) {
+  try {
+    const files::Dir parent =
+        rel.has_parent_path() ? dir.sub(rel.parent_path(), true) : dir.sub(".", false);
+    parent.write_file(rel.filename().string(), text);
+  } catch (const files::Error& e) {
+    throw OutputError(std::string(what) + ": " + e.what() + "; the output is incomplete");
+  }
+}
+
+void refuse_output_over_input(const std::string& output, std::span<const std::string> inputs,
+                              std::string_view option) {
+  if (output.empty()) return;
+  for (const std::string& in : inputs)
+    if (same_file(output, in))
+      throw BadInput(std::string(option) + ": '" + output + "' is the input '" + in +
+                     "'; writing the output there would overwrite it");
 }
 
 }  // namespace shardcheck::harness

@@ -14,6 +14,7 @@
 #include "harness/runner.hpp"
 #include "parallel/state.hpp"
 #include "reference/data.hpp"
+#include "reference/npy.hpp"
 #include "reference/trainer.hpp"
 
 namespace shardcheck::harness::detail {
@@ -100,10 +101,10 @@ void fill_rates(const Scenario& s, const ParallelSpec& p, const Trace& want, Tim
 Trace reference_run(const Scenario& s, const ref::Dataset& ds, const std::string& dump_dir,
                     TiedRounding tied = {});
 // The noise probe (parity_bound.hpp): the reference trained again under ref::RoundingNoise, its
-// errors against `want` (its recipe, want.tied) per step and measure. With a dump_dir, the probe's
-// tensors there too (reference_run gives DIR/noise: what `compare` derives its bounds from).
+// errors against `want` (its recipe, want.tied) per step and measure. With a `dump` writer, the
+// probe's tensors through it (reference_run gives DIR/noise: what `compare` derives its bounds from).
 NoiseFloor noise_floor(const Scenario& s, const ref::Dataset& ds, const Trace& want,
-                       const std::string& dump_dir);
+                       const ref::TensorDumper::Writer& dump);
 // A configuration's row before it runs: label, spec, and, when it cannot run,
 // supported = false with the reason in detail.
 ConfigResult config_row(const Scenario& s, const ParallelSpec& p);

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -12,6 +13,8 @@
 #include <utility>
 
 #include "checkpoint/shard_file.hpp"
+#include "files/dir.hpp"
+#include "harness/output.hpp"
 #include "harness/runner_detail.hpp"
 #include "parallel/flops.hpp"
 #include "parallel/mp/mesh_engine.hpp"
@@ -150,15 +153,15 @@ void note_params(StepErrors& se, const ref::ParamMap<double>& got,
   se.note(norm, err, who + "all parameters" + what + ", most in " + part);
 }
 
-Trace train_reference(const Scenario& s, const ref::Dataset& ds, const std::string& dump_dir,
+Trace train_reference(const Scenario& s, const ref::Dataset& ds, const ref::TensorDumper::Writer& dump,
                       ref::Compute* compute, TiedRounding tied) {
   const ref::ComputeScope scope(compute);
   ref::DistributedSampler sampler(static_cast<int64_t>(ds.samples.size()), s.train.global_batch,
                                   s.seed, s.data.drop_last);
   ref::Trainer trainer(s.model, s.train, s.seed);
   std::optional<ref::TensorDumper> dumper;
-  if (!dump_dir.empty()) {
-    dumper.emplace(dump_dir);
+  if (dump) {
+    dumper.emplace(dump);
     trainer.set_observer(
         [&](const std::string& name, const ref::HostArray& a) { dumper->add(name, a); });
   }
@@ -208,11 +211,23 @@ void fill_rates(const Scenario& s, const ParallelSpec& p, const Trace& want, Tim
   t.mfu = t.flops_per_step / (t.step_time_s * p.mesh.world_size() * s.topology.peak_tflops * 1e12);
 }
 
+// Writes the dump's files into `sub` below the --dump-tensors directory (files::Dir: nothing below
+// it is followed if it is a symlink); an empty writer when there is no dump.
+ref::TensorDumper::Writer dump_writer(const std::shared_ptr<files::Dir>& root,
+                                      const std::filesystem::path& sub) {
+  if (!root) return {};
+  return [root, sub](const std::string& file, const std::string& bytes) {
+    write_output_in(*root, sub / file, bytes, "--dump-tensors");
+  };
+}
+
 Trace reference_run(const Scenario& s, const ref::Dataset& ds, const std::string& dump_dir,
                     TiedRounding tied) {
-  Trace t = train_reference(s, ds, dump_dir, nullptr, tied);  // the oracle, on the CPU
+  std::shared_ptr<files::Dir> root;
+  if (!dump_dir.empty()) root = std::make_shared<files::Dir>(files::Dir::open(dump_dir, true));
+  Trace t = train_reference(s, ds, dump_writer(root, ""), nullptr, tied);  // the oracle, on the CPU
   t.tied = tied;
-  t.noise = noise_floor(s, ds, t, dump_dir.empty() ? "" : dump_dir + "/noise");
+  t.noise = noise_floor(s, ds, t, dump_writer(root, "noise"));
   return t;
 }
 
@@ -230,14 +245,14 @@ std::vector<std::array<double, kMeasures>> probe_errors(const Trace& probe, cons
 }
 
 NoiseFloor noise_floor(const Scenario& s, const ref::Dataset& ds, const Trace& want,
-                       const std::string& dump_dir) {
+                       const ref::TensorDumper::Writer& dump) {
   NoiseFloor out;
   double n_params = 0;
   for (const auto& e : want.params.front()) n_params += static_cast<double>(e.value.numel());
   out.floor = noise_floors(s.train.precision, n_params);
   out.unit = out.floor[static_cast<std::size_t>(Measure::master_max)];
   ref::RoundingNoise noise(s.seed ^ 0x6e6f697365ULL);
-  out.probe = probe_errors(train_reference(s, ds, dump_dir, &noise, want.tied), want);
+  out.probe = probe_errors(train_reference(s, ds, dump, &noise, want.tied), want);
   return out;
 }
 

@@ -41,24 +41,38 @@ std::string npy_header(std::string_view descr, const Shape& shape) {
   return out + body;
 }
 
-void write_npy(const std::filesystem::path& path, const HostArray& array) {
-  std::ofstream f(path, std::ios::binary | std::ios::trunc);
-  if (!f) throw std::runtime_error("cannot open " + path.string() + " for writing");
-  const std::string header = npy_header(array.descr(), array.shape);
-  f.write(header.data(), static_cast<std::streamsize>(header.size()));
+std::string npy_bytes(const HostArray& array) {
+  std::string out = npy_header(array.descr(), array.shape);
   std::visit(
       [&](const auto& v) {
-        f.write(reinterpret_cast<const char*>(v.data()),
-                static_cast<std::streamsize>(v.size() * sizeof(v[0])));
+        out.append(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(v[0]));
       },
       array.data);
+  return out;
+}
+
+namespace {
+void write_whole(const std::filesystem::path& path, const std::string& bytes) {
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  if (!f) throw std::runtime_error("cannot open " + path.string() + " for writing");
+  f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
   f.close();  // a full disk often shows only when the last buffer is flushed
   if (!f) throw std::runtime_error("failed writing " + path.string());
 }
+}  // namespace
 
-TensorDumper::TensorDumper(std::filesystem::path dir) : dir_(std::move(dir)) {
-  std::filesystem::create_directories(dir_);
+void write_npy(const std::filesystem::path& path, const HostArray& array) {
+  write_whole(path, npy_bytes(array));
 }
+
+TensorDumper::TensorDumper(std::filesystem::path dir) {
+  std::filesystem::create_directories(dir);
+  write_ = [dir](const std::string& file, const std::string& bytes) {
+    write_whole(dir / file, bytes);
+  };
+}
+
+TensorDumper::TensorDumper(Writer write) : write_(std::move(write)) {}
 
 std::string TensorDumper::file_name(std::string_view tensor_name) {
   std::string out;
@@ -73,7 +87,7 @@ std::string TensorDumper::file_name(std::string_view tensor_name) {
 
 void TensorDumper::add(const std::string& name, const HostArray& array) {
   const std::string file = file_name(name);
-  write_npy(dir_ / file, array);
+  write_(file, npy_bytes(array));
   entries_.push_back({name, file, array.dtype(), array.shape});
 }
 
@@ -89,8 +103,7 @@ std::string json_string(std::string_view s) {
 }  // namespace
 
 void TensorDumper::write_index() const {
-  std::ofstream f(dir_ / "index.json", std::ios::trunc);
-  if (!f) throw std::runtime_error("cannot write " + (dir_ / "index.json").string());
+  std::ostringstream f;
   f << "[\n";
   for (size_t i = 0; i < entries_.size(); ++i) {
     const Entry& e = entries_[i];
@@ -101,8 +114,7 @@ void TensorDumper::write_index() const {
       << "\n";
   }
   f << "]\n";
-  f.close();
-  if (!f) throw std::runtime_error("failed writing " + (dir_ / "index.json").string());
+  write_("index.json", f.str());
 }
 
 }  // namespace shardcheck::ref

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <variant>
@@ -33,6 +34,8 @@ struct HostArray {
 // so that the data starts at a multiple of 64 bytes.
 std::string npy_header(std::string_view descr, const Shape& shape);
 
+// A little-endian, C-order .npy file's bytes.
+std::string npy_bytes(const HostArray& array);
 // Writes a little-endian, C-order .npy file. Throws std::runtime_error on I/O failure.
 void write_npy(const std::filesystem::path& path, const HostArray& array);
 
@@ -40,7 +43,10 @@ void write_npy(const std::filesystem::path& path, const HostArray& array);
 // JSON list of {"name", "file", "shape", "dtype"} in the order received.
 class TensorDumper {
  public:
-  explicit TensorDumper(std::filesystem::path dir);
+  // Writes one file of the dump whole: its name in DIR and its bytes.
+  using Writer = std::function<void(const std::string& file, const std::string& bytes)>;
+  explicit TensorDumper(std::filesystem::path dir);  // plain files in DIR (made if missing)
+  explicit TensorDumper(Writer write);               // the caller's writer (the CLI's confined one)
   void add(const std::string& name, const HostArray& array);
   void write_index() const;  // rewrites DIR/index.json; call after the run (or at any point)
   static std::string file_name(std::string_view tensor_name);
@@ -50,7 +56,7 @@ class TensorDumper {
     std::string name, file, dtype;
     Shape shape;
   };
-  std::filesystem::path dir_;
+  Writer write_;
   std::vector<Entry> entries_;
 };
 
