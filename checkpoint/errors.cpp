@@ -1,6 +1,8 @@
 // Reason names and message formatting for checkpoint errors.
 #include "checkpoint/errors.hpp"
 
+#include "comm/text.hpp"
+
 namespace shardcheck::checkpoint {
 
 std::string_view name_of(Reason r) {
@@ -62,12 +64,16 @@ std::string_view name_of(Reason r) {
 }
 
 namespace {
+// Names in a checkpoint are input (a manifest may hold any string): every control character is
+// escaped in what(), so a newline cannot forge a line of output and a NUL cannot cut the message
+// short. file(), tensor() and detail() keep the names as they were.
 std::string format(Reason r, const std::string& detail, const std::string& file,
                    const std::string& tensor) {
   std::string s(name_of(r));
-  if (!file.empty()) s += ": shard '" + file + "'";
-  if (!tensor.empty()) s += (file.empty() ? ": tensor '" : " of tensor '") + tensor + "'";
-  return s + ": " + detail;
+  if (!file.empty()) s += ": shard '" + comm::printable(file) + "'";
+  if (!tensor.empty())
+    s += (file.empty() ? ": tensor '" : " of tensor '") + comm::printable(tensor) + "'";
+  return s + ": " + comm::printable(detail);
 }
 }  // namespace
 

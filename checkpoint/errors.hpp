@@ -43,7 +43,8 @@ enum class Reason : std::uint8_t {
 
 std::string_view name_of(Reason r);
 
-// Base of both directions. what() = "<reason>: <file or tensor>: <detail>".
+// Base of both directions. what() = "<reason>: <file or tensor>: <detail>", control characters
+// escaped (comm/text.hpp); the accessors return the names unescaped.
 class CheckpointError : public std::runtime_error {
  public:
   CheckpointError(Reason reason, std::string detail, std::string file = {},

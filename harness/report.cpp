@@ -10,6 +10,7 @@
 #include <stdexcept>
 
 #include "comm/mesh.hpp"
+#include "comm/text.hpp"
 #include "harness/build_info.hpp"
 #include "harness/output.hpp"
 #include "harness/trace.hpp"
@@ -367,15 +368,19 @@ void write_junit(const std::vector<RunResult>& runs, const std::string& file) {
   write_output(file, f.str(), "--junit");
 }
 
+// Names and messages reach the terminal with their control characters escaped (comm/text.hpp):
+// a newline in a name would forge a line of the summary, an escape sequence drive the terminal.
+// Messages of several lines written here keep their newlines.
 void print_summary(std::ostream& os, const RunResult& r) {
-  os << "# scenario " << r.scenario.name << ": " << r.configs.size() << " configuration(s), "
+  os << "# scenario " << comm::printable(r.scenario.name) << ": " << r.configs.size() << " configuration(s), "
      << ref::to_string(r.scenario.train.precision) << ", " << r.scenario.train.steps << " steps"
      << (r.compute == "cpu" ? ""
                             : ", ranks compute on " + r.compute + " (the reference on the CPU)")
      << "\n";
   char line[512];
   int width = 34;  // the config column: the longest label
-  for (const auto& c : r.configs) width = std::max(width, static_cast<int>(c.config.size()));
+  for (const auto& c : r.configs)
+    width = std::max(width, static_cast<int>(comm::printable(c.config).size()));
   std::snprintf(line, sizeof line, "  %-*s %-7s %6s %12s %10s %8s  %s\n", width, "config",
                 "strategy", "ranks", "max_rel_err", "bound", "margin", "result");
   os << line;
@@ -384,14 +389,15 @@ void print_summary(std::ostream& os, const RunResult& r) {
     if (c.supported && !c.steps.empty())
       std::snprintf(margin, sizeof margin, c.max_rel_err == 0.0 ? "exact" : "%.3gx", c.margin);
     std::snprintf(line, sizeof line, "  %-*s %-7s %6d %12.3e %10.2e %8s  %s\n", width,
-                  c.config.c_str(), c.strategy.empty() ? "-" : c.strategy.c_str(),
+                  comm::printable(c.config).c_str(),
+                  c.strategy.empty() ? "-" : comm::printable(c.strategy).c_str(),
                   c.spec.mesh.world_size(), c.max_rel_err, c.tolerance, margin,
                   c.pass        ? "PASS"
                   : c.broke     ? "BROKE"
                   : c.supported ? "FAIL"
                                 : "UNSUPPORTED");
     os << line;
-    if (!c.pass || !c.faults.empty()) os << "      " << c.detail << "\n";
+    if (!c.pass || !c.faults.empty()) os << "      " << comm::printable_lines(c.detail) << "\n";
     if (!c.compute.empty() && c.compute != "cpu")
       os << "      computed on " << c.compute << ": "
          << (c.device_ops > 0 ? std::to_string(c.device_ops) + " ops there"
@@ -441,7 +447,7 @@ void print_summary(std::ostream& os, const RunResult& r) {
       os << "      fault " << f.kind << (f.detected ? "" : " (NOT detected)") << ": ranks "
          << comm::rank_list(f.ranks) << "\n";
       if (f.message != c.detail) {
-        std::string msg = f.message;
+        std::string msg = comm::printable_lines(f.message);
         for (std::size_t at = 0; (at = msg.find('\n', at)) != std::string::npos; at += 9)
           msg.replace(at, 1, "\n        ");
         os << "        " << msg << "\n";
