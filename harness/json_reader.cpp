@@ -4,6 +4,8 @@
 #include <cmath>
 #include <sstream>
 
+#include "comm/text.hpp"
+
 namespace shardcheck::harness {
 
 namespace {
@@ -22,6 +24,10 @@ std::string describe_json(const nlohmann::json& v) {
 ObjectReader::ObjectReader(const nlohmann::json& j, std::string path)
     : j_(j.is_null() ? empty_object() : j), path_(std::move(path)) {
   if (!j_.is_object()) throw ScenarioError(path_, "expected an object, got " + describe_json(j_));
+}
+
+std::string ObjectReader::at(const std::string& key) const {
+  return path_ + "." + comm::printable(key);
 }
 
 bool ObjectReader::has(const std::string& key) const {
@@ -43,12 +49,8 @@ int ObjectReader::integer(const std::string& key, int fallback, int min, int max
   if (!v) return fallback;
   const std::string expected = "expected an integer in [" + std::to_string(min) + ", " +
                                std::to_string(max) + "], got " + describe_json(*v);
-  if (!v->is_number_integer()) {
-    if (v->is_number_float() && std::floor(v->get<double>()) == v->get<double>() &&
-        v->get<double>() >= min && v->get<double>() <= max)
-      return static_cast<int>(v->get<double>());
-    throw ScenarioError(at(key), expected);
-  }
+  // Integers are JSON integers everywhere (2.0 and 2e0 are refused, as for "seed").
+  if (!v->is_number_integer()) throw ScenarioError(at(key), expected);
   const auto x = v->get<long long>();
   if (x < min || x > max) throw ScenarioError(at(key), expected);
   return static_cast<int>(x);
@@ -95,7 +97,7 @@ std::string ObjectReader::choice(const std::string& key, const std::string& fall
     if (s == c) return s;
     list += std::string(list.empty() ? "" : ", ") + "\"" + c + "\"";
   }
-  throw ScenarioError(at(key), "expected one of " + list + ", got \"" + s + "\"");
+  throw ScenarioError(at(key), "expected one of " + list + ", got " + describe_json(s));
 }
 
 ObjectReader ObjectReader::object(const std::string& key) {

@@ -28,7 +28,8 @@ class ObjectReader {
   ObjectReader(const nlohmann::json& j, std::string path);
 
   const std::string& path() const { return path_; }
-  std::string at(const std::string& key) const { return path_ + "." + key; }
+  // The key's path; a key holding control characters is escaped (comm/text.hpp's printable).
+  std::string at(const std::string& key) const;
   bool has(const std::string& key) const;
   bool is_null(const std::string& key) const;
 

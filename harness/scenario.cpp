@@ -6,10 +6,15 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <numeric>
+#include <optional>
 #include <sstream>
 
+#include "comm/text.hpp"
+#include "harness/plan_skeleton.hpp"
 #include "parallel/mp/mesh_engine.hpp"
+#include "sim/world.hpp"
 
 namespace shardcheck::harness {
 
@@ -171,12 +176,105 @@ FaultSpec parse_fault(ObjectReader o, int world, int steps) {
     f.slowdown = o.number("slowdown", 2.0, 1.0, 1e6);
   } else if (f.kind == "memory_budget") {
     f.bytes = o.integer_required("bytes", 1, kBig);
-  } else {
-    f.op_index = o.integer("op_index", -1, -1, kBig);
+  } else if (f.kind == "hang" || f.kind == "crash") {
+    f.op_index = o.integer("op_index", -1, -1, kBig);  // -1: at the step start
+  } else if (f.kind != "nan_gradient") {  // an op's fault: which op is required
+    f.op_index = o.integer_required("op_index", 0, kBig);
     if (f.kind == "mismatch") f.what = o.choice("what", "count", {"count", "dtype", "op"});
   }
   o.finish();
   return f;
+}
+
+// The largest configuration whose ops are counted at load (one thread per rank, no data): at most
+// this many ranks, and ranks x counted steps x microbatches per rank x layers at most
+// kMaxCountedWork (about 30 us each with TP, so ~15 s at the limit). A configuration beyond
+// either with a fault at an op is refused, as the count cannot be made there in reasonable time.
+constexpr int kMaxCountedWorld = 1024;
+constexpr double kMaxCountedWork = 1 << 19;
+
+// A fault at an op the rank never issues would never fire and the run would pass: refused. Each
+// configuration the fault applies to (its rank inside the world) issues its steps' ops as the
+// planner's skeleton does (harness/plan_skeleton.hpp, checked op for op against the engine by
+// the conformance test) on a SimWorld in meta mode; each such fault becomes a marker at its
+// (rank, step, op_index) that fires without effect (a corrupt_payload with no payload), and a
+// marker that did not fire is a fault that cannot. Steps after the second issue what the second
+// does, so only min(steps, 2) are run. Ops a checkpoint save adds (run --checkpoint-dir) are not
+// counted: a fault is placed among the training step's own ops.
+void check_faults_fire(const Scenario& sc) {
+  std::vector<std::size_t> at_op;
+  for (std::size_t i = 0; i < sc.faults.size(); ++i)
+    if (sc.faults[i].op_index >= 0) at_op.push_back(i);
+  if (at_op.empty()) return;
+  const int steps = std::min(sc.train.steps, 2);
+  for (std::size_t c = 0; c < sc.configs.size(); ++c) {
+    const ParallelSpec& p = sc.configs[c];
+    const int world = p.mesh.world_size();
+    const std::string config = sc.has_matrix ? "$.matrix[" + std::to_string(c) + "]" : "$.parallel";
+    std::vector<std::size_t> mine;
+    sim::SimOptions so;
+    so.meta = true;
+    for (const std::size_t i : at_op) {
+      const FaultSpec& f = sc.faults[i];
+      if (f.rank >= world) continue;
+      mine.push_back(i);
+      sim::Fault marker;
+      marker.kind = sim::FaultKind::corrupt_payload;
+      marker.rank = f.rank;
+      marker.step = std::min(f.step, steps);
+      marker.op_index = f.op_index;
+      so.faults.faults.push_back(marker);
+    }
+    if (mine.empty()) continue;
+    const std::string first = "$.faults[" + std::to_string(mine.front()) + "]";
+    const double work = static_cast<double>(world) * steps *
+                        (sc.train.global_batch / p.mesh.dp / sc.train.micro_batch) *
+                        sc.model.layers;
+    if (world > kMaxCountedWorld || work > kMaxCountedWork)
+      throw ScenarioError(
+          first + ".op_index",
+          "a fault at an op needs the rank's ops counted at load (a fault that cannot fire is "
+          "refused), done for configurations of at most " + num(kMaxCountedWorld) +
+              " ranks and " + std::to_string(static_cast<long>(kMaxCountedWork)) +
+              " rank x step x microbatch x layer units; configuration " + config + " ('" +
+              p.label() + "') has " + num(world) + " ranks and " +
+              std::to_string(static_cast<long long>(work)) +
+              " units: inject the fault at the step start (hang or crash, op_index -1) or in a "
+              "smaller configuration");
+    std::optional<Skeleton> skeleton;
+    try {
+      parallel::TimingSpec spec = skeleton_spec(sc, p, p.mesh.dp, sc.train.global_batch);
+      spec.steps = steps;
+      skeleton.emplace(std::move(spec));
+    } catch (const std::exception&) {
+      continue;  // not built, or not splittable: the run reports the row, no fault runs there
+    }
+    sim::SimWorld w(world, so);
+    try {
+      w.run([&](comm::Communicator& cm) { skeleton->run(cm); });
+    } catch (const std::exception&) {
+      continue;  // the skeleton could not run it: the engine reports the row itself
+    }
+    for (const std::size_t i : mine) {
+      const FaultSpec& f = sc.faults[i];
+      const int step = std::min(f.step, steps);
+      const bool fired =
+          std::any_of(w.fired_faults().begin(), w.fired_faults().end(), [&](const auto& ff) {
+            return ff.fault.rank == f.rank && ff.step == step && ff.op_index == f.op_index;
+          });
+      if (fired) continue;
+      const auto ops = std::count_if(w.timeline().begin(), w.timeline().end(), [&](const auto& e) {
+        return e.rank == f.rank && e.step == step && e.stream == sim::Stream::comm;
+      });
+      throw ScenarioError(
+          "$.faults[" + std::to_string(i) + "].op_index",
+          "rank " + num(f.rank) + " issues " + std::to_string(ops) + " communication ops in step " +
+              num(f.step) + " of configuration " + config + " ('" + p.label() + "')" +
+              (ops > 0 ? ", op_index 0.." + std::to_string(ops - 1) : std::string()) + "; op " +
+              num(f.op_index) +
+              " is never reached, so the fault would never fire and the run would pass");
+    }
+  }
 }
 
 }  // namespace
@@ -291,10 +389,20 @@ HealthSpec parse_health(ObjectReader health) {
 }
 
 Scenario parse_scenario(const nlohmann::json& j) {
+  if (!j.is_object())
+    throw ScenarioError("$", "a scenario is a JSON object ({\"name\": ...}), got " +
+                                 describe_json(j));
   ObjectReader o(j, "$");
   Scenario sc;
   sc.name = o.text("name", "");
   if (sc.name.empty()) throw ScenarioError("$.name", "missing; expected a non-empty string");
+  // The name is printed in tables, logs and file names: a newline would forge a line of output,
+  // an escape sequence drive the terminal.
+  if (const comm::ControlChar c = comm::first_control(sc.name); !c.escaped.empty())
+    throw ScenarioError("$.name", "holds a control character (" + c.escaped + " at byte " +
+                                      std::to_string(c.offset) +
+                                      "); a name may not, it is printed in tables and logs; got " +
+                                      describe_json(j.at("name")));
   sc.description = o.text("description", "");
   if (const nlohmann::json* seed = o.raw("seed")) {  // may exceed int: read by hand
     const auto& s = *seed;
@@ -323,6 +431,18 @@ Scenario parse_scenario(const nlohmann::json& j) {
   }
   sc.has_matrix = !sc.configs.empty();
   if (sc.configs.empty()) sc.configs.push_back(sc.parallel);
+  // A configuration's label names its outputs (DIR/<label>/ under --checkpoint-dir, its trace,
+  // its rows): two with one label would overwrite, or retire, each other's files.
+  std::map<std::string, std::size_t> labels;
+  for (std::size_t i = 0; i < sc.configs.size(); ++i) {
+    const auto [it, fresh] = labels.emplace(sc.configs[i].label(), i);
+    if (!fresh)
+      throw ScenarioError("$.matrix[" + std::to_string(i) + "]",
+                          "configuration label '" + it->first + "' is also $.matrix[" +
+                              std::to_string(it->second) +
+                              "]'s; labels name each configuration's outputs (checkpoints, "
+                              "traces, report rows), so they must be unique: change or drop one");
+  }
 
   sc.topology = parse_topology(o.object("topology"));
   int max_world = 0;
@@ -385,6 +505,7 @@ Scenario parse_scenario(const nlohmann::json& j) {
     ex.raw("fault");
   ex.finish();
   o.finish();
+  check_faults_fire(sc);
   return sc;
 }
 
@@ -395,39 +516,106 @@ namespace {
 constexpr std::uintmax_t kMaxScenarioBytes = std::uintmax_t{16} << 20;
 constexpr int kMaxJsonDepth = 64;
 
+// The JSON path of every key as nlohmann's parser callback sees it, and the keys seen so far in
+// each open object: a key given twice throws ScenarioError at its path.
+class KeyPaths {
+ public:
+  using Event = nlohmann::json::parse_event_t;
+  void on(Event event, const nlohmann::json& parsed, const std::string& origin) {
+    switch (event) {
+      case Event::object_start:
+      case Event::array_start:
+        open_.push_back({child(), event == Event::array_start, 0, {}, {}});
+        break;
+      case Event::key: {
+        Frame& f = open_.back();
+        const std::string key = parsed.get<std::string>();
+        ++f.members;
+        const auto [it, fresh] = f.keys.emplace(key, f.members);
+        if (!fresh)
+          throw ScenarioError(
+              origin + ": " + f.path + "." + comm::printable(key),
+              "duplicate key: " + f.path + "." + comm::printable(key) + " is given twice in " +
+                  f.path + " (its members " + std::to_string(it->second) + " and " +
+                  std::to_string(f.members) + "); JSON readers differ on which one wins, so "
+                  "give it once");
+        f.last_key = key;
+        break;
+      }
+      case Event::value:
+        element_done();
+        break;
+      case Event::object_end:
+      case Event::array_end:
+        open_.pop_back();
+        element_done();
+        break;
+    }
+  }
+
+ private:
+  struct Frame {
+    std::string path;
+    bool array = false;
+    std::size_t members = 0;  // an array's elements so far; an object's keys so far
+    std::map<std::string, std::size_t> keys;
+    std::string last_key;
+  };
+  // The path of the value about to start.
+  std::string child() const {
+    if (open_.empty()) return "$";
+    const Frame& f = open_.back();
+    return f.array ? f.path + "[" + std::to_string(f.members) + "]"
+                   : f.path + "." + comm::printable(f.last_key);
+  }
+  void element_done() {
+    if (!open_.empty() && open_.back().array) ++open_.back().members;
+  }
+  std::vector<Frame> open_;
+};
+
 }  // namespace
 
 Scenario load_scenario(const std::string& file) {
+  const std::string shown = comm::printable(file);  // a file name may hold anything
   std::error_code ec;
   const std::filesystem::file_status st = std::filesystem::status(file, ec);
   if (ec || !std::filesystem::exists(st))
-    throw ScenarioError(file, "cannot open the scenario file");
+    throw ScenarioError(shown, "cannot open the scenario file (" +
+                                   (ec ? ec.message() : std::string("no such file")) + ")");
   if (!std::filesystem::is_regular_file(st))
-    throw ScenarioError(file, "not a regular file; a scenario is read only from a regular file");
+    throw ScenarioError(shown, "not a regular file; a scenario is read only from a regular file");
   const std::uintmax_t bytes = std::filesystem::file_size(file, ec);
   if (!ec && bytes > kMaxScenarioBytes)
-    throw ScenarioError(file, std::to_string(bytes) + " bytes; a scenario may have at most " +
+    throw ScenarioError(shown, std::to_string(bytes) + " bytes; a scenario may have at most " +
                                   std::to_string(kMaxScenarioBytes));
   std::ifstream in(file, std::ios::binary);
-  if (!in) throw ScenarioError(file, "cannot open the scenario file");
+  if (!in) throw ScenarioError(shown, "cannot open the scenario file");
   std::string text;
   text.resize(static_cast<std::size_t>(ec ? 0 : bytes));
   in.read(text.data(), static_cast<std::streamsize>(text.size()));
   if (!in || in.peek() != std::ifstream::traits_type::eof())
-    throw ScenarioError(file, "could not read the whole file (it changed while being read)");
+    throw ScenarioError(shown, "could not read the whole file (it changed while being read)");
   return parse_scenario_text(text, file);
 }
 
-Scenario parse_scenario_text(std::string_view text, const std::string& origin) {
+Scenario parse_scenario_text(std::string_view text, const std::string& origin_name) {
+  const std::string origin = comm::printable(origin_name);  // a file name may hold anything
+  const std::string& where = origin;
   if (text.size() > kMaxScenarioBytes)
     throw ScenarioError(origin, std::to_string(text.size()) +
                                     " bytes; a scenario may have at most " +
                                     std::to_string(kMaxScenarioBytes));
   // nlohmann's parser reports each value's depth; deeper input is refused as soon as it is seen.
-  const auto shallow = [&](int depth, nlohmann::json::parse_event_t, nlohmann::json&) {
+  // It also reports each key: a key given twice in one object (nlohmann keeps the last) is
+  // refused, naming the object and both places of the key in it.
+  KeyPaths keys;
+  const auto shallow = [&](int depth, nlohmann::json::parse_event_t event,
+                           nlohmann::json& parsed) {
     if (depth > kMaxJsonDepth)
-      throw ScenarioError(origin, "JSON nested deeper than " + std::to_string(kMaxJsonDepth) +
-                                      " levels; a scenario needs at most a few");
+      throw ScenarioError(where, "JSON nested deeper than " + std::to_string(kMaxJsonDepth) +
+                                     " levels; a scenario needs at most a few");
+    keys.on(event, parsed, where);
     return true;
   };
   nlohmann::json j;

@@ -93,6 +93,31 @@ TEST(FaultChecks, AStragglerThatIsNotSlowIsNotDetected) {
   EXPECT_EQ(code, 1) << out;
 }
 
+// A fault at an op its rank never issues cannot fire: a crash at op 10^9 ran clean and passed
+// (issue 52, item 5). Refused at load (exit 2) naming the fault and the ops the rank issues; the
+// last op it issues is still a fault that fires (the count is the engine's, not a guess).
+TEST(FaultChecks, AFaultThatCannotFireIsRefusedAndTheLastOpFires) {
+  const TempDir tmp("shardcheck_fault_unreachable");
+  for (const char* mesh : {R"({"dp": 2})", R"({"tp": 2})", R"({"dp": 2, "tp": 2, "pp": 2})"}) {
+    auto s = shardcheck::testing::small_scenario("unreachable", nlohmann::json::array());
+    s["parallel"] = nlohmann::json::parse(mesh);
+    s["faults"] = {{{"kind", "crash"}, {"rank", 1}, {"step", 2}, {"op_index", 1000000000}}};
+    s["expect"] = {{"fault", "crash"}};
+    const auto [code, out] = shardcheck("run " + tmp.write("s.json", s).string());
+    EXPECT_EQ(code, 2) << out;
+    EXPECT_TRUE(shardcheck::testing::has(out, "$.faults[0].op_index")) << out;
+    const auto at = out.find(" issues ");
+    ASSERT_NE(at, std::string::npos) << out;
+    const int ops = std::stoi(out.substr(at + 8));
+    ASSERT_GT(ops, 0) << out;
+    s["faults"][0]["op_index"] = ops - 1;
+    const auto [fired, out_fired] = shardcheck("run " + tmp.write("s.json", s).string());
+    EXPECT_EQ(fired, 0) << mesh << ": the crash at the last op was not detected\n" << out_fired;
+    s["faults"][0]["op_index"] = ops;
+    EXPECT_EQ(shardcheck("run " + tmp.write("s.json", s).string()).first, 2) << mesh;
+  }
+}
+
 // Reports are a pure function of the scenario: two runs give the same report.json once the wall
 // times are removed (virtual time, diagnoses and flight records included).
 TEST(FaultChecks, ReportsAreDeterministic) {

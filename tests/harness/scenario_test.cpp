@@ -216,6 +216,32 @@ TEST(Scenario, BadInputNamesThePathAndTheExpectation) {
       {R"({"seed": -1})", "$.seed", "expected an integer >= 0"},
       {R"({"checkpoint": {"restore_parallel": {"tp": 3}}})", "$.checkpoint.restore_parallel.tp",
        "does not divide"},
+      // Two configurations with one label would share their outputs (issue 52, item 2).
+      {R"({"matrix": [{"dp": 2, "zero": 1}, {"dp": 2}, {"dp": 2, "zero": 1}]})", "$.matrix[2]",
+       "configuration label 'dp2-zero1' is also $.matrix[0]'s"},
+      // Integers are integers everywhere: 2.0 is refused as "seed": 2.0 always was (item 8).
+      {R"({"parallel": {"dp": 2.0}})", "$.parallel.dp", "expected an integer in [1, 65536], got 2.0"},
+      {R"({"train": {"steps": 3.0}})", "$.train.steps", "expected an integer"},
+      {R"({"seed": 2.0})", "$.seed", "expected an integer >= 0"},
+      // A fault at an op the rank never issues would never fire and the run would pass (item 5):
+      // the single rank issues no communication op at all.
+      {R"({"faults": [{"kind": "crash", "rank": 0, "op_index": 1000000000}]})",
+       "$.faults[0].op_index", "op 1000000000 is never reached"},
+      {R"({"parallel": {"dp": 2}, "faults": [{"kind": "mismatch", "rank": 1, "step": 1,
+          "op_index": 1000000000}]})",
+       "$.faults[0].op_index", "rank 1 issues"},
+      {R"({"train": {"global_batch": 2048}, "parallel": {"dp": 2048},
+          "faults": [{"kind": "crash", "rank": 0, "op_index": 0}]})",
+       "$.faults[0].op_index", "done for configurations of at most 1024 ranks"},
+      {R"({"faults": [{"kind": "skip_collective", "rank": 0, "step": 1}]})", "$.faults[0].op_index",
+       "missing"},
+      {R"({"faults": [{"kind": "nan_gradient", "rank": 0, "op_index": 3}]})", "$.faults[0].op_index",
+       "unknown key"},
+      // A name is printed: a newline would forge a line, ESC[2J clear the screen (item 7).
+      {R"({"name": "x\nparity: 99 passed, 0 failed"})", "$.name", "control character (\\n at byte 1)"},
+      {R"({"name": "\u001b[2J"})", "$.name", "control character (\\x1b at byte 0)"},
+      // A key with control characters is named escaped.
+      {R"({"mo\u001bdel": {}})", "$.mo\\x1bdel", "unknown key"},
   };
   for (const Bad& b : cases) {
     nlohmann::json j = base();
@@ -262,6 +288,81 @@ TEST(Scenario, HostileFilesAreRefusedBeforeParsing) {
   std::ofstream(quoted) << R"({"name": ")" << std::string(1000, '[') << R"(\"{"})";
   EXPECT_EQ(load_scenario(quoted.string()).name, std::string(1000, '[') + "\"{");
   std::filesystem::remove_all(dir);
+}
+
+// The document itself: a scenario is an object (null said "$.name: missing"); a key given twice
+// in one object is refused with its path and both places (nlohmann kept the last silently).
+TEST(Scenario, TheDocumentIsAnObjectWithEachKeyOnce) {
+  const auto refused = [](const std::string& text, const std::string& path, const char* says) {
+    try {
+      parse_scenario_text(text, "t.json");
+      ADD_FAILURE() << "accepted: " << text;
+    } catch (const ScenarioError& e) {
+      EXPECT_EQ(e.path(), "t.json: " + path) << text << " -> " << e.what();
+      EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << text << " -> " << e.what();
+    }
+  };
+  refused("null", "$", "a scenario is a JSON object");
+  refused("[1]", "$", "a scenario is a JSON object");
+  refused(R"({"name": "a", "parallel": {"dp": 2, "tp": 1, "dp": 1}})", "$.parallel.dp",
+          "is given twice in $.parallel (its members 1 and 3)");
+  refused(R"({"name": "a", "name": "b"})", "$.name", "given twice in $ (its members 1 and 2)");
+  refused(R"({"name": "a", "matrix": [{"dp": 2}, {"tp": 2, "zero": 1, "tp": 2}]})",
+          "$.matrix[1].tp", "given twice in $.matrix[1]");
+  refused(R"({"name": "a", "faults": [[], {"kind": "hang", "kind": "crash"}]})", "$.faults[1].kind",
+          "given twice");
+  // The same key in different objects, and in sibling objects of an array, is fine.
+  EXPECT_NO_THROW(parse_scenario_text(
+      R"({"name": "a", "matrix": [{"dp": 2}, {"dp": 1, "tp": 2}], "parallel": {"dp": 1}})", "t"));
+  // A file name with control characters is named escaped.
+  try {
+    parse_scenario_text("{", "bad\nname.json");
+    ADD_FAILURE();
+  } catch (const ScenarioError& e) {
+    EXPECT_EQ(std::string(e.what()).find('\n'), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("bad\\nname.json"), std::string::npos) << e.what();
+  }
+}
+
+// A fault's op_index is bounded by the ops its rank issues in that step, counted at load on the
+// planner's skeleton (harness/plan_skeleton.hpp) in a meta SimWorld: the last op loads, the next
+// is refused, for each configuration of a matrix the fault applies to.
+TEST(Scenario, AFaultAtAnOpIsBoundedByTheOpsTheRankIssues) {
+  const auto ops = [](const nlohmann::json& j) {
+    try {
+      parse_scenario(j);
+    } catch (const ScenarioError& e) {
+      const std::string w = e.what();
+      const auto at = w.find(" issues ");
+      if (at != std::string::npos) return std::stoi(w.substr(at + 8));
+      ADD_FAILURE() << w;
+    }
+    return -1;
+  };
+  for (const char* par : {R"({"dp": 2})", R"({"tp": 2})", R"({"pp": 2})", R"({"dp": 2, "zero": 3})"}) {
+    nlohmann::json j = base();
+    j["parallel"] = nlohmann::json::parse(par);
+    j["train"]["steps"] = 3;
+    j["faults"] = {{{"kind", "crash"}, {"rank", 1}, {"step", 3}, {"op_index", 1 << 30}}};
+    const int n = ops(j);
+    ASSERT_GT(n, 0) << par;
+    j["faults"][0]["op_index"] = n - 1;
+    EXPECT_NO_THROW(parse_scenario(j)) << par;
+    j["faults"][0]["op_index"] = n;
+    EXPECT_EQ(ops(j), n) << par;
+  }
+  // In a matrix, the configuration that cannot reach it is named; one whose world leaves the
+  // rank out is not asked.
+  nlohmann::json j = base();
+  j["matrix"] = nlohmann::json::parse(R"([{"tp": 2}, {"dp": 2}, {"dp": 1}])");
+  j["faults"] = {{{"kind", "hang"}, {"rank", 1}, {"op_index", 50}}};
+  try {
+    parse_scenario(j);
+    ADD_FAILURE() << "accepted";
+  } catch (const ScenarioError& e) {
+    EXPECT_EQ(e.path(), "$.faults[0].op_index");
+    EXPECT_NE(std::string(e.what()).find("$.matrix[1] ('dp2')"), std::string::npos) << e.what();
+  }
 }
 
 TEST(Scenario, FileErrorsNameTheFile) {
