@@ -7,6 +7,8 @@
 #include <csignal>
 #include <cstdio>
 #include <iostream>
+#include <set>
+#include <string>
 #include <string_view>
 
 #include "harness/build_info.hpp"
@@ -14,6 +16,28 @@
 #include "harness/output.hpp"
 
 namespace shardcheck::harness {
+
+void refuse_empty_paths(CLI::App& app) {
+  // Options naming an output or input file or directory, by long name (a flag of the same name,
+  // e.g. plan's --json, takes no value and is left alone), and the commands' positional inputs.
+  static const std::set<std::string> kPaths = {"report", "junit", "json", "dump-tensors",
+                                               "checkpoint-dir", "resume", "keep-dir"};
+  static const std::set<std::string> kInputs = {"scenario", "scenarios", "oracle", "run"};
+  const CLI::Validator non_empty(
+      [](std::string& v) {
+        return v.empty() ? std::string("an empty path; give a file or directory name")
+                         : std::string();
+      },
+      "", "non-empty path");
+  for (CLI::Option* opt : app.get_options()) {
+    if (opt->get_type_size_max() == 0) continue;  // a flag: no value to name a path
+    bool path = opt->get_positional() && kInputs.count(opt->get_name(true)) > 0;
+    for (const std::string& n : opt->get_lnames()) path = path || kPaths.count(n) > 0;
+    if (path) opt->check(non_empty);
+  }
+  for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; }))
+    refuse_empty_paths(*sub);
+}
 
 int run_cli(int argc, char** argv) {
   // A closed pipe (`| head`) or a FIFO whose reader left is lost output, reported as such (EPIPE,
@@ -31,6 +55,7 @@ int run_cli(int argc, char** argv) {
   add_bench_commands(app, exit_code);
   add_drill_command(app, exit_code);
   add_compare_command(app, exit_code);
+  refuse_empty_paths(app);
 
   if (argc > 1 && argv[1][0] != '-') {
     bool known = false;

@@ -8,11 +8,15 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
 #include <tuple>
 
+#include "checkpoint/errors.hpp"
 #include "cli_support.hpp"
+#include "comm/text.hpp"
 #include "harness/output.hpp"
+#include "harness/report.hpp"
 
 namespace shardcheck::harness {
 namespace {
@@ -189,6 +193,76 @@ TEST(HostileScenario, TimeBombsAreRefusedAgainstTheTimeBudget) {
       shardcheck("run " + tmp.write("ok.json", small_scenario("ok", {{{"dp", 2}}}, 11, 2)).string())
           .first,
       0);
+}
+
+// Output a person reads cannot be forged or cut short by a name (issue 52, item 7): control
+// characters are escaped where a name reaches the terminal. A scenario name holding a newline
+// forged a "parity: 99 passed, 0 failed" line, ESC[2J cleared the screen; the loader refuses
+// them (scenario_test.cpp), the summary escapes whatever it is given, and a checkpoint error
+// keeps the whole of a tensor name holding a NUL.
+TEST(HostileNames, ControlCharactersAreEscapedWherePrinted) {
+  EXPECT_EQ(comm::printable(std::string("a\nb\x1b[2J\0c\x7f\xc2\x9b\t", 13)),
+            "a\\nb\\x1b[2J\\0c\\x7f\\u009b\\t");
+  EXPECT_EQ(comm::printable("caf\xc3\xa9 dp2-tp2"), "caf\xc3\xa9 dp2-tp2");  // UTF-8 kept
+  EXPECT_EQ(comm::printable_lines("one\ntwo\r"), "one\ntwo\\r");
+
+  RunResult r;
+  r.scenario.name = "x\nparity: 99 passed, 0 failed\x1b[2J";
+  ConfigResult c;
+  c.config = "dp2\rforged";
+  c.detail = "failed: tensor 'w\x1b]0;title\x07'\nsecond line";
+  r.configs.push_back(c);
+  std::ostringstream os;
+  print_summary(os, r);
+  const std::string out = os.str();
+  EXPECT_EQ(out.find('\x1b'), std::string::npos) << out;
+  EXPECT_EQ(out.find('\r'), std::string::npos) << out;
+  EXPECT_EQ(out.find('\x07'), std::string::npos) << out;
+  EXPECT_EQ(out.find("\nparity: 99"), std::string::npos) << out;  // no line of its own
+  EXPECT_TRUE(has(out, "# scenario x\\nparity: 99 passed, 0 failed\\x1b[2J: ")) << out;
+  EXPECT_TRUE(has(out, "dp2\\rforged")) << out;
+  EXPECT_TRUE(has(out, "\nsecond line")) << out;  // a message's own lines stay lines
+
+  const std::string tensor("emb\0\nforged", 11);
+  const checkpoint::CheckpointError e(checkpoint::Reason::bad_tensor, "shape\x1b[2J differs",
+                                      "shard\n0.bin", tensor);
+  const std::string what = e.what();  // a C string: a raw NUL would end it at "emb"
+  EXPECT_EQ(what,
+            "bad_tensor: shard 'shard\\n0.bin' of tensor 'emb\\0\\nforged': shape\\x1b[2J differs");
+  EXPECT_EQ(e.tensor(), tensor);  // the accessor keeps the name as it was
+  const checkpoint::RestoreError re(e, "step-\n3");
+  EXPECT_EQ(std::string(re.what()).find('\n'), std::string::npos) << re.what();
+}
+
+// An empty path was ignored (`--report ""` wrote nothing and said nothing): refused, exit 2,
+// naming the option, for every option that names a file or directory, before any work.
+TEST(HostileOptions, EmptyPathsAreRefused) {
+  TempDir tmp("shardcheck_hostile_empty_path");
+  const std::string s = tmp.write("s.json", small_scenario("empty", {{{"dp", 2}}}, 11, 1)).string();
+  const std::string cases[][2] = {
+      {"run --report '' " + s, "--report"},
+      {"run --junit '' " + s, "--junit"},
+      {"run --dump-tensors '' " + s, "--dump-tensors"},
+      {"run --checkpoint-dir '' " + s, "--checkpoint-dir"},
+      {"run --resume '' " + s, "--resume"},
+      {"run ''", "scenario"},
+      {"matrix --report '' " + s, "--report"},
+      {"matrix --junit '' " + s, "--junit"},
+      {"plan --report '' " + s, "--report"},
+      {"drill checkpoint --report '' " + s, "--report"},
+      {"drill checkpoint --junit '' " + s, "--junit"},
+      {"drill checkpoint --keep-dir '' " + s, "--keep-dir"},
+      {"compare --report '' a b", "--report"},
+      {"compare --junit '' a b", "--junit"},
+      {"bench collectives --json ''", "--json"},
+  };
+  for (const auto& [args, option] : cases) {
+    const auto [code, out] = shardcheck(args);
+    EXPECT_EQ(code, 2) << args << "\n" << out;
+    EXPECT_TRUE(has(out, option + ": an empty path")) << args << "\n" << out;
+  }
+  // plan's and ledger's --json are flags, not paths.
+  EXPECT_EQ(shardcheck("ledger --json " + s).first, 0);
 }
 
 }  // namespace
