@@ -1,36 +1,80 @@
 // Engine state <-> checkpoint (see checkpointing.hpp).
 #include "harness/checkpointing.hpp"
 
+#include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <nlohmann/json.hpp>
+#include <utility>
 
 #include "harness/build_info.hpp"
 #include "reference/config.hpp"
+#include "reference/model.hpp"
 
 namespace shardcheck::harness {
 
 namespace {
 
-// What must match between the saving and the restoring run, whatever the mesh.
-nlohmann::json identity(const Scenario& s) {
+using nlohmann::json;
+
+// What must match between the saving and the restoring run, whatever the mesh: everything that
+// changes the trajectory besides the optimizer and the LR schedule (their own sections). Not in it:
+// activation recomputation (the same bits by design) and the mesh (resharding is the point).
+json identity(const Scenario& s) {
   const ref::ModelConfig& m = s.model;
-  nlohmann::json model{{"vocab", m.vocab},       {"hidden", m.hidden},
-                       {"layers", m.layers},     {"heads", m.heads},
-                       {"kv_heads", m.kv_heads}, {"ffn", m.ffn},
-                       {"seq_len", m.seq_len},   {"tie_embeddings", m.tie_embeddings}};
+  json model{{"vocab", m.vocab},
+             {"hidden", m.hidden},
+             {"layers", m.layers},
+             {"heads", m.heads},
+             {"kv_heads", m.kv_heads},
+             {"ffn", m.ffn},
+             {"seq_len", m.seq_len},
+             {"tie_embeddings", m.tie_embeddings},
+             {"dropout", m.dropout},
+             {"moe", nullptr}};
   if (m.moe)
     model["moe"] = {{"experts", m.moe->experts},
                     {"top_k", m.moe->top_k},
                     {"capacity_factor", m.moe->capacity_factor},
-                    {"every", m.moe->every}};
+                    {"every", m.moe->every},
+                    {"aux_loss", m.moe->aux_loss}};
+  const ref::DataConfig& d = s.data;
   return {{"model", model},
           {"precision", ref::to_string(s.train.precision)},
           {"seed", s.seed},
           {"global_batch", s.train.global_batch},
-          {"steps", s.train.steps}};
+          // Microbatches are accumulated in order (and rounded each in the bf16 recipe).
+          {"micro_batch", s.train.micro_batch},
+          {"steps", s.train.steps},
+          {"data",
+           {{"documents", d.documents},
+            {"min_len", d.min_len},
+            {"max_len", d.max_len},
+            {"packing", d.packing},
+            {"drop_last", d.drop_last}}}};
 }
 
-nlohmann::json sampler_json(const ref::SamplerState& st) {
+json optimizer_json(const Scenario& s) {
+  const auto& o = s.train.optimizer;
+  return {{"name", "adamw"},
+          {"lr", o.lr},
+          {"beta1", o.beta1},
+          {"beta2", o.beta2},
+          {"eps", o.eps},
+          {"weight_decay", o.weight_decay},
+          {"clip_grad_norm", s.train.clip_grad_norm}};
+}
+
+json lr_schedule_json(const Scenario& s, std::uint64_t step) {
+  const auto& o = s.train.optimizer;
+  return {{"step", step},
+          {"total_steps", s.train.steps},
+          {"lr", o.lr},
+          {"warmup", o.warmup},
+          {"min_lr", o.min_lr}};
+}
+
+json sampler_json(const ref::SamplerState& st) {
   return {{"epoch", st.epoch},
           {"offset", st.offset},
           {"steps", st.steps},
@@ -38,16 +82,120 @@ nlohmann::json sampler_json(const ref::SamplerState& st) {
           {"drop_last", st.drop_last}};
 }
 
-[[noreturn]] void refuse(const std::string& what) {
-  throw checkpoint::RestoreError(checkpoint::Reason::bad_manifest, what, "manifest.json");
+[[noreturn]] void refuse(const std::string& what,
+                         checkpoint::Reason why = checkpoint::Reason::bad_manifest,
+                         const std::string& tensor = {}) {
+  throw checkpoint::RestoreError(why, what, "", tensor);
+}
+
+// A value as a message shows it (a JSON null reads as "null", a missing one as "absent").
+std::string shown(const json* v) {
+  return v ? v->dump() : "absent";
+}
+
+// The scenario's JSON path of a manifest field compared against it.
+std::string scenario_path(const std::string& manifest_path) {
+  static const std::pair<const char*, const char*> kRenamed[] = {
+      {"$.training.precision", "$.train.precision"},
+      {"$.training.global_batch", "$.train.global_batch"},
+      {"$.training.micro_batch", "$.train.micro_batch"},
+      {"$.training.steps", "$.train.steps"},
+      {"$.optimizer.name", "(AdamW, the only optimizer)"},
+      {"$.optimizer.beta1", "$.train.optimizer.betas[0]"},
+      {"$.optimizer.beta2", "$.train.optimizer.betas[1]"},
+      {"$.optimizer.clip_grad_norm", "$.train.clip_grad_norm"},
+      {"$.lr_schedule.total_steps", "$.train.steps"},
+      {"$.lr_schedule.step", "the checkpoint's own $.step"}};
+  for (const auto& [from, to] : kRenamed)
+    if (manifest_path == from) return to;
+  for (const auto& [prefix, to] : {std::pair<std::string, std::string>{"$.training.", "$."},
+                                   {"$.optimizer.", "$.train.optimizer."},
+                                   {"$.lr_schedule.", "$.train.optimizer."}})
+    if (manifest_path.starts_with(prefix)) return to + manifest_path.substr(prefix.size());
+  return manifest_path;
+}
+
+// The checkpoint's section `got` equals the run's `want`, key by key: a field absent from the
+// checkpoint (one written before it was recorded), one this version does not record, or a
+// different value is refused naming its JSON path in the manifest and both values.
+void same(const json* got, const json& want, const std::string& path) {
+  if (want.is_object() && got && got->is_object()) {
+    for (const auto& [key, value] : want.items()) {
+      const auto it = got->find(key);
+      same(it == got->end() ? nullptr : &*it, value, path + "." + key);
+    }
+    for (const auto& [key, value] : got->items())
+      if (!want.contains(key))
+        refuse(path + "." + key + " is " + value.dump() +
+               " in the checkpoint, a field this version does not record: another recipe");
+    return;
+  }
+  if (got && *got == want) return;  // numbers by value: 0 and 0.0 are the same
+  const std::string where = scenario_path(path);
+  refuse(path + " is " + shown(got) + " in the checkpoint, " + want.dump() +
+         " in this run (" + where + ")" +
+         (got ? ": a checkpoint of another recipe"
+              : ": a checkpoint written before it was recorded cannot be checked"));
+}
+
+std::string number_text(double v) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%g", v);
+  return b;
+}
+
+// The manifest's optimizer and LR schedule values are within what a scenario accepts (the same
+// bounds as harness/scenario.cpp; NaN and infinities never are), checked before they are compared
+// so that a hostile value is named as such.
+void check_ranges(const checkpoint::RunState& st) {
+  struct Bound {
+    const json* section;
+    const char* path;
+    const char* key;
+    double lo, hi;
+    bool integer, hi_open;
+  };
+  const Bound bounds[] = {
+      {&st.optimizer, "$.optimizer", "lr", 0.0, 10.0, false, false},
+      {&st.optimizer, "$.optimizer", "beta1", 0.0, 1.0, false, true},
+      {&st.optimizer, "$.optimizer", "beta2", 0.0, 1.0, false, true},
+      {&st.optimizer, "$.optimizer", "eps", 1e-30, 1.0, false, false},
+      {&st.optimizer, "$.optimizer", "weight_decay", 0.0, 10.0, false, false},
+      {&st.optimizer, "$.optimizer", "clip_grad_norm", 0.0, 1e12, false, false},
+      {&st.lr_schedule, "$.lr_schedule", "lr", 0.0, 10.0, false, false},
+      {&st.lr_schedule, "$.lr_schedule", "min_lr", 0.0, 10.0, false, false},
+      {&st.lr_schedule, "$.lr_schedule", "total_steps", 1, 10000000, true, false},
+      {&st.lr_schedule, "$.lr_schedule", "warmup", 0, 10000000, true, false},
+      {&st.training, "$.training", "steps", 1, 10000000, true, false}};
+  for (const Bound& b : bounds) {
+    if (!b.section->is_object() || !b.section->contains(b.key)) continue;  // same() names it
+    const json& v = b.section->at(b.key);
+    const std::string path = std::string(b.path) + "." + b.key;
+    const std::string range = "[" + number_text(b.lo) + ", " + number_text(b.hi) +
+                              (b.hi_open ? ")" : "]");
+    if (!v.is_number() || (b.integer && !v.is_number_integer()))
+      refuse(path + " is " + v.dump() + ", expected " + (b.integer ? "an integer" : "a number") +
+             " in " + range);
+    const double x = v.get<double>();
+    if (!std::isfinite(x) || x < b.lo || x > b.hi || (b.hi_open && x == b.hi))
+      refuse(path + " is " + v.dump() + ", outside " + range + " (what a scenario accepts)");
+  }
+  const auto& s = st.lr_schedule;
+  if (s.is_object() && s.contains("min_lr") && s.contains("lr") &&
+      s.at("min_lr").get<double>() > s.at("lr").get<double>())
+    refuse("$.lr_schedule.min_lr is " + s.at("min_lr").dump() + ", above $.lr_schedule.lr " +
+           s.at("lr").dump());
+  if (s.is_object() && s.contains("warmup") && s.contains("total_steps") &&
+      s.at("warmup").get<double>() > s.at("total_steps").get<double>())
+    refuse("$.lr_schedule.warmup is " + s.at("warmup").dump() +
+           ", past $.lr_schedule.total_steps " + s.at("total_steps").dump());
 }
 
 // The manifest's sampler.<key>: an integer in [lo, hi].
-std::int64_t sampler_int(const nlohmann::json& j, const char* key, std::int64_t lo,
-                         std::int64_t hi) {
-  const std::string field = std::string("sampler.") + key;
+std::int64_t sampler_int(const json& j, const char* key, std::int64_t lo, std::int64_t hi) {
+  const std::string field = std::string("$.sampler.") + key;
   if (!j.contains(key)) refuse(field + " is missing");
-  const nlohmann::json& v = j.at(key);
+  const json& v = j.at(key);
   if (!v.is_number_integer()) refuse(field + " is " + v.dump() + ", expected an integer");
   // JSON's non-negative integers parse as unsigned: both bounds apply to either form.
   const bool fits = v.is_number_unsigned()
@@ -60,30 +208,32 @@ std::int64_t sampler_int(const nlohmann::json& j, const char* key, std::int64_t 
   return v.get<std::int64_t>();
 }
 
+std::string shape_text(const checkpoint::Shape& shape) {
+  return json(shape).dump();
+}
+
 }  // namespace
 
 TrainCursor resume_cursor(const checkpoint::RunState& st, const Scenario& s,
                           std::int64_t dataset_samples) {
-  const nlohmann::json want = identity(s);
-  for (const char* key : {"model", "precision", "seed", "global_batch"})
-    if (!st.training.contains(key) || st.training.at(key) != want.at(key))
-      refuse(std::string("the checkpoint's training.") + key + " " +
-             (st.training.contains(key) ? st.training.at(key).dump() : "(absent)") +
-             " differs from the scenario's " + want.at(key).dump());
+  check_ranges(st);
+  same(&st.training, identity(s), "$.training");
+  same(&st.optimizer, optimizer_json(s), "$.optimizer");
+  same(&st.lr_schedule, lr_schedule_json(s, st.step), "$.lr_schedule");
   const auto steps = static_cast<std::uint64_t>(s.train.steps);
   if (st.step > steps)
-    refuse("step " + std::to_string(st.step) + " is past the scenario's train.steps " +
+    refuse("$.step " + std::to_string(st.step) + " is past the scenario's train.steps " +
            std::to_string(steps));
   const auto batch = static_cast<std::uint64_t>(s.train.global_batch);
   if (st.consumed_samples != st.step * batch)
-    refuse("consumed_samples " + std::to_string(st.consumed_samples) + " is not step " +
+    refuse("$.consumed_samples " + std::to_string(st.consumed_samples) + " is not step " +
            std::to_string(st.step) + " x global_batch " + std::to_string(batch));
   if (st.consumed_tokens > st.consumed_samples * static_cast<std::uint64_t>(s.model.seq_len))
-    refuse("consumed_tokens " + std::to_string(st.consumed_tokens) + " exceeds " +
+    refuse("$.consumed_tokens " + std::to_string(st.consumed_tokens) + " exceeds " +
            std::to_string(st.consumed_samples) + " samples of seq_len " +
            std::to_string(s.model.seq_len));
-  const nlohmann::json& j = st.sampler;
-  if (!j.is_object()) refuse("sampler is " + j.dump() + ", expected an object");
+  const json& j = st.sampler;
+  if (!j.is_object()) refuse("$.sampler is " + j.dump() + ", expected an object");
   TrainCursor c;
   c.step = static_cast<int>(st.step);
   c.consumed_samples = static_cast<std::int64_t>(st.consumed_samples);
@@ -91,10 +241,10 @@ TrainCursor resume_cursor(const checkpoint::RunState& st, const Scenario& s,
   const std::int64_t k = c.step, b = s.train.global_batch;
   ref::SamplerState& sp = c.sampler;
   if (!j.contains("drop_last") || !j.at("drop_last").is_boolean())
-    refuse("sampler.drop_last is missing or not a boolean");
+    refuse("$.sampler.drop_last is missing or not a boolean");
   sp.drop_last = j.at("drop_last").get<bool>();
   if (sp.drop_last != s.data.drop_last)
-    refuse(std::string("sampler.drop_last is ") + (sp.drop_last ? "true" : "false") +
+    refuse(std::string("$.sampler.drop_last is ") + (sp.drop_last ? "true" : "false") +
            ", the scenario's data.drop_last is " + (s.data.drop_last ? "true" : "false"));
   // One global batch per step; an epoch begins at most once per batch; the offset lies inside
   // the epoch's permutation (past its end by less than a batch when the remainder is padded).
@@ -103,6 +253,73 @@ TrainCursor resume_cursor(const checkpoint::RunState& st, const Scenario& s,
   sp.offset = sampler_int(j, "offset", 0, dataset_samples + (sp.drop_last ? 0 : b));
   sp.padded = sampler_int(j, "padded", 0, k * b);
   return c;
+}
+
+std::vector<NeededTensor> needed_tensors(const Scenario& s) {
+  // As MeshOptimizer::import_pieces reads them: the working parameters (the f32 masters in the
+  // bf16 recipe, whose bf16 working copy is rounded from them), both moments in the master dtype,
+  // and the two step counters.
+  const ref::Precision p = s.train.precision;
+  const comm::DType master = p == ref::Precision::kF64 ? comm::DType::f64 : comm::DType::f32;
+  const std::string weights = p == ref::Precision::kBf16 ? "master/" : "param/";
+  std::vector<NeededTensor> out;
+  for (const auto& [name, shape] : ref::param_shapes(s.model)) {
+    checkpoint::Shape dims;
+    for (const auto d : shape) dims.push_back(static_cast<std::uint64_t>(d));
+    for (const std::string& kind : {weights, std::string("exp_avg/"), std::string("exp_avg_sq/")})
+      out.push_back({kind + name, master, dims});
+  }
+  out.push_back({"train/step", comm::DType::i64, {}});
+  out.push_back({"optimizer/step", comm::DType::i64, {}});
+  return out;
+}
+
+void check_tensors(const checkpoint::Manifest& m, const Scenario& s) {
+  for (const NeededTensor& need : needed_tensors(s)) {
+    const checkpoint::TensorRecord* t = checkpoint::find_tensor(m, need.name);
+    const std::string wanted =
+        std::string(comm::name_of(need.dtype)) + " of shape " + shape_text(need.shape);
+    if (!t)
+      refuse("$.tensors lacks '" + need.name + "' (" + wanted + "), which this run's engine reads",
+             checkpoint::Reason::incomplete_coverage, need.name);
+    if (t->dtype != need.dtype || t->shape != need.shape)
+      refuse("$.tensors holds it as " + std::string(comm::name_of(t->dtype)) + " of shape " +
+                 shape_text(t->shape) + ", this run's engine reads " + wanted,
+             checkpoint::Reason::bad_tensor, need.name);
+  }
+}
+
+ResumePoint open_resume(const std::filesystem::path& dir, const Scenario& s,
+                        std::int64_t dataset_samples) {
+  std::vector<checkpoint::StepDir> steps = checkpoint::list_steps(dir);
+  std::erase_if(steps, [](const checkpoint::StepDir& d) { return !d.committed; });
+  if (steps.empty())
+    throw checkpoint::RestoreError(checkpoint::Reason::no_checkpoint,
+                                   "no committed step-N in " + dir.string());
+  const auto usable = [&](const std::filesystem::path& step_dir) {
+    checkpoint::Checkpoint ck = checkpoint::Checkpoint::open(step_dir);
+    const TrainCursor from = resume_cursor(ck.manifest().state, s, dataset_samples);
+    check_tensors(ck.manifest(), s);
+    return ResumePoint{std::move(ck), from};
+  };
+  try {
+    return usable(steps.back().path);
+  } catch (const checkpoint::RestoreError& e) {
+    // The newest older checkpoint that passes the same checks, offered but never taken.
+    std::string previous;
+    for (auto it = steps.rbegin() + 1; it != steps.rend() && previous.empty(); ++it) {
+      try {
+        usable(it->path);
+        previous = it->path.string();
+      } catch (const checkpoint::RestoreError&) {
+      }
+    }
+    throw checkpoint::RestoreError(
+        checkpoint::RestoreError(e.reason(),
+                                 steps.back().path.filename().string() + ": " + e.detail(),
+                                 e.file(), e.tensor()),
+        previous);
+  }
 }
 
 std::filesystem::path config_checkpoint_dir(const Scenario& s, const ParallelSpec& p,
@@ -128,19 +345,8 @@ checkpoint::SaveResult save_training(comm::Communicator& world, const parallel::
   st.code_commit = code_commit();
   st.data_cursor = {{"consumed_samples", cursor.consumed_samples}, {"step", cursor.step}};
   st.sampler = sampler_json(cursor.sampler);
-  const auto& o = s.train.optimizer;
-  st.lr_schedule = {{"step", cursor.step},
-                    {"total_steps", s.train.steps},
-                    {"lr", o.lr},
-                    {"warmup", o.warmup},
-                    {"min_lr", o.min_lr}};
-  st.optimizer = {{"name", "adamw"},
-                  {"lr", o.lr},
-                  {"beta1", o.beta1},
-                  {"beta2", o.beta2},
-                  {"eps", o.eps},
-                  {"weight_decay", o.weight_decay},
-                  {"clip_grad_norm", s.train.clip_grad_norm}};
+  st.lr_schedule = lr_schedule_json(s, st.step);
+  st.optimizer = optimizer_json(s);
   st.training = identity(s);
   st.model = st.training.at("model");
   // Randomness is counter-based, keyed by (seed, stream, global index, step): the step and seed
@@ -166,6 +372,7 @@ TrainCursor restore_training(comm::Communicator& world, parallel::MeshEngine& en
                              const std::filesystem::path& step_dir) {
   const checkpoint::Checkpoint ck = checkpoint::Checkpoint::open_collective(world, step_dir);
   const TrainCursor c = resume_cursor(ck.manifest().state, s, dataset_samples);
+  check_tensors(ck.manifest(), s);
   engine.import_state([&](const std::string& tensor, comm::DType dtype, std::size_t begin,
                           std::size_t count, std::span<std::byte> out) {
     const checkpoint::TensorRecord& t = ck.tensor(tensor);

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <string>
+#include <vector>
 
 #include "checkpoint/checkpoint.hpp"
 #include "comm/communicator.hpp"
@@ -32,16 +33,48 @@ checkpoint::SaveResult save_training(comm::Communicator& world, const parallel::
                                      const checkpoint::SaveOptions& opts = {});
 
 // What a restore reads besides tensors, checked against the scenario before any state changes:
-// the run's identity (model, precision, seed, global batch), the counters (step at most
-// train.steps, consumed samples = step x global batch, tokens at most samples x seq_len) and the
-// sampler (integers in range for a dataset of `dataset_samples`, one batch per step, the
-// scenario's drop_last). Throws checkpoint::RestoreError(bad_manifest) naming the field; returns
-// the cursor to continue from.
+// the optimizer and LR schedule values within what a scenario accepts (finite, in the loader's
+// ranges); the run's identity, everything that changes the trajectory ($.training: the model
+// with dropout and MoE, precision, seed, global and micro batch, train.steps, the data; the
+// $.optimizer and $.lr_schedule sections), each field present and equal to this run's; the
+// counters (step at most train.steps, consumed samples = step x global batch, tokens at most
+// samples x seq_len) and the sampler (integers in range for a dataset of `dataset_samples`, one
+// batch per step, the scenario's drop_last). Throws checkpoint::RestoreError(bad_manifest)
+// naming the field's JSON path in the manifest and both values; returns the cursor to continue
+// from.
 TrainCursor resume_cursor(const checkpoint::RunState& state, const Scenario& s,
                           std::int64_t dataset_samples);
 
+// A tensor this scenario's engine reads on restore, whatever its mesh.
+struct NeededTensor {
+  std::string name;
+  comm::DType dtype;
+  checkpoint::Shape shape;
+};
+// Every tensor an engine of this scenario imports (MeshOptimizer::import_pieces): per parameter
+// the working weights ("param/", or the f32 "master/" in the bf16 recipe) and both moments, then
+// "train/step" and "optimizer/step".
+std::vector<NeededTensor> needed_tensors(const Scenario& s);
+// The checkpoint holds every needed tensor with its dtype and shape. Throws
+// RestoreError(incomplete_coverage) naming a missing tensor, bad_tensor one of another dtype or
+// shape.
+void check_tensors(const checkpoint::Manifest& m, const Scenario& s);
+
+// The checkpoint a resume from `dir` starts from, and where it continues.
+struct ResumePoint {
+  checkpoint::Checkpoint checkpoint;
+  TrainCursor from;
+};
+// Before any rank starts: opens the newest committed checkpoint in dir and validates it completely
+// (checkpoint::Checkpoint::open), then resume_cursor and check_tensors against this scenario.
+// Throws RestoreError(no_checkpoint) when there is none; when the newest fails, throws its error
+// (detail prefixed with its step-N) with previous_good() naming the newest older checkpoint that
+// passes every one of these checks ("" when none does): it is named, never taken.
+ResumePoint open_resume(const std::filesystem::path& dir, const Scenario& s,
+                        std::int64_t dataset_samples);
+
 // Collective: validates the checkpoint at step_dir completely (every rank agrees), checks it with
-// resume_cursor and imports it into `engine` (resharding as needed). Returns the cursor to
+// resume_cursor and check_tensors and imports it into `engine` (resharding as needed). Returns the cursor to
 // continue from. Throws checkpoint::RestoreError naming the shard or field and the reason; nothing
 // of the engine is touched before validation passed.
 TrainCursor restore_training(comm::Communicator& world, parallel::MeshEngine& engine,

@@ -135,10 +135,13 @@ ConfigResult run_config(const Scenario& s, const ref::Dataset& ds, const Trace& 
     if (!checkpoint::latest_committed(dir) && std::filesystem::is_directory(dir / p.label()))
       dir /= p.label();
     try {
-      const checkpoint::Checkpoint latest = checkpoint::open_latest(dir);
-      // Identity, counters and sampler too, before any rank starts: a refusal, never a broken run.
-      const TrainCursor from =
-          resume_cursor(latest.manifest().state, s, static_cast<std::int64_t>(ds.samples.size()));
+      // Identity, counters, sampler and every tensor the engine reads too, before any rank
+      // starts: a refusal naming the field or tensor (and the previous good one), never a run
+      // that breaks inside the ranks or resumes another recipe.
+      const ResumePoint point =
+          open_resume(dir, s, static_cast<std::int64_t>(ds.samples.size()));
+      const checkpoint::Checkpoint& latest = point.checkpoint;
+      const TrainCursor& from = point.from;
       ck.resume_step_dir = latest.path();
       // Saved by a mesh that rounds the bf16 tied embedding's uses otherwise than this one: the
       // restored run follows the saver's recipe up to the save, this mesh's after it.

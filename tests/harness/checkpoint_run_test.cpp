@@ -15,10 +15,13 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <span>
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace {
 
@@ -28,6 +31,11 @@ using shardcheck::testing::shardcheck;
 
 using shardcheck::testing::read_json;
 namespace ck = shardcheck::checkpoint;
+
+std::string slurp_bytes(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+}
 
 class CheckpointRun : public ::testing::Test {
  protected:
@@ -50,6 +58,27 @@ class CheckpointRun : public ::testing::Test {
     const fs::path file = dir_ / (name + ".json");
     std::ofstream(file) << j.dump(2);
     return file;
+  }
+  // Rewrites step's manifest.json with `edit` (then `text_edit` on its text) and commits the
+  // result consistently (the marker pins the edited manifest): a hand edit, re-signed.
+  static void reseal(const fs::path& step, const std::function<void(nlohmann::json&)>& edit,
+                     const std::function<void(std::string&)>& text_edit = {}) {
+    auto manifest = read_json(step / "manifest.json");
+    edit(manifest);
+    std::string text = manifest.dump(1) + "\n";
+    if (text_edit) text_edit(text);
+    std::ofstream(step / "manifest.json") << text;
+    auto marker = read_json(step / "SUCCESS");
+    marker["manifest_xxh3"] = ck::hex64(ck::xxh3(std::as_bytes(std::span(text))));
+    std::ofstream(step / "SUCCESS") << marker.dump() << "\n";
+  }
+  // Saves `s` every 2 of its 4 steps into dir_/ck (step-2 and step-4).
+  void save_two(const fs::path& s) {
+    const auto [code, out] =
+        shardcheck("run " + s.string() + " --checkpoint-dir " + (dir_ / "ck").string());
+    ASSERT_EQ(code, 0) << out;
+    ASSERT_TRUE(fs::exists(dir_ / "ck" / "step-2" / "SUCCESS")) << out;
+    ASSERT_TRUE(fs::exists(dir_ / "ck" / "step-4" / "SUCCESS")) << out;
   }
   fs::path dir_;
 };
@@ -220,6 +249,154 @@ TEST_F(CheckpointRun, AnotherRunsOrAnOutOfRangeCursorIsRefusedNamingTheField) {
     EXPECT_NE(out.find("sampler." + std::string(key) + " is " + std::to_string(value)),
               std::string::npos)
         << out;
+  }
+}
+
+// A checkpoint of another recipe (anything that changes the trajectory: the LR schedule's length,
+// dropout, the optimizer, clipping, precision, micro-batching, the data) is refused before any
+// rank starts: exit 1 naming the field's JSON path in the manifest and both values, and whether an
+// older checkpoint passes (none here: both are of the saved recipe). Before, `train.steps` 4 -> 6
+// and `model.dropout` resumed and failed parity with no hint.
+TEST_F(CheckpointRun, ResumeOfAnotherRecipeIsRefusedNamingTheFieldAndBothValues) {
+  const auto s = scenario("recipe", {{"dp", 2}}, 2);
+  save_two(s);
+  const auto base = read_json(s);
+  const auto& o = base.at("train").at("optimizer");
+  ASSERT_EQ(base.at("model").at("dropout"), 0.1);
+  ASSERT_EQ(base.at("train").at("micro_batch"), 2);
+  struct Edit {
+    std::function<void(nlohmann::json&)> edit;
+    std::string says;
+  };
+  const double lr = o.at("lr").get<double>();
+  const std::vector<Edit> edits = {
+      {[](auto& j) { j["train"]["steps"] = 6; },
+       "$.training.steps is 4 in the checkpoint, 6 in this run ($.train.steps)"},
+      {[](auto& j) { j["model"]["dropout"] = 0.5; },
+       "$.training.model.dropout is 0.1 in the checkpoint, 0.5 in this run ($.model.dropout)"},
+      {[](auto& j) { j["train"]["micro_batch"] = 4; },
+       "$.training.micro_batch is 2 in the checkpoint, 4 in this run"},
+      {[](auto& j) { j["train"]["precision"] = "f32"; },
+       "$.training.precision is \"f64\" in the checkpoint, \"f32\" in this run"},
+      {[](auto& j) { j["data"]["documents"] = 321; },
+       "$.training.data.documents is 320 in the checkpoint, 321 in this run"},
+      {[](auto& j) { j["data"]["packing"] = false; },
+       "$.training.data.packing is true in the checkpoint, false in this run"},
+      {[lr](auto& j) { j["train"]["optimizer"]["lr"] = lr * 2; },
+       "$.optimizer.lr is " + nlohmann::json(lr).dump() + " in the checkpoint, " +
+           nlohmann::json(lr * 2).dump() + " in this run ($.train.optimizer.lr)"},
+      {[](auto& j) { j["train"]["optimizer"]["weight_decay"] = 0.25; },
+       "$.optimizer.weight_decay is " + nlohmann::json(o.value("weight_decay", 0.1)).dump() +
+           " in the checkpoint, 0.25 in this run"},
+      {[](auto& j) { j["train"]["optimizer"]["betas"] = {0.8, 0.95}; },
+       "$.optimizer.beta1 is 0.9 in the checkpoint, 0.8 in this run ($.train.optimizer.betas[0])"},
+      {[](auto& j) { j["train"]["clip_grad_norm"] = 0.5; },
+       "in this run ($.train.clip_grad_norm)"},
+      {[](auto& j) { j["train"]["optimizer"]["warmup"] = 2; },
+       "$.lr_schedule.warmup is " + nlohmann::json(o.value("warmup", 1)).dump() +
+           " in the checkpoint, 2 in this run"},
+  };
+  for (const Edit& e : edits) {
+    auto j = base;
+    e.edit(j);
+    const fs::path other = dir_ / "other.json";
+    std::ofstream(other) << j.dump(2);
+    const auto [code, out] = shardcheck("run " + other.string() + " --resume " +
+                                        (dir_ / "ck").string());
+    EXPECT_EQ(code, 1) << e.says << "\n" << out;
+    EXPECT_NE(out.find(e.says), std::string::npos) << out;
+    EXPECT_NE(out.find("previous good checkpoint: none"), std::string::npos) << out;
+    EXPECT_EQ(out.find("Rank "), std::string::npos) << "refused before any rank starts\n" << out;
+  }
+}
+
+// A newest checkpoint of another recipe, or one written before a field was recorded, names the
+// previous good checkpoint (one that passes every check); out-of-range optimizer and schedule
+// values are refused when read, naming the field: lr 5 (in range, not this run's), weight decay
+// -1, lr 1e308, a NaN or an overflowing number (not JSON). Each edit is re-signed.
+TEST_F(CheckpointRun, AManifestOfAnotherRecipeOrOutOfRangeValuesIsRefusedNamingThePreviousGood) {
+  const auto s = scenario("range", {{"dp", 2}}, 2);
+  save_two(s);
+  const fs::path step4 = dir_ / "ck" / "step-4";
+  const std::string pristine = slurp_bytes(step4 / "manifest.json");
+  const std::string marker = slurp_bytes(step4 / "SUCCESS");
+  struct Edit {
+    std::function<void(nlohmann::json&)> edit;
+    std::string says;
+    std::function<void(std::string&)> text_edit = {};
+  };
+  const auto replace = [](const std::string& from, const std::string& to) {
+    return [from, to](std::string& text) {
+      const auto at = text.find(from);
+      ASSERT_NE(at, std::string::npos) << from;
+      text.replace(at, from.size(), to);
+    };
+  };
+  const std::vector<Edit> edits = {
+      {[](auto& j) { j["training"]["model"]["dropout"] = 0.3; },
+       "$.training.model.dropout is 0.3 in the checkpoint, 0.1 in this run"},
+      {[](auto& j) { j["training"].erase("micro_batch"); },
+       "$.training.micro_batch is absent in the checkpoint, 2 in this run"},
+      {[](auto& j) { j["training"]["model"].erase("dropout"); },
+       "$.training.model.dropout is absent in the checkpoint"},
+      {[](auto& j) { j["optimizer"]["lr"] = 5; }, "$.optimizer.lr is 5 in the checkpoint"},
+      {[](auto& j) { j["optimizer"]["weight_decay"] = -1; },
+       "$.optimizer.weight_decay is -1, outside [0, 10]"},
+      {[](auto& j) { j["optimizer"]["lr"] = 1e308; }, "$.optimizer.lr is 1e+308, outside [0, 10]"},
+      {[](auto& j) { j["lr_schedule"]["min_lr"] = 1e308; },
+       "$.lr_schedule.min_lr is 1e+308, outside [0, 10]"},
+      {[](auto& j) { j["optimizer"]["eps"] = 0; }, "$.optimizer.eps is 0, outside [1e-30, 1]"},
+      {[](auto& j) { j["optimizer"]["beta2"] = 1; }, "$.optimizer.beta2 is 1, outside [0, 1)"},
+      {[](auto& j) { j["optimizer"]["lr"] = "fast"; },
+       "$.optimizer.lr is \"fast\", expected a number"},
+      {[](auto& j) { j["lr_schedule"]["total_steps"] = 0; },
+       "$.lr_schedule.total_steps is 0, outside [1, 1e+07]"},
+      {[](auto& j) { j["optimizer"]["lr"] = "@"; }, "1e400",
+       replace("\"@\"", "1e400")},  // nlohmann refuses a number that overflows a double
+      {[](auto& j) { j["optimizer"]["lr"] = "@"; }, "not valid JSON", replace("\"@\"", "NaN")},
+  };
+  for (const Edit& e : edits) {
+    std::ofstream(step4 / "manifest.json", std::ios::binary | std::ios::trunc) << pristine;
+    std::ofstream(step4 / "SUCCESS", std::ios::binary | std::ios::trunc) << marker;
+    reseal(step4, e.edit, e.text_edit);
+    const auto [code, out] =
+        shardcheck("run " + s.string() + " --resume " + (dir_ / "ck").string());
+    EXPECT_EQ(code, 1) << e.says << "\n" << out;
+    EXPECT_NE(out.find(e.says), std::string::npos) << out;
+    EXPECT_NE(out.find("the previous good checkpoint is " + (dir_ / "ck" / "step-2").string()),
+              std::string::npos)
+        << out;
+  }
+}
+
+// A checkpoint whose manifest lacks a tensor the engine reads is refused before any rank starts:
+// exit 1 naming the tensor and the previous good checkpoint. Before, the ranks failed mid-import:
+// exit 3, "Rank 0 failed: bad_request".
+TEST_F(CheckpointRun, AMissingTensorIsRefusedBeforeAnyRankStartsNamingThePreviousGood) {
+  const auto s = scenario("tensors", {{"dp", 2}}, 2);
+  save_two(s);
+  const fs::path step4 = dir_ / "ck" / "step-4";
+  const std::string pristine = slurp_bytes(step4 / "manifest.json");
+  const std::string marker = slurp_bytes(step4 / "SUCCESS");
+  for (const std::string victim :
+       {"exp_avg_sq/final_norm.weight", "param/embed.weight", "optimizer/step"}) {
+    std::ofstream(step4 / "manifest.json", std::ios::binary | std::ios::trunc) << pristine;
+    std::ofstream(step4 / "SUCCESS", std::ios::binary | std::ios::trunc) << marker;
+    reseal(step4, [&](nlohmann::json& j) {
+      auto& ts = j["tensors"];
+      for (std::size_t i = 0; i < ts.size(); ++i)
+        if (ts[i]["name"] == victim) return ts.erase(i);
+      FAIL() << victim << " not in the manifest";
+    });
+    const auto [code, out] =
+        shardcheck("run " + s.string() + " --resume " + (dir_ / "ck").string());
+    EXPECT_EQ(code, 1) << victim << "\n" << out;
+    EXPECT_NE(out.find("incomplete_coverage: tensor '" + victim + "'"), std::string::npos) << out;
+    EXPECT_NE(out.find("$.tensors lacks '" + victim + "'"), std::string::npos) << out;
+    EXPECT_NE(out.find("the previous good checkpoint is " + (dir_ / "ck" / "step-2").string()),
+              std::string::npos)
+        << out;
+    EXPECT_EQ(out.find("Rank "), std::string::npos) << out;
   }
 }
 
