@@ -282,7 +282,8 @@ Manifest parse_manifest(std::string_view text, std::uint64_t max_tree_bytes) {
     bad("$.tensors", "more than " + std::to_string(kMaxManifestTensors) +
                          " tensors listed; a manifest may list at most " +
                          std::to_string(kMaxManifestTensors));
-  if (cost.too_deep) bad("$", "JSON nested deeper than " + std::to_string(kMaxJsonDepth) + " levels");
+  if (cost.too_deep)
+    bad("$", "JSON nested deeper than " + std::to_string(kMaxJsonDepth) + " levels");
   if (cost.too_big)
     bad("$", "its JSON tree would take more than " + size_text(max_tree_bytes) +
                  " in memory; a manifest may take at most " + size_text(max_tree_bytes));

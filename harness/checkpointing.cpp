@@ -22,16 +22,11 @@ using nlohmann::json;
 // activation recomputation (the same bits by design) and the mesh (resharding is the point).
 json identity(const Scenario& s) {
   const ref::ModelConfig& m = s.model;
-  json model{{"vocab", m.vocab},
-             {"hidden", m.hidden},
-             {"layers", m.layers},
-             {"heads", m.heads},
-             {"kv_heads", m.kv_heads},
-             {"ffn", m.ffn},
-             {"seq_len", m.seq_len},
-             {"tie_embeddings", m.tie_embeddings},
-             {"dropout", m.dropout},
-             {"moe", nullptr}};
+  json model{{"vocab", m.vocab},       {"hidden", m.hidden},
+             {"layers", m.layers},     {"heads", m.heads},
+             {"kv_heads", m.kv_heads}, {"ffn", m.ffn},
+             {"seq_len", m.seq_len},   {"tie_embeddings", m.tie_embeddings},
+             {"dropout", m.dropout},   {"moe", nullptr}};
   if (m.moe)
     model["moe"] = {{"experts", m.moe->experts},
                     {"top_k", m.moe->top_k},
@@ -132,8 +127,8 @@ void same(const json* got, const json& want, const std::string& path) {
   }
   if (got && *got == want) return;  // numbers by value: 0 and 0.0 are the same
   const std::string where = scenario_path(path);
-  refuse(path + " is " + shown(got) + " in the checkpoint, " + want.dump() +
-         " in this run (" + where + ")" +
+  refuse(path + " is " + shown(got) + " in the checkpoint, " + want.dump() + " in this run (" +
+         where + ")" +
          (got ? ": a checkpoint of another recipe"
               : ": a checkpoint written before it was recorded cannot be checked"));
 }
@@ -171,8 +166,8 @@ void check_ranges(const checkpoint::RunState& st) {
     if (!b.section->is_object() || !b.section->contains(b.key)) continue;  // same() names it
     const json& v = b.section->at(b.key);
     const std::string path = std::string(b.path) + "." + b.key;
-    const std::string range = "[" + number_text(b.lo) + ", " + number_text(b.hi) +
-                              (b.hi_open ? ")" : "]");
+    const std::string range =
+        "[" + number_text(b.lo) + ", " + number_text(b.hi) + (b.hi_open ? ")" : "]");
     if (!v.is_number() || (b.integer && !v.is_number_integer()))
       refuse(path + " is " + v.dump() + ", expected " + (b.integer ? "an integer" : "a number") +
              " in " + range);

@@ -74,9 +74,9 @@ ResumePoint open_resume(const std::filesystem::path& dir, const Scenario& s,
                         std::int64_t dataset_samples);
 
 // Collective: validates the checkpoint at step_dir completely (every rank agrees), checks it with
-// resume_cursor and check_tensors and imports it into `engine` (resharding as needed). Returns the cursor to
-// continue from. Throws checkpoint::RestoreError naming the shard or field and the reason; nothing
-// of the engine is touched before validation passed.
+// resume_cursor and check_tensors and imports it into `engine` (resharding as needed). Returns the
+// cursor to continue from. Throws checkpoint::RestoreError naming the shard or field and the
+// reason; nothing of the engine is touched before validation passed.
 TrainCursor restore_training(comm::Communicator& world, parallel::MeshEngine& engine,
                              const Scenario& s, std::int64_t dataset_samples,
                              const std::filesystem::path& step_dir);

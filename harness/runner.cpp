@@ -138,8 +138,7 @@ ConfigResult run_config(const Scenario& s, const ref::Dataset& ds, const Trace& 
       // Identity, counters, sampler and every tensor the engine reads too, before any rank
       // starts: a refusal naming the field or tensor (and the previous good one), never a run
       // that breaks inside the ranks or resumes another recipe.
-      const ResumePoint point =
-          open_resume(dir, s, static_cast<std::int64_t>(ds.samples.size()));
+      const ResumePoint point = open_resume(dir, s, static_cast<std::int64_t>(ds.samples.size()));
       const checkpoint::Checkpoint& latest = point.checkpoint;
       const TrainCursor& from = point.from;
       ck.resume_step_dir = latest.path();

@@ -288,10 +288,11 @@ TEST_F(CheckpointRun, ResumeOfAnotherRecipeIsRefusedNamingTheFieldAndBothValues)
       {[](auto& j) { j["train"]["optimizer"]["weight_decay"] = 0.25; },
        "$.optimizer.weight_decay is " + nlohmann::json(o.value("weight_decay", 0.1)).dump() +
            " in the checkpoint, 0.25 in this run"},
-      {[](auto& j) { j["train"]["optimizer"]["betas"] = {0.8, 0.95}; },
+      {[](auto& j) {
+         j["train"]["optimizer"]["betas"] = {0.8, 0.95};
+       },
        "$.optimizer.beta1 is 0.9 in the checkpoint, 0.8 in this run ($.train.optimizer.betas[0])"},
-      {[](auto& j) { j["train"]["clip_grad_norm"] = 0.5; },
-       "in this run ($.train.clip_grad_norm)"},
+      {[](auto& j) { j["train"]["clip_grad_norm"] = 0.5; }, "in this run ($.train.clip_grad_norm)"},
       {[](auto& j) { j["train"]["optimizer"]["warmup"] = 2; },
        "$.lr_schedule.warmup is " + nlohmann::json(o.value("warmup", 1)).dump() +
            " in the checkpoint, 2 in this run"},
@@ -301,8 +302,8 @@ TEST_F(CheckpointRun, ResumeOfAnotherRecipeIsRefusedNamingTheFieldAndBothValues)
     e.edit(j);
     const fs::path other = dir_ / "other.json";
     std::ofstream(other) << j.dump(2);
-    const auto [code, out] = shardcheck("run " + other.string() + " --resume " +
-                                        (dir_ / "ck").string());
+    const auto [code, out] =
+        shardcheck("run " + other.string() + " --resume " + (dir_ / "ck").string());
     EXPECT_EQ(code, 1) << e.says << "\n" << out;
     EXPECT_NE(out.find(e.says), std::string::npos) << out;
     EXPECT_NE(out.find("previous good checkpoint: none"), std::string::npos) << out;
