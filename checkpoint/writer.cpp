@@ -207,6 +207,11 @@ Manifest build_manifest(const std::vector<json>& reports, const SaveRequest& req
         throw SaveError(Reason::unexpected_tensor, "not in the expected layout", "", name);
     }
   }
+  // What the reader refuses is never committed: a checkpoint that could not be restored.
+  if (tensors.size() > kMaxManifestTensors)
+    throw SaveError(Reason::bad_tensor,
+                    std::to_string(tensors.size()) + " tensors, more than a manifest may list (" +
+                        std::to_string(kMaxManifestTensors) + ")");
   for (auto& entry : tensors) {
     TensorRecord& t = entry.second;
     std::sort(t.shards.begin(), t.shards.end(), [&](const ShardRecord& a, const ShardRecord& b) {

@@ -274,5 +274,25 @@ TEST(SaveRestore, ReadsRefuseBadRequests) {
   EXPECT_EQ(c.read_flat("param/embed.weight", 7, 11), extract(tensors[1], ck::FlatRange{7, 11}));
 }
 
+// A save of more tensors than a manifest may list is refused before anything commits: the reader
+// would refuse it, so it could never be restored. Zero-size tensors: declared, no shard files.
+TEST(SaveRestore, MoreTensorsThanTheReaderAcceptsAreNeverCommitted) {
+  TempDir tmp;
+  std::vector<ck::ShardPiece> pieces(static_cast<std::size_t>(ck::kMaxManifestTensors) + 1);
+  for (std::size_t i = 0; i < pieces.size(); ++i)
+    pieces[i] = {"t/" + std::to_string(i), {0}, comm::DType::f32, ck::FlatRange{0, 0}, {}};
+  sim::SimWorld world(1);
+  EXPECT_THROW(world.run([&](comm::Communicator& c) {
+    try {
+      ck::save(c, ck::SaveRequest{tmp.path(), run_state(1), {}, pieces});
+    } catch (const ck::SaveError& e) {
+      EXPECT_NE(e.detail().find("more than a manifest may list"), std::string::npos) << e.what();
+      throw;
+    }
+  }),
+               sim::RankFailure);
+  EXPECT_TRUE(ck::list_steps(tmp.path()).empty());
+}
+
 }  // namespace
 }  // namespace shardcheck::testing
