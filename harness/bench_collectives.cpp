@@ -296,16 +296,26 @@ BenchCell measure(const RankRunner& run, int n, const BenchOptions& o, std::size
 
 }  // namespace
 
+std::vector<std::size_t> bench_counts(const BenchOptions& o, int ranks) {
+  const std::size_t esize = comm::size_of(o.dtype);
+  const bool split =
+      o.op == BenchOp::all_gather || o.op == BenchOp::reduce_scatter || o.op == BenchOp::all_to_all;
+  const std::size_t align = split ? static_cast<std::size_t>(std::max(ranks, 1)) : 1;
+  std::vector<std::size_t> counts;
+  for (std::size_t bytes = std::max<std::size_t>(o.min_bytes, 1); bytes <= o.max_bytes;
+       bytes *= 2) {
+    const std::size_t count = bytes / esize / align * align;
+    if (count > 0) counts.push_back(count);
+    if (bytes > o.max_bytes / 2) break;  // avoid overflow past the last size
+  }
+  return counts;
+}
+
 BenchResult bench_collectives(const RankRunner& run, const std::string& backend, int ranks,
                               const BenchOptions& o) {
   BenchResult res{backend, ranks, o, {}};
   const std::size_t esize = comm::size_of(o.dtype);
-  const bool split =
-      o.op == BenchOp::all_gather || o.op == BenchOp::reduce_scatter || o.op == BenchOp::all_to_all;
-  const std::size_t align = split ? static_cast<std::size_t>(ranks) : 1;
-  for (std::size_t bytes = o.min_bytes; bytes <= o.max_bytes; bytes *= 2) {
-    const std::size_t count = bytes / esize / align * align;
-    if (count == 0) continue;
+  for (const std::size_t count : bench_counts(o, ranks)) {
     BenchRow row;
     row.count = count;
     row.bytes = count * esize;
@@ -316,7 +326,6 @@ BenchResult bench_collectives(const RankRunner& run, const std::string& backend,
     });
     res.rows.push_back(row);
     if (o.on_row) o.on_row(row);
-    if (bytes > o.max_bytes / 2) break;  // avoid overflow past the last size
   }
   return res;
 }
@@ -351,7 +360,8 @@ void print_header(std::ostream& os, const std::string& backend, int ranks, const
   os << "#        size        count      type   redop     time   algbw   busbw  #wrong     time   "
         "algbw   busbw  #wrong\n";
   os << "#         (B)   (elements)                       (us)  (GB/s)  (GB/s)             (us)  "
-        "(GB/s)  (GB/s)\n";
+        "(GB/s)  (GB/s)"
+     << std::endl;  // flushed: a run killed before its first row still shows what it ran
 }
 
 void print_row(std::ostream& os, const BenchOptions& o, const BenchRow& row) {

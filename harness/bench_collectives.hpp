@@ -59,7 +59,15 @@ using RankRunner = std::function<void(const std::function<void(comm::Communicato
 BenchResult bench_collectives(const RankRunner& run, const std::string& backend, int ranks,
                               const BenchOptions& options);
 
+// The element count of every size bench_collectives runs, smallest first: sizes double from
+// min_bytes to max_bytes, each rounded down to whole elements (and, for the ops that split the
+// buffer over the ranks, to a multiple of `ranks`); a size that holds no element is skipped, so
+// an empty list means the range prints no row.
+std::vector<std::size_t> bench_counts(const BenchOptions& options, int ranks);
+
 // The table in nccl-tests layout: header, one row per size, footer (wrong count, avg busbw).
+// The header and each row are flushed as written, so a long run shows its progress (and what
+// it had done when killed).
 void print_header(std::ostream& os, const std::string& backend, int ranks, const BenchOptions& o);
 void print_row(std::ostream& os, const BenchOptions& o, const BenchRow& row);
 void print_footer(std::ostream& os, const BenchResult& r);

@@ -7,7 +7,9 @@
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <limits>
 #include <thread>
 
@@ -191,21 +193,112 @@ TimeEstimate estimate_run_time(const Scenario& s, int runs) {
   return e;
 }
 
-TimeEstimate estimate_bench_time(int ranks, std::uint64_t min_bytes, std::uint64_t max_bytes,
-                                 int warmup, int iters) {
-  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-  double seconds = 0;
-  int sizes = 0;
-  for (double b = static_cast<double>(std::max<u64>(min_bytes, 1));
-       b <= static_cast<double>(max_bytes); b *= 2, ++sizes) {
-    const double per_iter = static_cast<double>(ranks) * b / (kOptimisticBytesPerCore * cores);
-    seconds += per_iter * (warmup + std::max(iters, 1)) + (iters == 0 ? 0.2 : 0.0);
+double sim_collective_seconds(int ranks, double bytes_per_rank) {
+  const double cores = std::max(1u, std::thread::hardware_concurrency());
+  const double n = std::max(ranks, 1);
+  return n * (kSimRankOpCpuSeconds + kSimRankPairCpuSeconds * n) / cores +
+         n * bytes_per_rank / (kOptimisticBytesPerCore * cores);
+}
+
+TimeEstimate estimate_bench_time(int ranks, const std::vector<std::uint64_t>& sizes, int warmup,
+                                 int iters) {
+  // Per size and mode: the check run, its all_reduce of the wrong count and two barriers (three
+  // and a broadcast when iters is 0: the calibration's op), the warm-up and the timed loop.
+  double seconds = 0, slowest_op = 0;
+  for (const std::uint64_t bytes : sizes) {
+    const double op = sim_collective_seconds(ranks, static_cast<double>(bytes));
+    const double small = sim_collective_seconds(ranks, 8);
+    slowest_op = std::max(slowest_op, op);
+    double mode = op * (1 + warmup) + small * 3;
+    if (iters > 0)
+      mode += op * iters;
+    else
+      mode += op + small * 2 + std::max(0.2, 3 * op);
+    seconds += 2 * mode;
   }
   TimeEstimate e;
   e.seconds = seconds;
-  e.driver = "--iters " + std::to_string(iters) + ", --warmup " + std::to_string(warmup) +
-             " over " + std::to_string(sizes) + " sizes up to " + format_bytes(max_bytes) + " on " +
-             std::to_string(ranks) + " ranks";
+  char per_op[64];
+  std::snprintf(per_op, sizeof per_op, "%.3g ms", slowest_op * 1e3);
+  e.driver = "--iters " + std::to_string(iters) + " and --warmup " + std::to_string(warmup) +
+             " in 2 modes over " + std::to_string(sizes.size()) + " sizes up to " +
+             format_bytes(sizes.empty() ? 0 : sizes.back()) + " on " + std::to_string(ranks) +
+             " ranks, each collective at least " + per_op +
+             " (every rank thread woken and synchronised per op: a cost per op that grows with "
+             "--ranks); shrink --iters (0: about 0.2 s per size), --ranks or the size range";
+  return e;
+}
+
+namespace {
+double cores() {
+  return std::max(1u, std::thread::hardware_concurrency());
+}
+std::string fmt3(const char* f, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, f, v);
+  return buf;
+}
+}  // namespace
+
+TimeEstimate estimate_search_time(const SearchWork& w) {
+  const double per = kSearchCandidateCpuSeconds + kSearchLayerCpuSeconds * w.layers +
+                     kSearchRankCpuSeconds * w.world;
+  TimeEstimate e;
+  e.seconds = static_cast<double>(w.candidates) * per / cores();
+  e.driver = "--world " + std::to_string(w.world) + ": " + std::to_string(w.meshes) + " meshes (" +
+             std::to_string(w.meshes_built) + " built by the engine), " +
+             (w.orders_counted ? "" : "at least ") + std::to_string(w.candidates) +
+             (w.orders_counted ? " candidates (settings x rank orders x 3 recompute modes)"
+                               : " candidates (settings x 3 recompute modes, one rank order "
+                                 "each counted so far)") +
+             ", each at least " + fmt3("%.3g ms", per * 1e3) +
+             " of CPU (its ledger, bound and clock replay " + std::to_string(w.layers) +
+             " layers over " + std::to_string(w.world) + " ranks); shrink --world or --max-cp";
+  return e;
+}
+
+MemoryEstimate estimate_search_memory(const SearchWork& w) {
+  MemoryEstimate e;
+  e.bytes = mul(static_cast<u64>(w.world), kSearchBytesPerRank);
+  e.driver = "--world " + std::to_string(w.world) + ": the clock's state of every rank (at least " +
+             format_bytes(kSearchBytesPerRank) + " each); shrink --world";
+  return e;
+}
+
+TimeEstimate estimate_simulate_time(const std::vector<SimulateWork>& work) {
+  double seconds = 0, worst = -1;
+  const SimulateWork* big = nullptr;
+  for (const SimulateWork& w : work) {
+    const double n = w.world;
+    const double t = static_cast<double>(w.steps) * static_cast<double>(w.comm_ops_per_step) * n *
+                     (kSimMetaRankOpCpuSeconds + kSimMetaRankPairCpuSeconds * n) / cores();
+    seconds += t;
+    if (t > worst) worst = t, big = &w;
+  }
+  TimeEstimate e;
+  e.seconds = seconds;
+  int largest = 0;
+  for (const SimulateWork& w : work) largest = std::max(largest, w.world);
+  if (big != nullptr)
+    e.driver = "--simulate-ranks selects " + std::to_string(work.size()) +
+               " configurations of up to " + std::to_string(largest) + " ranks; the dearest, " +
+               big->config + ", runs " + std::to_string(big->world) + " rank threads through " +
+               std::to_string(big->comm_ops_per_step) + " collectives per step for " +
+               std::to_string(big->steps) + " steps (" + fmt3("%.3g s", worst) +
+               "; each collective costs every rank thread a wake-up that grows with the ranks); "
+               "lower --simulate-ranks below " +
+               std::to_string(big->world) + " to leave it out";
+  return e;
+}
+
+MemoryEstimate estimate_simulate_memory(const std::vector<SimulateWork>& work) {
+  int largest = 0;
+  for (const SimulateWork& w : work) largest = std::max(largest, w.world);
+  MemoryEstimate e;  // one SimWorld at a time
+  e.bytes = mul(static_cast<u64>(largest), kSimMetaBytesPerRank);
+  e.driver = "--simulate-ranks: a SimWorld of " + std::to_string(largest) +
+             " rank threads (at least " + format_bytes(kSimMetaBytesPerRank) +
+             " each); lower --simulate-ranks below " + std::to_string(largest);
   return e;
 }
 
@@ -220,10 +313,21 @@ void check_time(const TimeEstimate& e, double budget_s, const std::string& what)
 }
 
 void add_max_time_option(CLI::App& cmd, double& seconds) {
+  // CLI11's NonNegativeNumber lets "nan" through (every comparison with NaN is false) and "inf"
+  // would disable the limit unannounced: only a finite number of seconds is accepted.
+  const CLI::Validator finite_seconds(
+      [](std::string& v) {
+        char* end = nullptr;
+        const double x = std::strtod(v.c_str(), &end);
+        if (v.empty() || end != v.c_str() + v.size() || !std::isfinite(x) || x < 0)
+          return "expected a finite number of seconds, at least 0 (0: no limit), got '" + v + "'";
+        return std::string();
+      },
+      "SECONDS");
   cmd.add_option("--max-time", seconds,
                  "Refuse a run whose time estimate (a lower bound, at an optimistic CPU speed) "
                  "exceeds this many seconds (0: no limit)")
-      ->check(CLI::NonNegativeNumber)
+      ->check(finite_seconds)
       ->capture_default_str();
 }
 

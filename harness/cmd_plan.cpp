@@ -44,11 +44,14 @@ struct PlanArgs {
 };
 
 // v printed with `unit` in at most `width` characters: fixed-point with `decimals` while that
-// fits, else scientific with as many digits as fit (4.29e+295 s, not 300 digits cut short).
-std::string fitted(double v, int decimals, const char* unit, std::size_t width) {
+// fits (and, with keep_small false, shows a non-zero digit), else scientific with as many digits
+// as fit (4.29e+295 s, not 300 digits cut short).
+std::string fitted(double v, int decimals, const char* unit, std::size_t width,
+                   bool keep_small = false) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "%.*f %s", decimals, v, unit);
-  if (std::strlen(buf) <= width && (v == 0 || std::fabs(v) >= 0.5 * std::pow(10.0, -decimals)))
+  if (std::strlen(buf) <= width &&
+      (keep_small || v == 0 || std::fabs(v) >= 0.5 * std::pow(10.0, -decimals)))
     return buf;
   for (int digits = 3; digits >= 0; --digits) {
     std::snprintf(buf, sizeof buf, "%.*e %s", digits, v, unit);
@@ -58,7 +61,7 @@ std::string fitted(double v, int decimals, const char* unit, std::size_t width) 
 }
 
 std::string human_bytes(double b) {
-  return fitted(b / (1024.0 * 1024.0 * 1024.0), 1, "GiB", 10);
+  return fitted(b / (1024.0 * 1024.0 * 1024.0), 1, "GiB", 10, true);
 }
 
 // Seconds in the tables' 10-character columns.
@@ -292,8 +295,7 @@ int plan_cmd(const PlanArgs& a) {
   o.simulate_ranks = a.simulate_ranks;
   o.compute_efficiency = a.compute_efficiency;
   o.check_simulate = [&a](const std::vector<SimulateWork>& w) {
-    check_memory(estimate_simulate_memory(w), memory_budget(a.max_memory),
-                 "plan --simulate-ranks");
+    check_memory(estimate_simulate_memory(w), memory_budget(a.max_memory), "plan --simulate-ranks");
     check_time(estimate_simulate_time(w), a.max_time, "plan --simulate-ranks");
   };
   if (!a.reduce_dtype.empty()) {

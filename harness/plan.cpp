@@ -70,10 +70,11 @@ void scale(const Scenario& s, const PlanOptions& o, double device, ConfigPlan& c
     for (int n : sizes) {
       ScalePoint pt;
       pt.world_size = n;
-      try {
+      try {  // the ledger too: a mesh the engine refuses at this size is a point not evaluated
         const int dp = dp_at(c.spec, n);
         pt.global_batch = weak ? per_rank * dp : s.train.global_batch;
         pt.eval = evaluate(s, c.spec, dp, pt.global_batch, o, false, false);
+        pt.memory_per_rank_bytes = ledger_at(s, c.spec, dp).row.total();
         pt.valid = true;
       } catch (const ScenarioError& e) {
         pt.why_not = e.what();
@@ -82,7 +83,6 @@ void scale(const Scenario& s, const PlanOptions& o, double device, ConfigPlan& c
       }
       if (pt.valid) {
         pt.tokens_per_s = pt.global_batch * tokens_per_seq / pt.eval.step_time_s;
-        pt.memory_per_rank_bytes = ledger_at(s, c.spec, dp_at(c.spec, n)).row.total();
         pt.fits = static_cast<double>(pt.memory_per_rank_bytes) <= device;
       }
       out.push_back(pt);
@@ -403,10 +403,38 @@ double stage_bound_any_order(const Scenario& s, const ParallelSpec& p, int globa
   return stage_bound(best, p, global_batch, o);
 }
 
+namespace {
+
+// Strong scaling keeps train.global_batch at every plan.world_sizes entry: each configuration the
+// engine builds must split it into whole microbatches over its data-parallel ranks there.
+void check_world_sizes(const Scenario& s) {
+  for (std::size_t i = 0; i < s.plan.world_sizes.size(); ++i) {
+    const int n = s.plan.world_sizes[i];
+    for (const ParallelSpec& p : s.configs) {
+      const int mp = p.mesh.tp * p.mesh.pp * p.mesh.cp;
+      if (n % mp != 0 || !unsupported(s, p).empty()) continue;  // a point "not evaluated"
+      const long long dp = n / mp, mb = s.train.micro_batch;
+      if (s.train.global_batch % (dp * mb) == 0) continue;
+      throw ScenarioError(
+          "$.plan.world_sizes[" + std::to_string(i) + "]",
+          "world size " + std::to_string(n) + ": configuration " + p.label() + " would have " +
+              std::to_string(dp) + " data-parallel ranks, and train.global_batch " +
+              std::to_string(s.train.global_batch) + " is not a multiple of " + std::to_string(dp) +
+              " x train.micro_batch " + std::to_string(mb) +
+              " (strong scaling keeps the global batch); use world sizes whose data-parallel "
+              "size divides " +
+              std::to_string(s.train.global_batch) + " / " + std::to_string(mb));
+    }
+  }
+}
+
+}  // namespace
+
 PlanResult plan_scenario(const Scenario& s, const PlanOptions& o) {
   if (!(o.compute_efficiency > 0 && o.compute_efficiency <= 1))
     throw ScenarioError("--compute-efficiency", "expected a number in (0, 1]");
   if (o.steps < 1) throw ScenarioError("--steps", "expected at least 1");
+  check_world_sizes(s);
   const auto t0 = Clock::now();
   PlanResult r;
   r.scenario = s.name;
@@ -458,13 +486,20 @@ PlanResult plan_scenario(const Scenario& s, const PlanOptions& o) {
     c.mfu = c.model_flops_per_step / (c.eval.step_time_s * n * peak);
     c.hfu = k.hardware_flops_per_step() / (c.eval.step_time_s * n * peak);
     c.goodput = goodput_of(s.plan, n, c.eval.step_time_s, c.tokens_per_s);
-    if (o.simulate_ranks >= n) {
-      c.simulated = evaluate(s, p, dp, s.train.global_batch, o, true);
-      c.simulated_rel_diff =
-          std::fabs(c.simulated->step_time_s - c.eval.step_time_s) / c.eval.step_time_s;
-    }
     scale(s, o, r.device_memory_bytes, c);
     r.configs.push_back(std::move(c));
+  }
+  // The SimWorld cross-checks last, once the guard has seen what they will run.
+  std::vector<SimulateWork> work;
+  for (const ConfigPlan& c : r.configs)
+    if (c.modelled && o.simulate_ranks >= c.world_size)
+      work.push_back({c.config, c.world_size, c.eval.comm_ops, o.steps});
+  if (!work.empty() && o.check_simulate) o.check_simulate(work);
+  for (ConfigPlan& c : r.configs) {
+    if (!c.modelled || o.simulate_ranks < c.world_size) continue;
+    c.simulated = evaluate(s, c.spec, c.spec.mesh.dp, s.train.global_batch, o, true);
+    c.simulated_rel_diff =
+        std::fabs(c.simulated->step_time_s - c.eval.step_time_s) / c.eval.step_time_s;
   }
   for (std::size_t i = 0; i < r.configs.size(); ++i) {
     const ConfigPlan& c = r.configs[i];

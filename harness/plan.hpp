@@ -21,6 +21,16 @@
 
 namespace shardcheck::harness {
 
+// One configuration's --simulate-ranks run, counted before any of them starts (PlanOptions's
+// check_simulate): its ranks, the collectives each issues per step on the symmetric clock (the
+// busiest stage's), and the steps simulated.
+struct SimulateWork {
+  std::string config;
+  int world = 0;
+  std::size_t comm_ops_per_step = 0;
+  int steps = 0;
+};
+
 struct PlanOptions {
   // Also run the real SimWorld meta simulation for configurations of at most this many ranks
   // (0: never) and report its step time next to the symmetric clock's.
@@ -28,6 +38,10 @@ struct PlanOptions {
   double compute_efficiency = 1.0;          // achieved fraction of peak FLOP/s, in (0, 1]
   std::optional<comm::DType> reduce_dtype;  // what-if gradient reduction dtype (default: recipe)
   int steps = 2;                            // steps simulated (all alike; the mean is reported)
+  // Called with every configuration simulate_ranks selects, after the symmetric clock has timed
+  // them all and before the first simulation: it throws to refuse the work (the command's time
+  // and memory guards).
+  std::function<void(const std::vector<SimulateWork>&)> check_simulate;
 };
 
 // How the device times GEMMs (topology.device.sm_count, gemm_tile_m / _n): "whole 128 x 256 tiles
@@ -128,7 +142,11 @@ struct PlanResult {
   double wall_s = 0;
 };
 
-// Throws ScenarioError (exit 2) when the scenario's plan section is unusable.
+// Throws ScenarioError (exit 2) when the scenario's plan section is unusable, before any work: a
+// plan.world_sizes entry at which a configuration's data-parallel ranks do not split
+// train.global_batch into whole microbatches names $.plan.world_sizes[i], the world size and the
+// configuration. (A world size that is not a multiple of a configuration's model-parallel ranks
+// is a scaling point "not evaluated", with the reason.)
 PlanResult plan_scenario(const Scenario& s, const PlanOptions& o = {});
 
 // Evaluates one configuration at DP size `dp` (world: dp x its TP ranks) with this global batch on

@@ -168,6 +168,7 @@ struct MeshSettings {
   std::vector<std::pair<std::string, std::string>> refusals;  // family, why: the mesh refused
   std::vector<std::string> orders;                            // that place the groups apart
   std::vector<Setting> settings;
+  ParallelSpec base;  // the mesh at its most permissive settings (its orders found from it)
 };
 
 // Tries every order of st: the engine's checks, then the ledger (one per recompute mode, shared
@@ -290,18 +291,8 @@ SearchResult search_plans(const Scenario& s, const SearchOptions& o) {
                 ms.refusals.emplace_back(family, "not built: " + why);
               continue;
             }
-            // Orders that place the groups differently.
-            std::vector<std::string> orders;
-            std::set<std::string> placed;
-            for (const std::string& order : kOrders) {
-              ParallelSpec q = base;
-              q.order = order;
-              if (!unsupported(plain, q).empty()) continue;
-              if (placed.insert(placement_text(placement_of(plain, q))).second)
-                orders.push_back(order);
-            }
+            ms.base = base;  // its orders: below, once the guard has seen a first count
             const bool pure = tp == 1 && pp == 1 && cp == 1 && ep == 1;
-            ms.orders = orders;
             for (const DpMode& mode : dp_modes(dp, pure, rpn))
               for (const bool sp :
                    tp > 1 ? std::vector<bool>{true, false} : std::vector<bool>{false})
@@ -322,6 +313,28 @@ SearchResult search_plans(const Scenario& s, const SearchOptions& o) {
       }
     }
 
+  // The guard sees the work twice: with one rank order per mesh (a lower bound, before placing
+  // the groups of every order: that alone is seconds at a million ranks), then counted.
+  SearchWork counted{r.world, r.meshes, r.meshes - r.meshes_not_built, 0, m.layers, false};
+  for (const MeshSettings& ms : meshes) counted.candidates += 3 * ms.settings.size();
+  if (o.check_work) o.check_work(counted);
+  // Orders that place the groups differently.
+  const Scenario plain = with_train(s, 1, ref::Recompute::kNone);
+  for (MeshSettings& ms : meshes) {
+    if (!ms.refusals.empty()) continue;
+    std::set<std::string> placed;
+    for (const std::string& order : kOrders) {
+      ParallelSpec q = ms.base;
+      q.order = order;
+      if (!unsupported(plain, q).empty()) continue;
+      if (placed.insert(placement_text(placement_of(plain, q))).second) ms.orders.push_back(order);
+    }
+  }
+  counted.candidates = 0;
+  counted.orders_counted = true;
+  for (const MeshSettings& ms : meshes)
+    counted.candidates += 3 * ms.orders.size() * ms.settings.size();
+  if (o.check_work) o.check_work(counted);
   // Each setting's recompute modes in every order, on every thread: the ledger is the cost.
   std::vector<std::pair<const MeshSettings*, Setting*>> work;
   for (MeshSettings& ms : meshes)

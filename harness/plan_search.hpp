@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -26,6 +27,19 @@
 #include "reference/config.hpp"
 
 namespace shardcheck::harness {
+
+// The work a search has enumerated, before any ledger, bound or clock runs (SearchOptions's
+// check_work): the meshes of the world, those the engine builds, and the candidates (each
+// setting of a built mesh in each rank order that places its groups differently, in the three
+// recompute modes) the ledger, the bound and the clock go through.
+struct SearchWork {
+  int world = 0;
+  std::size_t meshes = 0, meshes_built = 0, candidates = 0;
+  int layers = 0;  // the model's: the skeleton each candidate's bound and clock replay
+  // false: candidates counts one rank order per mesh (a lower bound, before the orders are
+  // placed); true: every order that places the groups differently.
+  bool orders_counted = false;
+};
 
 struct SearchOptions {
   int world = 0;  // ranks to plan for; 0: the scenario's own (its parallel block's) world size
@@ -39,6 +53,9 @@ struct SearchOptions {
   // CP sizes tried: up to this (Llama 3 trained its 128K context with 16). A ring's steps grow
   // with cp, and so does the clock's work: cp ring steps per layer and microbatch.
   int max_cp = 16;
+  // Called once the meshes and their settings are enumerated, before the work on them: it throws
+  // to refuse a search too large (the command's time and memory guards).
+  std::function<void(const SearchWork&)> check_work;
 };
 
 struct SearchCandidate {

@@ -83,4 +83,43 @@ TEST(Cli, BenchWritesJsonWithNcclTestsFields) {
   std::filesystem::remove(path);
 }
 
+// --max-time takes a finite number of seconds: NaN (which passed CLI11's non-negative check),
+// infinities and negative numbers are refused, exit 2, naming the option; 0 still means no limit.
+TEST(Cli, MaxTimeMustBeFinite) {
+  for (const char* value : {"nan", "NaN", "inf", "-inf", "-1", "1e999", "5s"}) {
+    const Result r = run_cli(std::string("bench collectives --ranks 2 -b 1KB -e 1KB --iters 1 "
+                                         "--max-time ") +
+                             value);
+    EXPECT_EQ(r.code, 2) << value << "\n" << r.output;
+    EXPECT_TRUE(has(r.output, "--max-time")) << value << "\n" << r.output;
+  }
+  const Result r = run_cli("bench collectives --ranks 2 -b 1KB -e 1KB --iters 1 --max-time 0");
+  EXPECT_EQ(r.code, 0) << r.output;
+}
+
+// A size range that holds no element of the dtype (or, for the ops that split the buffer, no
+// multiple of the ranks) printed no row and exited 0: refused, exit 2, saying why.
+TEST(Cli, BenchSizeRangeWithNoRowIsRefused) {
+  Result r = run_cli("bench collectives -b 3 -e 7 --dtype f64");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_TRUE(has(r.output, "no size in the range")) << r.output;
+  EXPECT_TRUE(has(r.output, "one element of 8 bytes")) << r.output;
+  r = run_cli("bench collectives --op all_gather --ranks 8 -b 8 -e 16 --dtype f32");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_TRUE(has(r.output, "8 elements of 4 bytes (all_gather splits")) << r.output;
+}
+
+// 512 ranks x 1,000,000 iterations of 4 KiB was estimated at 52 s, accepted, and ran ~13 h: the
+// estimate now counts each collective's per-op cost (budget.hpp) and the run is refused under
+// --max-time naming the estimate and what to shrink; a small run still passes the same limit.
+TEST(Cli, BenchPastMaxTimeIsRefusedWithThePerOpCost) {
+  Result r = run_cli("bench collectives --ranks 512 -b 4KB -e 4KB --iters 1000000 --max-time 60");
+  EXPECT_EQ(r.code, 2) << r.output;
+  for (const char* part : {"bench collectives: needs at least", "more than 60 s (--max-time",
+                           "--iters 1000000", "512 ranks", "shrink --iters"})
+    EXPECT_TRUE(has(r.output, part)) << part << "\n" << r.output;
+  r = run_cli("bench collectives --ranks 4 -b 1KB -e 4KB --iters 3 --max-time 60");
+  EXPECT_EQ(r.code, 0) << r.output;
+}
+
 }  // namespace

@@ -16,8 +16,10 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
+#include <stdexcept>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "cli_support.hpp"
 #include "harness/driver.hpp"
@@ -397,6 +399,44 @@ TEST(PlanSearch, CommandLine) {
   std::tie(code, out) =
       shardcheck::testing::shardcheck("plan " + kSmallScenario + " --search --world 0");
   EXPECT_EQ(code, 2) << out;
+}
+
+// The search is guarded by a cost model (candidates x a per-candidate cost that grows with the
+// world and the layers, budget.hpp), checked once the meshes are enumerated and before any ledger,
+// bound or clock: the 70B scenario on 1,048,576 ranks (185 s and 2.6 GB measured) is refused under
+// --max-time 5 and under --max-memory 100MB, naming the estimate, the limit and --world; the hook
+// sees the counts, and a small search under the same limit still runs.
+TEST(PlanSearch, PastMaxTimeOrMemoryIsRefusedBeforeTheWork) {
+  const std::string big = std::string(SHARDCHECK_SCENARIOS_DIR) + "/plan/llama-70b-class.json";
+  auto [code, out] =
+      shardcheck::testing::shardcheck("plan " + big + " --search --world 1048576 --max-time 5");
+  EXPECT_EQ(code, 2) << out;
+  for (const char* part : {"plan --search: needs at least", "more than 5 s (--max-time",
+                           "--world 1048576: 1679 meshes", "shrink --world"})
+    EXPECT_NE(out.find(part), std::string::npos) << part << "\n" << out;
+  std::tie(code, out) = shardcheck::testing::shardcheck(
+      "plan " + big + " --search --world 1048576 --max-memory 100MB");
+  EXPECT_EQ(code, 2) << out;
+  EXPECT_NE(out.find("--max-memory"), std::string::npos) << out;
+  std::tie(code, out) =
+      shardcheck::testing::shardcheck("plan " + kSmallScenario + " --search --max-time 5");
+  EXPECT_EQ(code, 0) << out;
+
+  SearchOptions o;
+  o.world = 8;
+  std::vector<SearchWork> seen;
+  o.check_work = [&seen](const SearchWork& w) { seen.push_back(w); };
+  const SearchResult r = search_plans(load_scenario(kSmallScenario), o);
+  ASSERT_EQ(seen.size(), 2u);  // one rank order per mesh, then every order counted
+  EXPECT_FALSE(seen[0].orders_counted);
+  EXPECT_TRUE(seen[1].orders_counted);
+  EXPECT_EQ(seen[1].candidates, r.candidates);
+  EXPECT_LE(seen[0].candidates, seen[1].candidates);
+  EXPECT_EQ(seen[1].meshes, r.meshes);
+  EXPECT_EQ(seen[1].meshes_built, r.meshes - r.meshes_not_built);
+  // A hook that throws stops the search.
+  o.check_work = [](const SearchWork&) { throw std::runtime_error("refused"); };
+  EXPECT_THROW(search_plans(load_scenario(kSmallScenario), o), std::runtime_error);
 }
 
 }  // namespace

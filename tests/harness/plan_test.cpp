@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -569,6 +570,74 @@ TEST(Plan, JsonAndReportFields) {
   EXPECT_EQ(report.at("plan").at("candidates").size(), 9u);
   EXPECT_TRUE(fs::file_size(dir / "index.html") > 1000);
   fs::remove_all(dir);
+}
+
+// A plan.world_sizes entry at which a configuration's data-parallel ranks cannot split the global
+// batch is refused before any work (exit 2), naming the entry's JSON path, the world size and the
+// configuration; it was exit 3 "the run broke" from inside the scaling curve.
+TEST(Plan, WorldSizeTheBatchCannotSplitIsRefusedAtLoad) {
+  json j = small_json();  // global batch 64, micro batch 2
+  j["plan"]["world_sizes"] = {4, 3, 8};
+  const Scenario s = parse_scenario(j);
+  try {
+    plan_scenario(s);
+    ADD_FAILURE() << "world size 3 accepted";
+  } catch (const ScenarioError& e) {
+    EXPECT_EQ(e.path(), "$.plan.world_sizes[1]");
+    EXPECT_NE(std::string(e.what()).find("world size 3"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("dp8"), std::string::npos) << e.what();
+  }
+  const fs::path dir = temp_dir("shardcheck_plan_world_sizes");
+  fs::create_directories(dir);
+  j["plan"]["world_sizes"] = {8, 64};  // dp 64 x micro batch 2 = 128 > 64
+  std::ofstream(dir / "ws.json") << j.dump();
+  const Result r = run_cli("plan " + (dir / "ws.json").string());
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("$.plan.world_sizes[1]: world size 64"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("the run broke"), std::string::npos) << r.out;
+  // A world size that is not a multiple of a mesh's model-parallel ranks stays a point "not
+  // evaluated" (dp4-tp2 at 5 ranks), and the plan runs.
+  j["plan"]["world_sizes"] = {4, 8};
+  EXPECT_NO_THROW(plan_scenario(parse_scenario(j)));
+  fs::remove_all(dir);
+}
+
+// Numbers in the table fit their column: a step of 4.29e295 s (--compute-efficiency 1e-300)
+// prints in scientific form, not as the first 31 of its 296 digits.
+TEST(Plan, TableNumbersFitTheirColumns) {
+  const Result r = run_cli("plan " + kSmall + " --compute-efficiency 1e-300");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("e+295 s"), std::string::npos) << r.out;
+  int run = 0, longest = 0;
+  for (const char ch : r.out) {
+    run = std::isdigit(static_cast<unsigned char>(ch)) ? run + 1 : 0;
+    longest = std::max(longest, run);
+  }
+  EXPECT_LT(longest, 16) << r.out;
+}
+
+// --simulate-ranks is guarded by a cost model (the collectives the symmetric clock counts x ranks
+// x a per-rank cost per op, budget.hpp) before any simulation starts: the 70B scenario's 1,024-rank
+// configurations are refused under a small --max-time (and --max-memory), naming the estimate and
+// how to shrink it; a small one still runs (JsonAndReportFields).
+TEST(Plan, SimulateRanksPastMaxTimeIsRefusedBeforeRunning) {
+  const std::string big = std::string(SHARDCHECK_SCENARIOS_DIR) + "/plan/llama-70b-class.json";
+  Result r = run_cli("plan " + big + " --simulate-ranks 1048576 --max-time 5");
+  EXPECT_EQ(r.code, 2) << r.out;
+  for (const char* part :
+       {"plan --simulate-ranks: needs at least", "--max-time", "lower --simulate-ranks below 1024"})
+    EXPECT_NE(r.out.find(part), std::string::npos) << part << "\n" << r.out;
+  r = run_cli("plan " + big + " --simulate-ranks 1048576 --max-memory 64MB");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("--max-memory"), std::string::npos) << r.out;
+  r = run_cli("plan " + kSmall + " --simulate-ranks 8 --max-time nan");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("--max-time"), std::string::npos) << r.out;
+  r = run_cli("plan " + kSmall + " --compute-efficiency nan");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("--compute-efficiency"), std::string::npos) << r.out;
+  r = run_cli("plan " + kSmall + " --simulate-ranks 8 --max-time 600");
+  EXPECT_EQ(r.code, 0) << r.out;
 }
 
 }  // namespace
