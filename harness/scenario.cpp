@@ -516,41 +516,52 @@ namespace {
 constexpr std::uintmax_t kMaxScenarioBytes = std::uintmax_t{16} << 20;
 constexpr int kMaxJsonDepth = 64;
 
-// The JSON path of every key as nlohmann's parser callback sees it, and the keys seen so far in
-// each open object: a key given twice throws ScenarioError at its path.
+// SAX handler of the streaming pass that parse_scenario_text makes before building the tree: the
+// depth of each value as nlohmann's parser callback reported it (a key or value inside, or a
+// container opened inside, a container kMaxJsonDepth deep is refused as soon as it is seen), the
+// JSON path of every key, and the keys seen so far in each open object: a key given twice throws
+// ScenarioError at its path. A parse error throws the parser's own exception (parse_error, or
+// out_of_range for a number past double range). Linear in the text: nlohmann's callback parser
+// rescans an array's elements at the end of each object in it (5.6 s for a 200 000-entry matrix).
 class KeyPaths {
  public:
-  using Event = nlohmann::json::parse_event_t;
-  void on(Event event, const nlohmann::json& parsed, const std::string& origin) {
-    switch (event) {
-      case Event::object_start:
-      case Event::array_start:
-        open_.push_back({child(), event == Event::array_start, 0, {}, {}});
-        break;
-      case Event::key: {
-        Frame& f = open_.back();
-        const std::string key = parsed.get<std::string>();
-        ++f.members;
-        const auto [it, fresh] = f.keys.emplace(key, f.members);
-        if (!fresh)
-          throw ScenarioError(
-              origin + ": " + f.path + "." + comm::printable(key),
-              "duplicate key: " + f.path + "." + comm::printable(key) + " is given twice in " +
-                  f.path + " (its members " + std::to_string(it->second) + " and " +
-                  std::to_string(f.members) + "); JSON readers differ on which one wins, so "
-                  "give it once");
-        f.last_key = key;
-        break;
-      }
-      case Event::value:
-        element_done();
-        break;
-      case Event::object_end:
-      case Event::array_end:
-        open_.pop_back();
-        element_done();
-        break;
-    }
+  using number_integer_t = nlohmann::json::number_integer_t;
+  using number_unsigned_t = nlohmann::json::number_unsigned_t;
+  using number_float_t = nlohmann::json::number_float_t;
+  using string_t = nlohmann::json::string_t;
+  using binary_t = nlohmann::json::binary_t;
+
+  explicit KeyPaths(const std::string& origin) : origin_(origin) {}
+
+  bool null() { return value(); }
+  bool boolean(bool) { return value(); }
+  bool number_integer(number_integer_t) { return value(); }
+  bool number_unsigned(number_unsigned_t) { return value(); }
+  bool number_float(number_float_t, const string_t&) { return value(); }
+  bool string(string_t&) { return value(); }
+  bool binary(binary_t&) { return value(); }
+  bool start_object(std::size_t) { return open(false); }
+  bool start_array(std::size_t) { return open(true); }
+  bool key(string_t& k) {
+    check_depth();
+    Frame& f = open_.back();
+    ++f.members;
+    const auto [it, fresh] = f.keys.emplace(k, f.members);
+    if (!fresh)
+      throw ScenarioError(origin_ + ": " + f.path + "." + comm::printable(k),
+                          "duplicate key: " + f.path + "." + comm::printable(k) +
+                              " is given twice in " + f.path + " (its members " +
+                              std::to_string(it->second) + " and " + std::to_string(f.members) +
+                              "); JSON readers differ on which one wins, so "
+                              "give it once");
+    f.last_key = k;
+    return true;
+  }
+  bool end_object() { return close(); }
+  bool end_array() { return close(); }
+  template <class Exception>
+  bool parse_error(std::size_t, const std::string&, const Exception& e) {
+    throw e;  // its static type: nlohmann::json::parse_error or out_of_range
   }
 
  private:
@@ -561,6 +572,28 @@ class KeyPaths {
     std::map<std::string, std::size_t> keys;
     std::string last_key;
   };
+  // The depth nlohmann's callback reported for a container's start, a key or a value: the number
+  // of containers open around it.
+  void check_depth() const {
+    if (open_.size() > static_cast<std::size_t>(kMaxJsonDepth))
+      throw ScenarioError(origin_, "JSON nested deeper than " + std::to_string(kMaxJsonDepth) +
+                                       " levels; a scenario needs at most a few");
+  }
+  bool value() {
+    check_depth();
+    element_done();
+    return true;
+  }
+  bool open(bool array) {
+    check_depth();
+    open_.push_back({child(), array, 0, {}, {}});
+    return true;
+  }
+  bool close() {
+    open_.pop_back();
+    element_done();
+    return true;
+  }
   // The path of the value about to start.
   std::string child() const {
     if (open_.empty()) return "$";
@@ -571,6 +604,7 @@ class KeyPaths {
   void element_done() {
     if (!open_.empty() && open_.back().array) ++open_.back().members;
   }
+  const std::string& origin_;
   std::vector<Frame> open_;
 };
 
@@ -606,21 +640,16 @@ Scenario parse_scenario_text(std::string_view text, const std::string& origin_na
     throw ScenarioError(origin, std::to_string(text.size()) +
                                     " bytes; a scenario may have at most " +
                                     std::to_string(kMaxScenarioBytes));
-  // nlohmann's parser reports each value's depth; deeper input is refused as soon as it is seen.
-  // It also reports each key: a key given twice in one object (nlohmann keeps the last) is
-  // refused, naming the object and both places of the key in it.
-  KeyPaths keys;
-  const auto shallow = [&](int depth, nlohmann::json::parse_event_t event,
-                           nlohmann::json& parsed) {
-    if (depth > kMaxJsonDepth)
-      throw ScenarioError(where, "JSON nested deeper than " + std::to_string(kMaxJsonDepth) +
-                                     " levels; a scenario needs at most a few");
-    keys.on(event, parsed, where);
-    return true;
-  };
+  // One streaming pass first (KeyPaths): deeper input than kMaxJsonDepth is refused as soon as
+  // it is seen, before anything recurses over it, and a key given twice in one object (nlohmann
+  // keeps the last) is refused, naming the object and both places of the key in it. Then the
+  // tree, without a parser callback (nlohmann's callback parser is quadratic in an array's
+  // length); the pass has already refused any text this parse would.
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(text, shallow);
+    KeyPaths keys(where);
+    nlohmann::json::sax_parse(text, &keys);
+    j = nlohmann::json::parse(text);
   } catch (const nlohmann::json::parse_error& e) {
     throw ScenarioError(origin, std::string("not valid JSON: ") + e.what());
   } catch (const nlohmann::json::out_of_range& e) {  // a number past double range, e.g. 1e400
