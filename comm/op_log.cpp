@@ -10,44 +10,6 @@
 
 namespace shardcheck::comm {
 
-std::string_view name_of(OpRecord::Kind k) {
-  using K = OpRecord::Kind;
-  switch (k) {
-    case K::all_reduce:
-      return "all_reduce";
-    case K::reduce_scatter:
-      return "reduce_scatter";
-    case K::all_gather:
-      return "all_gather";
-    case K::broadcast:
-      return "broadcast";
-    case K::all_to_all:
-      return "all_to_all";
-    case K::all_to_all_v:
-      return "all_to_all_v";
-    case K::send:
-      return "send";
-    case K::recv:
-      return "recv";
-    case K::barrier:
-      return "barrier";
-    case K::split:
-      return "split";
-    case K::compute:
-      return "compute";
-    case K::wait:
-      return "wait";
-    case K::begin_step:
-      return "begin_step";
-  }
-  return "?";
-}
-
-bool is_communication(OpRecord::Kind k) {
-  using K = OpRecord::Kind;
-  return k != K::split && k != K::compute && k != K::wait && k != K::begin_step;
-}
-
 std::string OpLog::describe(const OpRecord& r) const {
   std::ostringstream os;
   os << name_of(r.kind);
@@ -64,9 +26,9 @@ std::string OpLog::describe(const OpRecord& r) const {
   } else {
     if (r.kind != K::barrier && r.kind != K::split)
       os << " " << name_of(r.dtype) << " x " << r.send_count << " -> " << r.recv_count;
-    if (r.kind == K::all_reduce || r.kind == K::reduce_scatter) os << " " << name_of(r.redop);
-    if (r.kind == K::broadcast) os << " root " << r.root_or_peer;
-    if (r.kind == K::send || r.kind == K::recv)
+    if (info(r.kind).reduces) os << " " << name_of(r.redop);
+    if (info(r.kind).rooted) os << " root " << r.root_or_peer;
+    if (info(r.kind).point_to_point)
       os << (r.kind == K::send ? " to " : " from ") << r.root_or_peer << " tag " << r.tag;
     if (r.kind == K::all_to_all_v) {
       os << " send counts";

@@ -16,25 +16,14 @@
 #include <vector>
 
 #include "comm/communicator.hpp"
+#include "comm/ops.hpp"
 
 namespace shardcheck::comm {
 
 struct OpRecord {
-  enum class Kind : std::uint8_t {
-    all_reduce,
-    reduce_scatter,
-    all_gather,
-    broadcast,
-    all_to_all,
-    all_to_all_v,
-    send,
-    recv,
-    barrier,
-    split,
-    compute,
-    wait,  // the first wait() on the Work of record `op`
-    begin_step
-  };
+  // The op table's kinds (comm/ops.hpp): the ops, and compute, wait (the first wait() on the
+  // Work of record `op`) and begin_step.
+  using Kind = Op;
   Kind kind = Kind::barrier;
   int group = -1;  // index into OpLog::groups (communication ops, split)
   DType dtype = DType::u8;
@@ -49,8 +38,6 @@ struct OpRecord {
   std::size_t op = 0;                                 // wait: the index of the waited record
   int step = 0;                                       // begin_step: the step; others: current
 };
-std::string_view name_of(OpRecord::Kind k);
-bool is_communication(OpRecord::Kind k);
 
 struct OpLog {
   struct Group {

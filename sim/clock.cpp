@@ -229,7 +229,7 @@ comm::WorkPtr SymmetricClock::collective(sim::OpKind k, double bytes) {
   // Every member of a stage arrives at this same time, so the op starts on arrival (SimWorld:
   // the max of the members' arrivals); a group spanning stages starts at the latest
   // representative's arrival.
-  const double start = meet(s.now(), sim::name_of(k));
+  const double start = meet(s.now(), comm::name_of(k));
   const double end = start + sim::op_seconds(k, size(), bytes, link_);
   s.comm_free = end;
   if (ClockStep* st = s.current()) {
@@ -285,38 +285,33 @@ comm::WorkPtr SymmetricClock::p2p(const comm::ConstBuffer& b, int peer, int tag,
   return std::make_shared<ClockWork>(state_, end, 0.0, false);
 }
 
+// Each op's bytes by the op table's rule (comm::cost_bytes), from its descriptor count.
+comm::WorkPtr SymmetricClock::collective(sim::OpKind k, std::size_t count, comm::DType t) {
+  return collective(k, comm::cost_bytes(k, static_cast<double>(count),
+                                        static_cast<double>(comm::size_of(t)), size()));
+}
+
 comm::WorkPtr SymmetricClock::do_all_reduce(comm::ConstBuffer, comm::Buffer recv,
                                             comm::ReduceOptions) {
-  return collective(sim::OpKind::all_reduce, static_cast<double>(recv.count) *
-                                                 static_cast<double>(comm::size_of(recv.dtype)));
+  return collective(sim::OpKind::all_reduce, recv.count, recv.dtype);
 }
 
 comm::WorkPtr SymmetricClock::do_reduce_scatter(comm::ConstBuffer, comm::Buffer recv,
                                                 comm::ReduceOptions) {
-  const double p = size();
-  return collective(
-      sim::OpKind::reduce_scatter,
-      static_cast<double>(recv.count) * static_cast<double>(comm::size_of(recv.dtype)) * p);
+  return collective(sim::OpKind::reduce_scatter, recv.count, recv.dtype);
 }
 
 comm::WorkPtr SymmetricClock::do_all_gather(comm::ConstBuffer send, comm::Buffer) {
-  const double p = size();
-  return collective(
-      sim::OpKind::all_gather,
-      static_cast<double>(send.count) * static_cast<double>(comm::size_of(send.dtype)) * p);
+  return collective(sim::OpKind::all_gather, send.count, send.dtype);
 }
 
 comm::WorkPtr SymmetricClock::do_broadcast(comm::ConstBuffer, comm::Buffer recv,
                                            comm::BroadcastOptions) {
-  return collective(sim::OpKind::broadcast, static_cast<double>(recv.count) *
-                                                static_cast<double>(comm::size_of(recv.dtype)));
+  return collective(sim::OpKind::broadcast, recv.count, recv.dtype);
 }
 
 comm::WorkPtr SymmetricClock::do_all_to_all(comm::ConstBuffer send, comm::Buffer) {
-  const double p = size();
-  return collective(sim::OpKind::all_to_all, static_cast<double>(send.count) *
-                                                 static_cast<double>(comm::size_of(send.dtype)) *
-                                                 (p - 1) / p);
+  return collective(sim::OpKind::all_to_all, send.count, send.dtype);
 }
 
 // Alike ranks send and receive alike, so this rank's own largest direction is every member's.
@@ -330,8 +325,7 @@ comm::WorkPtr SymmetricClock::do_all_to_all_v(comm::ConstBuffer send,
       out += send_counts[j];
       in += j < recv_counts.size() ? recv_counts[j] : 0;
     }
-  return collective(sim::OpKind::all_to_all_v, static_cast<double>(std::max(out, in)) *
-                                                   static_cast<double>(comm::size_of(send.dtype)));
+  return collective(sim::OpKind::all_to_all_v, std::max(out, in), send.dtype);
 }
 
 comm::WorkPtr SymmetricClock::do_send(comm::ConstBuffer buf, int peer, comm::P2POptions o) {

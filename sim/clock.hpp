@@ -155,6 +155,7 @@ class SymmetricClock final : public comm::Communicator {
   void record_region(std::uint64_t key, const RegionMark& mark);
   // A collective on this group whose cost-formula S is `bytes` (sim/README.md's table).
   comm::WorkPtr collective(sim::OpKind k, double bytes);
+  comm::WorkPtr collective(sim::OpKind k, std::size_t count, comm::DType t);  // the table's bytes
   comm::WorkPtr p2p(const comm::ConstBuffer& b, int peer, int tag, bool send);
   // The stages this group's members are in (1 without a hub).
   int stages_spanned() const;

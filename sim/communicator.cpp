@@ -25,7 +25,7 @@ OpDesc altered(OpDesc d, MismatchWhat what) {
       d.dtype = d.dtype == comm::DType::f32 ? comm::DType::f64 : comm::DType::f32;
       break;
     case MismatchWhat::op:
-      if (d.kind == OpKind::all_reduce || d.kind == OpKind::reduce_scatter)
+      if (comm::info(d.kind).reduces)
         d.redop = d.redop == comm::ReduceOp::sum ? comm::ReduceOp::max : comm::ReduceOp::sum;
       else
         d.kind = d.kind == OpKind::all_reduce ? OpKind::barrier : OpKind::all_reduce;
@@ -105,36 +105,21 @@ void SimCommunicator::time_slot(Slot& s) const {
   const OpDesc& d = s.desc;
   const double elem = static_cast<double>(comm::size_of(d.dtype));
   const double p = s.size;
-  double bytes = 0;
-  switch (d.kind) {
-    case OpKind::all_reduce:
-    case OpKind::broadcast:
-      bytes = static_cast<double>(d.count) * elem;
-      break;
-    case OpKind::reduce_scatter:
-    case OpKind::all_gather:
-      bytes = static_cast<double>(d.count) * elem * p;
-      break;
-    case OpKind::all_to_all:
-      bytes = static_cast<double>(d.count) * elem * (p - 1) / p;
-      break;
-    case OpKind::all_to_all_v: {
-      std::size_t most = 0;  // the most any member sends to, or receives from, the others
-      for (std::size_t i = 0; i < s.send_counts.size(); ++i) {
-        std::size_t out = 0, in = 0;
-        for (std::size_t j = 0; j < s.send_counts[i].size(); ++j)
-          if (j != i) {
-            out += s.send_counts[i][j];
-            in += s.recv_counts[i][j];
-          }
-        most = std::max({most, out, in});
-      }
-      bytes = static_cast<double>(most) * elem;
-      break;
+  double count = static_cast<double>(d.count);
+  if (d.kind == OpKind::all_to_all_v) {
+    std::size_t most = 0;  // the most any member sends to, or receives from, the others
+    for (std::size_t i = 0; i < s.send_counts.size(); ++i) {
+      std::size_t out = 0, in = 0;
+      for (std::size_t j = 0; j < s.send_counts[i].size(); ++j)
+        if (j != i) {
+          out += s.send_counts[i][j];
+          in += s.recv_counts[i][j];
+        }
+      most = std::max({most, out, in});
     }
-    default:
-      break;
+    count = static_cast<double>(most);
   }
+  const double bytes = comm::cost_bytes(d.kind, count, elem, p);  // the op table's byte rule
   s.cost_bytes = bytes;
   s.v_start = *std::max_element(s.arrival.begin(), s.arrival.end());
   s.v_end = s.v_start + op_seconds(d.kind, s.size, bytes, group_->link);

@@ -1,5 +1,6 @@
-// The kinds of communication op the simulator knows and the descriptor members of a group must
-// agree on. Shared by the rendezvous (state), the cost model (topology) and the fault injector.
+// The kinds of communication op the simulator knows (the op table's, comm/ops.hpp) and the
+// descriptor members of a group must agree on. Shared by the rendezvous (state), the cost model
+// (topology) and the fault injector.
 #pragma once
 
 #include <cstddef>
@@ -8,22 +9,13 @@
 #include <string_view>
 
 #include "comm/communicator.hpp"
+#include "comm/ops.hpp"
 
 namespace shardcheck::sim {
 
-enum class OpKind : std::uint8_t {
-  all_reduce,
-  reduce_scatter,
-  all_gather,
-  broadcast,
-  all_to_all,
-  all_to_all_v,
-  barrier,
-  split,
-  send,
-  recv
-};
-std::string_view name_of(OpKind k);
+// The op table's kinds (comm/ops.hpp); the simulator issues the communication ops and split.
+using OpKind = comm::Op;
+using comm::name_of;
 
 // What every member of a group must agree on at one sequence number.
 struct OpDesc {

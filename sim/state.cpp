@@ -9,32 +9,6 @@
 
 namespace shardcheck::sim {
 
-std::string_view name_of(OpKind k) {
-  switch (k) {
-    case OpKind::all_reduce:
-      return "all_reduce";
-    case OpKind::reduce_scatter:
-      return "reduce_scatter";
-    case OpKind::all_gather:
-      return "all_gather";
-    case OpKind::broadcast:
-      return "broadcast";
-    case OpKind::all_to_all:
-      return "all_to_all";
-    case OpKind::all_to_all_v:
-      return "all_to_all_v";
-    case OpKind::barrier:
-      return "barrier";
-    case OpKind::split:
-      return "split";
-    case OpKind::send:
-      return "send";
-    case OpKind::recv:
-      return "recv";
-  }
-  return "?";
-}
-
 std::string rank_ranges(const std::vector<int>& ranks) {
   std::string s = "[";
   for (std::size_t i = 0; i < ranks.size();) {
@@ -54,9 +28,8 @@ std::string rank_ranges(const std::vector<int>& ranks) {
 std::string OpDesc::describe() const {
   std::ostringstream os;
   os << name_of(kind) << "(count=" << count << ", dtype=" << comm::name_of(dtype);
-  if (kind == OpKind::all_reduce || kind == OpKind::reduce_scatter)
-    os << ", op=" << comm::name_of(redop);
-  if (kind == OpKind::broadcast) os << ", root=" << root;
+  if (comm::info(kind).reduces) os << ", op=" << comm::name_of(redop);
+  if (comm::info(kind).rooted) os << ", root=" << root;
   os << ")";
   return os.str();
 }

@@ -80,28 +80,7 @@ double compute_seconds(const Topology& t, const comm::ComputeCost& c) {
 }
 
 double op_seconds(OpKind k, int p, double bytes, const LinkCost& l) {
-  if (p <= 1) return 0;
-  const double pm1 = p - 1;
-  const double frac = pm1 / p;
-  switch (k) {
-    case OpKind::all_reduce:
-      return 2 * pm1 * l.alpha + 2 * frac * bytes * l.beta;
-    case OpKind::reduce_scatter:
-    case OpKind::all_gather:
-      return pm1 * l.alpha + frac * bytes * l.beta;
-    case OpKind::broadcast:
-    case OpKind::all_to_all:
-    case OpKind::all_to_all_v:
-      return pm1 * l.alpha + bytes * l.beta;
-    case OpKind::send:
-    case OpKind::recv:
-      return l.alpha + bytes * l.beta;
-    case OpKind::barrier:
-      return 2 * pm1 * l.alpha;
-    case OpKind::split:
-      return 0;
-  }
-  return 0;
+  return comm::link_seconds(k, p, bytes, l.alpha, l.beta);  // the op table's latency and bandwidth
 }
 
 std::string format_seconds(double s) {
