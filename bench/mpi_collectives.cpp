@@ -15,12 +15,15 @@
 #include <string>
 #include <vector>
 
+#include "comm/ops.hpp"
+
 namespace {
 
-enum class Op { kAllReduce, kAllGather, kReduceScatter };
+// The op table's kinds (comm/ops.hpp): names, busbw factors and buffer layouts come from there.
+using Op = shardcheck::comm::Op;
 
 struct Options {
-  Op op = Op::kAllReduce;
+  Op op = Op::all_reduce;
   std::int64_t min_bytes = 4096;
   std::int64_t max_bytes = 67108864;
   std::string json;
@@ -39,9 +42,10 @@ struct Row {
   Result oop, ip;
 };
 
-constexpr const char* kOpNames[] = {"all_reduce", "all_gather", "reduce_scatter"};
+// The ops this program times through MPI.
+constexpr Op kBenchOps[] = {Op::all_reduce, Op::all_gather, Op::reduce_scatter};
 const char* OpName(Op op) {
-  return kOpNames[static_cast<int>(op)];
+  return shardcheck::comm::name_of(op).data();  // the table's names are string literals
 }
 
 [[noreturn]] void Usage(int rank, const char* msg) {
@@ -71,9 +75,10 @@ Options Parse(int argc, char** argv, int rank) {
     if (i + 1 >= argc) Usage(rank, ("missing value for " + a).c_str());
     const char* v = argv[++i];
     if (a == "--op") {
-      auto it = std::find(std::begin(kOpNames), std::end(kOpNames), std::string(v));
-      if (it == std::end(kOpNames)) Usage(rank, ("unknown op " + std::string(v)).c_str());
-      o.op = static_cast<Op>(it - std::begin(kOpNames));
+      auto it = std::find_if(std::begin(kBenchOps), std::end(kBenchOps),
+                             [&](Op op) { return shardcheck::comm::name_of(op) == v; });
+      if (it == std::end(kBenchOps)) Usage(rank, ("unknown op " + std::string(v)).c_str());
+      o.op = *it;
     } else if (a == "--min-bytes") {
       o.min_bytes = ParseBytes(rank, v);
     } else if (a == "--max-bytes") {
@@ -106,20 +111,22 @@ class Bench {
     float* s = send_.data();
     float* r = recv_.data();
     switch (op_) {
-      case Op::kAllReduce:
+      case Op::all_reduce:
         MPI_Allreduce(in_place ? MPI_IN_PLACE : s, r, c, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
         break;
-      case Op::kAllGather:
+      case Op::all_gather:
         if (in_place) {
           MPI_Allgather(MPI_IN_PLACE, 0, MPI_FLOAT, r, per, MPI_FLOAT, MPI_COMM_WORLD);
         } else {
           MPI_Allgather(s, per, MPI_FLOAT, r, per, MPI_FLOAT, MPI_COMM_WORLD);
         }
         break;
-      case Op::kReduceScatter:
+      case Op::reduce_scatter:
         // In place: the input is the whole of r, and this rank's block lands at r[0..per).
         MPI_Reduce_scatter_block(in_place ? MPI_IN_PLACE : s, r, per, MPI_FLOAT, MPI_SUM,
                                  MPI_COMM_WORLD);
+        break;
+      default:  // not in kBenchOps
         break;
     }
   }
@@ -130,29 +137,33 @@ class Bench {
     float* in = in_place ? recv_.data() : send_.data();
     std::fill_n(recv_.begin(), total, -1.0f);
     switch (op_) {
-      case Op::kAllReduce:
-      case Op::kReduceScatter:
+      case Op::all_reduce:
+      case Op::reduce_scatter:
         for (std::int64_t i = 0; i < total; ++i) in[i] = Pattern(rank_, i);
         break;
-      case Op::kAllGather:
+      case Op::all_gather:
         // This rank's contribution is element j of its block; in place it sits at offset rank*per.
         for (std::int64_t j = 0; j < per; ++j) {
           in[(in_place ? rank_ * per : 0) + j] = Pattern(rank_, j);
         }
+        break;
+      default:
         break;
     }
     Run(total, in_place);
     long long wrong = 0;
     const float* out = recv_.data();
     switch (op_) {
-      case Op::kAllReduce:
+      case Op::all_reduce:
         for (std::int64_t i = 0; i < total; ++i) wrong += out[i] != SumAt(i);
         break;
-      case Op::kReduceScatter:
+      case Op::reduce_scatter:
         for (std::int64_t j = 0; j < per; ++j) wrong += out[j] != SumAt(rank_ * per + j);
         break;
-      case Op::kAllGather:
+      case Op::all_gather:
         for (std::int64_t i = 0; i < total; ++i) wrong += out[i] != Pattern(int(i / per), i % per);
+        break;
+      default:
         break;
     }
     long long sum = 0;
@@ -200,8 +211,7 @@ Result Measure(Bench& b, Op op, int n, std::int64_t total, bool in_place) {
   double bytes = static_cast<double>(total) * sizeof(float);
   r.time_us = secs * 1e6;
   r.algbw = bytes / secs / 1e9;
-  double factor = op == Op::kAllReduce ? 2.0 * (n - 1) / n : double(n - 1) / n;
-  r.busbw = r.algbw * factor;
+  r.busbw = r.algbw * shardcheck::comm::busbw_factor(op, n);
   return r;
 }
 
@@ -260,13 +270,13 @@ int main(int argc, char** argv) {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &n);
   Options o = Parse(argc, argv, rank);
-  const char* redop = o.op == Op::kAllGather ? "none" : "sum";
+  const char* redop = shardcheck::comm::info(o.op).reduces ? "sum" : "none";
 
   // Element counts per size: bytes/4, rounded down to a multiple of n for the scattering ops (as
   // nccl-tests does); the reported bytes are those of the rounded count.
   auto elems_for = [&](std::int64_t bytes) {
     std::int64_t e = bytes / static_cast<std::int64_t>(sizeof(float));
-    return o.op == Op::kAllReduce ? e : e / n * n;
+    return shardcheck::comm::splits_by_rank(o.op) ? e / n * n : e;
   };
   if (elems_for(o.max_bytes) > INT32_MAX) Usage(rank, "--max-bytes too large for an int count");
   Bench bench(o.op, rank, n, std::max<std::int64_t>(elems_for(o.max_bytes), 1));

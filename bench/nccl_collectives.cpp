@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/ops.hpp"
 #include "gpu/bootstrap.hpp"
 #ifdef SHARDCHECK_HAVE_MPI
 #include "gpu/mpi_bootstrap.hpp"
@@ -207,10 +208,8 @@ Result run_case(NcclCommunicator& c, const std::string& op, std::size_t count, b
   Result res;
   res.time_us = mx[0] * 1e6;
   res.algbw = static_cast<double>(count) * sizeof(float) / mx[0] / 1e9;
-  const double f = op == "all_reduce"  ? 2.0 * (n - 1) / n
-                   : op == "broadcast" ? 1.0
-                                       : static_cast<double>(n - 1) / n;
-  res.busbw = res.algbw * f;
+  // busbw factor from the op table (comm/ops.hpp); `op` is one of kOps, each a table name.
+  res.busbw = res.algbw * shardcheck::comm::busbw_factor(*shardcheck::comm::op_named(op), n);
   res.wrong = static_cast<long long>(sw[0]);
   return res;
 }

@@ -6,12 +6,13 @@
 #include <chrono>
 #include <vector>
 
+#include "comm/ops.hpp"
 #include "sim/world.hpp"
 
 namespace {
 
 using shardcheck::comm::Communicator;
-enum Op { kAllReduce, kAllGather, kReduceScatter };
+using Op = shardcheck::comm::Op;  // the op table's kinds (comm/ops.hpp): busbw factors from there
 
 void run_collective(benchmark::State& state, Op op) {
   const int n = static_cast<int>(state.range(0));
@@ -28,9 +29,9 @@ void run_collective(benchmark::State& state, Op op) {
       auto& o = out[static_cast<std::size_t>(c.rank())];
       c.barrier()->wait();
       const auto t0 = std::chrono::steady_clock::now();
-      if (op == kAllReduce) {
+      if (op == Op::all_reduce) {
         c.all_reduce(std::span<const float>(i), std::span<float>(o))->wait();
-      } else if (op == kAllGather) {
+      } else if (op == Op::all_gather) {
         c.all_gather(shardcheck::comm::cview(std::span<const float>(i.data(), per_rank)),
                      shardcheck::comm::view(
                          std::span<float>(o.data(), per_rank * static_cast<std::size_t>(n))))
@@ -47,7 +48,7 @@ void run_collective(benchmark::State& state, Op op) {
     });
     state.SetIterationTime(seconds);
   }
-  const double factor = op == kAllReduce ? 2.0 * (n - 1) / n : double(n - 1) / n;
+  const double factor = shardcheck::comm::busbw_factor(op, n);
   state.counters["algbw_GBps"] = benchmark::Counter(static_cast<double>(bytes) * 1e-9,
                                                     benchmark::Counter::kIsIterationInvariantRate);
   state.counters["busbw_GBps"] = benchmark::Counter(static_cast<double>(bytes) * 1e-9 * factor,
@@ -62,13 +63,13 @@ void args(benchmark::internal::Benchmark* b) {
 }
 
 void BM_AllReduce(benchmark::State& s) {
-  run_collective(s, kAllReduce);
+  run_collective(s, Op::all_reduce);
 }
 void BM_AllGather(benchmark::State& s) {
-  run_collective(s, kAllGather);
+  run_collective(s, Op::all_gather);
 }
 void BM_ReduceScatter(benchmark::State& s) {
-  run_collective(s, kReduceScatter);
+  run_collective(s, Op::reduce_scatter);
 }
 BENCHMARK(BM_AllReduce)->Apply(args);
 BENCHMARK(BM_AllGather)->Apply(args);

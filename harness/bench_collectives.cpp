@@ -6,40 +6,25 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <type_traits>
 
 namespace shardcheck::harness {
 
-std::string_view name_of(BenchOp op) {
-  switch (op) {
-    case BenchOp::all_reduce:
-      return "all_reduce";
-    case BenchOp::all_gather:
-      return "all_gather";
-    case BenchOp::reduce_scatter:
-      return "reduce_scatter";
-    case BenchOp::all_to_all:
-      return "all_to_all";
-    case BenchOp::broadcast:
-      return "broadcast";
-  }
-  return "?";
+bool is_bench_op(BenchOp op) {
+  const comm::OpInfo& i = comm::info(op);
+  return i.collective && i.layout != comm::Layout::none && i.layout != comm::Layout::varies;
 }
 
 bool parse_bench_op(std::string_view s, BenchOp& out) {
-  for (BenchOp op : {BenchOp::all_reduce, BenchOp::all_gather, BenchOp::reduce_scatter,
-                     BenchOp::all_to_all, BenchOp::broadcast})
-    if (name_of(op) == s) {
-      out = op;
-      return true;
-    }
-  return false;
+  const std::optional<comm::Op> op = comm::op_named(s);
+  if (!op || !is_bench_op(*op)) return false;
+  out = *op;
+  return true;
 }
 
 double bus_factor(BenchOp op, int n) {
-  if (op == BenchOp::all_reduce) return 2.0 * (n - 1) / n;
-  if (op == BenchOp::broadcast) return 1.0;
-  return static_cast<double>(n - 1) / n;
+  return comm::busbw_factor(op, n);
 }
 
 std::uint64_t BenchResult::total_wrong() const {
@@ -123,23 +108,10 @@ bool same(const T& a, const T& b) {
   return std::memcmp(&a, &b, sizeof(T)) == 0;
 }
 
-struct Layout {
-  std::size_t send = 0, recv = 0;  // element counts of this rank's buffers
-};
+using Layout = comm::Counts;  // element counts of this rank's buffers
 
 Layout layout(BenchOp op, std::size_t count, int n) {
-  const auto un = static_cast<std::size_t>(n);
-  switch (op) {
-    case BenchOp::all_reduce:
-    case BenchOp::broadcast:
-    case BenchOp::all_to_all:
-      return {count, count};
-    case BenchOp::all_gather:
-      return {count / un, count};
-    case BenchOp::reduce_scatter:
-      return {count, count / un};
-  }
-  return {count, count};
+  return comm::counts_for(op, count, n);
 }
 
 template <class T>
@@ -201,6 +173,8 @@ class Case {
         else
           c_.reduce_scatter(s, d, {.op = o_.redop})->wait();
         break;
+      default:  // not a bench op (is_bench_op)
+        break;
     }
     (void)r;
   }
@@ -233,6 +207,8 @@ class Case {
         for (std::size_t j = 0; j < static_cast<std::size_t>(n); ++j)
           for (std::size_t i = 0; i < per; ++i)
             bad += !same(out[j * per + i], value<T>(static_cast<int>(j), r * per + i, o_.redop));
+        break;
+      default:  // not a bench op (is_bench_op)
         break;
     }
     return bad;
@@ -298,8 +274,7 @@ BenchCell measure(const RankRunner& run, int n, const BenchOptions& o, std::size
 
 std::vector<std::size_t> bench_counts(const BenchOptions& o, int ranks) {
   const std::size_t esize = comm::size_of(o.dtype);
-  const bool split =
-      o.op == BenchOp::all_gather || o.op == BenchOp::reduce_scatter || o.op == BenchOp::all_to_all;
+  const bool split = comm::splits_by_rank(o.op);
   const std::size_t align = split ? static_cast<std::size_t>(std::max(ranks, 1)) : 1;
   std::vector<std::size_t> counts;
   for (std::size_t bytes = std::max<std::size_t>(o.min_bytes, 1); bytes <= o.max_bytes;
@@ -366,7 +341,7 @@ void print_header(std::ostream& os, const std::string& backend, int ranks, const
 
 void print_row(std::ostream& os, const BenchOptions& o, const BenchRow& row) {
   char line[256];
-  const bool reduces = o.op == BenchOp::all_reduce || o.op == BenchOp::reduce_scatter;
+  const bool reduces = comm::info(o.op).reduces;
   std::snprintf(line, sizeof line,
                 "%13zu %12zu %9s %7s %8.1f %7.2f %7.2f %7llu %8.1f %7.2f %7.2f %7llu\n", row.bytes,
                 row.count, std::string(type_name(o.dtype)).c_str(),

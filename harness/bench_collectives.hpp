@@ -11,14 +11,18 @@
 #include <vector>
 
 #include "comm/communicator.hpp"
+#include "comm/ops.hpp"
 
 namespace shardcheck::harness {
 
-enum class BenchOp { all_reduce, all_gather, reduce_scatter, all_to_all, broadcast };
-std::string_view name_of(BenchOp op);
+// A benchmarked collective: an op of the op table (comm/ops.hpp) with a fixed buffer layout
+// (all_reduce, all_gather, reduce_scatter, all_to_all, broadcast). Its name is comm::name_of's.
+using BenchOp = comm::Op;
+// Whether `op` has a benchmark row (a collective whose counts follow from the buffer's).
+bool is_bench_op(BenchOp op);
 bool parse_bench_op(std::string_view s, BenchOp& out);
-// busbw = algbw x this factor (nccl-tests): 2(n-1)/n for all_reduce, (n-1)/n for all_gather,
-// reduce_scatter and all_to_all, 1 for broadcast.
+// busbw = algbw x this factor (nccl-tests, the op table's comm::busbw_factor): 2(n-1)/n for
+// all_reduce, (n-1)/n for all_gather, reduce_scatter and all_to_all, 1 for broadcast.
 double bus_factor(BenchOp op, int n);
 
 struct BenchRow;

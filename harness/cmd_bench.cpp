@@ -43,8 +43,7 @@ nlohmann::json to_json(const BenchResult& r) {
                           {"wrong", c.wrong}};
   };
   nlohmann::json rows = nlohmann::json::array();
-  const bool reduces =
-      r.options.op == BenchOp::all_reduce || r.options.op == BenchOp::reduce_scatter;
+  const bool reduces = comm::info(r.options.op).reduces;
   for (const auto& row : r.rows)
     rows.push_back({{"bytes", row.bytes},
                     {"count", row.count},
@@ -120,8 +119,7 @@ int bench_collectives_cmd(const BenchArgs& a) {
     runner = [&world](const std::function<void(comm::Communicator&)>& fn) { world->run(fn); };
   }
   if (bench_counts(o, ranks).empty()) {
-    const bool split = o.op == BenchOp::all_gather || o.op == BenchOp::reduce_scatter ||
-                       o.op == BenchOp::all_to_all;
+    const bool split = comm::splits_by_rank(o.op);
     const std::string need =
         split ? std::to_string(ranks) + " elements of " + std::to_string(comm::size_of(o.dtype)) +
                     " bytes (" + std::string(name_of(o.op)) + " splits the buffer over the " +
