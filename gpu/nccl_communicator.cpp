@@ -7,6 +7,7 @@
 #include <thread>
 #include <tuple>
 
+#include "comm/ops.hpp"
 #include "gpu/nccl_core.hpp"
 
 namespace shardcheck::gpu {
@@ -35,6 +36,12 @@ void same_dtype(const ConstBuffer& a, const Buffer& b, const OpContext& ctx) {
 
 bool is_half(DType t) {
   return t == DType::bf16 || t == DType::f16;
+}
+
+// The op's name in the op table (comm/ops.hpp), as the contexts and signature checks take it (the
+// table's names are string literals, so null-terminated).
+const char* op_name(comm::Op op) {
+  return comm::name_of(op).data();
 }
 }  // namespace
 
@@ -151,16 +158,16 @@ WorkPtr NcclCommunicator::reduce_common(const char* op, ConstBuffer send, Buffer
 }
 
 WorkPtr NcclCommunicator::do_all_reduce(ConstBuffer send, Buffer recv, comm::ReduceOptions o) {
-  return reduce_common("all_reduce", send, recv, o, false);
+  return reduce_common(op_name(comm::Op::all_reduce), send, recv, o, false);
 }
 
 WorkPtr NcclCommunicator::do_reduce_scatter(ConstBuffer send, Buffer recv, comm::ReduceOptions o) {
-  return reduce_common("reduce_scatter", send, recv, o, true);
+  return reduce_common(op_name(comm::Op::reduce_scatter), send, recv, o, true);
 }
 
 WorkPtr NcclCommunicator::do_all_gather(ConstBuffer send, Buffer recv) {
   Core& c = *core_;
-  const OpContext ctx = c.begin("all_gather");
+  const OpContext ctx = c.begin(op_name(comm::Op::all_gather));
   c.flush(ctx);
   same_dtype(send, recv, ctx);
   require(recv.count == send.count * static_cast<std::size_t>(c.size), ctx,
@@ -177,7 +184,7 @@ WorkPtr NcclCommunicator::do_all_gather(ConstBuffer send, Buffer recv) {
 
 WorkPtr NcclCommunicator::do_broadcast(ConstBuffer send, Buffer recv, comm::BroadcastOptions o) {
   Core& c = *core_;
-  const OpContext ctx = c.begin("broadcast");
+  const OpContext ctx = c.begin(op_name(comm::Op::broadcast));
   c.flush(ctx);
   require(
       o.root >= 0 && o.root < c.size, ctx,
@@ -201,7 +208,7 @@ WorkPtr NcclCommunicator::do_broadcast(ConstBuffer send, Buffer recv, comm::Broa
 
 WorkPtr NcclCommunicator::do_all_to_all(ConstBuffer send, Buffer recv) {
   Core& c = *core_;
-  const OpContext ctx = c.begin("all_to_all");
+  const OpContext ctx = c.begin(op_name(comm::Op::all_to_all));
   c.flush(ctx);
   same_dtype(send, recv, ctx);
   require(send.count == recv.count && send.count % static_cast<std::size_t>(c.size) == 0, ctx,
@@ -227,7 +234,7 @@ WorkPtr NcclCommunicator::do_all_to_all_v(ConstBuffer send,
                                           std::span<const std::size_t> send_counts, Buffer recv,
                                           std::span<const std::size_t> recv_counts) {
   Core& c = *core_;
-  const OpContext ctx = c.begin("all_to_all_v");
+  const OpContext ctx = c.begin(op_name(comm::Op::all_to_all_v));
   c.flush(ctx);
   same_dtype(send, recv, ctx);
   const auto p = static_cast<std::size_t>(c.size);
@@ -328,7 +335,7 @@ WorkPtr NcclCommunicator::do_recv(Buffer buf, int peer, comm::P2POptions /*o*/) 
 
 WorkPtr NcclCommunicator::do_barrier() {
   Core& c = *core_;
-  const OpContext ctx = c.begin("barrier");
+  const OpContext ctx = c.begin(op_name(comm::Op::barrier));
   c.flush(ctx);
   c.arrive(ctx, 0, comm::DType::f32, -1, -1);
   c.nccl_check(ncclAllReduce(c.one, c.one, 1, ncclFloat32, ncclMax, c.comm, c.stream), ctx,
@@ -339,7 +346,7 @@ WorkPtr NcclCommunicator::do_barrier() {
 std::unique_ptr<comm::Communicator> NcclCommunicator::do_split(int color, int key,
                                                                const comm::SplitOptions& o) {
   Core& c = *core_;
-  const OpContext ctx = c.begin("split");
+  const OpContext ctx = c.begin(op_name(comm::Op::split));
   c.flush(ctx);
   c.arrive(ctx, 0, comm::DType::i32, -1, -1);
   // Learn every member's (color, key) so the new group's world ranks are known here.
