@@ -77,7 +77,8 @@ double compute_seconds(const Topology& t, const comm::ComputeCost& c);
 //   send / recv                  a + S*b                      S = the message
 //   barrier                      2(p-1)a                      (an all_reduce of nothing)
 //   split                        0                            (bookkeeping; it still synchronises)
-// p = 1 costs nothing. a = alpha, b = 1/bandwidth of the slowest link the group crosses.
+// p = 1 costs nothing. a = alpha, b = 1/bandwidth of the slowest link the group crosses. The
+// terms and S of each op are rows of the op table (comm/ops.hpp: latency, bandwidth, cost_bytes).
 double op_seconds(OpKind k, int p, double bytes, const LinkCost& l);
 
 // "12.5 us", "3.20 ms", "1.234 s": how virtual times appear in messages.

@@ -10,16 +10,6 @@
 
 namespace shardcheck::parallel {
 
-std::string_view name_of(CpAlgo a) {
-  switch (a) {
-    case CpAlgo::ring:
-      return "ring";
-    case CpAlgo::ulysses:
-      return "ulysses";
-  }
-  return "?";
-}
-
 namespace {
 
 std::string str(int64_t v) {

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "comm/communicator.hpp"
+#include "parallel/config.hpp"
 #include "parallel/mp/meta.hpp"
 #include "parallel/mp/tokens.hpp"
 #include "parallel/testing.hpp"
@@ -34,8 +35,7 @@
 
 namespace shardcheck::parallel {
 
-enum class CpAlgo : std::uint8_t { ring, ulysses };
-std::string_view name_of(CpAlgo a);
+// CpAlgo and its names: parallel/config.hpp.
 
 // The attention kernel without CP, or with Ulysses: the engine's own, which keeps the s x s
 // probabilities, or flash (costs.hpp's flash_forward: the scores computed again inside the

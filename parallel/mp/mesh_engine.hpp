@@ -30,6 +30,7 @@
 #include "comm/communicator.hpp"
 #include "comm/memory.hpp"
 #include "comm/mesh.hpp"
+#include "parallel/config.hpp"
 #include "parallel/fsdp.hpp"
 #include "parallel/mp/cp_attention.hpp"
 #include "parallel/mp/mesh_params.hpp"
@@ -110,17 +111,18 @@ struct DataParallelRules {
   bool ddp_overlap = false;
   FsdpOptions fsdp;  // the options, or without FSDP the defaults with no prefetch
 };
-inline DataParallelRules data_parallel_rules(const MeshOptions& o) {
-  DataParallelRules r;
-  r.fsdp = o.fsdp.value_or(FsdpOptions{.prefetch = 0});
-  r.no_shard = o.fsdp && r.fsdp.sharding == ShardingStrategy::no_shard;
-  r.zero = o.fsdp && !r.no_shard ? 3 : o.zero;
-  r.hybrid_shard = o.fsdp && r.fsdp.sharding == ShardingStrategy::hybrid_shard;
-  r.keep_after_forward =
-      r.fsdp.sharding == ShardingStrategy::shard_grad_op || !r.fsdp.reshard_after_forward;
-  r.ddp_overlap = o.overlap && r.zero <= 1 && !r.no_shard;
-  return r;
-}
+// From the options' data-parallel part as a configuration (data_parallel_of), the rules of
+// ParallelConfig (parallel/config.hpp); ddp_overlap also reads MeshOptions::overlap.
+DataParallelRules data_parallel_rules(const MeshOptions& o);
+
+// The engine's options for a configuration (the mesh and its layout, schedule, CP algorithm,
+// ZeRO / FSDP settings, DDP buckets; no health check, the engine's attention kernel). An unset
+// hybrid_shard group (0) is gcd(dp, ranks_per_node), PyTorch's HYBRID_SHARD default (shard inside
+// a node, replicate across nodes).
+MeshOptions mesh_options(const ParallelConfig& c, int ranks_per_node);
+// The options' data-parallel part as the configuration's variant: fsdp if set (a zero stage
+// beside it, which validate_mesh refuses unless 3, dropped), else ZeRO, else DDP.
+DataParallel data_parallel_of(const MeshOptions& o);
 
 // Throws MeshConfigError naming the field when the model, batch or mesh do not fit together.
 void validate_mesh(const ref::ModelConfig& model, const ref::TrainConfig& train,

@@ -1,9 +1,10 @@
 // validate_mesh: every rule a parallel configuration must meet against the model and the batch,
-// written once. The scenario loader (with the JSON path of field()), the engine, the ledger and
+// written once (its rules on its own: parallel/config.cpp's validate). The scenario loader (with the JSON path of field()), the engine, the ledger and
 // the CLI's "not built" rows all call it. Each message names the value and what it must divide.
 #include <algorithm>
 #include <iterator>
 #include <map>
+#include <optional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -30,13 +31,29 @@ struct Rules {
 void validate_mesh(const ref::ModelConfig& m, const ref::TrainConfig& t, const MeshOptions& o) {
   const Rules require;
   const comm::MeshShape& s = o.shape;
-  for (const comm::Axis a : comm::kAllAxes) {
-    const std::string axis(comm::name_of(a));
-    require(s.size(a) >= 1, axis.c_str(), axis + " must be >= 1");
-  }
-  require(s.world_size64() <= comm::kMaxWorldSize, "world_size",
-          "world size dp*tp*pp*cp = " + n(s.world_size64()) + " is over the ceiling of " +
-              n(comm::kMaxWorldSize) + " ranks");
+  // The configuration's own rules (parallel/config.hpp), then the options' zero beside fsdp, then
+  // the model's and the batch's.
+  ParallelConfig c;
+  c.mesh = o.shape;
+  c.order = o.order;
+  c.data = data_parallel_of(o);
+  c.sequence_parallel = o.sequence_parallel;
+  c.pp_schedule = o.schedule;
+  c.virtual_stages = o.virtual_stages;
+  c.cp_algo = o.cp_algo;
+  if (const std::optional<ConfigError> e = validate(c))
+    throw MeshConfigError(e->field, e->what, e->not_built);
+  require(o.zero >= 0 && o.zero <= 3, "zero", "zero " + n(o.zero) + " is not a ZeRO stage (0..3)");
+  if (o.fsdp)
+    require(o.zero == 0 || (o.zero == 3 && o.fsdp->sharding != ShardingStrategy::no_shard),
+            "fsdp",
+            "choose either zero (stage " + n(o.zero) + ") or fsdp (\"" +
+                std::string(name_of(o.fsdp->sharding)) + "\"), not both");
+  // Options carry the shard group resolved (mesh_options): 0 is no longer "ranks per node".
+  if (o.fsdp && o.fsdp->sharding == ShardingStrategy::hybrid_shard)
+    require(o.fsdp->shard_group_size >= 1, "fsdp.shard_group_size",
+            "shard_group_size " + n(o.fsdp->shard_group_size) + " must be >= 1 and divide dp (" +
+                n(s.dp) + ")");
   require(m.heads % s.tp == 0, "tp",
           "tp " + n(s.tp) + " does not divide model.heads (" + n(m.heads) + ")");
   require(m.kv_heads % s.tp == 0 || s.tp % m.kv_heads == 0, "tp",
@@ -52,10 +69,6 @@ void validate_mesh(const ref::ModelConfig& m, const ref::TrainConfig& t, const M
     require(m.moe.has_value(), "ep", "ep = " + n(s.ep) + " needs a model with moe experts");
     require(m.moe->experts % s.ep == 0, "ep",
             "ep " + n(s.ep) + " does not divide model.moe.experts (" + n(m.moe->experts) + ")");
-    require((s.dp * s.cp) % s.ep == 0, "ep",
-            "ep " + n(s.ep) + " does not divide dp*cp (" + n(s.dp) + "*" + n(s.cp) +
-                "): the expert-parallel ranks are carved out of the data- and context-parallel "
-                "ranks (world = dp*tp*pp*cp), so {\"dp\": 8, \"ep\": 4} is 8 ranks");
   }
   try {
     const comm::DeviceMesh mesh(s, o.order);
@@ -97,34 +110,9 @@ void validate_mesh(const ref::ModelConfig& m, const ref::TrainConfig& t, const M
         }
       }
     }
-  } catch (const comm::MeshError& e) {
+  } catch (const comm::MeshError& e) {  // validate() named an invalid order already
     require(false, "order", e.what());
   }
-  require(o.zero >= 0 && o.zero <= 3, "zero", "zero " + n(o.zero) + " is not a ZeRO stage (0..3)");
-  if (o.fsdp) {
-    const FsdpOptions& f = *o.fsdp;
-    if (f.sharding == ShardingStrategy::no_shard && (s.tp > 1 || s.pp > 1 || s.cp > 1 || s.ep > 1))
-      throw MeshConfigError(
-          "fsdp", "fsdp \"no_shard\" is built only on a data-parallel mesh (tp = pp = cp = ep = 1)",
-          /*not_built=*/true);
-    require(o.zero == 0 || (o.zero == 3 && f.sharding != ShardingStrategy::no_shard), "fsdp",
-            "choose either zero (stage " + n(o.zero) + ") or fsdp (\"" +
-                std::string(name_of(f.sharding)) + "\"), not both");
-    require(f.prefetch >= 0 && f.prefetch <= 2, "fsdp.prefetch",
-            "fsdp.prefetch " + n(f.prefetch) + " is not 0, 1 or 2");
-    require(f.wrap != WrapPolicy::layer_group || f.blocks_per_unit >= 1, "fsdp.blocks_per_unit",
-            "fsdp.blocks_per_unit " + n(f.blocks_per_unit) + " must be >= 1");
-    if (f.sharding == ShardingStrategy::hybrid_shard) {
-      const int sg = f.shard_group_size;
-      require(sg >= 1 && s.dp % sg == 0, "fsdp.shard_group_size",
-              "shard_group_size " + n(sg) + " must be >= 1 and divide dp (" + n(s.dp) + ")");
-    }
-  }
-  require(o.virtual_stages >= 1, "virtual_stages", "virtual_stages must be >= 1");
-  require(o.virtual_stages == 1 || o.schedule == PipeSchedule::interleaved, "virtual_stages",
-          "virtual_stages " + n(o.virtual_stages) + " needs pp_schedule \"interleaved\"");
-  require(o.schedule != PipeSchedule::interleaved || o.virtual_stages >= 2, "virtual_stages",
-          "the interleaved schedule needs virtual_stages >= 2");
   require(m.layers >= s.pp * o.virtual_stages, "pp",
           "model.layers (" + n(m.layers) + ") is fewer than the pipeline stages (pp " + n(s.pp) +
               " x virtual_stages " + n(o.virtual_stages) + ")");

@@ -52,18 +52,6 @@ PipeAction bwd(int mb, int chunk) {
 
 }  // namespace
 
-std::string_view name_of(PipeSchedule s) {
-  switch (s) {
-    case PipeSchedule::gpipe:
-      return "gpipe";
-    case PipeSchedule::one_f_one_b:
-      return "1f1b";
-    case PipeSchedule::interleaved:
-      return "interleaved";
-  }
-  return "?";
-}
-
 std::vector<PipeAction> pipeline_schedule(PipeSchedule s, int stages, int stage, int microbatches,
                                           int virtual_stages) {
   validate(s, stages, stage, microbatches, virtual_stages);

@@ -36,12 +36,12 @@
 #include <vector>
 
 #include "comm/communicator.hpp"
+#include "parallel/config.hpp"
 #include "reference/tensor.hpp"
 
 namespace shardcheck::parallel {
 
-enum class PipeSchedule : std::uint8_t { gpipe, one_f_one_b, interleaved };
-std::string_view name_of(PipeSchedule s);  // "gpipe", "1f1b", "interleaved"
+// PipeSchedule and its names: parallel/config.hpp.
 
 // A pipeline configuration the schedules do not support, or a callback breaking its contract.
 class PipelineError : public std::invalid_argument {
