@@ -152,9 +152,9 @@ std::optional<ConfigError> validate(const ParallelConfig& c) {
     if (f->sharding == ShardingStrategy::hybrid_shard) {
       const int sg = f->shard_group_size;  // 0: ranks per node, resolved by mesh_options
       if (sg < 0 || (sg > 0 && s.dp % sg != 0))
-        return ConfigError{"fsdp.shard_group_size", "shard_group_size " + num(sg) +
-                                                        " must be >= 1 and divide dp (" +
-                                                        num(s.dp) + ")"};
+        return ConfigError{
+            "fsdp.shard_group_size",
+            "shard_group_size " + num(sg) + " must be >= 1 and divide dp (" + num(s.dp) + ")"};
     }
   }
   if (c.virtual_stages < 1) return ConfigError{"virtual_stages", "virtual_stages must be >= 1"};

@@ -1,11 +1,12 @@
 // validate_mesh: every rule a parallel configuration must meet against the model and the batch,
-// written once (its rules on its own: parallel/config.cpp's validate). The scenario loader (with the JSON path of field()), the engine, the ledger and
-// the CLI's "not built" rows all call it. Each message names the value and what it must divide.
+// written once (its rules on its own: parallel/config.cpp's validate). The scenario loader (with
+// the JSON path of field()), the engine, the ledger and the CLI's "not built" rows all call it.
+// Each message names the value and what it must divide.
 #include <algorithm>
 #include <iterator>
 #include <map>
-#include <optional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -45,8 +46,7 @@ void validate_mesh(const ref::ModelConfig& m, const ref::TrainConfig& t, const M
     throw MeshConfigError(e->field, e->what, e->not_built);
   require(o.zero >= 0 && o.zero <= 3, "zero", "zero " + n(o.zero) + " is not a ZeRO stage (0..3)");
   if (o.fsdp)
-    require(o.zero == 0 || (o.zero == 3 && o.fsdp->sharding != ShardingStrategy::no_shard),
-            "fsdp",
+    require(o.zero == 0 || (o.zero == 3 && o.fsdp->sharding != ShardingStrategy::no_shard), "fsdp",
             "choose either zero (stage " + n(o.zero) + ") or fsdp (\"" +
                 std::string(name_of(o.fsdp->sharding)) + "\"), not both");
   // Options carry the shard group resolved (mesh_options): 0 is no longer "ranks per node".

@@ -54,7 +54,8 @@ TEST(ParallelConfig, DerivedPropertiesOfEachAlternative) {
   EXPECT_FALSE(no_shard.shards_params());
   EXPECT_TRUE(no_shard.no_shard());
 
-  EXPECT_TRUE(dp(4, Fsdp{.sharding = ShardingStrategy::shard_grad_op}).keeps_params_after_forward());
+  EXPECT_TRUE(
+      dp(4, Fsdp{.sharding = ShardingStrategy::shard_grad_op}).keeps_params_after_forward());
   EXPECT_TRUE(dp(4, Fsdp{.reshard_after_forward = false}).keeps_params_after_forward());
   EXPECT_TRUE(dp(4, Fsdp{.sharding = ShardingStrategy::hybrid_shard}).hybrid());
 }
@@ -91,9 +92,9 @@ TEST(ParallelConfig, ValidateNamesTheField) {
   EXPECT_EQ(field_of(dp(2, Fsdp{.wrap = WrapPolicy::layer_group, .blocks_per_unit = 0})),
             "fsdp.blocks_per_unit");
   // A shard group must divide dp; 0 is "ranks per node", resolved by mesh_options.
-  EXPECT_EQ(field_of(dp(6, Fsdp{.sharding = ShardingStrategy::hybrid_shard,
-                                .shard_group_size = 4})),
-            "fsdp.shard_group_size");
+  EXPECT_EQ(
+      field_of(dp(6, Fsdp{.sharding = ShardingStrategy::hybrid_shard, .shard_group_size = 4})),
+      "fsdp.shard_group_size");
   EXPECT_EQ(field_of(dp(6, Fsdp{.sharding = ShardingStrategy::hybrid_shard})), "");
   ParallelConfig tp = dp(2, Fsdp{.sharding = ShardingStrategy::no_shard});
   tp.mesh.tp = 2;
@@ -111,8 +112,7 @@ TEST(ParallelConfig, ValidateNamesTheField) {
 }
 
 TEST(ParallelConfig, MeshOptionsRoundTrip) {
-  const ParallelConfig h =
-      dp(16, Fsdp{.sharding = ShardingStrategy::hybrid_shard, .prefetch = 2});
+  const ParallelConfig h = dp(16, Fsdp{.sharding = ShardingStrategy::hybrid_shard, .prefetch = 2});
   const MeshOptions o = mesh_options(h, 8);
   ASSERT_TRUE(o.fsdp);
   EXPECT_EQ(o.fsdp->shard_group_size, 8);  // gcd(dp, ranks per node)
