@@ -14,7 +14,7 @@ std::optional<PipelineResult> pipeline_bubble(const Scenario& s, const ParallelS
   if (p.mesh.pp == 1 || timeline.empty() || steps.empty()) return std::nullopt;
   const comm::DeviceMesh mesh(p.mesh, p.order);
   PipelineResult r;
-  r.schedule = p.pp_schedule;
+  r.schedule = std::string(parallel::name_of(p.pp_schedule));
   r.stages = p.mesh.pp;
   r.virtual_stages = p.virtual_stages;
   r.microbatches = s.train.global_batch / (p.mesh.dp * s.train.micro_batch);

@@ -10,7 +10,7 @@
 namespace shardcheck::harness {
 
 parallel::MeshOptions engine_options(const Scenario& s, const ParallelSpec& p) {
-  parallel::MeshOptions o = mesh_options(p, s.topology.ranks_per_node);
+  parallel::MeshOptions o = parallel::mesh_options(p, s.topology.ranks_per_node);
   o.health.check = true;
   o.health.policy = s.health.nan_policy == "stop" ? parallel::NonFinitePolicy::stop
                                                   : parallel::NonFinitePolicy::skip_step;
@@ -23,28 +23,12 @@ parallel::MeshOptions planning_options(const Scenario& s, const ParallelSpec& p)
   return o;
 }
 
-parallel::DataParallelOptions data_parallel_view(const parallel::MeshOptions& m) {
-  using parallel::Strategy;
-  parallel::DataParallelOptions d;
-  d.strategy = m.fsdp        ? Strategy::fsdp
-               : m.zero == 0 ? Strategy::ddp
-               : m.zero == 1 ? Strategy::zero1
-               : m.zero == 2 ? Strategy::zero2
-                             : Strategy::zero3;
-  d.fsdp = m.fsdp.value_or(parallel::FsdpOptions{});
-  d.bucket_elems = m.bucket_elems;
-  d.overlap = m.overlap;
-  return d;
-}
-
 bool model_parallel(const ParallelSpec& p) {
-  return p.mesh.tp > 1 || p.mesh.pp > 1 || p.mesh.cp > 1 || p.mesh.ep > 1;
+  return p.model_parallel();
 }
 
 std::string strategy_name(const ParallelSpec& p) {
-  if (model_parallel(p)) return "mesh";
-  if (p.fsdp) return "fsdp";
-  return p.zero == 0 ? "ddp" : "zero" + std::to_string(p.zero);
+  return model_parallel(p) ? "mesh" : p.strategy_name();
 }
 
 std::string unsupported(const Scenario& s, const ParallelSpec& p) {

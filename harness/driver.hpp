@@ -22,16 +22,12 @@
 
 namespace shardcheck::harness {
 
-// mesh_options (scenario.hpp) for the scenario's topology, with the health check on under the
-// scenario's health.nan_policy.
+// parallel::mesh_options (parallel/mp/mesh_engine.hpp) for the scenario's topology, with the health
+// check on under the scenario's health.nan_policy.
 parallel::MeshOptions engine_options(const Scenario& s, const ParallelSpec& p);
 // engine_options with the planner's inputs: the attention kernel of s.plan (a GPU run's kernel,
 // which the numeric engine does not run), for the planner's skeleton and ledgers.
 parallel::MeshOptions planning_options(const Scenario& s, const ParallelSpec& p);
-
-// The data-parallel settings of those options, as the analytic ledger and the planner's
-// skeleton read them (strategy, FSDP details, buckets).
-parallel::DataParallelOptions data_parallel_view(const parallel::MeshOptions& m);
 
 // True when any model-parallel axis (tp, pp, cp, ep) is above 1.
 bool model_parallel(const ParallelSpec& p);

@@ -137,7 +137,7 @@ void explain(PlanResult& r) {
     if (c.spec.shards_params())
       n += "; each unit's gradient is reduce-scattered every microbatch during the backward "
            "(PyTorch FSDP's default), only the shards accumulate";
-    else if (c.spec.zero == 2)
+    else if (c.spec.zero_stage() == 2)
       n += "; gradients accumulate in a full local buffer and are reduce-scattered once per step "
            "(Megatron's grad buffer)";
     if (c.spec.mesh.pp > 1)
@@ -467,10 +467,9 @@ PlanResult plan_scenario(const Scenario& s, const PlanOptions& o) {
     c.fits = static_cast<double>(c.memory_per_rank_bytes) <= r.device_memory_bytes;
     c.modelled = true;
     const int dp = p.mesh.dp, n = c.world_size;
-    const parallel::DataParallelOptions opts = data_parallel_view(engine_options(s, p));
-    c.strategy = std::string(parallel::name_of(opts.strategy));
-    if (opts.strategy == parallel::Strategy::fsdp)
-      c.strategy += ":" + std::string(parallel::name_of(opts.fsdp.sharding));
+    c.strategy = p.strategy_name();
+    if (const parallel::Fsdp* f = p.fsdp())
+      c.strategy += ":" + std::string(parallel::name_of(f->sharding));
     const parallel::TimingSpec spec =
         skeleton_spec(s, p, dp, s.train.global_batch, o.reduce_dtype ? &*o.reduce_dtype : nullptr);
     r.reduce_dtype = std::string(comm::name_of(spec.grad_dtype));

@@ -48,31 +48,36 @@ std::vector<int> divisors(int n) {
 const std::vector<std::string> kOrders = {"tp-cp-ep-dp-pp", "tp-cp-ep-pp-dp", "tp-dp-cp-ep-pp",
                                           "tp-pp-cp-ep-dp", "tp-dp-pp-cp-ep", "tp-pp-dp-cp-ep"};
 
-struct DpMode {
-  int zero = 0;
-  const char* fsdp = nullptr;
-};
-
 // The data-parallel settings of a mesh with dp ranks (pure: no model-parallel axis).
-std::vector<DpMode> dp_modes(int dp, bool pure, int ranks_per_node) {
-  if (dp == 1) return {{}};
-  std::vector<DpMode> m = {{0, nullptr}, {1, nullptr},      {2, nullptr},
-                           {3, nullptr}, {0, "full_shard"}, {0, "shard_grad_op"}};
+std::vector<parallel::DataParallel> dp_modes(int dp, bool pure, int ranks_per_node) {
+  using parallel::Ddp, parallel::Zero, parallel::Fsdp, parallel::ShardingStrategy;
+  if (dp == 1) return {Ddp{}};
+  std::vector<parallel::DataParallel> m = {Ddp{},
+                                           Zero{.stage = 1},
+                                           Zero{.stage = 2},
+                                           Zero{.stage = 3},
+                                           Fsdp{},
+                                           Fsdp{.sharding = ShardingStrategy::shard_grad_op}};
   if (pure) {
-    m.push_back({0, "no_shard"});
-    if (std::gcd(dp, ranks_per_node) < dp) m.push_back({0, "hybrid_shard"});
+    m.push_back(Fsdp{.sharding = ShardingStrategy::no_shard});
+    if (std::gcd(dp, ranks_per_node) < dp)
+      m.push_back(Fsdp{.sharding = ShardingStrategy::hybrid_shard});
   }
   return m;
 }
 
 struct Schedule {
-  const char* name;
+  parallel::PipeSchedule schedule;
   int virtual_stages;
 };
 
 std::vector<Schedule> schedules(int pp) {
-  if (pp == 1) return {{"1f1b", 1}};
-  return {{"1f1b", 1}, {"gpipe", 1}, {"interleaved", 2}, {"interleaved", 4}};
+  using parallel::PipeSchedule;
+  if (pp == 1) return {{PipeSchedule::one_f_one_b, 1}};
+  return {{PipeSchedule::one_f_one_b, 1},
+          {PipeSchedule::gpipe, 1},
+          {PipeSchedule::interleaved, 2},
+          {PipeSchedule::interleaved, 4}};
 }
 
 std::string label_of(const ParallelSpec& p, int mb, ref::Recompute rc) {
@@ -108,14 +113,11 @@ std::string differences(const SearchCandidate& a, const SearchCandidate& b) {
   for (comm::Axis x : comm::kAllAxes)
     if (p.mesh.size(x) != q.mesh.size(x))
       d.push_back(std::string(comm::name_of(x)) + " " + std::to_string(p.mesh.size(x)));
-  const auto dp_mode = [](const ParallelSpec& s) {
-    return s.fsdp ? "fsdp " + *s.fsdp : "zero " + std::to_string(s.zero);
-  };
-  if (dp_mode(p) != dp_mode(q)) d.push_back(dp_mode(p));
+  if (p.data_parallel_words() != q.data_parallel_words()) d.push_back(p.data_parallel_words());
   if (p.sequence_parallel != q.sequence_parallel)
     d.push_back(p.sequence_parallel ? "sequence parallel" : "no sequence parallel");
   if (p.pp_schedule != q.pp_schedule || p.virtual_stages != q.virtual_stages)
-    d.push_back(p.pp_schedule +
+    d.push_back(std::string(parallel::name_of(p.pp_schedule)) +
                 (p.virtual_stages > 1 ? " x" + std::to_string(p.virtual_stages) : ""));
   if (a.micro_batch != b.micro_batch) d.push_back("micro batch " + std::to_string(a.micro_batch));
   if (a.recompute != b.recompute) d.push_back("recompute " + ref::to_string(a.recompute));
@@ -271,8 +273,10 @@ SearchResult search_plans(const Scenario& s, const SearchOptions& o) {
         const int dp = r.world / tp / cp / pp;
         const std::vector<int> eps = m.moe ? divisors(dp * cp) : std::vector<int>{1};
         for (int ep : eps)
-          for (const char* algo : cp > 1 ? std::vector<const char*>{"ulysses", "ring"}
-                                         : std::vector<const char*>{"ring"}) {
+          for (const parallel::CpAlgo algo :
+               cp > 1 ? std::vector<parallel::CpAlgo>{parallel::CpAlgo::ulysses,
+                                                      parallel::CpAlgo::ring}
+                      : std::vector<parallel::CpAlgo>{parallel::CpAlgo::ring}) {
             ++r.meshes;
             ParallelSpec base;
             base.mesh = comm::MeshShape{.dp = dp, .tp = tp, .pp = pp, .cp = cp, .ep = ep};
@@ -280,7 +284,7 @@ SearchResult search_plans(const Scenario& s, const SearchOptions& o) {
             // The mesh's families: as it is, and with its parameters sharded (DDP and FSDP,
             // TP + DP and FSDP + TP are the same meshes).
             ParallelSpec sharded = base;
-            sharded.zero = 3;
+            sharded.data = parallel::Zero{.stage = 3};
             std::set<std::string> families = {family_of(base), family_of(sharded)};
             // The most permissive settings: a refusal here refuses every setting of the mesh.
             const Scenario plain = with_train(s, 1, ref::Recompute::kNone);
@@ -293,7 +297,7 @@ SearchResult search_plans(const Scenario& s, const SearchOptions& o) {
             }
             ms.base = base;  // its orders: below, once the guard has seen a first count
             const bool pure = tp == 1 && pp == 1 && cp == 1 && ep == 1;
-            for (const DpMode& mode : dp_modes(dp, pure, rpn))
+            for (const parallel::DataParallel& mode : dp_modes(dp, pure, rpn))
               for (const bool sp :
                    tp > 1 ? std::vector<bool>{true, false} : std::vector<bool>{false})
                 for (const Schedule& sched : schedules(pp))
@@ -301,10 +305,9 @@ SearchResult search_plans(const Scenario& s, const SearchOptions& o) {
                     if (mb > o.max_micro_batch) break;
                     Setting& st = ms.settings.emplace_back();
                     st.spec = base;
-                    st.spec.zero = mode.zero;
-                    if (mode.fsdp) st.spec.fsdp = mode.fsdp;
+                    st.spec.data = mode;
                     st.spec.sequence_parallel = sp;
-                    st.spec.pp_schedule = sched.name;
+                    st.spec.pp_schedule = sched.schedule;
                     st.spec.virtual_stages = sched.virtual_stages;
                     st.micro_batch = mb;
                     st.family = family_of(st.spec);
@@ -529,12 +532,14 @@ nlohmann::json search_json(const SearchResult& r) {
         {"pp", p.mesh.pp},
         {"cp", p.mesh.cp},
         {"ep", p.mesh.ep},
-        {"zero", p.zero},
-        {"fsdp", p.fsdp ? nlohmann::json(*p.fsdp) : nlohmann::json(nullptr)},
+        {"zero", p.zero_given()},
+        {"fsdp", p.fsdp() ? nlohmann::json(std::string(parallel::name_of(p.fsdp()->sharding)))
+                          : nlohmann::json(nullptr)},
         {"sequence_parallel", p.sequence_parallel},
-        {"pp_schedule", p.pp_schedule},
+        {"pp_schedule", std::string(parallel::name_of(p.pp_schedule))},
         {"virtual_stages", p.virtual_stages},
-        {"cp_algo", p.mesh.cp > 1 ? nlohmann::json(p.cp_algo) : nlohmann::json(nullptr)},
+        {"cp_algo", p.mesh.cp > 1 ? nlohmann::json(std::string(parallel::name_of(p.cp_algo)))
+                                  : nlohmann::json(nullptr)},
         {"order", p.order},
         {"micro_batch", c.micro_batch},
         {"activation_checkpointing", ref::to_string(c.recompute)},

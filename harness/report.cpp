@@ -22,10 +22,15 @@ namespace shardcheck::harness {
 namespace {
 
 nlohmann::json mesh_json(const ParallelSpec& p) {
-  return {{"dp", p.mesh.dp}, {"tp", p.mesh.tp},
-          {"pp", p.mesh.pp}, {"cp", p.mesh.cp},
-          {"ep", p.mesh.ep}, {"order", p.order},
-          {"zero", p.zero},  {"fsdp", p.fsdp ? nlohmann::json(*p.fsdp) : nlohmann::json(nullptr)}};
+  return {{"dp", p.mesh.dp},
+          {"tp", p.mesh.tp},
+          {"pp", p.mesh.pp},
+          {"cp", p.mesh.cp},
+          {"ep", p.mesh.ep},
+          {"order", p.order},
+          {"zero", p.zero_given()},
+          {"fsdp", p.fsdp() ? nlohmann::json(std::string(parallel::name_of(p.fsdp()->sharding)))
+                            : nlohmann::json(nullptr)}};
 }
 
 nlohmann::json groups_json(const ParallelSpec& p) {

@@ -6,10 +6,9 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <initializer_list>
 #include <map>
-#include <numeric>
 #include <optional>
-#include <sstream>
 
 #include "comm/text.hpp"
 #include "harness/plan_skeleton.hpp"
@@ -111,44 +110,103 @@ ref::DataConfig parse_data(ObjectReader o) {
   return d;
 }
 
-ParallelSpec parse_parallel(ObjectReader o, const ParallelSpec& base) {
-  ParallelSpec p = base;
-  p.mesh.dp = o.integer("dp", base.mesh.dp, 1, 65536);
-  p.mesh.tp = o.integer("tp", base.mesh.tp, 1, 65536);
-  p.mesh.pp = o.integer("pp", base.mesh.pp, 1, 65536);
-  p.mesh.cp = o.integer("cp", base.mesh.cp, 1, 65536);
-  p.mesh.ep = o.integer("ep", base.mesh.ep, 1, 65536);
-  p.order = o.text("order", base.order);
-  p.zero = o.integer("zero", base.zero, 0, 3);
+// A "parallel" object or matrix entry as written, before it becomes a ParallelConfig: "zero",
+// "fsdp" and "bucket_elems" are separate keys that an entry inherits one by one from "parallel"
+// ({"fsdp": null} over a base with FSDP and buckets is DDP with the base's buckets).
+struct ParallelDraft {
+  ParallelSpec spec;  // everything but the data-parallel strategy
+  int zero = 0;
+  std::optional<parallel::ShardingStrategy> fsdp;
+  parallel::Fsdp fsdp_details;  // used when fsdp is set
+  int bucket_elems = static_cast<int>(parallel::Ddp{}.bucket_elems);
+};
+
+template <typename E>
+E enum_named(const std::string& name, std::initializer_list<E> all) {
+  for (const E e : all)
+    if (parallel::name_of(e) == name) return e;
+  return *all.begin();  // unreachable: the reader's choice() checked the name
+}
+
+parallel::ShardingStrategy sharding_named(const std::string& name) {
+  using S = parallel::ShardingStrategy;
+  return enum_named(name, {S::full_shard, S::shard_grad_op, S::no_shard, S::hybrid_shard});
+}
+
+ParallelDraft parse_parallel(ObjectReader o, const ParallelDraft& base) {
+  using parallel::name_of;
+  ParallelDraft d = base;
+  ParallelSpec& p = d.spec;
+  p.mesh.dp = o.integer("dp", base.spec.mesh.dp, 1, 65536);
+  p.mesh.tp = o.integer("tp", base.spec.mesh.tp, 1, 65536);
+  p.mesh.pp = o.integer("pp", base.spec.mesh.pp, 1, 65536);
+  p.mesh.cp = o.integer("cp", base.spec.mesh.cp, 1, 65536);
+  p.mesh.ep = o.integer("ep", base.spec.mesh.ep, 1, 65536);
+  p.order = o.text("order", base.spec.order);
+  d.zero = o.integer("zero", base.zero, 0, 3);
   if (const nlohmann::json* f = o.raw("fsdp")) {
     if (f->is_null()) {
-      p.fsdp.reset();  // an explicit null clears it
+      d.fsdp.reset();  // an explicit null clears it
     } else if (f->is_object()) {
       ObjectReader fo = o.object("fsdp");
-      p.fsdp = fo.choice("sharding", "full_shard",
-                         {"full_shard", "shard_grad_op", "no_shard", "hybrid_shard"});
-      p.fsdp_wrap = fo.choice("wrap", base.fsdp_wrap, {"block", "layer_group", "whole_model"});
-      p.fsdp_blocks_per_unit = fo.integer("blocks_per_unit", base.fsdp_blocks_per_unit, 1, 65536);
-      p.fsdp_reshard_after_forward =
-          fo.boolean("reshard_after_forward", base.fsdp_reshard_after_forward);
-      p.fsdp_prefetch = fo.integer("prefetch", base.fsdp_prefetch, 0, 2);
-      p.fsdp_shard_group = fo.integer("shard_group_size", base.fsdp_shard_group, 0, 65536);
+      parallel::Fsdp& x = d.fsdp_details;
+      d.fsdp = sharding_named(fo.choice(
+          "sharding", "full_shard", {"full_shard", "shard_grad_op", "no_shard", "hybrid_shard"}));
+      using W = parallel::WrapPolicy;
+      x.wrap = enum_named(fo.choice("wrap", std::string(name_of(base.fsdp_details.wrap)),
+                                    {"block", "layer_group", "whole_model"}),
+                          {W::block, W::layer_group, W::whole_model});
+      x.blocks_per_unit =
+          fo.integer("blocks_per_unit", base.fsdp_details.blocks_per_unit, 1, 65536);
+      x.reshard_after_forward =
+          fo.boolean("reshard_after_forward", base.fsdp_details.reshard_after_forward);
+      x.prefetch = fo.integer("prefetch", base.fsdp_details.prefetch, 0, 2);
+      x.shard_group_size =
+          fo.integer("shard_group_size", base.fsdp_details.shard_group_size, 0, 65536);
       fo.finish();
     } else {
-      p.fsdp = o.choice("fsdp", "", {"full_shard", "shard_grad_op", "no_shard", "hybrid_shard"});
+      d.fsdp = sharding_named(
+          o.choice("fsdp", "", {"full_shard", "shard_grad_op", "no_shard", "hybrid_shard"}));
     }
   }
-  p.bucket_elems = o.integer("bucket_elems", base.bucket_elems, 1, 1 << 30);
-  p.sequence_parallel = o.boolean("sequence_parallel", base.sequence_parallel);
-  p.pp_schedule = o.choice("pp_schedule", base.pp_schedule, {"gpipe", "1f1b", "interleaved"});
-  p.virtual_stages = o.integer("virtual_stages", base.virtual_stages, 1, 1024);
-  p.cp_algo = o.choice("cp_algo", base.cp_algo, {"ring", "ulysses"});
+  d.bucket_elems = o.integer("bucket_elems", base.bucket_elems, 1, 1 << 30);
+  p.sequence_parallel = o.boolean("sequence_parallel", base.spec.sequence_parallel);
+  using S = parallel::PipeSchedule;
+  p.pp_schedule = enum_named(o.choice("pp_schedule", std::string(name_of(base.spec.pp_schedule)),
+                                      {"gpipe", "1f1b", "interleaved"}),
+                             {S::gpipe, S::one_f_one_b, S::interleaved});
+  p.virtual_stages = o.integer("virtual_stages", base.spec.virtual_stages, 1, 1024);
+  using A = parallel::CpAlgo;
+  p.cp_algo =
+      enum_named(o.choice("cp_algo", std::string(name_of(base.spec.cp_algo)), {"ring", "ulysses"}),
+                 {A::ring, A::ulysses});
   const bool world_given = o.raw("world_size") != nullptr;
   const int world = o.integer("world_size", 1, 1, static_cast<int>(comm::kMaxWorldSize));
   o.finish();
   if (world_given && world != p.mesh.world_size64())
     throw ScenarioError(o.at("world_size"), num(world) + " is not dp*tp*pp*cp = " +
                                                 std::to_string(p.mesh.world_size64()));
+  return d;
+}
+
+// The configuration a draft says: FSDP, else ZeRO, else DDP; a ZeRO stage beside FSDP is refused
+// at path.fsdp (scenarios/README.md: fsdp "not with zero > 0").
+ParallelSpec config_of(const ParallelDraft& d, const std::string& path) {
+  ParallelSpec p = d.spec;
+  const auto elems = static_cast<std::size_t>(d.bucket_elems);
+  if (d.fsdp) {
+    if (d.zero != 0)
+      throw ScenarioError(path + ".fsdp",
+                          "choose either zero (stage " + num(d.zero) + ") or fsdp (\"" +
+                              std::string(parallel::name_of(*d.fsdp)) + "\"), not both");
+    parallel::Fsdp f = d.fsdp_details;
+    f.sharding = *d.fsdp;
+    p.data = f;
+  } else if (d.zero > 0) {
+    p.data = parallel::Zero{.stage = d.zero, .bucket_elems = elems};
+  } else {
+    p.data = parallel::Ddp{.bucket_elems = elems};
+  }
   return p;
 }
 
@@ -158,7 +216,7 @@ ParallelSpec parse_parallel(ObjectReader o, const ParallelSpec& base) {
 void check_config(const ParallelSpec& p, const ref::ModelConfig& m, const ref::TrainConfig& t,
                   const std::string& path) {
   try {
-    parallel::validate_mesh(m, t, mesh_options(p, 1));
+    parallel::validate_mesh(m, t, parallel::mesh_options(p, 1));
   } catch (const parallel::MeshConfigError& e) {
     if (!e.not_built()) throw ScenarioError(path + "." + e.field(), e.what());
   }
@@ -279,76 +337,6 @@ void check_faults_fire(const Scenario& sc) {
 
 }  // namespace
 
-parallel::MeshOptions mesh_options(const ParallelSpec& p, int ranks_per_node) {
-  using parallel::ShardingStrategy;
-  using parallel::WrapPolicy;
-  parallel::MeshOptions o;
-  o.shape = p.mesh;
-  o.order = p.order;
-  o.sequence_parallel = p.sequence_parallel;
-  o.schedule = p.pp_schedule == "gpipe"         ? parallel::PipeSchedule::gpipe
-               : p.pp_schedule == "interleaved" ? parallel::PipeSchedule::interleaved
-                                                : parallel::PipeSchedule::one_f_one_b;
-  o.virtual_stages = p.virtual_stages;
-  o.cp_algo = p.cp_algo == "ulysses" ? parallel::CpAlgo::ulysses : parallel::CpAlgo::ring;
-  o.zero = p.zero;
-  o.bucket_elems = static_cast<std::size_t>(p.bucket_elems);
-  if (p.fsdp) {
-    parallel::FsdpOptions f;
-    f.sharding = *p.fsdp == "shard_grad_op"  ? ShardingStrategy::shard_grad_op
-                 : *p.fsdp == "no_shard"     ? ShardingStrategy::no_shard
-                 : *p.fsdp == "hybrid_shard" ? ShardingStrategy::hybrid_shard
-                                             : ShardingStrategy::full_shard;
-    f.wrap = p.fsdp_wrap == "layer_group"   ? WrapPolicy::layer_group
-             : p.fsdp_wrap == "whole_model" ? WrapPolicy::whole_model
-                                            : WrapPolicy::block;
-    f.blocks_per_unit = p.fsdp_blocks_per_unit;
-    f.reshard_after_forward = p.fsdp_reshard_after_forward;
-    f.prefetch = p.fsdp_prefetch;
-    f.shard_group_size =
-        p.fsdp_shard_group > 0 ? p.fsdp_shard_group : std::gcd(p.mesh.dp, ranks_per_node);
-    o.fsdp = f;
-  }
-  return o;
-}
-
-std::string ParallelSpec::label() const {
-  std::string s;
-  for (comm::Axis a : comm::kAllAxes)
-    if (mesh.size(a) > 1)
-      s += (s.empty() ? "" : "-") + std::string(comm::name_of(a)) + num(mesh.size(a));
-  if (s.empty()) s = "single";
-  if (zero > 0) s += "-zero" + num(zero);
-  if (fsdp) {
-    s += "-fsdp_" + *fsdp;
-    if (fsdp_wrap == "layer_group") s += "-wrap" + num(fsdp_blocks_per_unit);
-    if (fsdp_wrap == "whole_model") s += "-wrapall";
-    if (!fsdp_reshard_after_forward) s += "-noreshard";
-    if (fsdp_prefetch != 1) s += "-pf" + num(fsdp_prefetch);
-    if (*fsdp == "hybrid_shard" && fsdp_shard_group > 0) s += "-sg" + num(fsdp_shard_group);
-  }
-  if (sequence_parallel) s += "-sp";
-  if (mesh.pp > 1 || virtual_stages > 1)
-    s += "-" + pp_schedule + (virtual_stages > 1 ? "x" + num(virtual_stages) : "");
-  if (mesh.cp > 1) s += "-" + cp_algo;
-  // An order that lays the ranks out otherwise than the default: "-order_pp_tp_dp" (its axes
-  // of size > 1, fastest first).
-  const auto laid = [&](const std::string& o) {
-    std::string out;
-    std::stringstream in(comm::DeviceMesh(mesh, o).order_string());
-    for (std::string axis; std::getline(in, axis, '-');)
-      for (comm::Axis a : comm::kAllAxes)
-        if (comm::name_of(a) == axis && mesh.size(a) > 1) out += "_" + axis;
-    return out;
-  };
-  try {
-    const std::string mine = laid(order);
-    if (mine != laid(ParallelSpec{}.order)) s += "-order" + mine;
-  } catch (const comm::MeshError&) {  // an invalid mesh or order: validation names it
-  }
-  return s;
-}
-
 TopologySpec parse_topology(ObjectReader topo) {
   TopologySpec t;
   t.ranks_per_node = topo.integer("ranks_per_node", t.ranks_per_node, 1, 1 << 20);
@@ -420,12 +408,13 @@ Scenario parse_scenario(const nlohmann::json& j) {
   } catch (const ref::ConfigError& e) {
     throw ScenarioError("$." + e.field(), e.what());
   }
-  sc.parallel = parse_parallel(o.object("parallel"), ParallelSpec{});
+  const ParallelDraft base = parse_parallel(o.object("parallel"), ParallelDraft{});
+  sc.parallel = config_of(base, "$.parallel");
   check_config(sc.parallel, sc.model, sc.train, "$.parallel");
   const nlohmann::json& matrix = o.array("matrix");
   for (std::size_t i = 0; i < matrix.size(); ++i) {
     const std::string path = "$.matrix[" + std::to_string(i) + "]";
-    ParallelSpec p = parse_parallel(ObjectReader(matrix[i], path), sc.parallel);
+    ParallelSpec p = config_of(parse_parallel(ObjectReader(matrix[i], path), base), path);
     check_config(p, sc.model, sc.train, path);
     sc.configs.push_back(p);
   }
@@ -473,7 +462,8 @@ Scenario parse_scenario(const nlohmann::json& j) {
   sc.checkpoint.every = ck.integer("every", 0, 0, kBig);
   sc.checkpoint.keep = ck.integer("keep", 2, 1, 1000);
   if (!ck.is_null("restore_parallel")) {
-    sc.checkpoint.restore_parallel = parse_parallel(ck.object("restore_parallel"), sc.parallel);
+    sc.checkpoint.restore_parallel =
+        config_of(parse_parallel(ck.object("restore_parallel"), base), ck.at("restore_parallel"));
     check_config(*sc.checkpoint.restore_parallel, sc.model, sc.train, ck.at("restore_parallel"));
   } else {
     ck.raw("restore_parallel");

@@ -10,41 +10,16 @@
 
 #include "comm/mesh.hpp"
 #include "harness/json_reader.hpp"
+#include "parallel/config.hpp"
 #include "reference/config.hpp"
-
-namespace shardcheck::parallel {
-struct MeshOptions;  // parallel/mp/mesh_engine.hpp
-}  // namespace shardcheck::parallel
 
 namespace shardcheck::harness {
 
-struct ParallelSpec {
-  comm::MeshShape mesh;
-  std::string order = "tp-cp-ep-dp-pp";
-  int zero = 0;                     // ZeRO stage 0..3 on the dp axis
-  std::optional<std::string> fsdp;  // full_shard, shard_grad_op, no_shard, hybrid_shard
-  // FSDP details ("fsdp" given as an object): wrap policy block, layer_group or whole_model.
-  std::string fsdp_wrap = "block";
-  int fsdp_blocks_per_unit = 2;  // layer_group
-  bool fsdp_reshard_after_forward = true;
-  int fsdp_prefetch = 1;       // 0, 1 or 2 units gathered ahead
-  int fsdp_shard_group = 0;    // hybrid_shard: DP ranks per shard group; 0 = ranks per node
-  int bucket_elems = 1 << 20;  // DDP / ZeRO-1 gradient bucket size, elements
-  bool sequence_parallel = false;
-  std::string pp_schedule = "1f1b";  // gpipe, 1f1b, interleaved
-  int virtual_stages = 1;
-  std::string cp_algo = "ring";  // ring, ulysses
-  std::string label() const;     // "dp2-tp2-zero3"
-  // Parameters sharded over the data-parallel ranks (ZeRO-3, or FSDP other than no_shard).
-  bool shards_params() const { return zero == 3 || (fsdp && *fsdp != "no_shard"); }
-};
-
-// The engine's typed options for a configuration (the mesh and its layout, schedule, CP
-// algorithm, ZeRO / FSDP settings, DDP buckets; no health check): the one place a spec's strings
-// become the engine's enums. An unset hybrid_shard group is gcd(dp, ranks_per_node), PyTorch's
-// HYBRID_SHARD default (shard inside a node, replicate across nodes). Loading a scenario checks
-// every configuration with parallel::validate_mesh on these options.
-parallel::MeshOptions mesh_options(const ParallelSpec& p, int ranks_per_node);
+// A configuration (the mesh, its order, the data-parallel strategy and the model-parallel
+// settings) is parallel/config.hpp's ParallelConfig: the loader maps "parallel" and each "matrix"
+// entry to one and checks it once (validate, then parallel::validate_mesh against the model and
+// batch); parallel::mesh_options turns it into the engine's options.
+using ParallelSpec = parallel::ParallelConfig;
 
 struct LinkSpec {
   double bandwidth_gbps = 0;

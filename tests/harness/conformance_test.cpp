@@ -43,7 +43,7 @@ TEST(Conformance, ThePlannerIssuesWhatTheEngineIssuesOnEveryConfiguration) {
       if (p.mesh.tp > 1) ++tensor_parallel;
       if (s.model.moe && (p.mesh.tp > 1 || p.mesh.cp > 1)) ++moe_model_parallel;
       if (p.mesh.ep > 1) ++expert_parallel;
-      if (p.mesh.cp > 1 && p.cp_algo == "ring") ++ring;
+      if (p.mesh.cp > 1 && p.cp_algo == parallel::CpAlgo::ring) ++ring;
       EXPECT_EQ(conformance(s, p), "") << file.filename().string();
     }
   }
@@ -152,10 +152,15 @@ int check_variants(const Scenario& base, const std::vector<ref::Precision>& prec
       ParallelSpec p = s.parallel;
       p.mesh = v.mesh;
       p.sequence_parallel = v.sp;
-      p.cp_algo = "ulysses";
-      p.zero = v.zero;
-      p.fsdp = v.shard_group > 0 ? std::optional<std::string>("hybrid_shard") : std::nullopt;
-      p.fsdp_shard_group = v.shard_group;
+      p.cp_algo = parallel::CpAlgo::ulysses;
+      const std::size_t bucket = p.bucket_elems();
+      if (v.shard_group > 0)
+        p.data = parallel::Fsdp{.sharding = parallel::ShardingStrategy::hybrid_shard,
+                                .shard_group_size = v.shard_group};
+      else if (v.zero > 0)
+        p.data = parallel::Zero{.stage = v.zero, .bucket_elems = bucket};
+      else
+        p.data = parallel::Ddp{.bucket_elems = bucket};
       if (const std::string why = unsupported(s, p); !why.empty()) {
         ADD_FAILURE() << p.label() << ": " << why;
         continue;
@@ -251,7 +256,7 @@ TEST(Conformance, APlantedReductionBugIsADifference) {
   for (const ParallelSpec& p : e.configs) {
     // (Under hybrid shard the experts' groups are the hybrid split of edp, which the planted
     // bug leaves alone.)
-    if (p.mesh.ep == 1 || !unsupported(e, p).empty() || p.fsdp == "hybrid_shard") continue;
+    if (p.mesh.ep == 1 || !unsupported(e, p).empty() || p.hybrid()) continue;
     ++ep_checked;
     EXPECT_NE(conformance(e, p, parallel::testing::Mutation::kExpertSumOverDenseGroup), "")
         << p.label();
@@ -262,7 +267,8 @@ TEST(Conformance, APlantedReductionBugIsADifference) {
   const Scenario c = load_scenario(shardcheck::testing::kScenarios + "/parity/mp_cp.json");
   int ring_checked = 0;
   for (const ParallelSpec& p : c.configs) {
-    if (p.mesh.cp == 1 || p.cp_algo != "ring" || !unsupported(c, p).empty()) continue;
+    if (p.mesh.cp == 1 || p.cp_algo != parallel::CpAlgo::ring || !unsupported(c, p).empty())
+      continue;
     ++ring_checked;
     const std::string diff = conformance(c, p, parallel::testing::Mutation::kRingDiagonalUnmasked);
     EXPECT_NE(diff.find("cp ring attention"), std::string::npos) << p.label() << ": " << diff;

@@ -128,7 +128,7 @@ const std::vector<Case>& cases() {
       Case{"wrong_shard_offset",
            Mutation::kWrongShardOffset,
            [](const Scenario&, const ParallelSpec& p) {
-             return p.mesh.dp > 1 && (p.zero >= 1 || p.fsdp.has_value());
+             return p.mesh.dp > 1 && (p.zero() || p.fsdp());
            },
            false,
            {"fsdp_dense.json", "data_parallel_f32.json", "bf16_recipe.json"}},
@@ -137,8 +137,8 @@ const std::vector<Case>& cases() {
            [](const Scenario&, const ParallelSpec& p) { return p.shards_params(); }, true},
       Case{"skip_replica_sum", Mutation::kSkipReplicaSum,
            [](const Scenario&, const ParallelSpec& p) {
-             return p.fsdp == "hybrid_shard" && p.mesh.dp > p.fsdp_shard_group &&
-                    p.fsdp_shard_group > 0;
+             return p.hybrid() && p.mesh.dp > p.fsdp()->shard_group_size &&
+                    p.fsdp()->shard_group_size > 0;
            }},
       Case{"row_parallel_not_reduced", Mutation::kRowParallelNotReduced, tp},
       Case{"gqa_wrong_head_mapping", Mutation::kGqaWrongHeadMapping, tp},
@@ -148,7 +148,7 @@ const std::vector<Case>& cases() {
       Case{"cp_rope_chunk_offset", Mutation::kCpRopeChunkOffset, cp},
       Case{"ring_diagonal_unmasked", Mutation::kRingDiagonalUnmasked,
            [](const Scenario&, const ParallelSpec& p) {
-             return p.mesh.cp > 1 && p.cp_algo == "ring";
+             return p.mesh.cp > 1 && p.cp_algo == parallel::CpAlgo::ring;
            }},
       Case{"skip_tied_embedding_sync", Mutation::kSkipTiedEmbeddingSync,
            [](const Scenario& s, const ParallelSpec& p) {
@@ -163,7 +163,7 @@ const std::vector<Case>& cases() {
       Case{"grad_averaged_not_summed", Mutation::kGradAveragedNotSummed, data_reduced},
       Case{"bf16_working_left_in_f32", Mutation::kBf16WorkingLeftInF32,
            [](const Scenario& s, const ParallelSpec& p) {
-             return s.train.precision == ref::Precision::kBf16 && p.zero < 3 && !p.fsdp;
+             return s.train.precision == ref::Precision::kBf16 && p.zero_given() < 3 && !p.fsdp();
            }},
       Case{"bf16_experts_rounded_together", Mutation::kBf16ExpertsRoundedTogether,
            [](const Scenario& s, const ParallelSpec& p) {

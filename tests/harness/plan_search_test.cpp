@@ -207,7 +207,7 @@ TEST(PlanSearch, TheStageBoundsLineIsTheBoundAtTheFullCount) {
     ++compared;
     sharded += shards;
     apart += shards && forced > want * (1 + 1e-9);
-    schedules.insert(c.spec.pp_schedule);
+    schedules.insert(std::string(parallel::name_of(c.spec.pp_schedule)));
   }
   EXPECT_GE(compared, 20);
   EXPECT_GT(sharded, 0);
