@@ -110,6 +110,34 @@ TEST(Scenario, Bf16ExpertsRefuseEpGroupsThatSplitADataRank) {
 }
 
 // train.activation_checkpointing: false, true (= full), or the mode by name.
+// A matrix entry inherits "zero", "fsdp" (with its details) and "bucket_elems" from "parallel" key
+// by key, and becomes one typed configuration (parallel/config.hpp).
+TEST(Scenario, MatrixEntriesBecomeTypedConfigurations) {
+  nlohmann::json j = base();
+  j.merge_patch(nlohmann::json::parse(R"({"parallel": {"dp": 4, "bucket_elems": 500,
+      "fsdp": {"sharding": "hybrid_shard", "shard_group_size": 2, "prefetch": 0}},
+    "matrix": [{}, {"fsdp": "shard_grad_op"}, {"fsdp": null}, {"fsdp": null, "zero": 1},
+               {"fsdp": null, "zero": 3, "pp": 2, "dp": 2, "pp_schedule": "gpipe"}]})"));
+  const Scenario s = parse_scenario(j);
+  ASSERT_EQ(s.configs.size(), 5u);
+  ASSERT_TRUE(s.configs[0].fsdp());
+  EXPECT_EQ(s.configs[0].label(), "dp4-fsdp_hybrid_shard-pf0-sg2");
+  EXPECT_TRUE(s.configs[0].hybrid());
+  ASSERT_TRUE(s.configs[1].fsdp());
+  EXPECT_EQ(s.configs[1].fsdp()->sharding, parallel::ShardingStrategy::shard_grad_op);
+  EXPECT_EQ(s.configs[1].fsdp()->prefetch, 0);  // the details stay the base's
+  EXPECT_TRUE(s.configs[1].keeps_params_after_forward());
+  ASSERT_TRUE(s.configs[2].ddp());
+  EXPECT_EQ(s.configs[2].ddp()->bucket_elems, 500u);
+  EXPECT_EQ(s.configs[2].strategy_name(), "ddp");
+  ASSERT_TRUE(s.configs[3].zero());
+  EXPECT_EQ(s.configs[3].zero()->stage, 1);
+  EXPECT_EQ(s.configs[3].bucket_elems(), 500u);
+  EXPECT_EQ(s.configs[4].label(), "dp2-pp2-zero3-gpipe");
+  EXPECT_EQ(s.configs[4].pp_schedule, parallel::PipeSchedule::gpipe);
+  EXPECT_TRUE(s.configs[4].shards_params());
+}
+
 TEST(Scenario, ActivationCheckpointingTakesABooleanOrTheMode) {
   const std::pair<nlohmann::json, ref::Recompute> cases[] = {
       {false, ref::Recompute::kNone},
@@ -190,6 +218,10 @@ TEST(Scenario, BadInputNamesThePathAndTheExpectation) {
       {R"({"matrix": [{"dp": 1024, "pp": 1024, "cp": 2}]})", "$.matrix[0].world_size",
        "2097152 is over the ceiling"},
       {R"({"parallel": {"zero": 2, "fsdp": "full_shard"}})", "$.parallel.fsdp", "either zero"},
+      {R"({"parallel": {"zero": 3, "fsdp": "full_shard"}})", "$.parallel.fsdp",
+       "choose either zero (stage 3) or fsdp (\"full_shard\"), not both"},
+      {R"({"parallel": {"dp": 2, "fsdp": "full_shard"}, "matrix": [{"zero": 1}]})",
+       "$.matrix[0].fsdp", "either zero (stage 1)"},
       {R"({"parallel": {"zero": 4}})", "$.parallel.zero", "expected an integer in [0, 3]"},
       {R"({"matrix": [{"dp": 2}, {"tp": 3}]})", "$.matrix[1].tp", "does not divide model.heads"},
       {R"({"matrix": {"dp": 2}})", "$.matrix", "expected an array"},
