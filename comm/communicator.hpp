@@ -3,6 +3,7 @@
 //
 // In-place calls: pass the same storage as send and receive, with the layouts NCCL uses:
 //   all_reduce / broadcast:  send.data == recv.data
+//   reduce:                  send.data == recv.data on the root
 //   reduce_scatter:          send.data == recv.data - rank*count   (recv is this rank's chunk of
 //   send) all_gather:              send.data == recv.data + rank*count   (send is this rank's chunk
 //   of recv) all_to_all(_v):          send.data == recv.data
@@ -117,6 +118,16 @@ class Communicator {
     return do_broadcast(inout, inout, o);
   }
 
+  // Rooted reduction: on the root, recv[i] = op over ranks r (in rank order) of send_r[i], the
+  // same values all_reduce gives; send.count == recv.count there. Other ranks only send: their
+  // recv is neither checked nor written (pass an empty Buffer). root is a group rank.
+  [[nodiscard]] WorkPtr reduce(ConstBuffer send, Buffer recv, int root, ReduceOptions o = {}) {
+    return do_reduce(send, recv, root, o);
+  }
+  [[nodiscard]] WorkPtr reduce(Buffer inout, int root, ReduceOptions o = {}) {
+    return do_reduce(inout, inout, root, o);
+  }
+
   // Equal splits: recv[j*c + i] = send_j[rank*c + i], c = send.count / size(); counts equal.
   [[nodiscard]] WorkPtr all_to_all(ConstBuffer send, Buffer recv) {
     return do_all_to_all(send, recv);
@@ -177,6 +188,7 @@ class Communicator {
   virtual WorkPtr do_reduce_scatter(ConstBuffer send, Buffer recv, ReduceOptions o) = 0;
   virtual WorkPtr do_all_gather(ConstBuffer send, Buffer recv) = 0;
   virtual WorkPtr do_broadcast(ConstBuffer send, Buffer recv, BroadcastOptions o) = 0;
+  virtual WorkPtr do_reduce(ConstBuffer send, Buffer recv, int root, ReduceOptions o) = 0;
   virtual WorkPtr do_all_to_all(ConstBuffer send, Buffer recv) = 0;
   virtual WorkPtr do_all_to_all_v(ConstBuffer send, std::span<const std::size_t> send_counts,
                                   Buffer recv, std::span<const std::size_t> recv_counts) = 0;

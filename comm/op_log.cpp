@@ -135,6 +135,14 @@ WorkPtr RecordingCommunicator::do_broadcast(ConstBuffer send, Buffer recv, Broad
   return recorded(inner_->broadcast(send, recv, o), i);
 }
 
+WorkPtr RecordingCommunicator::do_reduce(ConstBuffer send, Buffer recv, int root, ReduceOptions o) {
+  OpRecord r = op(OpRecord::Kind::reduce, send.dtype, send.count, recv.count);
+  r.redop = o.op;
+  r.root_or_peer = root;
+  const std::size_t i = record(std::move(r));
+  return recorded(inner_->reduce(send, recv, root, o), i);
+}
+
 WorkPtr RecordingCommunicator::do_all_to_all(ConstBuffer send, Buffer recv) {
   const std::size_t i = record(op(OpRecord::Kind::all_to_all, send.dtype, send.count, recv.count));
   return recorded(inner_->all_to_all(send, recv), i);
@@ -212,6 +220,9 @@ void replay(const OpLog& log, std::span<Communicator* const> groups) {
         break;
       case K::broadcast:
         works[i] = g.broadcast(send, recv, {.root = r.root_or_peer});
+        break;
+      case K::reduce:
+        works[i] = g.reduce(send, recv, r.root_or_peer, {.op = r.redop});
         break;
       case K::all_to_all:
         works[i] = g.all_to_all(send, recv);

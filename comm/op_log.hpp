@@ -29,7 +29,7 @@ struct OpRecord {
   DType dtype = DType::u8;
   std::size_t send_count = 0, recv_count = 0;  // elements
   ReduceOp redop = ReduceOp::sum;
-  int root_or_peer = -1;  // broadcast root, send / recv peer (group ranks)
+  int root_or_peer = -1;  // broadcast / reduce root, send / recv peer (group ranks)
   int tag = 0;
   std::vector<std::size_t> send_counts, recv_counts;  // all_to_all_v
   std::string name;                                   // compute
@@ -65,6 +65,7 @@ class RecordingCommunicator final : public Communicator {
   WorkPtr do_reduce_scatter(ConstBuffer send, Buffer recv, ReduceOptions o) override;
   WorkPtr do_all_gather(ConstBuffer send, Buffer recv) override;
   WorkPtr do_broadcast(ConstBuffer send, Buffer recv, BroadcastOptions o) override;
+  WorkPtr do_reduce(ConstBuffer send, Buffer recv, int root, ReduceOptions o) override;
   WorkPtr do_all_to_all(ConstBuffer send, Buffer recv) override;
   WorkPtr do_all_to_all_v(ConstBuffer send, std::span<const std::size_t> send_counts, Buffer recv,
                           std::span<const std::size_t> recv_counts) override;

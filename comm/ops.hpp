@@ -23,6 +23,7 @@ enum class Op : std::uint8_t {
   reduce_scatter,
   all_gather,
   broadcast,
+  reduce,
   all_to_all,
   all_to_all_v,
   send,
@@ -38,7 +39,8 @@ enum class Op : std::uint8_t {
 // buffer, `count` below), and where the in-place form keeps this rank's data.
 enum class Layout : std::uint8_t {
   none,     // no data (barrier, split, compute, ...) or one side only (send, recv)
-  same,     // send = recv = count; in place: send.data == recv.data (all_reduce, broadcast)
+  same,     // send = recv = count; in place: send.data == recv.data (all_reduce, broadcast,
+            // reduce: its recv on the root only)
   chunks,   // send = recv = count, in group-size chunks; in place: send.data == recv.data
   gather,   // send = count / n, recv = count; in place: send.data == recv.data + rank * send
   scatter,  // send = count, recv = count / n; in place: recv.data == send.data + rank * recv
@@ -63,10 +65,12 @@ enum class Steps : std::uint8_t {
 
 // What the simulator charges as an op's bytes (Slot::cost_bytes, the timeline's byte column),
 // from the count in the op's descriptor (the receive count of reduce_scatter, the send count of
-// all_gather and all_to_all, the buffer's of all_reduce and broadcast) and the element size.
+// all_gather and all_to_all, the buffer's of all_reduce, broadcast and reduce) and the element
+// size.
 enum class CostBytes : std::uint8_t {
   zero,     // barrier, split
-  count,    // count x elem (all_reduce, broadcast; all_to_all_v: the most any member exchanges)
+  count,    // count x elem (all_reduce, broadcast, reduce; all_to_all_v: the most any member
+            // exchanges)
   times_n,  // count x elem x n: the whole buffer (reduce_scatter, all_gather)
   frac,     // count x elem x (n - 1) / n: what leaves each rank (all_to_all)
   message,  // the message's bytes (send, recv)
@@ -78,7 +82,7 @@ struct OpInfo {
   bool communication;   // an op of a group (collective, point to point, barrier), kept by cost_view
   bool collective;      // every member of the group takes part (a rendezvous in the simulator)
   bool reduces;         // takes a ReduceOptions
-  bool rooted;          // takes a root (BroadcastOptions)
+  bool rooted;          // takes a root (broadcast: BroadcastOptions; reduce: its root argument)
   bool point_to_point;  // takes a peer and a tag
   Layout layout;
   CostBytes cost_bytes;
@@ -87,7 +91,7 @@ struct OpInfo {
   Share busbw;      // nccl-tests: busbw = algbw x this; algbw = bytes of `count` / time
 };
 
-inline constexpr std::array<OpInfo, 13> kOps{{
+inline constexpr std::array<OpInfo, 14> kOps{{
     // op, name, communication, collective, reduces, rooted, point_to_point, layout, cost_bytes,
     // latency, bandwidth, busbw
     {Op::all_reduce, "all_reduce", true, true, true, false, false, Layout::same, CostBytes::count,
@@ -97,6 +101,13 @@ inline constexpr std::array<OpInfo, 13> kOps{{
     {Op::all_gather, "all_gather", true, true, false, false, false, Layout::gather,
      CostBytes::times_n, Steps::pm1, Share::frac, Share::frac},
     {Op::broadcast, "broadcast", true, true, false, true, false, Layout::same, CostBytes::count,
+     Steps::pm1, Share::one, Share::one},
+    // reduce: broadcast run backwards, as NCCL runs it (a ring / chain pipeline towards the
+    // root): every link carries the whole buffer once, so n - 1 latency steps and the buffer's
+    // bytes once (cost_bytes count, bandwidth one); nccl-tests' busbw factor for reduce is 1, as
+    // for broadcast. all_reduce (a reduce_scatter then an all_gather) charges 2(n-1) steps and
+    // 2(n-1)/n of the bytes.
+    {Op::reduce, "reduce", true, true, true, true, false, Layout::same, CostBytes::count,
      Steps::pm1, Share::one, Share::one},
     {Op::all_to_all, "all_to_all", true, true, false, false, false, Layout::chunks, CostBytes::frac,
      Steps::pm1, Share::one, Share::frac},
@@ -151,7 +162,7 @@ constexpr bool splits_by_rank(Op op) {
 }
 
 // nccl-tests' bus bandwidth factor: 2(n-1)/n for all_reduce, (n-1)/n for reduce_scatter,
-// all_gather and all_to_all, 1 for broadcast.
+// all_gather and all_to_all, 1 for broadcast and reduce.
 constexpr double busbw_factor(Op op, int n) {
   switch (info(op).busbw) {
     case Share::two_frac:

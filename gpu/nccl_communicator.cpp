@@ -206,6 +206,53 @@ WorkPtr NcclCommunicator::do_broadcast(ConstBuffer send, Buffer recv, comm::Broa
   return std::make_shared<NcclWork>(core_, c.record(ctx), ctx, std::move(s));
 }
 
+// ncclReduce: recvbuff is used on the root only (nullptr elsewhere). Half types with exact_half
+// reduce in f32 as reduce_common does; avg is a sum divided on the root.
+WorkPtr NcclCommunicator::do_reduce(ConstBuffer send, Buffer recv, int root,
+                                    comm::ReduceOptions o) {
+  Core& c = *core_;
+  const OpContext ctx = c.begin(op_name(comm::Op::reduce));
+  c.flush(ctx);
+  require(
+      root >= 0 && root < c.size, ctx,
+      "root " + std::to_string(root) + " is not a rank of a group of " + std::to_string(c.size));
+  const bool is_root = root == c.rank;
+  if (is_root) {
+    same_dtype(send, recv, ctx);
+    require(
+        send.count == recv.count, ctx,
+        "send has " + std::to_string(send.count) + " elements, recv " + std::to_string(recv.count));
+  }
+  c.arrive(ctx, send.count, send.dtype, root, static_cast<int>(o.op));
+  Staging s;
+  const void* sp = c.in(send, s, ctx);
+  void* rp = is_root ? c.out(recv, s, ctx) : nullptr;
+  const std::size_t n = send.count;
+  const ncclRedOp_t rop = detail::nccl_op(o.op);
+  if (is_half(send.dtype) && c.options.exact_half) {
+    auto* ws = static_cast<float*>(c.scratch(n * sizeof(float), s, ctx));
+    auto* wr = is_root ? static_cast<float*>(c.scratch(n * sizeof(float), s, ctx)) : nullptr;
+    cuda_check(detail::widen_to_f32(sp, send.dtype, ws, n, c.stream), ctx,
+               "widen_to_f32 kernel launch");
+    c.nccl_check(ncclReduce(ws, wr, n, ncclFloat32, rop, root, c.comm, c.stream), ctx,
+                 "ncclReduce");
+    if (is_root) {
+      if (o.op == comm::ReduceOp::avg)
+        cuda_check(detail::divide_inplace(wr, DType::f32, n, c.size, c.stream), ctx,
+                   "divide kernel launch");
+      cuda_check(detail::narrow_from_f32(wr, rp, recv.dtype, n, c.stream), ctx,
+                 "narrow_from_f32 kernel launch");
+    }
+  } else {
+    c.nccl_check(ncclReduce(sp, rp, n, detail::nccl_type(send.dtype), rop, root, c.comm, c.stream),
+                 ctx, "ncclReduce");
+    if (is_root && o.op == comm::ReduceOp::avg)
+      cuda_check(detail::divide_inplace(rp, recv.dtype, n, c.size, c.stream), ctx,
+                 "divide kernel launch");
+  }
+  return std::make_shared<NcclWork>(core_, c.record(ctx), ctx, std::move(s));
+}
+
 WorkPtr NcclCommunicator::do_all_to_all(ConstBuffer send, Buffer recv) {
   Core& c = *core_;
   const OpContext ctx = c.begin(op_name(comm::Op::all_to_all));

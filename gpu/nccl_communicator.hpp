@@ -105,6 +105,8 @@ class NcclCommunicator final : public comm::Communicator {
   comm::WorkPtr do_all_gather(comm::ConstBuffer send, comm::Buffer recv) override;
   comm::WorkPtr do_broadcast(comm::ConstBuffer send, comm::Buffer recv,
                              comm::BroadcastOptions o) override;
+  comm::WorkPtr do_reduce(comm::ConstBuffer send, comm::Buffer recv, int root,
+                          comm::ReduceOptions o) override;
   comm::WorkPtr do_all_to_all(comm::ConstBuffer send, comm::Buffer recv) override;
   comm::WorkPtr do_all_to_all_v(comm::ConstBuffer send, std::span<const std::size_t> send_counts,
                                 comm::Buffer recv,

@@ -310,6 +310,11 @@ comm::WorkPtr SymmetricClock::do_broadcast(comm::ConstBuffer, comm::Buffer recv,
   return collective(sim::OpKind::broadcast, recv.count, recv.dtype);
 }
 
+comm::WorkPtr SymmetricClock::do_reduce(comm::ConstBuffer send, comm::Buffer, int,
+                                        comm::ReduceOptions) {
+  return collective(sim::OpKind::reduce, send.count, send.dtype);
+}
+
 comm::WorkPtr SymmetricClock::do_all_to_all(comm::ConstBuffer send, comm::Buffer) {
   return collective(sim::OpKind::all_to_all, send.count, send.dtype);
 }

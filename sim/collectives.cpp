@@ -134,6 +134,38 @@ comm::WorkPtr SimCommunicator::do_broadcast(comm::ConstBuffer send, comm::Buffer
   return work(slot);
 }
 
+// Each member reduces its chunk of the buffer (all_reduce's chunks, so the same values bitwise)
+// from every member's send, in rank order, into the root's recv; nobody else's recv is touched.
+comm::WorkPtr SimCommunicator::do_reduce(comm::ConstBuffer send, comm::Buffer recv, int root,
+                                         comm::ReduceOptions o) {
+  check_buffer(OpKind::reduce, send, "send");
+  if (root < 0 || root >= size())
+    invalid(OpKind::reduce,
+            "root " + std::to_string(root) + " is outside the group of " + std::to_string(size()));
+  if (rank_ == root) {
+    check_buffer(OpKind::reduce, recv, "recv");
+    if (send.count != recv.count || send.dtype != recv.dtype)
+      invalid(OpKind::reduce, "send and recv must have the same count and dtype on the root");
+  }
+  const OpDesc desc{OpKind::reduce, send.dtype, send.count, o.op, root};
+  auto slot = collective(
+      desc, send,
+      [&](Slot& s) {
+        s.send[static_cast<std::size_t>(rank_)] = send;
+        if (rank_ == root) s.recv[static_cast<std::size_t>(rank_)] = recv;
+      },
+      [&](const Slot& s) {
+        const Range c = chunk(desc.count, s.size, rank_);
+        std::vector<const void*> srcs;
+        for (int r = 0; r < s.size; ++r)
+          srcs.push_back(at(s.send[static_cast<std::size_t>(r)], c.begin));
+        void* dst = at(s.recv[static_cast<std::size_t>(root)], c.begin);
+        reduce_into(desc.dtype, o.op, srcs, std::span<void* const>(&dst, 1), c.size(), rank_,
+                    world_->options().planted);
+      });
+  return work(slot);
+}
+
 comm::WorkPtr SimCommunicator::do_all_to_all(comm::ConstBuffer send, comm::Buffer recv) {
   check_buffer(OpKind::all_to_all, send, "send");
   check_buffer(OpKind::all_to_all, recv, "recv");
@@ -278,8 +310,7 @@ std::unique_ptr<SimCommunicator> SimCommunicator::group(const std::string& id,
   const auto me = std::find(members.begin(), members.end(), world_rank());
   if (me == members.end())
     throw comm::InvalidArgument(ctx, "rank " + std::to_string(world_rank()) +
-                                         " is not among the members " +
-                                         comm::rank_list(members));
+                                         " is not among the members " + comm::rank_list(members));
   std::shared_ptr<SimGroup> g;
   {
     std::lock_guard lk(world_->mu);

@@ -191,7 +191,7 @@ std::shared_ptr<Slot> SimCommunicator::collective(const OpDesc& desc, comm::Cons
                       slot->seq,
                       sent.dtype,
                       sent.count,
-                      desc.kind == OpKind::broadcast ? desc.root : -1,
+                      comm::info(desc.kind).rooted ? desc.root : -1,
                       OpState::issued,
                       world_->now(),
                       0,

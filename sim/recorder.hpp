@@ -23,7 +23,7 @@ struct FlightRecord {
   std::uint64_t seq = 0;  // per group (collectives) or per peer, tag and direction (p2p)
   comm::DType dtype = comm::DType::u8;
   std::size_t count = 0;
-  int root = -1;  // broadcast root (group rank), -1 otherwise
+  int root = -1;  // broadcast / reduce root (group rank), -1 otherwise
   OpState state = OpState::issued;
   double t_issued = 0, t_started = 0, t_ended = 0;  // seconds since the run started (wall clock)
   int step = 0;  // the rank's step when it issued the op (0 before the first begin_step)

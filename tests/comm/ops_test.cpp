@@ -25,6 +25,7 @@ TEST(Ops, BusBandwidthFactorsOfNcclTests) {
   EXPECT_DOUBLE_EQ(busbw_factor(Op::reduce_scatter, 4), 3.0 / 4);
   EXPECT_DOUBLE_EQ(busbw_factor(Op::all_to_all, 2), 0.5);
   EXPECT_DOUBLE_EQ(busbw_factor(Op::broadcast, 8), 1.0);
+  EXPECT_DOUBLE_EQ(busbw_factor(Op::reduce, 8), 1.0);
 }
 
 TEST(Ops, Layouts) {
@@ -43,6 +44,10 @@ TEST(Ops, SimulatorCostRules) {
   EXPECT_EQ(cost_bytes(Op::reduce_scatter, 100, 4, p), 1600.0);
   EXPECT_EQ(cost_bytes(Op::all_to_all, 100, 4, p), 300.0);
   EXPECT_EQ(cost_bytes(Op::barrier, 100, 4, p), 0.0);
+  EXPECT_EQ(cost_bytes(Op::reduce, 100, 4, p), 400.0);  // the buffer, as broadcast
+  EXPECT_EQ(link_seconds(Op::reduce, 4, bytes, a, b), link_seconds(Op::broadcast, 4, bytes, a, b));
+  EXPECT_EQ(link_seconds(Op::reduce, 4, bytes, a, b), 3.0 * a + bytes * b);
+  EXPECT_TRUE(info(Op::reduce).reduces && info(Op::reduce).rooted);
   EXPECT_EQ(link_seconds(Op::all_reduce, 4, bytes, a, b), 2 * 3.0 * a + 2 * (3.0 / 4) * bytes * b);
   EXPECT_EQ(link_seconds(Op::all_gather, 4, bytes, a, b), 3.0 * a + (3.0 / 4) * bytes * b);
   EXPECT_EQ(link_seconds(Op::all_to_all_v, 4, bytes, a, b), 3.0 * a + bytes * b);

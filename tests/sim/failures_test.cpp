@@ -80,6 +80,31 @@ TEST(Failures, EveryKindOfDisagreementIsAMismatch) {
   }
 }
 
+TEST(Failures, ReduceToAnotherRootIsAMismatchNamingBothRanks) {
+  auto [f, e] = expect_failure<comm::MismatchError>(4, [](Communicator& c) {
+    std::vector<float> v(4, 1.0f);
+    c.reduce(comm::view(std::span<float>(v)), c.rank() == 2 ? 1 : 0)->wait();
+  });
+  std::vector<int> ranks = e.ranks();
+  std::sort(ranks.begin(), ranks.end());
+  ASSERT_EQ(ranks.size(), 2u) << e.what();
+  EXPECT_TRUE(std::find(ranks.begin(), ranks.end(), 2) != ranks.end()) << e.what();
+  EXPECT_EQ(e.context().op, "reduce");
+  EXPECT_TRUE(contains(e.what(), "root=1")) << e.what();
+  EXPECT_TRUE(contains(e.what(), "root=0")) << e.what();
+}
+
+TEST(Failures, ARankThatSkipsAReduceIsADeadlockNamingIt) {
+  auto [f, e] = expect_failure<comm::DeadlockError>(4, [](Communicator& c) {
+    std::vector<double> v(16, 1.0);
+    if (c.rank() == 1) return;  // never joins the reduce
+    c.reduce(comm::view(std::span<double>(v)), 0)->wait();
+  });
+  EXPECT_EQ(e.missing(), std::vector<int>{1});
+  EXPECT_EQ(e.context().op, "reduce");
+  EXPECT_EQ(e.context().seq, 0u);
+}
+
 TEST(Failures, SplitSizesThatDisagreeAreAMismatch) {
   auto [f, e] = expect_failure<comm::MismatchError>(2, [](Communicator& c) {
     std::vector<float> send(4), recv(4);

@@ -1,7 +1,7 @@
 // comm::RecordingCommunicator over the simulator: what it records (splits' groups included, waits
 // once), the cost view (one-rank groups and splits dropped, waits renumbered), and
-// first_difference finding a changed count, what it leaves to the data with routed splits, and a
-// replay of a recorded log issuing the same ops.
+// first_difference finding a changed count, what it leaves to the data with routed splits, a
+// replay of a recorded log issuing the same ops, and describe() of a rooted reduce.
 #include <gtest/gtest.h>
 
 #include <memory>
@@ -117,6 +117,25 @@ TEST(OpLog, RoutedSplitsAndUncheckedFlopsCompareWhatTheDataDoesNotDecide) {
   EXPECT_DOUBLE_EQ(comm::flops_named(a, "moe router"), 0);
 }
 
+// describe() of a reduce names its reduction and root, on the root (which receives) and off it.
+TEST(OpLog, DescribesAReduceWithItsRoot) {
+  sim::SimOptions o;
+  o.meta = true;
+  std::vector<comm::OpLog> logs(2);
+  sim::SimWorld(2, o).run([&](comm::Communicator& c) {
+    comm::RecordingCommunicator rec(c, logs[static_cast<std::size_t>(c.rank())]);
+    rec.reduce(comm::ConstBuffer{nullptr, 8, comm::DType::f32},
+               comm::Buffer{nullptr, c.rank() == 1 ? 8u : 0u, comm::DType::f32, {}}, 1,
+               {.op = comm::ReduceOp::max})
+        ->wait();
+  });
+  for (const comm::OpLog& l : logs) ASSERT_EQ(l.records.front().kind, K::reduce);
+  EXPECT_EQ(logs[0].describe(logs[0].records.front()),
+            "reduce f32 x 8 -> 0 max root 1 over world [0 1]");
+  EXPECT_EQ(logs[1].describe(logs[1].records.front()),
+            "reduce f32 x 8 -> 8 max root 1 over world [0 1]");
+}
+
 // Every op kind a block issues, on the world and a two-rank split, with waits out of issue order:
 // recorded, then replayed (comm::replay) under a second recorder, the two logs are equal.
 TEST(OpLog, ReplayIssuesTheRecordedOpsAgain) {
@@ -134,6 +153,9 @@ TEST(OpLog, ReplayIssuesTheRecordedOpsAgain) {
     rec.compute({.name = "qkv", .flops = 3e6, .bytes = 12});
     rec_pair.all_gather(null(2, comm::DType::bf16), null(4, comm::DType::bf16))->wait();
     rec.all_to_all(null(6, comm::DType::f32), null(6, comm::DType::f32))->wait();
+    rec.reduce(null(7, comm::DType::f32), null(c.rank() == 1 ? 7u : 0u, comm::DType::f32), 1,
+               {.op = comm::ReduceOp::min})
+        ->wait();
     const auto r0 = static_cast<std::size_t>(c.rank());
     const std::vector<std::size_t> splits{1 + r0, 2 + r0};  // receives what it sends
     rec_pair
@@ -158,7 +180,7 @@ TEST(OpLog, ReplayIssuesTheRecordedOpsAgain) {
     comm::replay(recorded[i], groups);
   });
   for (std::size_t i = 0; i < 2; ++i) {
-    ASSERT_EQ(recorded[i].records.size(), 16u);
+    ASSERT_EQ(recorded[i].records.size(), 18u);
     EXPECT_EQ(comm::first_difference(recorded[i], replayed[i]), "") << "rank " << i;
   }
   // A log with a split or a step start is not replayed.
