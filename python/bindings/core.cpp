@@ -287,6 +287,13 @@ PYBIND11_MODULE(_core, m) {
              return c.wrap(released(
                  [&] { return c.get().broadcast(cbuffer(s), buffer(r), {.root = root}); }));
            })
+      .def("reduce",
+           [](const Communicator& c, const PyBuffer& s, const PyBuffer& r, int root,
+              const std::string& op) {
+             auto o = comm::ReduceOptions{reduce_op(op)};
+             return c.wrap(
+                 released([&] { return c.get().reduce(cbuffer(s), buffer(r), root, o); }));
+           })
       .def("all_to_all",
            [](const Communicator& c, const PyBuffer& s, const PyBuffer& r) {
              return c.wrap(released([&] { return c.get().all_to_all(cbuffer(s), buffer(r)); }));

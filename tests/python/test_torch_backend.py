@@ -204,6 +204,39 @@ def test_a_mismatched_count_is_a_mismatch_error_naming_both_ranks():
     assert f.cause.op == "all_reduce" and f.cause.seq == 0
 
 
+def test_reduce_to_a_dst_the_ranks_disagree_on_is_a_mismatch_naming_both():
+    def fn(rank):
+        dist.reduce(torch.tensor([float(rank + 1)]), dst=2 if rank == 3 else 1)
+
+    f = failure(fn)
+    assert isinstance(f.cause, errors.MismatchError)
+    assert 3 in f.cause.ranks and len(f.cause.ranks) == 2
+    assert f.cause.op == "reduce" and f.cause.seq == 0
+    assert "root=2" in str(f.cause) and "root=1" in str(f.cause)
+
+
+def test_reduce_to_an_agreed_dst_changes_only_the_dst():
+    def fn(rank):
+        t = torch.arange(4, dtype=torch.float32) + rank
+        dist.reduce(t, dst=2)
+        m = torch.tensor([float(rank)])
+        dist.reduce(m, dst=3, op=dist.ReduceOp.MAX)
+        b = torch.tensor([rank == 1, False])
+        dist.reduce(b, dst=0, op=dist.ReduceOp.MAX)
+        s = (torch.arange(8.0) + rank).view(4, 2)[:, 0]  # strided
+        dist.reduce(s, dst=1)
+        return t, m, b, s
+
+    res = spawn(fn)
+    for rank, (t, m, b, s) in enumerate(res):
+        assert t.tolist() == ([6.0 + 4 * i for i in range(4)] if rank == 2 else
+                              [float(rank + i) for i in range(4)])
+        assert m.item() == (3.0 if rank == 3 else float(rank))
+        assert b.tolist() == ([True, False] if rank == 0 else [rank == 1, False])
+        assert s.tolist() == ([6.0 + 8 * i for i in range(4)] if rank == 1 else
+                              [float(rank + 2 * i) for i in range(4)])
+
+
 def test_a_rank_that_skips_a_collective_is_a_deadlock_naming_it():
     def fn(rank):
         if rank != 3:

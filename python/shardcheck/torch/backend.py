@@ -11,8 +11,9 @@ reduce_scatter_single_coalesced) and the names before it (_allgather_base, _redu
 alltoall_base, allgather_into_tensor_coalesced, reduce_scatter_tensor_coalesced).
 
 Tensors must be on the CPU. Non-contiguous tensors are copied in and out; bool travels as u8.
-reduce, gather and scatter are carried by all_reduce, all_gather and broadcast (the simulator
-has no rooted reductions), so they appear under those names on the timeline."""
+reduce is the simulator's rooted reduce (a root mismatch across ranks is a MismatchError). gather
+and scatter are carried by all_gather and broadcast (the simulator has no rooted gather or
+scatter), so they appear under those names on the timeline and disagreeing roots go unseen."""
 
 import torch
 import torch.distributed as dist
@@ -172,12 +173,23 @@ class ShardcheckProcessGroup(dist.ProcessGroup):
         return self.allreduce(tensors, opts)
 
     def reduce(self, tensors, opts=c10d.ReduceOptions()):
+        """The simulator's rooted reduce: ranks that name another root (dst) are a MismatchError;
+        only the root's tensor changes (non-roots' inputs are sent from a copy, as NCCL leaves
+        them)."""
         works = []
+        root, op = opts.rootRank, opts.reduceOp
         for t in tensors:
-            tmp = t.clone()
-            works.append(self._all_reduce_one(tmp, opts.reduceOp))
-            if self._rank == opts.rootRank:
-                t.copy_(tmp)
+            src = t.clone()
+            self._nan_fault(src)
+            w = _wire(_premul(op, src) if not _is_bool(src) else src)
+            if self._rank == root:
+                out = _wire(t)
+                works.append(self._comm.reduce(sim.buffer(w), sim.buffer(out), root,
+                                               _reduce_op(op, t.dtype)))
+                _back(t, out)
+            else:
+                works.append(self._comm.reduce(sim.buffer(w), (0, 0, sim.dtype_name(w.dtype)),
+                                               root, _reduce_op(op, t.dtype)))
         return ShardcheckWork(works, tensors)
 
     def _reduce_scatter_flat(self, out, flat, op):
