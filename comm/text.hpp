@@ -70,37 +70,32 @@ inline void append_escape(std::string& out, std::string_view s, std::size_t i, s
 
 }  // namespace text_detail
 
-// `s` with every control character escaped (see ControlChar); other bytes unchanged.
-inline std::string printable(std::string_view s) {
+namespace text_detail {
+inline std::string escaped(std::string_view s, bool keep_newlines) {
   std::string out;
   out.reserve(s.size());
   for (std::size_t i = 0; i < s.size();) {
-    const std::size_t n = text_detail::control_at(s, i);
+    const std::size_t n = keep_newlines && s[i] == '\n' ? 0 : control_at(s, i);
     if (n == 0) {
       out += s[i++];
       continue;
     }
-    text_detail::append_escape(out, s, i, n);
+    append_escape(out, s, i, n);
     i += n;
   }
   return out;
+}
+}  // namespace text_detail
+
+// `s` with every control character escaped (see ControlChar); other bytes unchanged.
+inline std::string printable(std::string_view s) {
+  return text_detail::escaped(s, false);
 }
 
 // printable(), but newlines kept: for messages of several lines written by this program, whose
 // embedded names may still hold anything else.
 inline std::string printable_lines(std::string_view s) {
-  std::string out;
-  out.reserve(s.size());
-  for (std::size_t i = 0; i < s.size();) {
-    const std::size_t n = s[i] == '\n' ? 0 : text_detail::control_at(s, i);
-    if (n == 0) {
-      out += s[i++];
-      continue;
-    }
-    text_detail::append_escape(out, s, i, n);
-    i += n;
-  }
-  return out;
+  return text_detail::escaped(s, true);
 }
 
 inline ControlChar first_control(std::string_view s) {

@@ -26,19 +26,6 @@ namespace {
   throw Error("refusing '" + path + "': " + why, 0);
 }
 
-bool write_all(int fd, std::string_view text) {
-  while (!text.empty()) {
-    const ssize_t n = ::write(fd, text.data(), text.size());
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      if (n == 0) errno = EIO;
-      return false;
-    }
-    text.remove_prefix(static_cast<std::size_t>(n));
-  }
-  return true;
-}
-
 constexpr int kMaxDepth = 64;  // remove_tree's recursion bound
 
 Kind kind_at(int dirfd, const char* name, const std::string& path) {
@@ -90,6 +77,19 @@ void remove_tree_at(int dirfd, const std::string& name, const std::string& path,
 }
 
 }  // namespace
+
+bool write_all(int fd, std::string_view text) {
+  while (!text.empty()) {
+    const ssize_t n = ::write(fd, text.data(), text.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      if (n == 0) errno = EIO;
+      return false;
+    }
+    text.remove_prefix(static_cast<std::size_t>(n));
+  }
+  return true;
+}
 
 bool is_entry_name(std::string_view name) {
   return !name.empty() && name != "." && name != ".." &&

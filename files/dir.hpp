@@ -77,4 +77,7 @@ class Dir {
 // True when `name` is one plain entry name: not empty, no '/', not "." or "..", no NUL.
 bool is_entry_name(std::string_view name);
 
+// Writes all of `text` to `fd`, retrying short writes and interruptions; false with errno set.
+bool write_all(int fd, std::string_view text);
+
 }  // namespace shardcheck::files

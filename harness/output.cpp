@@ -22,20 +22,6 @@ namespace {
                     std::strerror(err) + "); the output is incomplete");
 }
 
-// Writes all of `text` to `fd`, retrying short writes and interruptions; false with errno set.
-bool write_all(int fd, std::string_view text) {
-  while (!text.empty()) {
-    const ssize_t n = ::write(fd, text.data(), text.size());
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      if (n == 0) errno = EIO;
-      return false;
-    }
-    text.remove_prefix(static_cast<std::size_t>(n));
-  }
-  return true;
-}
-
 void write_in_place(const std::filesystem::path& file, std::string_view text, std::string_view what,
                     bool fifo) {
   // A FIFO opened for writing blocks until a reader opens it; O_NONBLOCK makes that ENXIO.
@@ -43,7 +29,7 @@ void write_in_place(const std::filesystem::path& file, std::string_view text, st
   const int fd = ::open(file.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC | (fifo ? O_NONBLOCK : 0));
   if (fd < 0) fail(what, file, fifo && errno == ENXIO ? "find a reader of" : "open", errno);
   if (fifo) ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
-  if (!write_all(fd, text)) {
+  if (!files::write_all(fd, text)) {
     const int err = errno;
     ::close(fd);
     fail(what, file, "write", err);
@@ -88,7 +74,7 @@ void write_output(const std::filesystem::path& given, std::string_view text,
       tmp.c_str());  // a leftover of a killed run with this pid (a link is removed, not followed)
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
   if (fd < 0) fail(what, given, "create", errno);
-  const bool written = write_all(fd, text);
+  const bool written = files::write_all(fd, text);
   int err = errno;
   const bool closed = ::close(fd) == 0;
   if (written && !closed) err = errno;
