@@ -337,8 +337,9 @@ std::vector<fs::path> retain(const files::Dir& dir, std::uint64_t step, std::siz
       committed.emplace_back(*n, name);
   std::sort(committed.begin(), committed.end(), std::greater<>());
   std::size_t kept = 0;
-  for (const auto& [n, name] : committed) {
-    if (n == step || keep == 0 || kept < keep) {
+  for (const auto& victim : committed) {
+    const std::string& name = victim.second;  // a plain name: lambdas below capture it
+    if (victim.first == step || keep == 0 || kept < keep) {
       ++kept;
       continue;
     }

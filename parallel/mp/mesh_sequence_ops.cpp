@@ -156,7 +156,8 @@ void SequenceOps::call(Call c) {
   const auto pair_of = [](Call k) {
     return std::pair{static_cast<Call>(k & ~1U), static_cast<Call>(k | 1U)};
   };
-  const auto [forward, backward] = pair_of(c);
+  const std::pair<Call, Call> pair = pair_of(c);
+  const Call forward = pair.first, backward = pair.second;  // plain names: the lambda captures them
   const auto both = [&](const SequenceTapes& t) {
     return t.calls[forward].recorded && t.calls[backward].recorded;
   };
