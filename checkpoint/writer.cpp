@@ -111,8 +111,8 @@ void check_piece(const ShardPiece& p) {
 
 // Writes one shard file, sleeping as needed to stay under the bandwidth cap.
 std::uint64_t write_shard(const files::Dir& dir, const std::string& file, const ShardPiece& p,
-                          std::uint64_t checksum,
-                          const SaveOptions& o, Clock::time_point t0, std::uint64_t& done) {
+                          std::uint64_t checksum, const SaveOptions& o, Clock::time_point t0,
+                          std::uint64_t& done) {
   ShardHeader h{p.tensor, p.dtype, p.shape, p.slice, p.bytes.size(), checksum, 0};
   const std::vector<std::byte> header = encode_shard_header(h);
   const std::span<const std::byte> parts[] = {header, p.bytes};
@@ -209,9 +209,9 @@ Manifest build_manifest(const std::vector<json>& reports, const SaveRequest& req
   }
   // What the reader refuses is never committed: a checkpoint that could not be restored.
   if (tensors.size() > kMaxManifestTensors)
-    throw SaveError(Reason::bad_tensor,
-                    std::to_string(tensors.size()) + " tensors, more than a manifest may list (" +
-                        std::to_string(kMaxManifestTensors) + ")");
+    throw SaveError(Reason::bad_tensor, std::to_string(tensors.size()) +
+                                            " tensors, more than a manifest may list (" +
+                                            std::to_string(kMaxManifestTensors) + ")");
   for (auto& entry : tensors) {
     TensorRecord& t = entry.second;
     std::sort(t.shards.begin(), t.shards.end(), [&](const ShardRecord& a, const ShardRecord& b) {
@@ -280,7 +280,8 @@ bool remove_checkpoint(const files::Dir& dir, const std::string& name, std::stri
   for (const std::string& entry : d.list())
     if (ours.count(entry) == 0 || d.kind(entry) != files::Kind::regular) foreign.push_back(entry);
   for (const std::string& entry : d.list())
-    if (entry != "manifest.json" && std::find(foreign.begin(), foreign.end(), entry) == foreign.end())
+    if (entry != "manifest.json" &&
+        std::find(foreign.begin(), foreign.end(), entry) == foreign.end())
       io::confined([&] { d.remove_file(entry); });
   if (std::find(foreign.begin(), foreign.end(), "manifest.json") == foreign.end())
     io::confined([&] { d.remove_file("manifest.json"); });
@@ -289,8 +290,7 @@ bool remove_checkpoint(const files::Dir& dir, const std::string& name, std::stri
     return true;
   }
   std::string listed;
-  for (std::size_t i = 0; i < foreign.size() && i < 4; ++i)
-    listed += (i ? ", " : "") + foreign[i];
+  for (std::size_t i = 0; i < foreign.size() && i < 4; ++i) listed += (i ? ", " : "") + foreign[i];
   if (foreign.size() > 4) listed += ", ... (" + std::to_string(foreign.size()) + " in all)";
   warning += (warning.empty() ? "" : "; ") + std::string("left ") + d.path().string() +
              ": it holds what the checkpoint did not write (" + listed + ")";
@@ -331,9 +331,9 @@ std::vector<fs::path> retain(const files::Dir& dir, std::uint64_t step, std::siz
       removed.push_back(dir.path() / name);
   std::vector<std::pair<std::uint64_t, std::string>> committed;
   for (const std::string& name : dir.list())
-    if (const auto n = step_of(name, ""); n && is_dir(name) &&
-        io::confined([&] { return dir.sub(name, false); }).kind("SUCCESS") ==
-            files::Kind::regular)
+    if (const auto n = step_of(name, "");
+        n && is_dir(name) &&
+        io::confined([&] { return dir.sub(name, false); }).kind("SUCCESS") == files::Kind::regular)
       committed.emplace_back(*n, name);
   std::sort(committed.begin(), committed.end(), std::greater<>());
   std::size_t kept = 0;
@@ -384,9 +384,9 @@ SaveResult save(comm::Communicator& world, const SaveRequest& req, const SaveOpt
         throw SaveError(Reason::io_error, res.path.string() +
                                               " exists and is not a directory this run wrote; "
                                               "refusing to replace it");
-      if (at_step == files::Kind::directory &&
-          io::confined([&] { return dir->sub(step_name, false); }).kind("SUCCESS") ==
-              files::Kind::regular)
+      if (at_step == files::Kind::directory && io::confined([&] {
+                                                 return dir->sub(step_name, false);
+                                               }).kind("SUCCESS") == files::Kind::regular)
         throw SaveError(Reason::already_committed, res.path.string() + " is already committed");
       // Uncommitted leftovers only (no marker): never a checkpoint.
       io::confined([&] {

@@ -92,8 +92,8 @@ bool write_all(int fd, std::string_view text) {
 }
 
 bool is_entry_name(std::string_view name) {
-  return !name.empty() && name != "." && name != ".." &&
-         name.find('/') == std::string_view::npos && name.find('\0') == std::string_view::npos;
+  return !name.empty() && name != "." && name != ".." && name.find('/') == std::string_view::npos &&
+         name.find('\0') == std::string_view::npos;
 }
 
 Dir Dir::open(const fs::path& named, bool create) {
@@ -203,8 +203,8 @@ void Dir::write_file(std::string_view name, std::string_view text, bool durable)
   if (k != Kind::absent && k != Kind::regular) refuse(at(name), "it exists and is not a file");
   const std::string tmp = "." + std::string(name) + ".tmp." + std::to_string(::getpid());
   ::unlinkat(fd_, tmp.c_str(), 0);  // a leftover of a killed run with this pid
-  const int fd = ::openat(fd_, tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
-                          0666);
+  const int fd =
+      ::openat(fd_, tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
   if (fd < 0) fail("create", at(tmp), errno);
   bool ok = write_all(fd, text);
   int err = errno;
@@ -224,9 +224,9 @@ void Dir::write_file(std::string_view name, std::string_view text, bool durable)
 
 int Dir::create(std::string_view name, int mode) const {
   if (!is_entry_name(name)) refuse(at(name), "not one entry name");
-  const int fd = ::openat(fd_, std::string(name).c_str(),
-                          O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
-                          static_cast<mode_t>(mode));
+  const int fd =
+      ::openat(fd_, std::string(name).c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
+               static_cast<mode_t>(mode));
   if (fd < 0) fail("create", at(name), errno);
   return fd;
 }

@@ -2,8 +2,8 @@
 // as given (a symlink the user wrote in that path is theirs to follow); everything below it is
 // reached from the held descriptor with openat / mkdirat / unlinkat / renameat and O_NOFOLLOW, so a
 // symlink anywhere below it is refused, never followed, and no name can leave it (absolute paths,
-// "..", empty names refused). Every output and deletion of shardcheck (reports, traces, checkpoints,
-// locks, retention, drill work directories) goes through a Dir.
+// "..", empty names refused). Every output and deletion of shardcheck (reports, traces,
+// checkpoints, locks, retention, drill work directories) goes through a Dir.
 #pragma once
 
 #include <filesystem>

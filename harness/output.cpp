@@ -144,8 +144,8 @@ void check_output_files(const files::Dir& dir, std::span<const std::filesystem::
   }
 }
 
-void write_output_in(const files::Dir& dir, const std::filesystem::path& rel,
-                     std::string_view text, std::string_view what) {
+void write_output_in(const files::Dir& dir, const std::filesystem::path& rel, std::string_view text,
+                     std::string_view what) {
   try {
     const files::Dir parent =
         rel.has_parent_path() ? dir.sub(rel.parent_path(), true) : dir.sub(".", false);

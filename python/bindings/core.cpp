@@ -37,7 +37,9 @@ class PythonError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-py::module_ errors() { return py::module_::import("shardcheck.errors"); }
+py::module_ errors() {
+  return py::module_::import("shardcheck.errors");
+}
 
 // The Python exception for a C++ one, with the C++ error attached as `_cause` (a capsule).
 py::object to_python(std::exception_ptr ep) {
@@ -73,8 +75,8 @@ py::object to_python(std::exception_ptr ep) {
   } catch (const std::exception& x) {
     exc = py::module_::import("builtins").attr("RuntimeError")(x.what());
   }
-  exc.attr("_cause") =
-      py::capsule(new std::exception_ptr(ep), [](void* p) { delete static_cast<std::exception_ptr*>(p); });
+  exc.attr("_cause") = py::capsule(new std::exception_ptr(ep),
+                                   [](void* p) { delete static_cast<std::exception_ptr*>(p); });
   return exc;
 }
 
@@ -226,7 +228,8 @@ class World {
     if (failure->rank >= 0) cause = raised[static_cast<std::size_t>(failure->rank)];
     std::string diagnosis;
     if (world_.diagnosis()) diagnosis = world_.diagnosis()->message;
-    py::object exc = errors().attr("RankFailure")(failure->message, failure->rank, cause, diagnosis);
+    py::object exc =
+        errors().attr("RankFailure")(failure->message, failure->rank, cause, diagnosis);
     exc.attr("__cause__") = cause;
     PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(exc.ptr())), exc.ptr());
     throw py::error_already_set();
@@ -257,7 +260,8 @@ PYBIND11_MODULE(_core, m) {
   m.doc() = "shardcheck's deterministic multi-rank simulator (C++), one Python thread per rank";
 
   py::class_<Work>(m, "Work")
-      .def("wait", &Work::wait, "Blocks until the op completed on this rank (joins the virtual clock)")
+      .def("wait", &Work::wait,
+           "Blocks until the op completed on this rank (joins the virtual clock)")
       .def("is_completed", &Work::is_completed);
 
   py::class_<Communicator>(m, "Communicator")
@@ -287,13 +291,13 @@ PYBIND11_MODULE(_core, m) {
              return c.wrap(released(
                  [&] { return c.get().broadcast(cbuffer(s), buffer(r), {.root = root}); }));
            })
-      .def("reduce",
-           [](const Communicator& c, const PyBuffer& s, const PyBuffer& r, int root,
-              const std::string& op) {
-             auto o = comm::ReduceOptions{reduce_op(op)};
-             return c.wrap(
-                 released([&] { return c.get().reduce(cbuffer(s), buffer(r), root, o); }));
-           })
+      .def(
+          "reduce",
+          [](const Communicator& c, const PyBuffer& s, const PyBuffer& r, int root,
+             const std::string& op) {
+            auto o = comm::ReduceOptions{reduce_op(op)};
+            return c.wrap(released([&] { return c.get().reduce(cbuffer(s), buffer(r), root, o); }));
+          })
       .def("all_to_all",
            [](const Communicator& c, const PyBuffer& s, const PyBuffer& r) {
              return c.wrap(released([&] { return c.get().all_to_all(cbuffer(s), buffer(r)); }));
@@ -312,8 +316,9 @@ PYBIND11_MODULE(_core, m) {
            [](const Communicator& c, const PyBuffer& b, int peer, int tag) {
              return c.wrap(released([&] { return c.get().recv(buffer(b), peer, {.tag = tag}); }));
            })
-      .def("barrier",
-           [](const Communicator& c) { return c.wrap(released([&] { return c.get().barrier(); })); })
+      .def(
+          "barrier",
+          [](const Communicator& c) { return c.wrap(released([&] { return c.get().barrier(); })); })
       .def("split",
            [](const Communicator& c, int color, int key, const std::string& name) {
              return c.child(
@@ -359,12 +364,11 @@ PYBIND11_MODULE(_core, m) {
       .def("timeline", [](World& w) {
         py::list out;
         for (const auto& e : w.get().timeline())
-          out.append(py::dict(py::arg("rank") = e.rank,
-                              py::arg("stream") = std::string(sim::name_of(e.stream)),
-                              py::arg("kind") = e.kind, py::arg("name") = e.name,
-                              py::arg("step") = e.step, py::arg("start") = e.start,
-                              py::arg("end") = e.end, py::arg("bytes") = e.bytes,
-                              py::arg("group") = e.group, py::arg("seq") = e.seq));
+          out.append(py::dict(
+              py::arg("rank") = e.rank, py::arg("stream") = std::string(sim::name_of(e.stream)),
+              py::arg("kind") = e.kind, py::arg("name") = e.name, py::arg("step") = e.step,
+              py::arg("start") = e.start, py::arg("end") = e.end, py::arg("bytes") = e.bytes,
+              py::arg("group") = e.group, py::arg("seq") = e.seq));
         return out;
       });
 }
