@@ -20,9 +20,9 @@ namespace shardcheck::harness {
 void refuse_empty_paths(CLI::App& app) {
   // Options naming an output or input file or directory, by long name (a flag of the same name,
   // e.g. plan's --json, takes no value and is left alone), and the commands' positional inputs.
-  static const std::set<std::string> kPaths = {"report", "junit", "json", "dump-tensors",
-                                               "checkpoint-dir", "resume", "keep-dir"};
-  static const std::set<std::string> kInputs = {"scenario", "scenarios", "oracle", "run"};
+  static const std::set<std::string> kPaths = {
+      "report", "junit", "json", "dump-tensors", "checkpoint-dir", "resume", "keep-dir"};
+  static const std::set<std::string> kInputs = {"scenario", "scenarios", "oracle", "run", "config"};
   const CLI::Validator non_empty(
       [](std::string& v) {
         return v.empty() ? std::string("an empty path; give a file or directory name")
@@ -55,6 +55,7 @@ int run_cli(int argc, char** argv) {
   add_bench_commands(app, exit_code);
   add_drill_command(app, exit_code);
   add_compare_command(app, exit_code);
+  add_import_model_command(app, exit_code);
   refuse_empty_paths(app);
 
   if (argc > 1 && argv[1][0] != '-') {

@@ -31,10 +31,13 @@ void add_drill_command(CLI::App& app, int& exit_code);
 // `compare`: a run's tensor dump against an oracle's.
 void add_compare_command(CLI::App& app, int& exit_code);
 
+// `import-model`: a Hugging Face config.json or torchtitan model args as a scenario "model" block.
+void add_import_model_command(CLI::App& app, int& exit_code);
+
 // Refuses an empty path (exit 2, naming the option) for every option of `app` and its commands
 // that names a file or directory (--report, --junit, --json, --dump-tensors, --checkpoint-dir,
-// --resume, --keep-dir, the scenario and dump inputs): "" would be ignored or read as ".".
-// Called once by cli.cpp after every command is registered.
+// --resume, --keep-dir, the scenario, dump and model-configuration inputs): "" would be ignored or
+// read as ".". Called once by cli.cpp after every command is registered.
 void refuse_empty_paths(CLI::App& app);
 
 // Refuses --backend nccl in a build without gpu/.
