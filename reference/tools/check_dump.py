@@ -1,13 +1,17 @@
 #!/usr/bin/env python3
 """Independent re-implementation of the reference model from reference/README.md alone, in plain
 Python (no NumPy), checked against a --dump-tensors directory: initial parameters (Philox init),
-the step-1 loss (forward incl. RoPE, GQA, document mask, dropout, MoE) and the step-1 AdamW update.
+the parameters' names, order and shapes, the step-1 loss (forward incl. RoPE, GQA, document
+mask, dropout, MoE, the GELU or SwiGLU MLP), the step-1 gradients (central differences of that
+loss along fixed ±1 directions: each MLP matrix kind, every parameter) and the step-1 AdamW
+update.
 Not a trainer: it recomputes one step. Usage: check_dump.py DIR (DIR holds index.json, config.json)
 or check_dump.py --run REFERENCE_TESTS_BINARY (writes the dumps through the test binary first)."""
 
 import json
 import math
 import os
+import random
 import struct
 import subprocess
 import sys
@@ -91,6 +95,10 @@ def gelu(v):
     return 0.5 * v * (1 + math.tanh(math.sqrt(2 / math.pi) * (v + 0.044715 * v**3)))
 
 
+def silu(v):
+    return v / (1 + math.exp(-v))
+
+
 def rope(x, pos, heads):
     d = len(x[0]) // heads
     out = [list(r) for r in x]
@@ -107,6 +115,7 @@ def rope(x, pos, heads):
 class Model:
     def __init__(self, cfg, params, seed, step):
         self.c, self.p, self.seed, self.step = cfg, params, seed, step
+        self.routing = []  # per MoE call: its top-k choices and the kept assignments
 
     def w(self, name):
         return self.p[name]
@@ -139,8 +148,16 @@ class Model:
                         o[qi][h * d + x] += p * v[j][g * d + x]
         return matmul(o, self.w(pre + "wo"))
 
-    def mlp(self, x, up, down):
-        return matmul([[gelu(z) for z in r] for r in matmul(x, up)], down)
+    def mlp(self, x, prefix):
+        """The MLP (dense or one expert) whose weights are prefix + w_gate/w_up/w_down: GELU is
+        gelu(x·w_up)·w_down, SwiGLU (silu(x·w_gate) * (x·w_up))·w_down."""
+        up = matmul(x, self.w(prefix + "w_up"))
+        if self.c.get("mlp", "gelu") == "swiglu":
+            gate = matmul(x, self.w(prefix + "w_gate"))
+            act = [[silu(g) * u for g, u in zip(gr, ur)] for gr, ur in zip(gate, up)]
+        else:
+            act = [[gelu(z) for z in r] for r in up]
+        return matmul(act, self.w(prefix + "w_down"))
 
     def moe(self, i, x, seq):
         c, m = self.c, self.c["moe"]
@@ -168,12 +185,12 @@ class Model:
                 if load[e] < cap:
                     load[e] += 1
                     kept.add((t, ci))
+        self.routing.append((sorted(choice.items()), sorted(kept)))
         y = [[0.0] * len(x[0]) for _ in range(s)]
         for t in routed:
             for ci in range(k):
                 if (t, ci) in kept:
-                    ep = pre + "experts.%d." % choice[t, ci]
-                    out = self.mlp([x[t]], self.w(ep + "w_up"), self.w(ep + "w_down"))[0]
+                    out = self.mlp([x[t]], pre + "experts.%d." % choice[t, ci])[0]
                     y[t] = [a + gate[t, ci] * b for a, b in zip(y[t], out)]
         aux = 0.0
         if routed:
@@ -198,7 +215,7 @@ class Model:
                 y, a = self.moe(i, hN, seq)
                 aux += a
             else:
-                y = self.mlp(hN, self.w(pre + "mlp.w_up"), self.w(pre + "mlp.w_down"))
+                y = self.mlp(hN, pre + "mlp.")
             x = [[a + b for a, b in zip(r1, r2)] for r1, r2 in zip(x, y)]
         y = rmsnorm(x, self.w("final_norm.weight")[0])
         head = transpose(self.w("embed.weight")) if c["tie_embeddings"] else self.w("lm_head.weight")
@@ -210,6 +227,36 @@ class Model:
                 total += mx + math.log(sum(math.exp(z - mx) for z in r)) - r[seq["targets"][t]]
                 count += 1
         return total, count, aux
+
+
+def param_shapes(cfg):
+    """[(name, shape)] in README "Parameters" order; with "mlp": "swiglu" each MLP (dense or
+    expert) has w_gate [h, f] before its w_up. Shapes with f = cfg["ffn"] (None when the config
+    does not say)."""
+    h, v, f = cfg["hidden"], cfg["vocab"], cfg.get("ffn")
+    a, kv, d = cfg["heads"], cfg["kv_heads"], cfg["hidden"] // cfg["heads"]
+    gated = cfg.get("mlp", "gelu") == "swiglu"
+
+    def mlp(p):
+        return ([(p + "w_gate", [h, f])] if gated else []) + [(p + "w_up", [h, f]),
+                                                               (p + "w_down", [f, h])]
+
+    out = [("embed.weight", [v, h])]
+    for i in range(cfg["layers"]):
+        p = "layers.%d." % i
+        out += [(p + "attn_norm.weight", [h]), (p + "attn.wq", [h, a * d]),
+                (p + "attn.wk", [h, kv * d]), (p + "attn.wv", [h, kv * d]),
+                (p + "attn.wo", [a * d, h]), (p + "mlp_norm.weight", [h])]
+        if cfg.get("moe") and (i + 1) % cfg["moe"]["every"] == 0:
+            out.append((p + "moe.router", [h, cfg["moe"]["experts"]]))
+            for e in range(cfg["moe"]["experts"]):
+                out += mlp(p + "moe.experts.%d." % e)
+        else:
+            out += mlp(p + "mlp.")
+    out.append(("final_norm.weight", [h]))
+    if not cfg["tie_embeddings"]:
+        out.append(("lm_head.weight", [h, v]))
+    return out
 
 
 def init_value(cfg, seed, name, index):
@@ -276,29 +323,13 @@ def permutation(seed, epoch, n):
     return p
 
 
-def check(dirname):
-    cfg = json.load(open(os.path.join(dirname, "config.json")))
-    index = json.load(open(os.path.join(dirname, "index.json")))
-    t = {e["name"]: load_npy(os.path.join(dirname, e["file"])) for e in index}
-    seed, failures = cfg["seed"], []
+FD_EPS = 3e-6  # central-difference step along a ±1 direction (parameters are ~0.02)
+FD_BOUND = 1e-6  # of sum|grad|; measured ≤ 3e-9, a wrong gradient formula is off by far more
 
-    def expect(ok, what):
-        print(("ok   " if ok else "FAIL ") + what)
-        if not ok:
-            failures.append(what)
 
-    names = [e["name"][len("init/param/"):] for e in index if e["name"].startswith("init/param/")]
-    worst = 0.0
-    for n in names:
-        shape, data = t["init/param/" + n]
-        for i, v in enumerate(data):
-            worst = max(worst, abs(v - init_value(cfg, seed, n, i)))
-    expect(worst <= 1e-17, "init of %d tensors from Philox (max abs diff %.3g)" % (len(names), worst))
-
-    params = {}
-    for n in names:
-        shape, data = t["init/param/" + n]
-        params[n] = rows(data, shape[-1]) if len(shape) == 2 else [data]
+def step_loss(cfg, params, seed, t):
+    """The step-1 loss of the dumped global batch (its microbatches in order) at `params`, and
+    the MoE routing it took."""
     model = Model(cfg, params, seed, 1)
     total, count, aux, b_index = 0.0, 0, 0.0, 0
     k = 0
@@ -310,7 +341,44 @@ def check(dirname):
             lt, ct, at = model.sequence_loss(seq, b_index)
             total, count, aux, b_index = total + lt, count + ct, aux + at, b_index + 1
         k += 1
-    loss = total / count + aux / b_index
+    return total / count + aux / b_index, model.routing
+
+
+def check(dirname):
+    cfg = json.load(open(os.path.join(dirname, "config.json")))
+    index = json.load(open(os.path.join(dirname, "index.json")))
+    t = {e["name"]: load_npy(os.path.join(dirname, e["file"])) for e in index}
+    seed, failures = cfg["seed"], []
+
+    def expect(ok, what):
+        print(("ok   " if ok else "FAIL ") + what)
+        if not ok:
+            failures.append(what)
+
+    if cfg.get("mlp", "gelu") not in ("gelu", "swiglu"):
+        expect(False, "config.json: mlp %r is neither \"gelu\" nor \"swiglu\"" % cfg["mlp"])
+        return failures
+    names = [e["name"][len("init/param/"):] for e in index if e["name"].startswith("init/param/")]
+    expected = param_shapes(cfg)
+    got = [(n, t["init/param/" + n][0]) for n in names]
+    if cfg.get("ffn") is None:  # an older config.json: names only
+        expected, got = [n for n, _ in expected], names
+    expect(got == expected, "%d parameters' names, order and shapes (mlp %s)"
+           % (len(names), cfg.get("mlp", "gelu")))
+    if [n for n, _ in param_shapes(cfg)] != names:
+        return failures
+    worst = 0.0
+    for n in names:
+        shape, data = t["init/param/" + n]
+        for i, v in enumerate(data):
+            worst = max(worst, abs(v - init_value(cfg, seed, n, i)))
+    expect(worst <= 1e-17, "init of %d tensors from Philox (max abs diff %.3g)" % (len(names), worst))
+
+    params = {}
+    for n in names:
+        shape, data = t["init/param/" + n]
+        params[n] = rows(data, shape[-1]) if len(shape) == 2 else [data]
+    loss, routing = step_loss(cfg, params, seed, t)
     if "data" in cfg:
         samples = packed_samples(cfg)
         ids = permutation(seed, 0, len(samples))[:cfg["global_batch"]]
@@ -325,6 +393,41 @@ def check(dirname):
                "step-1 batch regenerated from the corpus, packing and sampler (samples %s)" % ids)
     ref = t["step1/loss"][1][0]
     expect(abs(loss - ref) <= 1e-12 * abs(ref), "step-1 loss %.15f vs dump %.15f" % (loss, ref))
+
+    # The dumped step-1 gradients against central differences of the loss along a fixed
+    # pseudo-random ±1 direction over each MLP matrix kind and over every parameter.
+    groups = [(kind, [n for n in names if n.endswith("." + kind)])
+              for kind in ("w_gate", "w_up", "w_down")]
+    for label, group in [g for g in groups if g[1]] + [("every parameter", names)]:
+        rng = random.Random(label)
+        d = {n: [rng.choice((-1.0, 1.0)) for _ in t["init/param/" + n][1]] for n in group}
+        want = sum(g * di for n in group for g, di in zip(t["step1/grad/" + n][1], d[n]))
+        l1 = sum(abs(g) for n in group for g in t["step1/grad/" + n][1])  # no cancellation
+
+        def moved(step):
+            p = dict(params)
+            for n in group:
+                shape, data = t["init/param/" + n]
+                flat = [v + step * di for v, di in zip(data, d[n])]
+                p[n] = rows(flat, shape[-1]) if len(shape) == 2 else [flat]
+            return step_loss(cfg, p, seed, t)
+
+        # The loss is smooth where the MoE routing (top-k ties, capacity) stays put: a step
+        # that changes it is halved.
+        eps = FD_EPS
+        for _ in range(6):
+            (up, r_up), (down, r_down) = moved(eps), moved(-eps)
+            if r_up == routing and r_down == routing:
+                break
+            eps /= 2
+        else:
+            expect(False, "step-1 gradient of %s: the routing changes at every step tried" % label)
+            continue
+        fd = (up - down) / (2 * eps)
+        err = abs(fd - want) / max(l1, 1e-300)
+        expect(err <= FD_BOUND, "step-1 gradient of %s (%d tensors) along a ±1 direction: "
+               "dump %.12g, central difference (step %.2g) %.12g (diff / sum|grad| %.2g)"
+               % (label, len(group), want, eps, fd, err))
 
     o = cfg["optimizer"]
     lr = lr_at(o, 1, cfg["steps"])

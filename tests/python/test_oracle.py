@@ -3,9 +3,11 @@ loss, AdamW, schedule and clipping reproduce `shardcheck run --dump-tensors` to 
 relative error per tensor, max|a − b| / max|b|) in f64, with bitwise-equal initialisation and
 batches; FSDP2 built from the module's pieces reaches the same numbers; planted bugs (RoPE at
 position + 1, a mean of microbatch means, dropout keyed by a microbatch-local index) fail the
-same comparison. The f32 and bf16 recipes track the C++ oracle's within measured norm-wise
-bounds (bf16: planted rounding bugs exceed them). Philox, the corpus and the sampler are also
-checked against the scalar re-implementation in reference/tools/check_dump.py."""
+same comparison; so do SwiGLU bugs (gate and up swapped, a sigmoid gate, the gate unused, w_gate
+initialised at w_down's scale) against SwiGLU dumps, dense and MoE. The f32 and bf16 recipes
+track the C++ oracle's within measured norm-wise bounds (bf16: planted rounding bugs exceed
+them). Philox, the corpus and the sampler are also checked against the scalar re-implementation
+in reference/tools/check_dump.py."""
 
 import copy
 import importlib.util
@@ -196,6 +198,88 @@ def test_config_defaults_names_and_unsupported():
         so.Config.from_scenario({"name": "x", "model": {"hiden": 8}})
 
 
+def test_swiglu_config_and_parameter_order():
+    """model.mlp: "gelu" by default, "swiglu" adds w_gate [h, f] immediately before each w_up
+    (dense layers and every expert) in named_parameters(), state_dict() and param_shapes, equal
+    to the scalar re-implementation's list; anything else is refused."""
+    ref = load_check_dump()
+    base = {"vocab": 30, "hidden": 12, "layers": 3, "heads": 3, "kv_heads": 1, "ffn": 20,
+            "tie_embeddings": False}
+    assert so.Config.from_scenario({"name": "x", "model": base}).model.mlp == "gelu"
+    for moe in (None, {"experts": 3, "top_k": 2, "every": 2}):
+        for mlp in ("gelu", "swiglu"):
+            m = dict(base, mlp=mlp, moe=moe)
+            cfg = so.Config.from_scenario({"name": "x", "model": m})
+            assert cfg.model.mlp == mlp and cfg.model.gated_mlp == (mlp == "swiglu")
+            model = so.Model(cfg)
+            shapes = so.param_shapes(cfg.model)
+            assert [(k, tuple(v.shape)) for k, v in model.named_parameters()] == shapes
+            assert list(model.state_dict()) == [n for n, _ in shapes]
+            flat = dict(base, mlp=mlp, moe=moe)
+            assert [(n, list(s)) for n, s in shapes] == [
+                tuple(x) for x in ref.param_shapes(flat)]
+            names = [n for n, _ in shapes]
+            gates = [n for n in names if n.endswith("w_gate")]
+            if mlp == "gelu":
+                assert not gates
+                continue
+            # one gate per MLP, each right before its w_up and of w_up's shape
+            ups = [n for n in names if n.endswith("w_up")]
+            assert len(gates) == len(ups) == (2 + 3 if moe else 3)
+            for g in gates:
+                i = names.index(g)
+                assert names[i + 1] == g[:-len("w_gate")] + "w_up"
+                assert names[i + 2] == g[:-len("w_gate")] + "w_down"
+                assert dict(shapes)[g] == (12, 20)
+            assert names[names.index("layers.0.mlp_norm.weight") + 1] == "layers.0.mlp.w_gate"
+            if moe:
+                assert names[names.index("layers.1.moe.router") + 1] == (
+                    "layers.1.moe.experts.0.w_gate")
+    for bad in ("geglu", "SwiGLU", "", None, 1):
+        with pytest.raises(ValueError, match="model.mlp"):
+            so.Config.from_scenario({"name": "x", "model": {"mlp": bad}})
+    with pytest.raises(ValueError, match="model.mlp"):
+        so.ModelConfig(mlp="relu")
+
+
+def test_swiglu_init_math_and_gradient():
+    """w_gate's init is w_up's rule (0.02 · N(name, n), equal to the scalar version's); the MLP is
+    (silu(x·w_gate) * x·w_up)·w_down and autograd's gradients equal the reference's closed form
+    (dup = dact·silu(g), dgate = dact·up·s·(1 + g(1 − s)), dx = dgate·w_gateᵀ + dup·w_upᵀ)."""
+    ref = load_check_dump()
+    cfg = so.Config.from_scenario({"name": "x", "seed": 11, "model": {
+        "hidden": 8, "heads": 2, "ffn": 12, "layers": 2, "mlp": "swiglu"}})
+    model = so.init_(so.Model(cfg), cfg)
+    flat = {"layers": 2}
+    mlp = model.layers[0].mlp
+    for name in ("layers.0.mlp.w_gate", "layers.1.mlp.w_gate", "layers.0.mlp.w_up"):
+        w = dict(model.named_parameters())[name].detach().flatten().tolist()
+        assert w == [ref.init_value(flat, 11, name, i) for i in range(len(w))], name
+    assert not torch.equal(mlp.w_gate, mlp.w_up)
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(5, 8, dtype=torch.float64, generator=gen, requires_grad=True)
+    with torch.no_grad():  # away from init scale, so the nonlinearity matters
+        for p in mlp.parameters():
+            p.copy_(torch.randn(p.shape, dtype=torch.float64, generator=gen))
+    y = mlp(x)
+    g, u = x.detach() @ mlp.w_gate.detach(), x.detach() @ mlp.w_up.detach()
+    sig = 1.0 / (1.0 + torch.exp(-g))
+    want = (g * sig * u) @ mlp.w_down.detach()
+    assert torch.allclose(y, want, rtol=1e-14, atol=0)
+    gelu_y = so.gelu(x.detach() @ mlp.w_up.detach()) @ mlp.w_down.detach()
+    assert not torch.allclose(y, gelu_y)
+    dy = torch.randn(y.shape, dtype=torch.float64, generator=gen)
+    y.backward(dy)
+    dact = dy @ mlp.w_down.detach().t()
+    dup = dact * g * sig
+    dgate = dact * u * sig * (1.0 + g * (1.0 - sig))
+    for got, want in ((mlp.w_down.grad, (g * sig * u).t() @ dy),
+                      (mlp.w_up.grad, x.detach().t() @ dup),
+                      (mlp.w_gate.grad, x.detach().t() @ dgate),
+                      (x.grad, dgate @ mlp.w_gate.detach().t() + dup @ mlp.w_up.detach().t())):
+        assert torch.allclose(got, want, rtol=1e-13, atol=1e-14)
+
+
 def test_clip_rule_and_schedule():
     cfg = so.Config.from_scenario({"name": "x", "train": {
         "steps": 5, "optimizer": {"lr": 1.0, "warmup": 2, "min_lr": 0.1}}})
@@ -224,6 +308,14 @@ CASES = {
     # MoE every 2nd layer, top-2, capacity 1.0 (assignments dropped), aux loss, untied
     "moe_capacity": lambda: scenario(
         "data_parallel_moe", train={"global_batch": 16}, data={"documents": 120}),
+    # SwiGLU MLP (w_gate before w_up): tied, MQA, dropout 0.1, clipping active
+    "swiglu_dense": lambda: scenario(
+        "data_parallel_dense", model={"mlp": "swiglu"}, train={"global_batch": 16},
+        data={"documents": 120}),
+    # SwiGLU experts (and the dense layer 0) with capacity drops, aux loss, untied, dropout 0.1
+    "swiglu_moe_dropout": lambda: scenario(
+        "data_parallel_moe", model={"mlp": "swiglu", "dropout": 0.1},
+        train={"global_batch": 16}, data={"documents": 120}),
 }
 
 
@@ -249,6 +341,84 @@ def test_trainer_matches_the_cpp_oracle(tmp_path, case):
     assert set(worst) == {"loss", "grad", "param"}, worst
     assert [r.loss for r in records] == [float(got[f"step{n}/loss"]) for n in
                                          range(1, cfg.train.steps + 1)]
+    gates = [n for n in got if n.startswith("init/param/") and n.endswith(".w_gate")]
+    if cfg.model.mlp == "swiglu":  # every MLP has a gate, which learns
+        mlps = [n for n in got if n.startswith("init/param/") and n.endswith(".w_up")]
+        assert len(gates) == len(mlps) > 0
+        last = cfg.train.steps
+        for n in gates:
+            name = n[len("init/param/"):]
+            assert np.abs(got[f"step1/grad/{name}"]).max() > 0, name
+            assert not np.array_equal(got[f"step{last}/param/{name}"], got[n]), name
+    else:
+        assert not gates
+
+
+@pytest.fixture(scope="module")
+def swiglu_dumps(tmp_path_factory):
+    if not os.path.exists(CLI):
+        pytest.skip(f"the shardcheck CLI is not built ({CLI})")
+    out = {}
+    for case in ("swiglu_dense", "swiglu_moe_dropout"):
+        scen = CASES[case]()
+        out[case] = (so.Config.from_scenario(scen),
+                     cpp_dump(tmp_path_factory.mktemp(case), scen))
+    return out
+
+
+def swiglu_gate_up_swapped(gate, up):
+    """silu on the up projection and the gate as the linear factor (the roles swapped)."""
+    return ORIGINAL_SWIGLU(up, gate)
+
+
+def swiglu_sigmoid_gate(gate, up):
+    """sigmoid(gate) * up (GLU's gate, not SiLU's g · sigmoid(g))."""
+    return torch.sigmoid(gate) * up
+
+
+def swiglu_gate_ignored(gate, up):
+    """GELU on the up projection, the gate computed but unused (w_gate gets zero gradients)."""
+    return so.gelu(up) + 0.0 * gate
+
+
+ORIGINAL_SWIGLU = so.model.swiglu
+
+
+@needs_cli
+@pytest.mark.parametrize("case", ["swiglu_dense", "swiglu_moe_dropout"])
+@pytest.mark.parametrize("bug", ["swiglu_gate_up_swapped", "swiglu_sigmoid_gate",
+                                 "swiglu_gate_ignored", "w_gate_init_like_w_down"])
+def test_swiglu_planted_bugs_fail_the_comparison(swiglu_dumps, case, bug, monkeypatch):
+    """The SwiGLU comparison judges values, not only names and shapes: each planted bug keeps the
+    parameters' names, order and shapes and fails the f64 bound, on the dense MLP and on the
+    experts."""
+    cfg, ref = swiglu_dumps[case]
+    model = None
+    if bug == "w_gate_init_like_w_down":  # 0.02 / sqrt(2 · layers), the output projections' std
+        model = so.init_(so.Model(cfg), cfg)
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if name.endswith(".w_gate"):
+                    p.mul_(1.0 / np.sqrt(2.0 * cfg.model.layers))
+    else:
+        monkeypatch.setattr(so.model, "swiglu", globals()[bug])
+    got = run_with_pieces(cfg, model=model)
+    assert [k for k in got if k.startswith("step1/grad/")] == [
+        k for k in ref if k.startswith("step1/grad/")]
+    worst, bad = compare(steps_only(ref), got, F64_BOUND)
+    assert bad, f"{bug} was not caught: {worst}"
+    assert max(worst.values()) > 1e-3, worst
+
+
+@needs_cli
+@pytest.mark.parametrize("case", ["swiglu_dense", "swiglu_moe_dropout"])
+def test_swiglu_public_pieces_match_the_cpp_oracle(swiglu_dumps, case):
+    """The unpatched pieces on the same dumps the planted bugs fail (the bugs are the only
+    difference)."""
+    cfg, ref = swiglu_dumps[case]
+    worst, bad = compare(steps_only(ref), run_with_pieces(cfg), F64_BOUND)
+    assert not bad, bad
+    assert set(worst) == {"loss", "grad", "param"}, worst
 
 
 @needs_cli

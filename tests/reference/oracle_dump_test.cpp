@@ -29,7 +29,8 @@ void write_config(const std::filesystem::path& file, const Case& c, const TrainC
   f.precision(17);
   f << "{\"seed\": " << seed << ", \"vocab\": " << m.vocab << ", \"hidden\": " << m.hidden
     << ", \"layers\": " << m.layers << ", \"heads\": " << m.heads
-    << ", \"kv_heads\": " << m.kv_heads << ", \"seq_len\": " << m.seq_len
+    << ", \"kv_heads\": " << m.kv_heads << ", \"ffn\": " << m.ffn << ", \"mlp\": \""
+    << to_string(m.mlp) << "\", \"seq_len\": " << m.seq_len
     << ", \"tie_embeddings\": " << (m.tie_embeddings ? "true" : "false")
     << ", \"dropout\": " << m.dropout << ", \"steps\": " << train.steps
     << ", \"global_batch\": " << train.global_batch
@@ -63,11 +64,17 @@ TEST(OracleDump, WritesDumpsForThePythonOracle) {
   packed.max_len = 20;
   DataConfig unpacked = packed;
   unpacked.packing = false;
+  ModelConfig dense_swiglu = dense;  // untied, MQA
+  dense_swiglu.mlp = MlpKind::kSwiglu;
+  ModelConfig moe_swiglu = moe;  // tied, dropout 0.1, experts with w_gate
+  moe_swiglu.mlp = MlpKind::kSwiglu;
   const uint64_t seed = 1234;
   for (const Case& c : {Case{"moe_tied_dropout", moe, 0.05, std::nullopt},
                         Case{"dense_untied_mqa", dense, 0.0, std::nullopt},
                         Case{"moe_corpus_packed", moe, 1.0, packed},
-                        Case{"dense_corpus_unpacked", dense, 1.0, unpacked}}) {
+                        Case{"dense_corpus_unpacked", dense, 1.0, unpacked},
+                        Case{"dense_swiglu_untied_mqa", dense_swiglu, 0.0, std::nullopt},
+                        Case{"moe_swiglu_tied_dropout", moe_swiglu, 0.05, std::nullopt}}) {
     TrainConfig train;
     train.steps = 2;
     train.global_batch = 3;

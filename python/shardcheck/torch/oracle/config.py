@@ -8,6 +8,9 @@ import os
 
 import torch
 
+MLP_KINDS = ("gelu", "swiglu")
+
+
 @dataclasses.dataclass(frozen=True)
 class MoeConfig:
     experts: int = 4
@@ -25,14 +28,24 @@ class ModelConfig:
     heads: int = 4
     kv_heads: int = 4
     ffn: int = 64
+    mlp: str = "gelu"  # gelu(x·w_up)·w_down, or "swiglu": (silu(x·w_gate) * x·w_up)·w_down
     seq_len: int = 16
     tie_embeddings: bool = True
     dropout: float = 0.0
     moe: MoeConfig = None
 
+    def __post_init__(self):
+        if self.mlp not in MLP_KINDS:
+            raise ValueError(f"model.mlp must be \"gelu\" or \"swiglu\", got {self.mlp!r}")
+
     @property
     def head_dim(self):
         return self.hidden // self.heads
+
+    @property
+    def gated_mlp(self):
+        """True for SwiGLU: every MLP (dense and each expert) has w_gate besides w_up, w_down."""
+        return self.mlp == "swiglu"
 
     def is_moe_layer(self, i):
         return self.moe is not None and (i + 1) % self.moe.every == 0
@@ -110,6 +123,7 @@ class Config:
             heads=heads,
             kv_heads=int(m.get("kv_heads", heads)),
             ffn=int(m.get("ffn", ModelConfig.ffn)),
+            mlp=m.get("mlp", ModelConfig.mlp),
             seq_len=int(m.get("seq_len", ModelConfig.seq_len)),
             tie_embeddings=bool(m.get("tie_embeddings", True)),
             dropout=float(m.get("dropout", 0.0)),
@@ -184,6 +198,11 @@ def param_shapes(model_cfg):
     """[(name, shape)] in the reference's order (the dump contract)."""
     m = model_cfg
     h, v, f, d = m.hidden, m.vocab, m.ffn, m.head_dim
+
+    def mlp(prefix):  # SwiGLU's w_gate comes before w_up
+        gate = [(prefix + "w_gate", (h, f))] if m.gated_mlp else []
+        return gate + [(prefix + "w_up", (h, f)), (prefix + "w_down", (f, h))]
+
     out = [("embed.weight", (v, h))]
     for i in range(m.layers):
         p = f"layers.{i}."
@@ -193,10 +212,9 @@ def param_shapes(model_cfg):
         if m.is_moe_layer(i):
             out.append((p + "moe.router", (h, m.moe.experts)))
             for e in range(m.moe.experts):
-                out += [(p + f"moe.experts.{e}.w_up", (h, f)),
-                        (p + f"moe.experts.{e}.w_down", (f, h))]
+                out += mlp(p + f"moe.experts.{e}.")
         else:
-            out += [(p + "mlp.w_up", (h, f)), (p + "mlp.w_down", (f, h))]
+            out += mlp(p + "mlp.")
     out.append(("final_norm.weight", (h,)))
     if not m.tie_embeddings:
         out.append(("lm_head.weight", (h, v)))

@@ -1,7 +1,7 @@
 """The reference model in torch ops: initialisation (Philox normal per element), RMSNorm, GELU,
-RoPE, Philox-keyed attention dropout, GQA attention with the document-causal mask, MLP, top-k
-MoE with capacity and aux loss, Block and Model ([in, out] weights named as in the dump), and
-init_ (plain or DTensor parameters)."""
+SwiGLU, RoPE, Philox-keyed attention dropout, GQA attention with the document-causal mask, MLP
+(GELU or SwiGLU), top-k MoE with capacity and aux loss, Block and Model ([in, out] weights named
+as in the dump), and init_ (plain or DTensor parameters)."""
 
 import functools
 import math
@@ -50,6 +50,11 @@ def rmsnorm(x, w):
 def gelu(x):
     """GELU, tanh form: 0.5 x (1 + tanh(sqrt(2/π) (x + 0.044715 x³)))."""
     return 0.5 * x * (1.0 + torch.tanh(GELU_C * (x + 0.044715 * x * x * x)))
+
+
+def swiglu(gate, up):
+    """silu(gate) * up, silu(g) = g / (1 + exp(−g)) (the reference's operation order)."""
+    return gate / (1.0 + torch.exp(-gate)) * up
 
 
 @functools.lru_cache(maxsize=64)
@@ -161,12 +166,20 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
+    """The dense MLP and each expert: GELU, gelu(x · w_up) · w_down; SwiGLU (cfg.mlp "swiglu"),
+    swiglu(x · w_gate, x · w_up) · w_down, with w_gate registered before w_up (the dump's
+    order)."""
+
     def __init__(self, cfg, dtype):
         super().__init__()
+        if cfg.gated_mlp:
+            self.w_gate = _param((cfg.hidden, cfg.ffn), dtype)
         self.w_up = _param((cfg.hidden, cfg.ffn), dtype)
         self.w_down = _param((cfg.ffn, cfg.hidden), dtype)
 
     def forward(self, x):
+        if hasattr(self, "w_gate"):
+            return swiglu(x @ self.w_gate, x @ self.w_up) @ self.w_down
         return gelu(x @ self.w_up) @ self.w_down
 
 
