@@ -1,8 +1,9 @@
 // `shardcheck import-model CONFIG.json`: a Hugging Face config.json (Llama, Mistral, Mixtral,
-// Qwen2) or torchtitan Llama model args mapped onto the scenario's "model" block, printed as JSON
-// on stdout; what the scenario model cannot express (RoPE theta and scaling, norm eps, biases,
-// sliding windows, ...) is listed on stderr, as are defaults taken and keys ignored or unknown.
-// A field that is missing, of the wrong type or not mappable exits 2 naming its JSON path.
+// Qwen2) or torchtitan Llama model args mapped onto the scenario's "model" block (RoPE included:
+// theta, Llama 3.1's scaling, the layout), printed as JSON on stdout; what the scenario model
+// cannot express (norm eps, biases, sliding windows, ...) is listed on stderr, as are defaults
+// taken and keys ignored or unknown. A field that is missing, of the wrong type or not mappable (a
+// RoPE scaling other than "llama3" among them) exits 2 naming its JSON path.
 #include <iostream>
 #include <memory>
 #include <string>

@@ -1,7 +1,8 @@
 // Mapping of Hugging Face config.json files and torchtitan Llama model arguments onto the
 // scenario's "model" block (harness/model_import.hpp). The scenario model (reference/README.md)
-// fixes RMSNorm eps 1e-5, RoPE theta 10000, no biases, no sliding window, per-document causal
-// masking: an input that differs there is reported, never dropped silently.
+// fixes RMSNorm eps 1e-5, no biases, no sliding window, per-document causal masking: an input that
+// differs there is reported, never dropped silently. Its RoPE (model.rope) takes the input's theta
+// and Llama 3.1's "llama3" scaling; any other scaling is refused.
 #include "harness/model_import.hpp"
 
 #include <cmath>
@@ -12,6 +13,7 @@
 #include <optional>
 #include <set>
 #include <sstream>
+#include <utility>
 
 #include "comm/text.hpp"
 #include "harness/json_reader.hpp"
@@ -29,7 +31,9 @@ constexpr int kMaxJsonDepth = 64;
 
 // What the scenario model fixes (reference/README.md "Forward, one sequence").
 constexpr double kModelNormEps = 1e-5;
-constexpr double kModelRopeTheta = 10000.0;
+// The scenario loader's bounds on model.rope.theta (harness/scenario.cpp).
+constexpr double kMinRopeTheta = 1.0 + 1e-9;
+constexpr double kMaxRopeTheta = 1e12;
 
 std::string num(long long v) {
   return std::to_string(v);
@@ -39,12 +43,14 @@ std::string range(long long min, long long max) {
   return "[" + num(min) + ", " + num(max) + "]";
 }
 
-// One object of the input: typed getters naming the JSON path, and the keys no getter read.
+// One object of the input (the whole file, "$", or one nested in it, "$.rope_scaling"): typed
+// getters naming the JSON path, and the keys no getter read.
 class Fields {
  public:
-  explicit Fields(const nlohmann::json& j) : j_(j) {}
+  explicit Fields(const nlohmann::json& j, std::string path = "$")
+      : j_(j), path_(std::move(path)) {}
 
-  std::string at(const std::string& key) const { return "$." + comm::printable(key); }
+  std::string at(const std::string& key) const { return path_ + "." + comm::printable(key); }
   // Present and not null; marks the key as read.
   bool given(const std::string& key) {
     const nlohmann::json* v = get(key);
@@ -106,6 +112,7 @@ class Fields {
 
  private:
   const nlohmann::json& j_;
+  std::string path_;
   std::set<std::string> read_;
 };
 
@@ -121,6 +128,119 @@ std::string show(double v) {
   std::ostringstream os;
   os << v;
   return os.str();
+}
+
+// RoPE as the scenario model has it (model.rope, reference/config.hpp RopeConfig): theta, the
+// layout of the rotated pairs, and Llama 3.1's scaling ("llama3") or none.
+struct Llama3Scaling {
+  double factor = 8.0;  // the published Llama 3.1 values, torchtitan's and Meta's defaults
+  double low_freq_factor = 1.0;
+  double high_freq_factor = 4.0;
+  long long original_max_positions = 8192;
+  bool operator==(const Llama3Scaling&) const = default;
+};
+
+nlohmann::ordered_json rope_block(double theta, const char* layout,
+                                  const std::optional<Llama3Scaling>& s) {
+  nlohmann::ordered_json r;
+  r["theta"] = theta;
+  r["layout"] = layout;
+  r["scaling"] = nullptr;
+  if (s) {
+    nlohmann::ordered_json sc;
+    sc["rope_type"] = "llama3";
+    sc["factor"] = s->factor;
+    sc["low_freq_factor"] = s->low_freq_factor;
+    sc["high_freq_factor"] = s->high_freq_factor;
+    sc["original_max_position_embeddings"] = s->original_max_positions;
+    r["scaling"] = sc;
+  }
+  return r;
+}
+
+// The RoPE base: a number > 1 (the scenario loader's bounds); absent or null: nullopt.
+std::optional<double> rope_theta(Fields& f, const std::string& key) {
+  const nlohmann::json* v = f.get(key);
+  if (!v || v->is_null()) return std::nullopt;
+  if (!v->is_number() || !(v->get<double>() >= kMinRopeTheta && v->get<double>() <= kMaxRopeTheta))
+    throw ScenarioError(f.at(key), "expected a number > 1 and at most 1e12 (the RoPE base), got " +
+                                       describe_json(*v));
+  return v->get<double>();
+}
+
+// Llama 3.1's scaling from an object of the input: Hugging Face's rope_scaling (factor, all four
+// required, as transformers' llama3 rope) or torchtitan's rope_scaling_args (scaling_factor; an
+// absent field is RoPEScalingArgs' default, noted).
+Llama3Scaling llama3_scaling(Fields& s, const char* factor_key, bool required, ModelImport& m) {
+  Llama3Scaling out;
+  const auto missing = [&](const char* key, const std::string& value) {
+    if (required)
+      throw ScenarioError(s.at(key), std::string("missing; rope_type \"llama3\" needs ") +
+                                         factor_key +
+                                         ", low_freq_factor, high_freq_factor and "
+                                         "original_max_position_embeddings");
+    m.defaults.push_back(s.at(key) + " absent: " + value + ", as torchtitan's RoPEScalingArgs");
+  };
+  if (const auto v = s.number(factor_key, 1.0, 1e6))
+    out.factor = *v;
+  else
+    missing(factor_key, show(out.factor));
+  if (const auto v = s.number("low_freq_factor", 1e-6, 1e6))
+    out.low_freq_factor = *v;
+  else
+    missing("low_freq_factor", show(out.low_freq_factor));
+  if (const auto v = s.number("high_freq_factor", 1e-6, 1e6))
+    out.high_freq_factor = *v;
+  else
+    missing("high_freq_factor", show(out.high_freq_factor));
+  if (out.high_freq_factor <= out.low_freq_factor)
+    throw ScenarioError(s.at("high_freq_factor"),
+                        "expected a number greater than low_freq_factor (" +
+                            show(out.low_freq_factor) + "), got " + show(out.high_freq_factor));
+  if (const auto v = s.integer("original_max_position_embeddings", 1, kBig))
+    out.original_max_positions = *v;
+  else
+    missing("original_max_position_embeddings", num(out.original_max_positions));
+  return out;
+}
+
+// Hugging Face's rope_scaling (transformers 4) or rope_parameters (transformers 5, rope_theta
+// inside): rope_type (or the older "type") "llama3" is mapped, "default" is no scaling, any other
+// (linear, dynamic, yarn, longrope, ...) is refused: the scenario model has no other scaling, and
+// dropping one would change every rotation angle it touches.
+struct HfRope {
+  std::optional<double> theta;
+  std::optional<Llama3Scaling> scaling;
+};
+
+HfRope hf_rope(const nlohmann::json& v, const std::string& path, bool with_theta, ModelImport& m) {
+  if (!v.is_object())
+    throw ScenarioError(path,
+                        "expected an object (rope_type \"llama3\" or \"default\") or null, got " +
+                            describe_json(v));
+  Fields s(v, path);
+  HfRope r;
+  if (with_theta) r.theta = rope_theta(s, "rope_theta");
+  const std::optional<std::string> type = s.text("rope_type");
+  const std::optional<std::string> legacy = s.text("type");
+  if (type && legacy && *type != *legacy)
+    throw ScenarioError(s.at("type"), describe_json(*legacy) + " differs from rope_type " +
+                                          describe_json(*type) + "; give one");
+  const char* supported =
+      "\"llama3\" (Llama 3.1's scaling: the scenario's model.rope.scaling) or \"default\" (none)";
+  if (!type && !legacy)
+    throw ScenarioError(s.at("rope_type"), std::string("missing; expected ") + supported);
+  const std::string t = type ? *type : *legacy;
+  if (t == "llama3") {
+    r.scaling = llama3_scaling(s, "factor", true, m);
+  } else if (t != "default") {
+    throw ScenarioError(s.at(type ? "rope_type" : "type"),
+                        std::string("expected ") + supported + ", got " + describe_json(t) +
+                            "; the scenario model has no other RoPE scaling, and leaving it out "
+                            "would change the rotation angles");
+  }
+  for (const std::string& k : s.unread()) m.not_recognised.push_back(s.at(k));
+  return r;
 }
 
 // The shape checks of the reference (reference/config.cpp) with the input's own key names, so the
@@ -267,13 +387,30 @@ ModelImport import_hf(const nlohmann::json& j, Fields& f) {
                              what + " " + show(model) + ")");
   };
   fixed("rms_norm_eps", kModelNormEps, "RMSNorm uses eps");
-  fixed("rope_theta", kModelRopeTheta, "RoPE uses theta");
-  if (const nlohmann::json* r = f.get("rope_scaling"); r && !r->is_null())
-    m.not_mapped.push_back("$.rope_scaling: " + whole(*r) +
-                           " (the scenario model's RoPE has no scaling)");
-  if (const nlohmann::json* r = f.get("rope_parameters"); r && !r->is_null())
-    m.not_mapped.push_back("$.rope_parameters: " + whole(*r) +
-                           " (the scenario model's RoPE is theta 10000, unscaled)");
+
+  // RoPE: rope_theta and rope_scaling (transformers 4), or rope_parameters (transformers 5); both
+  // given must agree. Layout "half": transformers rotates (j, j + d/2) with rotate_half, and the
+  // published checkpoints (Meta's and Mistral's converted with q and k permuted) are stored for it.
+  std::optional<double> theta = rope_theta(f, "rope_theta");
+  std::optional<Llama3Scaling> scaling;
+  const nlohmann::json* legacy_scaling = f.get("rope_scaling");
+  if (legacy_scaling && !legacy_scaling->is_null())
+    scaling = hf_rope(*legacy_scaling, "$.rope_scaling", false, m).scaling;
+  if (const nlohmann::json* p = f.get("rope_parameters"); p && !p->is_null()) {
+    const HfRope v5 = hf_rope(*p, "$.rope_parameters", true, m);
+    if (theta && v5.theta && *theta != *v5.theta)
+      throw ScenarioError("$.rope_theta", show(*theta) +
+                                              " differs from $.rope_parameters.rope_theta (" +
+                                              show(*v5.theta) + "); give one");
+    if (legacy_scaling && !legacy_scaling->is_null() && scaling != v5.scaling)
+      throw ScenarioError("$.rope_scaling", "differs from $.rope_parameters; give one");
+    if (v5.theta) theta = v5.theta;
+    scaling = v5.scaling;
+  }
+  if (!theta) {
+    theta = arch->arch == Arch::kMixtral ? 1e6 : 1e4;
+    m.defaults.push_back("$.rope_theta absent: " + show(*theta) + ", as " + cls);
+  }
   if (f.boolean("attention_bias").value_or(false))
     m.not_mapped.push_back(
         "$.attention_bias: true (biases on the q, k, v and o projections; the scenario model has "
@@ -333,6 +470,7 @@ ModelImport import_hf(const nlohmann::json& j, Fields& f) {
   if (seq_len) b["seq_len"] = *seq_len;
   b["tie_embeddings"] = tie;
   if (dropout) b["dropout"] = *dropout;
+  b["rope"] = rope_block(*theta, "half", scaling);
   if (arch->arch == Arch::kMixtral) {
     const int experts = f.required("num_local_experts", 1, 100000);
     const int top_k = f.required("num_experts_per_tok", 1, experts);
@@ -418,10 +556,41 @@ ModelImport import_torchtitan(Fields& f) {
   if (const auto eps = f.number("norm_eps", 0.0, 1e300); eps && *eps != kModelNormEps)
     m.not_mapped.push_back("$.norm_eps: " + show(*eps) +
                            " (the scenario model's RMSNorm uses eps 1e-05)");
-  if (const auto theta = f.number("rope_theta", 0.0, 1e300); theta && *theta != kModelRopeTheta)
-    m.not_mapped.push_back("$.rope_theta: " + show(*theta) +
-                           " (the scenario model's RoPE uses theta 10000)");
-  if (!f.given("rope_theta")) m.defaults.push_back("$.rope_theta absent: 10000, as torchtitan");
+  // RoPE: torchtitan's (and Meta's) code rotates adjacent pairs, layout "interleaved". Scaling:
+  // rope_scaling_args (torchtitan since pytorch/torchtitan#1839, October 2025, applied to every
+  // Llama 3), or use_scaled_rope (Meta's params.json: apply_scaling's fixed 8, 1, 4, 8192).
+  double theta = 10000.0;
+  if (const auto t = rope_theta(f, "rope_theta"))
+    theta = *t;
+  else
+    m.defaults.push_back("$.rope_theta absent: 10000, as torchtitan's TransformerModelArgs");
+  std::optional<Llama3Scaling> scaling;
+  const nlohmann::json* args = f.get("rope_scaling_args");
+  const std::optional<bool> meta_scaled = f.boolean("use_scaled_rope");
+  if (args && meta_scaled)
+    throw ScenarioError("$.use_scaled_rope",
+                        "given with $.rope_scaling_args; give one (use_scaled_rope is Meta's "
+                        "params.json, rope_scaling_args torchtitan's model args)");
+  if (meta_scaled) {
+    if (*meta_scaled) scaling = Llama3Scaling{};
+  } else if (!args) {
+    scaling = Llama3Scaling{};
+    m.defaults.push_back(
+        "$.rope_scaling_args absent: llama3 scaling (scaling_factor 8, low_freq_factor 1, "
+        "high_freq_factor 4, original_max_position_embeddings 8192), as torchtitan's "
+        "TransformerModelArgs since pytorch/torchtitan#1839 (October 2025); torchtitan before it, "
+        "and Meta's params.json without use_scaled_rope, have none: give \"rope_scaling_args\": "
+        "null for that");
+  } else if (!args->is_null()) {
+    if (!args->is_object())
+      throw ScenarioError("$.rope_scaling_args",
+                          "expected an object (scaling_factor, low_freq_factor, high_freq_factor, "
+                          "original_max_position_embeddings) or null (no scaling), got " +
+                              describe_json(*args));
+    Fields s(*args, "$.rope_scaling_args");
+    scaling = llama3_scaling(s, "scaling_factor", false, m);
+    for (const std::string& k : s.unread()) m.not_recognised.push_back(s.at(k));
+  }
   if (const auto norm = f.text("norm_type"); norm && *norm != "rmsnorm" && *norm != "fused_rmsnorm")
     throw ScenarioError("$.norm_type", "expected \"rmsnorm\" (or \"fused_rmsnorm\"), got " +
                                            describe_json(nlohmann::json(*norm)));
@@ -437,7 +606,7 @@ ModelImport import_torchtitan(Fields& f) {
     m.not_mapped.push_back(
         "$.depth_init: true (initialisation std by layer depth; the scenario model initialises as "
         "reference/README.md)");
-  for (const char* meta : {"use_flex_attn", "eos_id", "use_grouped_mm"})
+  for (const char* meta : {"use_flex_attn", "attn_type", "eos_id", "use_grouped_mm"})
     if (f.get(meta)) m.ignored.push_back(std::string("$.") + meta);
 
   nlohmann::ordered_json b;
@@ -450,6 +619,7 @@ ModelImport import_torchtitan(Fields& f) {
   b["mlp"] = "swiglu";
   if (seq_len) b["seq_len"] = *seq_len;
   b["tie_embeddings"] = false;  // torchtitan's Llama has its own output projection
+  b["rope"] = rope_block(theta, "interleaved", scaling);
   m.model = b;
   for (const std::string& k : f.unread()) m.not_recognised.push_back(f.at(k));
   return m;
@@ -611,7 +781,11 @@ ModelImport load_model_config(const std::string& file) {
 
 std::string import_note(const ModelImport& m) {
   const std::string p = "shardcheck import-model: ";
-  std::string s = p + m.source + " -> scenario model (mlp \"swiglu\")\n";
+  const bool half = m.model.contains("rope") && m.model.at("rope").value("layout", "") == "half";
+  std::string s = p + m.source + " -> scenario model (mlp \"swiglu\", rope layout " +
+                  (half ? "\"half\": rotate_half, as Hugging Face's checkpoints are stored"
+                        : "\"interleaved\": adjacent pairs, as Meta's and torchtitan's code") +
+                  ")\n";
   const auto lines = [&](const std::vector<std::string>& v, const std::string& head) {
     if (v.empty()) return;
     s += p + head + ":\n";

@@ -1,10 +1,13 @@
 // `shardcheck import-model`: a published model's configuration mapped onto the scenario's "model"
 // block. Two sources: a Hugging Face config.json (LlamaForCausalLM, MistralForCausalLM,
 // MixtralForCausalLM, Qwen2ForCausalLM) and torchtitan's Llama model arguments as JSON (dim,
-// n_layers, n_heads, ...; ffn derived as torchtitan does). Every key of the input is accounted
-// for: mapped, checked against what the scenario model fixes (RMSNorm eps 1e-5, RoPE theta 10000,
-// no biases), reported as not mapped where the scenario model cannot express it and it changes the
-// math, ignored when it is metadata (token ids, dtype, versions), or reported as not recognised.
+// n_layers, n_heads, ...; ffn derived as torchtitan does). RoPE is mapped to model.rope: theta,
+// Llama 3.1's "llama3" scaling (another scaling is refused: dropping it would change the angles),
+// layout "half" for Hugging Face (its checkpoints are stored for rotate_half) and "interleaved" for
+// torchtitan (adjacent pairs, as Meta's code). Every key of the input is accounted for: mapped,
+// checked against what the scenario model fixes (RMSNorm eps 1e-5, no biases), reported as not
+// mapped where the scenario model cannot express it and it changes the math, ignored when it is
+// metadata (token ids, dtype, versions), or reported as not recognised.
 // A field that is missing, has the wrong type, or has a value the scenario model cannot take is a
 // ScenarioError naming its JSON path ("$.hidden_act: expected \"silu\", got \"gelu\"").
 #pragma once
@@ -19,8 +22,8 @@ namespace shardcheck::harness {
 struct ModelImport {
   std::string source;            // "Hugging Face LlamaForCausalLM" / "torchtitan Llama model args"
   nlohmann::ordered_json model;  // the scenario's "model" block, keys in scenarios/README.md order
-  // "$.rope_theta: 500000 (the scenario model's RoPE uses theta 10000)": what the scenario model
-  // cannot express and that changes the math where it applies (stderr note).
+  // "$.rms_norm_eps: 1e-06 (the scenario model's RMSNorm uses eps 1e-05)": what the scenario
+  // model cannot express and that changes the math where it applies (stderr note).
   std::vector<std::string> not_mapped;
   // Fields absent from the input, taken as the architecture's default ("$.num_key_value_heads
   // absent: = num_attention_heads (32), as transformers' LlamaConfig").
