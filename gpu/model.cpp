@@ -56,6 +56,11 @@ GpuModel<T>::GpuModel(const ref::ModelConfig& cfg, const ref::ParamMap<T>& param
   for (int l = 0; l < cfg.layers; ++l)
     if (cfg.is_moe_layer(l))
       throw std::invalid_argument("GpuModel: MoE layers are not implemented on the GPU yet");
+  if (cfg.gated_mlp())  // the strategies' ref:: ops run SwiGLU on a device (DeviceCompute)
+    throw std::invalid_argument("GpuModel: the SwiGLU MLP is not implemented on the GPU yet");
+  if (!(cfg.rope == ref::RopeConfig{}))  // its kernel rotates interleaved pairs at theta 10000
+    throw std::invalid_argument(
+        "GpuModel: only the default RoPE (theta 10000, interleaved, unscaled) is implemented");
   ctx_ = std::make_unique<ops::Context>(device);
   try {
     for (const auto& e : params) {

@@ -17,16 +17,34 @@ namespace {
 
 using nlohmann::json;
 
+json rope_json(const ref::RopeConfig& r) {
+  json j{{"theta", r.theta}, {"layout", ref::to_string(r.layout)}, {"scaling", nullptr}};
+  if (r.scaling)
+    j["scaling"] = {{"rope_type", "llama3"},
+                    {"factor", r.scaling->factor},
+                    {"low_freq_factor", r.scaling->low_freq_factor},
+                    {"high_freq_factor", r.scaling->high_freq_factor},
+                    {"original_max_position_embeddings", r.scaling->original_max_positions}};
+  return j;
+}
+
 // What must match between the saving and the restoring run, whatever the mesh: everything that
 // changes the trajectory besides the optimizer and the LR schedule (their own sections). Not in it:
 // activation recomputation (the same bits by design) and the mesh (resharding is the point).
 json identity(const Scenario& s) {
   const ref::ModelConfig& m = s.model;
-  json model{{"vocab", m.vocab},       {"hidden", m.hidden},
-             {"layers", m.layers},     {"heads", m.heads},
-             {"kv_heads", m.kv_heads}, {"ffn", m.ffn},
-             {"seq_len", m.seq_len},   {"tie_embeddings", m.tie_embeddings},
-             {"dropout", m.dropout},   {"moe", nullptr}};
+  json model{{"vocab", m.vocab},
+             {"hidden", m.hidden},
+             {"layers", m.layers},
+             {"heads", m.heads},
+             {"kv_heads", m.kv_heads},
+             {"ffn", m.ffn},
+             {"mlp", ref::to_string(m.mlp)},
+             {"rope", rope_json(m.rope)},
+             {"seq_len", m.seq_len},
+             {"tie_embeddings", m.tie_embeddings},
+             {"dropout", m.dropout},
+             {"moe", nullptr}};
   if (m.moe)
     model["moe"] = {{"experts", m.moe->experts},
                     {"top_k", m.moe->top_k},

@@ -419,10 +419,14 @@ struct WorkDir {
 }  // namespace
 
 std::string_view name_of(PlantedBug b) {
-  static constexpr const char* kNames[] = {
-      "none",           "swallow_restore_errors", "skip_checksums",
-      "replay_data",    "off_by_one_step",        "accept_uncommitted",
-      "skip_bad_latest"};
+  static constexpr const char* kNames[] = {"none",
+                                           "swallow_restore_errors",
+                                           "skip_checksums",
+                                           "replay_data",
+                                           "off_by_one_step",
+                                           "accept_uncommitted",
+                                           "skip_bad_latest",
+                                           "fused_gate_up_order"};
   return kNames[static_cast<int>(b)];
 }
 

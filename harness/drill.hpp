@@ -25,6 +25,10 @@ enum class PlantedBug {
   off_by_one_step,         // the cursor says one step before the imported weights
   accept_uncommitted,      // resume picks the newest step-N* directory, committed or not
   skip_bad_latest,         // a bad newest checkpoint is silently replaced by the previous good one
+  // SwiGLU: a converter that held each layer's gate and up as one fused [gate_t | up_t] column
+  // block per TP rank t of the saving mesh splits their concatenation in halves on load instead of
+  // undoing the per-rank interleave (a no-op for a checkpoint saved at TP 1)
+  fused_gate_up_order,
 };
 std::string_view name_of(PlantedBug b);
 

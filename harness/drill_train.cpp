@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <span>
+#include <vector>
 
 #include "harness/driver.hpp"
 #include "harness/runner.hpp"
@@ -47,6 +49,46 @@ TrainCursor restore_unverified(parallel::MeshEngine& e, const Scenario& s, std::
   return resume_cursor(c.manifest().state, s, samples);
 }
 
+// PlantedBug::fused_gate_up_order: the checkpoint is validated and imported as restore_training
+// does, but a SwiGLU layer's gate and up (parameters and optimizer state alike) are read through a
+// fused layout that lost its chunk order: the saving mesh's TP ranks t each held [gate_t | up_t];
+// the loader concatenates those blocks and takes the first half of the columns as the gate.
+TrainCursor restore_fused_gate_up(comm::Communicator& world, parallel::MeshEngine& e, const Ctx& x,
+                                  const fs::path& step_dir) {
+  const ck::Checkpoint c = ck::Checkpoint::open_collective(world, step_dir);
+  const TrainCursor cur =
+      resume_cursor(c.manifest().state, x.s, static_cast<std::int64_t>(x.ds.samples.size()));
+  const auto saved_tp = static_cast<std::size_t>(x.base.mesh.tp);
+  auto full = [&](const std::string& name) {
+    const ck::TensorRecord& t = c.tensor(name);
+    std::size_t n = 1;
+    for (auto d : t.shape) n *= static_cast<std::size_t>(d);
+    std::vector<std::byte> bytes(n * comm::size_of(t.dtype));
+    c.read(name, ck::FlatRange{0, n}, bytes);
+    return bytes;
+  };
+  e.import_state([&](const std::string& tensor, comm::DType dtype, std::size_t begin,
+                     std::size_t count, std::span<std::byte> out) {
+    const bool gate = tensor.ends_with("mlp.w_gate"), up = tensor.ends_with("mlp.w_up");
+    if (!gate && !up) return c.read(tensor, ck::FlatRange{begin, count}, out);
+    const std::string stem = tensor.substr(0, tensor.rfind('.') + 1);
+    const std::vector<std::byte> g = full(stem + "w_gate"), u = full(stem + "w_up");
+    const ck::TensorRecord& t = c.tensor(tensor);
+    const auto cols = static_cast<std::size_t>(t.shape.at(1)), block = cols / saved_tp;
+    const std::size_t es = comm::size_of(dtype);
+    for (std::size_t i = 0; i < count; ++i) {
+      const std::size_t row = (begin + i) / cols, col = (begin + i) % cols;
+      const std::size_t fused = (up ? cols : 0) + col;  // column of the concatenated blocks
+      const std::size_t rank = fused / (2 * block), within = fused % (2 * block);
+      const std::vector<std::byte>& from = within < block ? g : u;
+      const std::size_t src = row * cols + rank * block + within % block;
+      std::copy_n(from.begin() + static_cast<std::ptrdiff_t>(src * es), es,
+                  out.begin() + static_cast<std::ptrdiff_t>(i * es));
+    }
+  });
+  return cur;
+}
+
 // restore_training as the drills call it, or with the planted bug a test asked for.
 TrainCursor restore(comm::Communicator& c, parallel::MeshEngine& e, const Ctx& x,
                     const fs::path& step_dir) {
@@ -60,6 +102,8 @@ TrainCursor restore(comm::Communicator& c, parallel::MeshEngine& e, const Ctx& x
       }
     case PlantedBug::skip_checksums:
       return restore_unverified(e, x.s, samples, step_dir);
+    case PlantedBug::fused_gate_up_order:
+      return restore_fused_gate_up(c, e, x, step_dir);
     case PlantedBug::off_by_one_step: {
       TrainCursor cur = restore_training(c, e, x.s, samples, step_dir);
       cur.step -= 1;

@@ -145,7 +145,8 @@ double Skeleton::hardware_flops_per_step() const {
                         ep() * holders;
     const double passes = 3 + (spec().train.recompute == ref::Recompute::kFull ? 1 : 0);
     for (int i = 0; i < m.layers; ++i)
-      if (m.is_moe_layer(i)) routed += (rows - s * m.moe->top_k) * 4 * m.hidden * m.ffn * passes;
+      if (m.is_moe_layer(i))
+        routed += (rows - s * m.moe->top_k) * 2.0 * m.mlp_matrices() * m.hidden * m.ffn * passes;
   }
   const double sequences = static_cast<double>(spec().local_batch) * spec().dp;
   return model_flops_per_step() +

@@ -33,9 +33,37 @@ ref::ModelConfig parse_model(ObjectReader o) {
   m.heads = o.integer("heads", m.heads, 1, 100000);
   m.kv_heads = o.integer("kv_heads", m.heads, 1, 100000);
   m.ffn = o.integer("ffn", m.ffn, 1, kBig);
+  m.mlp = o.choice("mlp", "gelu", {"gelu", "swiglu"}) == "swiglu" ? ref::MlpKind::kSwiglu
+                                                                  : ref::MlpKind::kGelu;
   m.seq_len = o.integer("seq_len", m.seq_len, 2, kBig);
   m.tie_embeddings = o.boolean("tie_embeddings", m.tie_embeddings);
   m.dropout = o.number("dropout", m.dropout, 0.0, 0.99);
+  {
+    ObjectReader r = o.object("rope");
+    m.rope.theta = r.number("theta", m.rope.theta, 1.0 + 1e-9, 1e12);
+    m.rope.layout = r.choice("layout", "interleaved", {"interleaved", "half"}) == "half"
+                        ? ref::RopeLayout::kHalf
+                        : ref::RopeLayout::kInterleaved;
+    if (!r.is_null("scaling")) {
+      ObjectReader sr = r.object("scaling");
+      (void)sr.choice("rope_type", "llama3", {"llama3"});  // the one scaling built
+      ref::RopeScaling sc;
+      sc.factor = sr.number("factor", sc.factor, 1.0, 1e6);
+      sc.low_freq_factor = sr.number("low_freq_factor", sc.low_freq_factor, 1e-6, 1e6);
+      sc.high_freq_factor = sr.number("high_freq_factor", sc.high_freq_factor, 1e-6, 1e6);
+      if (sc.high_freq_factor <= sc.low_freq_factor)
+        throw ScenarioError(sr.at("high_freq_factor"),
+                            "expected a number greater than low_freq_factor (" +
+                                describe_json(sc.low_freq_factor) + ")");
+      sc.original_max_positions =
+          sr.integer("original_max_position_embeddings", sc.original_max_positions, 1, kBig);
+      sr.finish();
+      m.rope.scaling = sc;
+    } else {
+      r.raw("scaling");
+    }
+    r.finish();
+  }
   if (!o.is_null("moe")) {
     ObjectReader mo = o.object("moe");
     ref::MoeConfig c;
@@ -236,7 +264,7 @@ FaultSpec parse_fault(ObjectReader o, int world, int steps) {
     f.bytes = o.integer_required("bytes", 1, kBig);
   } else if (f.kind == "hang" || f.kind == "crash") {
     f.op_index = o.integer("op_index", -1, -1, kBig);  // -1: at the step start
-  } else if (f.kind != "nan_gradient") {  // an op's fault: which op is required
+  } else if (f.kind != "nan_gradient") {               // an op's fault: which op is required
     f.op_index = o.integer_required("op_index", 0, kBig);
     if (f.kind == "mismatch") f.what = o.choice("what", "count", {"count", "dtype", "op"});
   }
@@ -292,8 +320,9 @@ void check_faults_fire(const Scenario& sc) {
       throw ScenarioError(
           first + ".op_index",
           "a fault at an op needs the rank's ops counted at load (a fault that cannot fire is "
-          "refused), done for configurations of at most " + num(kMaxCountedWorld) +
-              " ranks and " + std::to_string(static_cast<long>(kMaxCountedWork)) +
+          "refused), done for configurations of at most " +
+              num(kMaxCountedWorld) + " ranks and " +
+              std::to_string(static_cast<long>(kMaxCountedWork)) +
               " rank x step x microbatch x layer units; configuration " + config + " ('" +
               p.label() + "') has " + num(world) + " ranks and " +
               std::to_string(static_cast<long long>(work)) +
@@ -378,8 +407,8 @@ HealthSpec parse_health(ObjectReader health) {
 
 Scenario parse_scenario(const nlohmann::json& j) {
   if (!j.is_object())
-    throw ScenarioError("$", "a scenario is a JSON object ({\"name\": ...}), got " +
-                                 describe_json(j));
+    throw ScenarioError("$",
+                        "a scenario is a JSON object ({\"name\": ...}), got " + describe_json(j));
   ObjectReader o(j, "$");
   Scenario sc;
   sc.name = o.text("name", "");
@@ -612,7 +641,7 @@ Scenario load_scenario(const std::string& file) {
   const std::uintmax_t bytes = std::filesystem::file_size(file, ec);
   if (!ec && bytes > kMaxScenarioBytes)
     throw ScenarioError(shown, std::to_string(bytes) + " bytes; a scenario may have at most " +
-                                  std::to_string(kMaxScenarioBytes));
+                                   std::to_string(kMaxScenarioBytes));
   std::ifstream in(file, std::ios::binary);
   if (!in) throw ScenarioError(shown, "cannot open the scenario file");
   std::string text;

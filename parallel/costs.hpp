@@ -55,17 +55,20 @@ inline comm::ComputeCost projections_backward(double rows, double h, double q_co
           .gemms = {gemm_dgrad(rows, h, qkv_cols), gemm_wgrad(rows, h, qkv_cols),
                     gemm_dgrad(rows, q_cols, h), gemm_wgrad(rows, q_cols, h)}};
 }
-// The dense MLP (up, activation, down) over `rows` tokens, f = the local ffn width.
-inline comm::ComputeCost mlp(double rows, double h, double f) {
+// The dense MLP over `rows` tokens, f = the local ffn width: up, activation, down; `gated`
+// (SwiGLU) adds the gate projection, run as one GEMM with up ([h, 2f], as Megatron fuses them).
+inline comm::ComputeCost mlp(double rows, double h, double f, bool gated) {
+  const double in_cols = gated ? 2 * f : f;
   return {.name = "mlp",
-          .flops = matmul(rows, h, f) + matmul(rows, f, h),
-          .gemms = {gemm(rows, h, f), gemm(rows, f, h)}};
+          .flops = matmul(rows, h, in_cols) + matmul(rows, f, h),
+          .gemms = {gemm(rows, h, in_cols), gemm(rows, f, h)}};
 }
-inline comm::ComputeCost mlp_backward(double rows, double h, double f) {
+inline comm::ComputeCost mlp_backward(double rows, double h, double f, bool gated) {
+  const double in_cols = gated ? 2 * f : f;
   return {.name = "mlp backward",
-          .flops = 2 * (matmul(rows, h, f) + matmul(rows, f, h)),
-          .gemms = {gemm_dgrad(rows, h, f), gemm_wgrad(rows, h, f), gemm_dgrad(rows, f, h),
-                    gemm_wgrad(rows, f, h)}};
+          .flops = 2 * (matmul(rows, h, in_cols) + matmul(rows, f, h)),
+          .gemms = {gemm_dgrad(rows, h, in_cols), gemm_wgrad(rows, h, in_cols),
+                    gemm_dgrad(rows, f, h), gemm_wgrad(rows, f, h)}};
 }
 
 // Causal attention over s tokens, `heads` heads of width d: per_element FLOPs per (pair, channel).
@@ -198,11 +201,11 @@ inline comm::ComputeCost moe_router(double n, double h, double experts, double e
 inline comm::ComputeCost moe_router_backward(double n, double h, double experts) {
   return {.name = "moe router backward", .flops = 4.0 * n * h * experts};
 }
-inline comm::ComputeCost moe_experts_forward(double rows, double h, double f) {
-  return {.name = "moe experts forward", .flops = 4.0 * rows * h * f};
+inline comm::ComputeCost moe_experts_forward(double rows, double h, double f, bool gated) {
+  return {.name = "moe experts forward", .flops = (gated ? 6.0 : 4.0) * rows * h * f};
 }
-inline comm::ComputeCost moe_experts_backward(double rows, double h, double f) {
-  return {.name = "moe experts backward", .flops = 8.0 * rows * h * f};
+inline comm::ComputeCost moe_experts_backward(double rows, double h, double f, bool gated) {
+  return {.name = "moe experts backward", .flops = (gated ? 12.0 : 8.0) * rows * h * f};
 }
 
 // AdamW over the `owned` elements this rank updates (adamw_flops); reads and writes the parameter,

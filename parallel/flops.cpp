@@ -7,11 +7,12 @@ double block_forward_flops(const ref::ModelConfig& cfg, int layer, double s) {
   const double h = cfg.hidden, a = cfg.heads, kv = cfg.kv_heads, d = cfg.head_dim(), f = cfg.ffn;
   double flops =
       2.0 * s * h * (a * d + 2.0 * kv * d) + 2.0 * s * a * d * h + attention_core_flops(cfg, s);
+  const double mlp = 2.0 * cfg.mlp_matrices() * s * h * f;  // per token routed to one MLP
   if (cfg.is_moe_layer(layer)) {
     const double e = cfg.moe->experts, k = cfg.moe->top_k;
-    flops += 2.0 * s * h * e + 4.0 * s * k * h * f;
+    flops += 2.0 * s * h * e + k * mlp;
   } else {
-    flops += 4.0 * s * h * f;
+    flops += mlp;
   }
   return flops;
 }

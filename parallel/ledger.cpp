@@ -48,13 +48,14 @@ double block_activation_elems(const ref::ModelConfig& cfg, int layer, double s) 
   const double h = cfg.hidden, a = cfg.heads, kv = cfg.kv_heads, d = cfg.head_dim(), f = cfg.ffn;
   // x_in, a (normed), x_mid, b (normed), rstd1, rstd2, q, k, v, o, probs [a, s, s].
   double e = 4 * s * h + 2 * s + 2 * s * a * d + 2 * s * kv * d + a * s * s;
+  const double mlp_kept = cfg.gated_mlp() ? 3 : 2;  // up, act; gate (SwiGLU)
   if (cfg.is_moe_layer(layer)) {
     const double experts = cfg.moe->experts, k = cfg.moe->top_k;
     const double capacity = std::ceil(cfg.moe->capacity_factor * s * k / experts - 1e-9);
     const double kept = std::min(s * k, experts * capacity);
-    e += s * experts + s * k + kept * (2 * h + 2 * f);  // probs, gates, per expert in/out, up/act
+    e += s * experts + s * k + kept * (2 * h + mlp_kept * f);  // probs, gates, in/out, MLP
   } else {
-    e += 2 * s * f;  // up, act
+    e += mlp_kept * s * f;
   }
   return e;
 }

@@ -45,6 +45,10 @@ enum class Mutation {
   // ZeRO-3 / FSDP (mesh_grad_units.hpp): a unit's per-microbatch reduce_scatter is issued one
   // backward step before the backward has finished writing its gradient.
   kUnitReducedEarly,
+  // TP, SwiGLU: ranks other than TP rank 0 take their gate shard for the up projection and the up
+  // shard for the gate, as a fused [gate | up] column shard read in the wrong chunk order after a
+  // TP reshard (the loss jumps after loading on another GPU count).
+  kGateUpSwapped,
 };
 
 }  // namespace shardcheck::parallel::testing

@@ -12,21 +12,23 @@
 namespace shardcheck::ref {
 
 template <class T>
-void rope_apply(Tensor<T>& x, std::span<const int32_t> positions, int heads, bool inverse) {
+void rope_apply(Tensor<T>& x, std::span<const int32_t> positions, int heads, bool inverse,
+                const RopeConfig& rope) {
   const int64_t s = x.dim(0);
   const int64_t d = x.dim(1) / heads;
   REF_CHECK(d % 2 == 0, "RoPE needs an even head dimension");
   const int shift = testing::mutated(testing::Mutation::kRopeOffByOne) ? 1 : 0;
+  const std::vector<double> freqs = rope.frequencies(static_cast<int>(d));
+  const bool half = rope.layout == RopeLayout::kHalf;
   for (int64_t t = 0; t < s; ++t) {
     const double pos = positions[static_cast<size_t>(t)] + shift;
     for (int64_t j = 0; j < d / 2; ++j) {
-      const double freq =
-          std::pow(kRopeTheta, -2.0 * static_cast<double>(j) / static_cast<double>(d));
-      const double angle = (inverse ? -pos : pos) * freq;
+      const double angle = (inverse ? -pos : pos) * freqs[static_cast<size_t>(j)];
       const auto c = static_cast<T>(std::cos(angle)), sn = static_cast<T>(std::sin(angle));
+      const int64_t c0 = half ? j : 2 * j, c1 = half ? j + d / 2 : 2 * j + 1;
       for (int h = 0; h < heads; ++h) {
-        T& x0 = x.at(t, h * d + 2 * j);
-        T& x1 = x.at(t, h * d + 2 * j + 1);
+        T& x0 = x.at(t, h * d + c0);
+        T& x1 = x.at(t, h * d + c1);
         const T a = x0, b = x1;
         x0 = a * c - b * sn;
         x1 = a * sn + b * c;
@@ -167,13 +169,13 @@ void attention_backward(const Tensor<T>& dout, const Tensor<T>& q, const Tensor<
   }
 }
 
-#define REF_INSTANTIATE(T)                                                                    \
-  template void rope_apply(Tensor<T>&, std::span<const int32_t>, int, bool);                  \
-  template Tensor<T> attention_forward(const Tensor<T>&, const Tensor<T>&, const Tensor<T>&,  \
-                                       std::span<const int32_t>, AttentionShape,              \
-                                       const AttentionDropout&, Tensor<T>*);                  \
-  template void attention_backward(const Tensor<T>&, const Tensor<T>&, const Tensor<T>&,      \
-                                   const Tensor<T>&, AttentionShape, const AttentionDropout&, \
+#define REF_INSTANTIATE(T)                                                                      \
+  template void rope_apply(Tensor<T>&, std::span<const int32_t>, int, bool, const RopeConfig&); \
+  template Tensor<T> attention_forward(const Tensor<T>&, const Tensor<T>&, const Tensor<T>&,    \
+                                       std::span<const int32_t>, AttentionShape,                \
+                                       const AttentionDropout&, Tensor<T>*);                    \
+  template void attention_backward(const Tensor<T>&, const Tensor<T>&, const Tensor<T>&,        \
+                                   const Tensor<T>&, AttentionShape, const AttentionDropout&,   \
                                    const Tensor<T>&, Tensor<T>&, Tensor<T>&, Tensor<T>&);
 REF_INSTANTIATE(double)
 REF_INSTANTIATE(float)

@@ -6,17 +6,18 @@
 #include <span>
 #include <type_traits>
 
+#include "reference/config.hpp"
 #include "reference/rng.hpp"
 #include "reference/tensor.hpp"
 
 namespace shardcheck::ref {
 
-inline constexpr double kRopeTheta = 10000.0;
-
-// Rotates pairs (2j, 2j+1) of every head of x [s, heads*d] by angle positions[t] * theta^(-2j/d).
-// inverse = true rotates by the negative angle, which is the backward of the forward rotation.
+// Rotates pair j of every head of x [s, heads*d] by angle positions[t] * rope.frequencies(d)[j],
+// the pair being channels (2j, 2j+1) (interleaved) or (j, j + d/2) (half) of the head. inverse =
+// true rotates by the negative angle, which is the backward of the forward rotation.
 template <class T>
-void rope_apply(Tensor<T>& x, std::span<const int32_t> positions, int heads, bool inverse);
+void rope_apply(Tensor<T>& x, std::span<const int32_t> positions, int heads, bool inverse,
+                const RopeConfig& rope);
 
 // Dropout on attention probabilities: element (head, i, j) of sequence `sequence` (its index in the
 // global batch) is kept iff uniform >= rate, drawn from stream "dropout/layers.<layer>" at `step`

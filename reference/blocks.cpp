@@ -19,10 +19,11 @@ struct LayerRefs {
   P* wv = nullptr;
   P* wo = nullptr;
   P* mlp_norm = nullptr;
+  P* w_gate = nullptr;  // SwiGLU only
   P* w_up = nullptr;
   P* w_down = nullptr;
   P* router = nullptr;
-  std::vector<P*> e_up, e_down;
+  std::vector<P*> e_gate, e_up, e_down;  // e_gate empty for GELU
 };
 
 template <class P, class Map>
@@ -39,10 +40,12 @@ LayerRefs<P> layer_refs(const ModelConfig& cfg, Map& m, int i) {
     r.router = &m[p + "moe.router"];
     for (int e = 0; e < cfg.moe->experts; ++e) {
       const std::string ep = p + "moe.experts." + std::to_string(e) + ".";
+      if (cfg.gated_mlp()) r.e_gate.push_back(&m[ep + "w_gate"]);
       r.e_up.push_back(&m[ep + "w_up"]);
       r.e_down.push_back(&m[ep + "w_down"]);
     }
   } else {
+    if (cfg.gated_mlp()) r.w_gate = &m[p + "mlp.w_gate"];
     r.w_up = &m[p + "mlp.w_up"];
     r.w_down = &m[p + "mlp.w_down"];
   }
@@ -94,8 +97,8 @@ Tensor<T> block_forward(const ModelConfig& cfg, const ParamMap<T>& params, int l
   c.q = linear_forward(c.a, *w.wq);
   c.k = linear_forward(c.a, *w.wk);
   c.v = linear_forward(c.a, *w.wv);
-  rope_apply(c.q, seq.positions, cfg.heads, false);
-  rope_apply(c.k, seq.positions, cfg.kv_heads, false);
+  rope_apply(c.q, seq.positions, cfg.heads, false, cfg.rope);
+  rope_apply(c.k, seq.positions, cfg.kv_heads, false, cfg.rope);
   c.o = attention_forward(c.q, c.k, c.v, seq.doc_ids, shape, dropout_of(cfg, ctx, layer, seq),
                           &c.probs);
   c.x_mid = x_in;
@@ -103,17 +106,18 @@ Tensor<T> block_forward(const ModelConfig& cfg, const ParamMap<T>& params, int l
   c.b = rmsnorm_forward(c.x_mid, *w.mlp_norm, &c.rstd2);
   Tensor<T> x_out = c.x_mid;
   if (w.router) {
+    std::vector<const Tensor<T>*> gate(w.e_gate.begin(), w.e_gate.end());
     std::vector<const Tensor<T>*> up(w.e_up.begin(), w.e_up.end());
     std::vector<const Tensor<T>*> down(w.e_down.begin(), w.e_down.end());
     double aux = 0.0;
-    add_inplace(x_out,
-                moe_forward(c.b, seq.doc_ids, *w.router, up, down, moe_spec(cfg), &c.moe, &aux));
+    add_inplace(x_out, moe_forward(c.b, seq.doc_ids, *w.router, gate, up, down, moe_spec(cfg),
+                                   &c.moe, &aux));
     if (loss) {
       loss->aux += aux;
       loss->moe_dropped += c.moe.routing.dropped;
     }
   } else {
-    add_inplace(x_out, mlp_forward(c.b, *w.w_up, *w.w_down, &c.mlp));
+    add_inplace(x_out, mlp_forward(c.b, w.w_gate, *w.w_up, *w.w_down, &c.mlp));
   }
   return x_out;
 }
@@ -128,12 +132,13 @@ Tensor<T> block_backward(const ModelConfig& cfg, const ParamMap<T>& params, int 
   Tensor<T> dx = dy;
   Tensor<T> db;
   if (w.router) {
+    std::vector<const Tensor<T>*> gate(w.e_gate.begin(), w.e_gate.end());
     std::vector<const Tensor<T>*> up(w.e_up.begin(), w.e_up.end());
     std::vector<const Tensor<T>*> down(w.e_down.begin(), w.e_down.end());
-    db = moe_backward(dx, c.b, *w.router, up, down, moe_spec(cfg), c.moe, ctx.sequence_weight,
-                      *g.router, g.e_up, g.e_down);
+    db = moe_backward(dx, c.b, *w.router, gate, up, down, moe_spec(cfg), c.moe, ctx.sequence_weight,
+                      *g.router, g.e_gate, g.e_up, g.e_down);
   } else {
-    db = mlp_backward(dx, c.b, *w.w_up, *w.w_down, c.mlp, *g.w_up, *g.w_down);
+    db = mlp_backward(dx, c.b, w.w_gate, *w.w_up, *w.w_down, c.mlp, g.w_gate, *g.w_up, *g.w_down);
   }
   add_inplace(dx, rmsnorm_backward(db, c.x_mid, *w.mlp_norm, c.rstd2, *g.mlp_norm));
   Tensor<T> d_o = linear_backward(dx, c.o, *w.wo, *g.wo);
@@ -144,8 +149,8 @@ Tensor<T> block_backward(const ModelConfig& cfg, const ParamMap<T>& params, int 
     attention_forward(c.q, c.k, c.v, seq.doc_ids, shape, dropout, &recomputed);
   const Tensor<T>& probs = c.probs.numel() == 0 ? recomputed : c.probs;
   attention_backward(d_o, c.q, c.k, c.v, shape, dropout, probs, dq, dk, dv);
-  rope_apply(dq, seq.positions, cfg.heads, true);
-  rope_apply(dk, seq.positions, cfg.kv_heads, true);
+  rope_apply(dq, seq.positions, cfg.heads, true, cfg.rope);
+  rope_apply(dk, seq.positions, cfg.kv_heads, true, cfg.rope);
   Tensor<T> da = linear_backward(dq, c.a, *w.wq, *g.wq);
   add_inplace(da, linear_backward(dk, c.a, *w.wk, *g.wk));
   add_inplace(da, linear_backward(dv, c.a, *w.wv, *g.wv));

@@ -10,7 +10,8 @@
 // Each op returns true when it computed the result, false to let the CPU loops run (a type, size
 // or op the implementation does not cover). Outputs arrive allocated with their final shape and
 // zero-filled; backward ops ADD into parameter gradients (dw) exactly as the CPU ops do. Ops not
-// listed here (embedding, RoPE, MoE routing, the optimizer) always run on the CPU.
+// listed here (embedding, RoPE, MoE routing, the SwiGLU activation, the optimizer) always run on
+// the CPU.
 #pragma once
 
 #include <cstdint>

@@ -2,6 +2,8 @@
 // Scenario-level checks (meshes, JSON paths) belong to harness/, not here.
 #include "reference/config.hpp"
 
+#include <cmath>
+#include <numbers>
 #include <stdexcept>
 
 namespace shardcheck::ref {
@@ -30,6 +32,16 @@ void ModelConfig::validate() const {
           num(kv_heads) + " does not divide model.heads (" + num(heads) +
               "); expected a divisor of it");
   require(dropout >= 0.0 && dropout < 1.0, "model.dropout", "model.dropout must be in [0, 1)");
+  require(rope.theta > 1.0, "model.rope.theta", "model.rope.theta must be > 1");
+  if (rope.scaling) {
+    const RopeScaling& s = *rope.scaling;
+    require(s.factor >= 1.0, "model.rope.scaling.factor", "must be >= 1");
+    require(s.low_freq_factor > 0.0, "model.rope.scaling.low_freq_factor", "must be positive");
+    require(s.high_freq_factor > s.low_freq_factor, "model.rope.scaling.high_freq_factor",
+            "must be greater than low_freq_factor");
+    require(s.original_max_positions > 0, "model.rope.scaling.original_max_position_embeddings",
+            "must be positive");
+  }
   if (moe) {
     require(moe->experts > 0, "model.moe.experts", "model.moe.experts must be positive");
     require(moe->top_k >= 1 && moe->top_k <= moe->experts, "model.moe.top_k",
@@ -55,6 +67,35 @@ void DataConfig::validate(int vocab) const {
           "data.max_len " + num(max_len) + " must be >= data.min_len (" + num(min_len) + ")");
   require(vocab >= 3, "model.vocab",
           "the synthetic documents need model.vocab >= 3 (token 0 is reserved), got " + num(vocab));
+}
+
+std::string to_string(RopeLayout l) {
+  return l == RopeLayout::kHalf ? "half" : "interleaved";
+}
+
+std::vector<double> RopeConfig::frequencies(int head_dim) const {
+  std::vector<double> f(static_cast<size_t>(head_dim / 2));
+  for (int j = 0; j < head_dim / 2; ++j) {
+    double freq = std::pow(theta, -2.0 * static_cast<double>(j) / static_cast<double>(head_dim));
+    if (scaling) {
+      const RopeScaling& s = *scaling;
+      const double wavelen = 2.0 * std::numbers::pi / freq;
+      const double old = s.original_max_positions;
+      if (wavelen > old / s.low_freq_factor) {
+        freq /= s.factor;
+      } else if (wavelen >= old / s.high_freq_factor) {
+        const double smooth =
+            (old / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+        freq = (1.0 - smooth) * freq / s.factor + smooth * freq;
+      }
+    }
+    f[static_cast<size_t>(j)] = freq;
+  }
+  return f;
+}
+
+std::string to_string(MlpKind k) {
+  return k == MlpKind::kSwiglu ? "swiglu" : "gelu";
 }
 
 std::string to_string(Recompute r) {

@@ -7,6 +7,7 @@
 #include <stdexcept>
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace shardcheck::ref {
 
@@ -19,6 +20,37 @@ struct MoeConfig {
   bool operator==(const MoeConfig&) const = default;
 };
 
+// The dense MLP (and each expert): GELU is w_down(gelu(x . w_up)), two matrices (GPT-2, the
+// committed scenarios); SwiGLU is w_down(silu(x . w_gate) * (x . w_up)), three (Llama, Mistral,
+// Qwen, Mixtral's experts; torchtitan's w1 = w_gate, w3 = w_up, w2 = w_down).
+enum class MlpKind { kGelu, kSwiglu };
+std::string to_string(MlpKind k);  // "gelu", "swiglu"
+
+// Rotary position embedding as the model families define it. layout: which channels of a head
+// rotate together, kInterleaved the adjacent pairs (2j, 2j+1) (Meta's Llama code, torchtitan),
+// kHalf the pairs (j, j + d/2) (GPT-NeoX, Hugging Face's rotate_half). Pair j turns by position *
+// theta^(-2j/d), or with Llama 3.1's scaling by that frequency rescaled (frequencies()).
+enum class RopeLayout { kInterleaved, kHalf };
+std::string to_string(RopeLayout l);  // "interleaved", "half"
+struct RopeScaling {  // Llama 3.1's "rope_type": "llama3" (its published values as defaults)
+  double factor = 8.0;
+  double low_freq_factor = 1.0;
+  double high_freq_factor = 4.0;
+  int original_max_positions = 8192;
+  bool operator==(const RopeScaling&) const = default;
+};
+struct RopeConfig {
+  double theta = 10000.0;
+  RopeLayout layout = RopeLayout::kInterleaved;
+  std::optional<RopeScaling> scaling;
+  // The angle per position of pair j < head_dim / 2: theta^(-2j/d); with scaling, wavelengths
+  // 2 pi / f shorter than original / high_freq_factor keep f, longer than original /
+  // low_freq_factor take f / factor, and those between blend the two linearly in original /
+  // wavelength.
+  std::vector<double> frequencies(int head_dim) const;
+  bool operator==(const RopeConfig&) const = default;
+};
+
 struct ModelConfig {
   int vocab = 64;
   int hidden = 32;
@@ -26,12 +58,16 @@ struct ModelConfig {
   int heads = 4;
   int kv_heads = 2;
   int ffn = 64;  // MLP width, also each expert's width
+  MlpKind mlp = MlpKind::kGelu;
   int seq_len = 16;
   bool tie_embeddings = true;
   double dropout = 0.0;  // on attention probabilities only
+  RopeConfig rope;
   std::optional<MoeConfig> moe;
 
   int head_dim() const { return hidden / heads; }
+  bool gated_mlp() const { return mlp == MlpKind::kSwiglu; }
+  int mlp_matrices() const { return gated_mlp() ? 3 : 2; }
   bool is_moe_layer(int layer) const { return moe && (layer + 1) % moe->every == 0; }
   // Throws ConfigError naming the field when the shape is impossible.
   void validate() const;

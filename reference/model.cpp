@@ -30,10 +30,12 @@ std::vector<std::pair<std::string, Shape>> part_param_shapes(const ModelConfig& 
       out.push_back({p + "moe.router", {h, cfg.moe->experts}});
       for (int e = 0; e < cfg.moe->experts; ++e) {
         const std::string ep = p + "moe.experts." + std::to_string(e) + ".";
+        if (cfg.gated_mlp()) out.push_back({ep + "w_gate", {h, f}});
         out.push_back({ep + "w_up", {h, f}});
         out.push_back({ep + "w_down", {f, h}});
       }
     } else {
+      if (cfg.gated_mlp()) out.push_back({p + "mlp.w_gate", {h, f}});
       out.push_back({p + "mlp.w_up", {h, f}});
       out.push_back({p + "mlp.w_down", {f, h}});
     }

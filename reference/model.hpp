@@ -21,7 +21,8 @@ namespace shardcheck::ref {
 // Canonical parameter list in model order: embed.weight, then per layer i
 // layers.<i>.attn_norm.weight [h], .attn.wq [h, a*d], .attn.wk [h, kv*d], .attn.wv [h, kv*d],
 // .attn.wo [a*d, h], .mlp_norm.weight [h], then either .mlp.w_up [h, ffn], .mlp.w_down [ffn, h] or
-// .moe.router [h, E], .moe.experts.<j>.w_up [h, ffn], .moe.experts.<j>.w_down [ffn, h];
+// .moe.router [h, E], .moe.experts.<j>.w_up [h, ffn], .moe.experts.<j>.w_down [ffn, h], with a
+// SwiGLU MLP (ModelConfig::mlp) a .w_gate [h, ffn] before each w_up;
 // then final_norm.weight [h] and, when untied, lm_head.weight [h, V].
 std::vector<std::pair<std::string, Shape>> param_shapes(const ModelConfig& cfg);
 // One part of that list, so a layer's shapes cost O(1) layers, not O(layers): part -1 the
@@ -29,8 +30,8 @@ std::vector<std::pair<std::string, Shape>> param_shapes(const ModelConfig& cfg);
 std::vector<std::pair<std::string, Shape>> part_param_shapes(const ModelConfig& cfg, int part);
 
 // Initial value of element `index` (flat C order) of parameter `name`: norms 1; wo and every w_down
-// normal(0, 0.02 / sqrt(2 * layers)); everything else normal(0, 0.02). The normal draw is
-// RngStream::of(seed, name).normal(index), so any slice can be initialised on its own.
+// normal(0, 0.02 / sqrt(2 * layers)); everything else (w_gate included) normal(0, 0.02). The normal
+// draw is RngStream::of(seed, name).normal(index), so any slice can be initialised on its own.
 double init_value(const ModelConfig& cfg, uint64_t seed, std::string_view name, int64_t index);
 
 // Fills out with elements [begin, begin + out.size()) of parameter `name`.

@@ -26,6 +26,7 @@ static std::vector<int64_t> expert_rows(const MoeRouting& r, int e_n, int k, int
 
 template <class T>
 Tensor<T> moe_forward(const Tensor<T>& x, std::span<const int32_t> doc_ids, const Tensor<T>& router,
+                      const std::vector<const Tensor<T>*>& w_gate,
                       const std::vector<const Tensor<T>*>& w_up,
                       const std::vector<const Tensor<T>*>& w_down, const MoeSpec& spec,
                       std::type_identity_t<MoeCache<T>>* cache_out, double* aux) {
@@ -104,9 +105,9 @@ Tensor<T> moe_forward(const Tensor<T>& x, std::span<const int32_t> doc_ids, cons
     for (size_t i = 0; i < rows.size(); ++i)
       for (int64_t col = 0; col < h; ++col)
         in.at(static_cast<int64_t>(i), col) = x.at(rows[i], col);
-    c.out[static_cast<size_t>(e)] =
-        mlp_forward(in, *w_up[static_cast<size_t>(e)], *w_down[static_cast<size_t>(e)],
-                    &c.mlp[static_cast<size_t>(e)]);
+    const auto ei = static_cast<size_t>(e);
+    c.out[ei] =
+        mlp_forward(in, w_gate.empty() ? nullptr : w_gate[ei], *w_up[ei], *w_down[ei], &c.mlp[ei]);
     c.in[static_cast<size_t>(e)] = std::move(in);
   }
 
@@ -137,10 +138,11 @@ Tensor<T> moe_forward(const Tensor<T>& x, std::span<const int32_t> doc_ids, cons
 
 template <class T>
 Tensor<T> moe_backward(const Tensor<T>& dy, const Tensor<T>& x, const Tensor<T>& router,
+                       const std::vector<const Tensor<T>*>& w_gate,
                        const std::vector<const Tensor<T>*>& w_up,
                        const std::vector<const Tensor<T>*>& w_down, const MoeSpec& spec,
                        const MoeCache<T>& c, double aux_weight, Tensor<T>& drouter,
-                       const std::vector<Tensor<T>*>& dw_up,
+                       const std::vector<Tensor<T>*>& dw_gate, const std::vector<Tensor<T>*>& dw_up,
                        const std::vector<Tensor<T>*>& dw_down) {
   const int64_t s = x.dim(0), h = x.dim(1);
   const int e_n = spec.experts, k = spec.top_k;
@@ -170,8 +172,9 @@ Tensor<T> moe_backward(const Tensor<T>& dy, const Tensor<T>& x, const Tensor<T>&
 
   for (int e = 0; e < e_n; ++e) {
     const auto ei = static_cast<size_t>(e);
-    Tensor<T> din = mlp_backward(dout[ei], c.in[ei], *w_up[ei], *w_down[ei], c.mlp[ei], *dw_up[ei],
-                                 *dw_down[ei]);
+    Tensor<T> din = mlp_backward(dout[ei], c.in[ei], w_gate.empty() ? nullptr : w_gate[ei],
+                                 *w_up[ei], *w_down[ei], c.mlp[ei],
+                                 dw_gate.empty() ? nullptr : dw_gate[ei], *dw_up[ei], *dw_down[ei]);
     const auto& rows = c.rows[ei];
     for (size_t i = 0; i < rows.size(); ++i)
       for (int64_t col = 0; col < h; ++col)
@@ -211,14 +214,15 @@ Tensor<T> moe_backward(const Tensor<T>& dy, const Tensor<T>& x, const Tensor<T>&
 }
 
 #define REF_INSTANTIATE(T)                                                                        \
-  template Tensor<T> moe_forward(const Tensor<T>&, std::span<const int32_t>, const Tensor<T>&,    \
-                                 const std::vector<const Tensor<T>*>&,                            \
-                                 const std::vector<const Tensor<T>*>&, const MoeSpec&,            \
-                                 MoeCache<T>*, double*);                                          \
+  template Tensor<T> moe_forward(                                                                 \
+      const Tensor<T>&, std::span<const int32_t>, const Tensor<T>&,                               \
+      const std::vector<const Tensor<T>*>&, const std::vector<const Tensor<T>*>&,                 \
+      const std::vector<const Tensor<T>*>&, const MoeSpec&, MoeCache<T>*, double*);               \
   template Tensor<T> moe_backward(                                                                \
       const Tensor<T>&, const Tensor<T>&, const Tensor<T>&, const std::vector<const Tensor<T>*>&, \
-      const std::vector<const Tensor<T>*>&, const MoeSpec&, const MoeCache<T>&, double,           \
-      Tensor<T>&, const std::vector<Tensor<T>*>&, const std::vector<Tensor<T>*>&);
+      const std::vector<const Tensor<T>*>&, const std::vector<const Tensor<T>*>&, const MoeSpec&, \
+      const MoeCache<T>&, double, Tensor<T>&, const std::vector<Tensor<T>*>&,                     \
+      const std::vector<Tensor<T>*>&, const std::vector<Tensor<T>*>&);
 REF_INSTANTIATE(double)
 REF_INSTANTIATE(float)
 #undef REF_INSTANTIATE

@@ -46,9 +46,11 @@ struct MoeCache {
 };
 
 // x [s, h]; tokens with doc_ids[t] < 0 (padding) are not routed and output zero. Returns y [s, h]
-// and writes the sequence's aux loss alpha * E * sum_e f_e * P_e into *aux.
+// and writes the sequence's aux loss alpha * E * sum_e f_e * P_e into *aux. w_gate (dw_gate) is
+// empty for GELU experts, one per expert for SwiGLU ones.
 template <class T>
 Tensor<T> moe_forward(const Tensor<T>& x, std::span<const int32_t> doc_ids, const Tensor<T>& router,
+                      const std::vector<const Tensor<T>*>& w_gate,
                       const std::vector<const Tensor<T>*>& w_up,
                       const std::vector<const Tensor<T>*>& w_down, const MoeSpec& spec,
                       std::type_identity_t<MoeCache<T>>* cache, double* aux);
@@ -56,10 +58,11 @@ Tensor<T> moe_forward(const Tensor<T>& x, std::span<const int32_t> doc_ids, cons
 // aux_weight scales the aux loss's gradient (the trainer passes 1 / global sequence count).
 template <class T>
 Tensor<T> moe_backward(const Tensor<T>& dy, const Tensor<T>& x, const Tensor<T>& router,
+                       const std::vector<const Tensor<T>*>& w_gate,
                        const std::vector<const Tensor<T>*>& w_up,
                        const std::vector<const Tensor<T>*>& w_down, const MoeSpec& spec,
                        const MoeCache<T>& cache, double aux_weight, Tensor<T>& drouter,
-                       const std::vector<Tensor<T>*>& dw_up,
+                       const std::vector<Tensor<T>*>& dw_gate, const std::vector<Tensor<T>*>& dw_up,
                        const std::vector<Tensor<T>*>& dw_down);
 
 }  // namespace shardcheck::ref

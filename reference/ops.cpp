@@ -163,12 +163,39 @@ Tensor<T> gelu_backward(const Tensor<T>& dy, const Tensor<T>& x) {
 }
 
 template <class T>
-Tensor<T> mlp_forward(const Tensor<T>& x, const Tensor<T>& w_up, const Tensor<T>& w_down,
+Tensor<T> swiglu_forward(const Tensor<T>& gate, const Tensor<T>& up) {
+  REF_CHECK(gate.numel() == up.numel());
+  Tensor<T> y(gate.shape());
+  for (int64_t i = 0; i < gate.numel(); ++i) {
+    const T g = gate[i];
+    y[i] = g / (T{1} + std::exp(-g)) * up[i];
+  }
+  return y;
+}
+
+template <class T>
+void swiglu_backward(const Tensor<T>& dact, const Tensor<T>& gate, const Tensor<T>& up,
+                     Tensor<T>& dgate, Tensor<T>& dup) {
+  dgate = Tensor<T>(gate.shape());
+  dup = Tensor<T>(up.shape());
+  for (int64_t i = 0; i < gate.numel(); ++i) {
+    const T g = gate[i];
+    const T sig = T{1} / (T{1} + std::exp(-g));
+    dup[i] = dact[i] * g * sig;                                    // d/d(up): silu(g)
+    dgate[i] = dact[i] * up[i] * sig * (T{1} + g * (T{1} - sig));  // silu'(g) = s (1 + g (1 - s))
+  }
+}
+
+template <class T>
+Tensor<T> mlp_forward(const Tensor<T>& x, const std::type_identity_t<Tensor<T>>* w_gate,
+                      const Tensor<T>& w_up, const Tensor<T>& w_down,
                       std::type_identity_t<MlpCache<T>>* cache) {
+  Tensor<T> gate = w_gate ? linear_forward(x, *w_gate) : Tensor<T>{};
   Tensor<T> up = linear_forward(x, w_up);
-  Tensor<T> act = gelu_forward(up);
+  Tensor<T> act = w_gate ? swiglu_forward(gate, up) : gelu_forward(up);
   Tensor<T> y = linear_forward(act, w_down);
   if (cache) {
+    cache->gate = std::move(gate);
     cache->up = std::move(up);
     cache->act = std::move(act);
   }
@@ -176,12 +203,19 @@ Tensor<T> mlp_forward(const Tensor<T>& x, const Tensor<T>& w_up, const Tensor<T>
 }
 
 template <class T>
-Tensor<T> mlp_backward(const Tensor<T>& dy, const Tensor<T>& x, const Tensor<T>& w_up,
-                       const Tensor<T>& w_down, const MlpCache<T>& cache, Tensor<T>& dw_up,
+Tensor<T> mlp_backward(const Tensor<T>& dy, const Tensor<T>& x,
+                       const std::type_identity_t<Tensor<T>>* w_gate, const Tensor<T>& w_up,
+                       const Tensor<T>& w_down, const MlpCache<T>& cache,
+                       std::type_identity_t<Tensor<T>>* dw_gate, Tensor<T>& dw_up,
                        Tensor<T>& dw_down) {
+  REF_CHECK((w_gate == nullptr) == (dw_gate == nullptr), "mlp_backward: gate and its gradient");
   Tensor<T> dact = linear_backward(dy, cache.act, w_down, dw_down);
-  Tensor<T> dup = gelu_backward(dact, cache.up);
-  return linear_backward(dup, x, w_up, dw_up);
+  if (!w_gate) return linear_backward(gelu_backward(dact, cache.up), x, w_up, dw_up);
+  Tensor<T> dgate, dup;
+  swiglu_backward(dact, cache.gate, cache.up, dgate, dup);
+  Tensor<T> dx = linear_backward(dgate, x, *w_gate, *dw_gate);
+  add_inplace(dx, linear_backward(dup, x, w_up, dw_up));
+  return dx;
 }
 
 template <class T>
@@ -232,27 +266,31 @@ Tensor<T> cross_entropy_backward(const Tensor<T>& logits, std::span<const int32_
   return d;
 }
 
-#define REF_INSTANTIATE(T)                                                                       \
-  template Tensor<T> embedding_forward(const Tensor<T>&, std::span<const int32_t>);              \
-  template void embedding_backward(const Tensor<T>&, std::span<const int32_t>, Tensor<T>&);      \
-  template Tensor<T> rmsnorm_forward(const Tensor<T>&, const Tensor<T>&, std::vector<T>*);       \
-  template Tensor<T> rmsnorm_backward(const Tensor<T>&, const Tensor<T>&, const Tensor<T>&,      \
-                                      const std::vector<T>&, Tensor<T>&);                        \
-  template Tensor<T> linear_forward(const Tensor<T>&, const Tensor<T>&);                         \
-  template Tensor<T> linear_backward(const Tensor<T>&, const Tensor<T>&, const Tensor<T>&,       \
-                                     Tensor<T>&);                                                \
-  template Tensor<T> linear_t_forward(const Tensor<T>&, const Tensor<T>&);                       \
-  template Tensor<T> linear_t_backward(const Tensor<T>&, const Tensor<T>&, const Tensor<T>&,     \
-                                       Tensor<T>&);                                              \
-  template Tensor<T> gelu_forward(const Tensor<T>&);                                             \
-  template Tensor<T> gelu_backward(const Tensor<T>&, const Tensor<T>&);                          \
-  template Tensor<T> mlp_forward(const Tensor<T>&, const Tensor<T>&, const Tensor<T>&,           \
-                                 MlpCache<T>*);                                                  \
-  template Tensor<T> mlp_backward(const Tensor<T>&, const Tensor<T>&, const Tensor<T>&,          \
-                                  const Tensor<T>&, const MlpCache<T>&, Tensor<T>&, Tensor<T>&); \
-  template std::vector<double> cross_entropy_forward(const Tensor<T>&, std::span<const int32_t>, \
-                                                     std::span<const int32_t>);                  \
-  template Tensor<T> cross_entropy_backward(const Tensor<T>&, std::span<const int32_t>,          \
+#define REF_INSTANTIATE(T)                                                                        \
+  template Tensor<T> embedding_forward(const Tensor<T>&, std::span<const int32_t>);               \
+  template void embedding_backward(const Tensor<T>&, std::span<const int32_t>, Tensor<T>&);       \
+  template Tensor<T> rmsnorm_forward(const Tensor<T>&, const Tensor<T>&, std::vector<T>*);        \
+  template Tensor<T> rmsnorm_backward(const Tensor<T>&, const Tensor<T>&, const Tensor<T>&,       \
+                                      const std::vector<T>&, Tensor<T>&);                         \
+  template Tensor<T> linear_forward(const Tensor<T>&, const Tensor<T>&);                          \
+  template Tensor<T> linear_backward(const Tensor<T>&, const Tensor<T>&, const Tensor<T>&,        \
+                                     Tensor<T>&);                                                 \
+  template Tensor<T> linear_t_forward(const Tensor<T>&, const Tensor<T>&);                        \
+  template Tensor<T> linear_t_backward(const Tensor<T>&, const Tensor<T>&, const Tensor<T>&,      \
+                                       Tensor<T>&);                                               \
+  template Tensor<T> gelu_forward(const Tensor<T>&);                                              \
+  template Tensor<T> gelu_backward(const Tensor<T>&, const Tensor<T>&);                           \
+  template Tensor<T> swiglu_forward(const Tensor<T>&, const Tensor<T>&);                          \
+  template void swiglu_backward(const Tensor<T>&, const Tensor<T>&, const Tensor<T>&, Tensor<T>&, \
+                                Tensor<T>&);                                                      \
+  template Tensor<T> mlp_forward(const Tensor<T>&, const Tensor<T>*, const Tensor<T>&,            \
+                                 const Tensor<T>&, MlpCache<T>*);                                 \
+  template Tensor<T> mlp_backward(const Tensor<T>&, const Tensor<T>&, const Tensor<T>*,           \
+                                  const Tensor<T>&, const Tensor<T>&, const MlpCache<T>&,         \
+                                  Tensor<T>*, Tensor<T>&, Tensor<T>&);                            \
+  template std::vector<double> cross_entropy_forward(const Tensor<T>&, std::span<const int32_t>,  \
+                                                     std::span<const int32_t>);                   \
+  template Tensor<T> cross_entropy_backward(const Tensor<T>&, std::span<const int32_t>,           \
                                             std::span<const double>);
 
 REF_INSTANTIATE(double)

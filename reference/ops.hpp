@@ -48,18 +48,33 @@ Tensor<T> gelu_forward(const Tensor<T>& x);
 template <class T>
 Tensor<T> gelu_backward(const Tensor<T>& dy, const Tensor<T>& x);
 
-// MLP: w_down(gelu(x . w_up)). The cache keeps the pre-activation and activation.
+// silu(x) = x * sigmoid(x). SwiGLU's activation: act = silu(gate) * up (elementwise); the
+// backward returns d(gate) and d(up) for d(act). Always on the CPU (no device hook).
+template <class T>
+Tensor<T> swiglu_forward(const Tensor<T>& gate, const Tensor<T>& up);
+template <class T>
+void swiglu_backward(const Tensor<T>& dact, const Tensor<T>& gate, const Tensor<T>& up,
+                     Tensor<T>& dgate, Tensor<T>& dup);
+
+// MLP: w_down(gelu(x . w_up)) when w_gate is null, else SwiGLU w_down(silu(x . w_gate) * (x .
+// w_up)) (ModelConfig::mlp). The cache keeps the pre-activations (gate empty for GELU) and the
+// activation.
 template <class T>
 struct MlpCache {
+  Tensor<T> gate;
   Tensor<T> up;
   Tensor<T> act;
 };
 template <class T>
-Tensor<T> mlp_forward(const Tensor<T>& x, const Tensor<T>& w_up, const Tensor<T>& w_down,
+Tensor<T> mlp_forward(const Tensor<T>& x, const std::type_identity_t<Tensor<T>>* w_gate,
+                      const Tensor<T>& w_up, const Tensor<T>& w_down,
                       std::type_identity_t<MlpCache<T>>* cache = nullptr);
+// dw_gate must be non-null exactly when w_gate is.
 template <class T>
-Tensor<T> mlp_backward(const Tensor<T>& dy, const Tensor<T>& x, const Tensor<T>& w_up,
-                       const Tensor<T>& w_down, const MlpCache<T>& cache, Tensor<T>& dw_up,
+Tensor<T> mlp_backward(const Tensor<T>& dy, const Tensor<T>& x,
+                       const std::type_identity_t<Tensor<T>>* w_gate, const Tensor<T>& w_up,
+                       const Tensor<T>& w_down, const MlpCache<T>& cache,
+                       std::type_identity_t<Tensor<T>>* dw_gate, Tensor<T>& dw_up,
                        Tensor<T>& dw_down);
 
 // Per-row cross-entropy logsumexp(logits) - logits[target], 0 where mask == 0 (returned in f64).

@@ -252,6 +252,7 @@ double routed_rows_per_peer(const ref::MoeSpec& spec, int64_t seq_len, double ro
 template <class T>
 ref::Tensor<T> ep_moe_forward(const EpGroups& g, const TokenLayout& layout, const ref::Tensor<T>& x,
                               std::span<const int32_t> doc_ids, const ref::Tensor<T>& router,
+                              const std::vector<const ref::Tensor<T>*>& local_w_gate,
                               const std::vector<const ref::Tensor<T>*>& local_w_up,
                               const std::vector<const ref::Tensor<T>*>& local_w_down,
                               const ref::MoeSpec& spec, EpMoeCache<T>& c, double* aux,
@@ -265,7 +266,8 @@ ref::Tensor<T> ep_moe_forward(const EpGroups& g, const TokenLayout& layout, cons
     throw LayoutError("expert parallelism: " + std::to_string(e_n) +
                       " experts are not divisible by ep = " + std::to_string(ep));
   const int epl = e_n / ep;
-  if (static_cast<int>(local_w_up.size()) != epl || static_cast<int>(local_w_down.size()) != epl)
+  if (static_cast<int>(local_w_up.size()) != epl || static_cast<int>(local_w_down.size()) != epl ||
+      !(local_w_gate.empty() || static_cast<int>(local_w_gate.size()) == epl))
     throw std::invalid_argument("ep_moe_forward: expected " + std::to_string(epl) +
                                 " local experts, got " + std::to_string(local_w_up.size()));
   const int64_t s = layout.seq_len(), n = x.dim(0), h = x.dim(1);
@@ -282,6 +284,7 @@ ref::Tensor<T> ep_moe_forward(const EpGroups& g, const TokenLayout& layout, cons
   c.spec = spec;
   c.seq_len = s;
   c.router = &router;
+  c.w_gate = local_w_gate;
   c.w_up = local_w_up;
   c.w_down = local_w_down;
   c.x = x;
@@ -362,11 +365,13 @@ ref::Tensor<T> ep_moe_forward(const EpGroups& g, const TokenLayout& layout, cons
   int64_t kept = 0;
   for (int j = 0; j < epl; ++j) {
     const auto ju = static_cast<std::size_t>(j);
-    outs[ju] = ref::mlp_forward(c.in[ju], *local_w_up[ju], *local_w_down[ju], &c.mlp[ju]);
+    outs[ju] = ref::mlp_forward(c.in[ju], local_w_gate.empty() ? nullptr : local_w_gate[ju],
+                                *local_w_up[ju], *local_w_down[ju], &c.mlp[ju]);
     kept += ix.batch_rows[ju];
   }
   g.ep->compute(costs::moe_experts_forward(static_cast<double>(kept), static_cast<double>(h),
-                                           static_cast<double>(local_w_up.front()->dim(1))));
+                                           static_cast<double>(local_w_up.front()->dim(1)),
+                                           !local_w_gate.empty()));
 
   // Combine: outputs back to the senders, then y_t = sum of kept choices in choice order.
   c.out = exchange(*g.ep, join_batches(outs, ix, c.recv_count, ep, epl, h), from_peer, to_peer, h);
@@ -388,6 +393,7 @@ ref::Tensor<T> ep_moe_forward(const EpGroups& g, const TokenLayout& layout, cons
 template <class T>
 ref::Tensor<T> ep_moe_backward(const EpGroups& g, const ref::Tensor<T>& dy, const EpMoeCache<T>& c,
                                double aux_weight, ref::Tensor<T>& drouter,
+                               const std::vector<ref::Tensor<T>*>& local_dw_gate,
                                const std::vector<ref::Tensor<T>*>& local_dw_up,
                                const std::vector<ref::Tensor<T>*>& local_dw_down,
                                std::span<const int> part_of_source) {
@@ -403,7 +409,8 @@ ref::Tensor<T> ep_moe_backward(const EpGroups& g, const ref::Tensor<T>& dy, cons
     parts = 1 + *std::max_element(part_of_source.begin(), part_of_source.end());
   }
   if (static_cast<int>(local_dw_up.size()) != parts * epl ||
-      static_cast<int>(local_dw_down.size()) != parts * epl)
+      static_cast<int>(local_dw_down.size()) != parts * epl ||
+      local_dw_gate.size() != (c.w_gate.empty() ? 0 : local_dw_up.size()))
     throw std::invalid_argument("ep_moe_backward: expected " + std::to_string(parts * epl) +
                                 " local expert gradients");
 
@@ -432,28 +439,33 @@ ref::Tensor<T> ep_moe_backward(const EpGroups& g, const ref::Tensor<T>& dy, cons
   const RecvIndex ix = recv_index(c.recv_count, ep, epl);
   const std::vector<ref::Tensor<T>> dout = split_batches(drecv, ix, c.recv_count, ep, epl, h);
   std::vector<ref::Tensor<T>> din(static_cast<std::size_t>(epl));
+  const bool gated = !c.w_gate.empty();
   int64_t kept = 0;
   for (int j = 0; j < epl; ++j) {
     const auto ju = static_cast<std::size_t>(j);
     if (parts == 1 || kIsMeta<T>) {
-      din[ju] = ref::mlp_backward(dout[ju], c.in[ju], *c.w_up[ju], *c.w_down[ju], c.mlp[ju],
+      din[ju] = ref::mlp_backward(dout[ju], c.in[ju], gated ? c.w_gate[ju] : nullptr, *c.w_up[ju],
+                                  *c.w_down[ju], c.mlp[ju], gated ? local_dw_gate[ju] : nullptr,
                                   *local_dw_up[ju], *local_dw_down[ju]);
     } else if constexpr (!kIsMeta<T>) {
       din[ju] = ref::Tensor<T>({ix.batch_rows[ju], h});
       for (int part = 0; part < parts; ++part) {
         const PartRows rows = part_rows(ix, c.recv_count, part_of_source, part, j, epl);
         if (rows.total == 0) continue;
-        const ref::MlpCache<T> mlp{rows.take(c.mlp[ju].up), rows.take(c.mlp[ju].act)};
+        const ref::MlpCache<T> mlp{gated ? rows.take(c.mlp[ju].gate) : ref::Tensor<T>{},
+                                   rows.take(c.mlp[ju].up), rows.take(c.mlp[ju].act)};
         const auto q = static_cast<std::size_t>(part * epl + j);
-        rows.put(ref::mlp_backward(rows.take(dout[ju]), rows.take(c.in[ju]), *c.w_up[ju],
-                                   *c.w_down[ju], mlp, *local_dw_up[q], *local_dw_down[q]),
+        rows.put(ref::mlp_backward(rows.take(dout[ju]), rows.take(c.in[ju]),
+                                   gated ? c.w_gate[ju] : nullptr, *c.w_up[ju], *c.w_down[ju], mlp,
+                                   gated ? local_dw_gate[q] : nullptr, *local_dw_up[q],
+                                   *local_dw_down[q]),
                  din[ju]);
       }
     }
     kept += ix.batch_rows[ju];
   }
   g.ep->compute(costs::moe_experts_backward(static_cast<double>(kept), static_cast<double>(h),
-                                            static_cast<double>(c.w_up.front()->dim(1))));
+                                            static_cast<double>(c.w_up.front()->dim(1)), gated));
   const ref::Tensor<T> dx_rows =
       exchange(*g.ep, join_batches(din, ix, c.recv_count, ep, epl, h), from_peer, to_peer, h);
   ref::Tensor<T> dx({n, h});
@@ -496,16 +508,16 @@ ref::Tensor<T> ep_moe_backward(const EpGroups& g, const ref::Tensor<T>& dy, cons
   return dx;
 }
 
-#define SHARDCHECK_EP_MOE(T)                                                                   \
-  template ref::Tensor<T> ep_moe_forward(                                                      \
-      const EpGroups&, const TokenLayout&, const ref::Tensor<T>&, std::span<const int32_t>,    \
-      const ref::Tensor<T>&, const std::vector<const ref::Tensor<T>*>&,                        \
-      const std::vector<const ref::Tensor<T>*>&, const ref::MoeSpec&, EpMoeCache<T>&, double*, \
-      int64_t*, testing::Mutation, MoeRouting);                                                \
-  template ref::Tensor<T> ep_moe_backward(                                                     \
-      const EpGroups&, const ref::Tensor<T>&, const EpMoeCache<T>&, double, ref::Tensor<T>&,   \
-      const std::vector<ref::Tensor<T>*>&, const std::vector<ref::Tensor<T>*>&,                \
-      std::span<const int>);
+#define SHARDCHECK_EP_MOE(T)                                                                  \
+  template ref::Tensor<T> ep_moe_forward(                                                     \
+      const EpGroups&, const TokenLayout&, const ref::Tensor<T>&, std::span<const int32_t>,   \
+      const ref::Tensor<T>&, const std::vector<const ref::Tensor<T>*>&,                       \
+      const std::vector<const ref::Tensor<T>*>&, const std::vector<const ref::Tensor<T>*>&,   \
+      const ref::MoeSpec&, EpMoeCache<T>&, double*, int64_t*, testing::Mutation, MoeRouting); \
+  template ref::Tensor<T> ep_moe_backward(                                                    \
+      const EpGroups&, const ref::Tensor<T>&, const EpMoeCache<T>&, double, ref::Tensor<T>&,  \
+      const std::vector<ref::Tensor<T>*>&, const std::vector<ref::Tensor<T>*>&,               \
+      const std::vector<ref::Tensor<T>*>&, std::span<const int>);
 SHARDCHECK_EP_MOE(double)
 SHARDCHECK_EP_MOE(float)
 SHARDCHECK_EP_MOE(Meta<double>)

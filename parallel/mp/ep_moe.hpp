@@ -69,9 +69,9 @@ struct EpMoeCache {
   ref::MoeSpec spec;
   int64_t seq_len = 0;
   const ref::Tensor<T>* router = nullptr;
-  std::vector<const ref::Tensor<T>*> w_up, w_down;  // this EP rank's experts
-  ref::Tensor<T> x;                                 // [n, h] local rows
-  ref::Tensor<T> probs;                             // [n, E] router softmax of the local rows
+  std::vector<const ref::Tensor<T>*> w_gate, w_up, w_down;  // this EP rank's experts (gate: SwiGLU)
+  ref::Tensor<T> x;                                         // [n, h] local rows
+  ref::Tensor<T> probs;  // [n, E] router softmax of the local rows
   // Routing of the local rows (slot = i * k + c, i = local row), taken from the whole sequence's.
   std::vector<int32_t> choice;  // expert, -1 for a padding row
   std::vector<uint8_t> kept;    // 1 if the assignment fits within capacity (is dispatched)
@@ -91,16 +91,18 @@ struct EpMoeCache {
 };
 
 // x [n, h]: this rank's rows of the MoE input for one sequence, rows = layout.rows(cp rank, tp
-// rank) (global row ids). doc_ids: the whole sequence [S]. local_w_up/local_w_down: this EP rank's
-// experts in order. Returns y [n, h] for the local rows. *aux = the sequence's aux loss (the same
-// value on every rank holding part of the sequence); *dropped = the sequence's dropped
-// assignments. Either pointer may be null. Collective over g.tp (SP), g.cp and g.ep, every member
-// calling it the same number of times in the same order. Throws LayoutError when E % ep != 0.
-// planted (tests): kRouteDroppedTokens keeps assignments over capacity. routing: what a
-// timing-only run (T = Meta<...>) sends; a numeric run routes its data.
+// rank) (global row ids). doc_ids: the whole sequence [S]. local_w_gate/local_w_up/local_w_down:
+// this EP rank's experts in order (local_w_gate empty for GELU experts). Returns y [n, h] for the
+// local rows. *aux = the sequence's aux loss (the same value on every rank holding part of the
+// sequence); *dropped = the sequence's dropped assignments. Either pointer may be null. Collective
+// over g.tp (SP), g.cp and g.ep, every member calling it the same number of times in the same
+// order. Throws LayoutError when E % ep != 0. planted (tests): kRouteDroppedTokens keeps
+// assignments over capacity. routing: what a timing-only run (T = Meta<...>) sends; a numeric run
+// routes its data.
 template <class T>
 ref::Tensor<T> ep_moe_forward(const EpGroups& g, const TokenLayout& layout, const ref::Tensor<T>& x,
                               std::span<const int32_t> doc_ids, const ref::Tensor<T>& router,
+                              const std::vector<const ref::Tensor<T>*>& local_w_gate,
                               const std::vector<const ref::Tensor<T>*>& local_w_up,
                               const std::vector<const ref::Tensor<T>*>& local_w_down,
                               const ref::MoeSpec& spec, EpMoeCache<T>& cache, double* aux,
@@ -110,10 +112,10 @@ ref::Tensor<T> ep_moe_forward(const EpGroups& g, const TokenLayout& layout, cons
 
 // dy [n, h] for the local rows. Returns dx [n, h] for the local rows (router path + expert path).
 // ADDS into drouter this rank's rows' contribution only (gate gradient + aux gradient of its rows,
-// the aux gradient scaled by aux_weight as in ref::moe_backward); ADDS into local_dw_up /
-// local_dw_down the contributions of every token this rank's experts processed (from all EP
-// peers). Summing drouter over the ranks holding the sequence gives the reference's drouter;
-// expert gradients need no further reduction across EP. Collective over g.ep only.
+// the aux gradient scaled by aux_weight as in ref::moe_backward); ADDS into local_dw_gate (SwiGLU)
+// / local_dw_up / local_dw_down the contributions of every token this rank's experts processed
+// (from all EP peers). Summing drouter over the ranks holding the sequence gives the reference's
+// drouter; expert gradients need no further reduction across EP. Collective over g.ep only.
 // part_of_source (empty, or one entry per EP rank: parts 0..P-1) splits the expert gradients by
 // where their tokens came from: local_dw_*[p * epl + j] gets local expert j's gradient from the
 // rows of the EP ranks of part p (the bf16 recipe rounds each data rank's microbatch apart).
@@ -121,6 +123,7 @@ template <class T>
 ref::Tensor<T> ep_moe_backward(const EpGroups& g, const ref::Tensor<T>& dy,
                                const EpMoeCache<T>& cache, double aux_weight,
                                ref::Tensor<T>& drouter,
+                               const std::vector<ref::Tensor<T>*>& local_dw_gate,
                                const std::vector<ref::Tensor<T>*>& local_dw_up,
                                const std::vector<ref::Tensor<T>*>& local_dw_down,
                                std::span<const int> part_of_source = {});

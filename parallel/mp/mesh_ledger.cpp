@@ -104,15 +104,16 @@ double mesh_block_activation_elems(const ref::ModelConfig& m, const MeshOptions&
     else if (recompute != ref::Recompute::kSelective)
       e += (x.hl / x.cp) * x.s * x.s;
   }
+  const double mlp_kept = m.gated_mlp() ? 3 : 2;  // the MLP's up, act; gate (SwiGLU)
   if (m.is_moe_layer(layer)) {
     const double experts = m.moe->experts, k = m.moe->top_k, f = m.ffn;
     const double cap = std::ceil(m.moe->capacity_factor * x.s * k / experts - 1e-9);
     const double local = experts / o.shape.ep;
     const double n = x.rows;
     e += n * (x.h + experts + k) + std::min(n * k, experts * cap) * x.h +
-         o.shape.ep * std::min(n * k, local * cap) * (x.h + 2 * f);
+         o.shape.ep * std::min(n * k, local * cap) * (x.h + mlp_kept * f);
   } else {
-    e += x.cp_rows * x.h + 2 * x.cp_rows * x.fl;  // b gathered; the MLP's up and activation
+    e += x.cp_rows * x.h + mlp_kept * x.cp_rows * x.fl;  // b gathered; the MLP's caches
   }
   return e;
 }

@@ -19,14 +19,15 @@ std::size_t cache_elems(const MpBlockCache<T>& c) {
   std::size_t e = tensor_elems(c.x_in) + c.rstd1.size() + tensor_elems(c.a) +
                   tensor_elems(c.a_full) + tensor_elems(c.q) + tensor_elems(c.k) +
                   tensor_elems(c.v) + tensor_elems(c.o) + tensor_elems(c.x_mid) + c.rstd2.size() +
-                  tensor_elems(c.b) + tensor_elems(c.b_full) + tensor_elems(c.mlp.up) +
-                  tensor_elems(c.mlp.act);
+                  tensor_elems(c.b) + tensor_elems(c.b_full) + tensor_elems(c.mlp.gate) +
+                  tensor_elems(c.mlp.up) + tensor_elems(c.mlp.act);
   e += tensor_elems(c.attn.q) + tensor_elems(c.attn.k) + tensor_elems(c.attn.v) +
        tensor_elems(c.attn.o) + c.attn.lse.size() + tensor_elems(c.attn.probs);
   e += tensor_elems(c.moe.x) + tensor_elems(c.moe.probs) + c.moe.gate.size() +
        tensor_elems(c.moe.out);
   for (const auto& t : c.moe.in) e += tensor_elems(t);
-  for (const auto& m : c.moe.mlp) e += tensor_elems(m.up) + tensor_elems(m.act);
+  for (const auto& m : c.moe.mlp)
+    e += tensor_elems(m.gate) + tensor_elems(m.up) + tensor_elems(m.act);
   return e;
 }
 

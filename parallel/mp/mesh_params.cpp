@@ -125,7 +125,8 @@ std::vector<LocalParam> local_params(const ref::ModelConfig& model, const comm::
           if (expert / per != e) continue;
           p.expert = true;
           p.tp_replicated = true;
-        } else if (ends_with(name, "attn.wq") || ends_with(name, "mlp.w_up")) {
+        } else if (ends_with(name, "attn.wq") || ends_with(name, "mlp.w_up") ||
+                   ends_with(name, "mlp.w_gate")) {
           p.split = TpSplit::columns;
         } else if (ends_with(name, "attn.wk") || ends_with(name, "attn.wv")) {
           p.split = TpSplit::columns;

@@ -7,6 +7,7 @@
 //                             tp > kv_heads: each kv head replicated on tp / kv_heads ranks)
 //   attn.wo         [a*d, h]  rows split over TP
 //   mlp.w_up        [h, f]    columns over TP;  mlp.w_down [f, h] rows over TP
+//   mlp.w_gate      [h, f]    (SwiGLU) columns over TP, as w_up
 //   norms, router             replicated over TP
 //   moe.experts.<j>           experts split over EP (EP rank e holds j in [e*E/ep, (e+1)*E/ep)),
 //                             not split over TP

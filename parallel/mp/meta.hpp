@@ -130,20 +130,22 @@ MetaTensor<U> linear_t_backward(const MetaTensor<U>& dy, const MetaTensor<U>& x,
   return linear_backward(dy, x, w, dw);  // the same shapes: dx like x
 }
 template <class U>
-MetaTensor<U> mlp_forward(const MetaTensor<U>& x, const MetaTensor<U>& w_up,
-                          const MetaTensor<U>& w_down,
+MetaTensor<U> mlp_forward(const MetaTensor<U>& x, const MetaTensor<U>* w_gate,
+                          const MetaTensor<U>& w_up, const MetaTensor<U>& w_down,
                           MlpCache<parallel::Meta<U>>* cache = nullptr) {
   if (cache != nullptr) {
     cache->up = MetaTensor<U>({x.dim(0), w_up.dim(1)});
+    if (w_gate != nullptr) cache->gate = cache->up;
     cache->act = cache->up;
   }
   return MetaTensor<U>({x.dim(0), w_down.dim(1)});
 }
 template <class U>
 MetaTensor<U> mlp_backward(const MetaTensor<U>& /*dy*/, const MetaTensor<U>& x,
-                           const MetaTensor<U>& /*w_up*/, const MetaTensor<U>& /*w_down*/,
-                           const MlpCache<parallel::Meta<U>>& /*cache*/, MetaTensor<U>& /*dw_up*/,
-                           MetaTensor<U>& /*dw_down*/) {
+                           const MetaTensor<U>* /*w_gate*/, const MetaTensor<U>& /*w_up*/,
+                           const MetaTensor<U>& /*w_down*/,
+                           const MlpCache<parallel::Meta<U>>& /*cache*/, MetaTensor<U>* /*dw_gate*/,
+                           MetaTensor<U>& /*dw_up*/, MetaTensor<U>& /*dw_down*/) {
   return MetaTensor<U>(x.shape());
 }
 template <class U>
@@ -152,7 +154,7 @@ void add_inplace(MetaTensor<U>& a, const MetaTensor<U>& b) {
 }
 template <class U>
 void rope_apply(MetaTensor<U>& /*x*/, std::span<const int32_t> /*positions*/, int /*heads*/,
-                bool /*inverse*/) {}
+                bool /*inverse*/, const RopeConfig& /*rope*/) {}
 // q [s, heads*d]: the output is q's shape, the probabilities [heads, s, s].
 template <class U>
 MetaTensor<U> attention_forward(const MetaTensor<U>& q, const MetaTensor<U>& /*k*/,

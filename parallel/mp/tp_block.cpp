@@ -120,15 +120,29 @@ ref::AttentionDropout dropout_of(const BlockEnv& env, const ref::StepContext& ct
 }
 
 template <class P, class Map>
-void local_experts(const BlockEnv& env, Map& m, int layer, std::vector<P*>& up,
-                   std::vector<P*>& down) {
+void local_experts(const BlockEnv& env, Map& m, int layer, std::vector<P*>& gate,
+                   std::vector<P*>& up, std::vector<P*>& down) {
   const int per = env.model->moe->experts / env.ep->size();
   for (int j = env.ep->rank() * per; j < (env.ep->rank() + 1) * per; ++j) {
     LayerName p(layer);
     const std::string expert = "moe.experts." + std::to_string(j) + ".";
+    if (env.model->gated_mlp()) gate.push_back(&m[p(expert + "w_gate")]);
     up.push_back(&m[p(expert + "w_up")]);
     down.push_back(&m[p(expert + "w_down")]);
   }
+}
+
+// The dense MLP's gate (null for GELU) and up projection of a layer, in params or grads. Planted
+// kGateUpSwapped: TP ranks other than 0 take each for the other, as a fused [gate | up] column
+// shard read back in the wrong chunk order after a TP reshard.
+template <class Map>
+auto gate_up(const BlockEnv& env, Map& m, LayerName& p) {
+  using P = std::remove_reference_t<decltype(m[std::string()])>;
+  P* up = &m[p("mlp.w_up")];
+  if (!env.model->gated_mlp()) return std::pair<P*, P*>{nullptr, up};
+  P* gate = &m[p("mlp.w_gate")];
+  if (env.planted == testing::Mutation::kGateUpSwapped && env.tp_rank() > 0) std::swap(gate, up);
+  return std::pair<P*, P*>{gate, up};
 }
 
 int64_t vocab_offset(const BlockEnv& env) {
@@ -202,8 +216,8 @@ Tensor<T> mp_block_forward(const BlockEnv& env, const ref::ParamMap<T>& params, 
   const int64_t h = env.model->hidden;
   cost(env, costs::qkv(rows_of(c.a_full), static_cast<double>(h), cols_of(wq, h), cols_of(wk, h)));
   const std::vector<int32_t> pos = positions_of<T>(env, seq);
-  ref::rope_apply(c.q, std::span<const int32_t>(pos), hl, false);
-  ref::rope_apply(c.k, std::span<const int32_t>(pos), kvl, false);
+  ref::rope_apply(c.q, std::span<const int32_t>(pos), hl, false, env.model->rope);
+  ref::rope_apply(c.k, std::span<const int32_t>(pos), kvl, false, env.model->rope);
   c.o = cp_attention_forward(*env.cp, env.cp_algo, *env.layout, c.q, c.k, c.v,
                              std::span<const int32_t>(seq.doc_ids), ref::AttentionShape{hl, kvl},
                              dropout_of(env, ctx, layer, seq), c.attn, env.planted, env.attention);
@@ -214,25 +228,26 @@ Tensor<T> mp_block_forward(const BlockEnv& env, const ref::ParamMap<T>& params, 
   c.b = ref::rmsnorm_forward(c.x_mid, params[p("mlp_norm.weight")], &c.rstd2);
   Tensor<T> x_out = c.x_mid;
   if (env.model->is_moe_layer(layer)) {
-    std::vector<const Tensor<T>*> up, down;
-    local_experts<const Tensor<T>>(env, params, layer, up, down);
+    std::vector<const Tensor<T>*> gate, up, down;
+    local_experts<const Tensor<T>>(env, params, layer, gate, up, down);
     const EpGroups g{.ep = env.ep, .cp = env.cp, .tp = env.sp() ? env.tp : nullptr};
     double aux = 0.0;
     int64_t dropped = 0;
     ref::add_inplace(
         x_out, ep_moe_forward(g, *env.layout, c.b, std::span<const int32_t>(seq.doc_ids),
-                              params[p("moe.router")], up, down, moe_spec(*env.model), c.moe, &aux,
-                              &dropped, env.planted, env.moe_routing));
+                              params[p("moe.router")], gate, up, down, moe_spec(*env.model), c.moe,
+                              &aux, &dropped, env.planted, env.moe_routing));
     if (loss) {
       loss->aux += aux;
       loss->dropped += dropped;
     }
   } else {
     c.b_full = gather_in(env, c.b);
-    const Tensor<T>& w_up = params[p("mlp.w_up")];
+    const auto [w_gate, w_up] = gate_up(env, params, p);
     const Tensor<T>& w_down = params[p("mlp.w_down")];
-    Tensor<T> mlp_part = ref::mlp_forward(c.b_full, w_up, w_down, &c.mlp);
-    cost(env, costs::mlp(rows_of(c.b_full), static_cast<double>(h), cols_of(w_up, h)));
+    Tensor<T> mlp_part = ref::mlp_forward(c.b_full, w_gate, *w_up, w_down, &c.mlp);
+    cost(env, costs::mlp(rows_of(c.b_full), static_cast<double>(h), cols_of(*w_up, h),
+                         env.model->gated_mlp()));
     ref::add_inplace(x_out, reduce_out(env, std::move(mlp_part), true));
   }
   return x_out;
@@ -249,27 +264,28 @@ Tensor<T> mp_block_backward(const BlockEnv& env, const ref::ParamMap<T>& params,
   Tensor<T> dx = dy;
   Tensor<T> db;
   if (env.model->is_moe_layer(layer)) {
-    std::vector<const Tensor<T>*> up, down;
-    local_experts<const Tensor<T>>(env, params, layer, up, down);
-    std::vector<Tensor<T>*> dup, ddown;
+    std::vector<const Tensor<T>*> gate, up, down;
+    local_experts<const Tensor<T>>(env, params, layer, gate, up, down);
+    std::vector<Tensor<T>*> dgate, dup, ddown;
     if (env.ep_part_of_source.empty()) {
-      local_experts<Tensor<T>>(env, grads, layer, dup, ddown);
+      local_experts<Tensor<T>>(env, grads, layer, dgate, dup, ddown);
     } else {
       if (expert_parts == nullptr)
         throw std::invalid_argument("mp_block_backward: the expert gradients' parts are needed");
       for (ref::ParamMap<T>& part : *expert_parts)
-        local_experts<Tensor<T>>(env, part, layer, dup, ddown);
+        local_experts<Tensor<T>>(env, part, layer, dgate, dup, ddown);
     }
     const EpGroups g{.ep = env.ep, .cp = env.cp, .tp = env.sp() ? env.tp : nullptr};
-    db = ep_moe_backward(g, dx, c.moe, ctx.sequence_weight, grads[p("moe.router")], dup, ddown,
-                         env.ep_part_of_source);
+    db = ep_moe_backward(g, dx, c.moe, ctx.sequence_weight, grads[p("moe.router")], dgate, dup,
+                         ddown, env.ep_part_of_source);
   } else {
     const Tensor<T> d_full = reduce_out_backward(env, dx);
-    Tensor<T> db_full =
-        ref::mlp_backward(d_full, c.b_full, params[p("mlp.w_up")], params[p("mlp.w_down")], c.mlp,
-                          grads[p("mlp.w_up")], grads[p("mlp.w_down")]);
-    cost(env, costs::mlp_backward(rows_of(c.b_full), static_cast<double>(h),
-                                  cols_of(params[p("mlp.w_up")], h)));
+    const auto [w_gate, w_up] = gate_up(env, params, p);
+    const auto [dw_gate, dw_up] = gate_up(env, grads, p);
+    Tensor<T> db_full = ref::mlp_backward(d_full, c.b_full, w_gate, *w_up, params[p("mlp.w_down")],
+                                          c.mlp, dw_gate, *dw_up, grads[p("mlp.w_down")]);
+    cost(env, costs::mlp_backward(rows_of(c.b_full), static_cast<double>(h), cols_of(*w_up, h),
+                                  env.model->gated_mlp()));
     db = gather_in_backward(env, std::move(db_full));
   }
   ref::add_inplace(dx, ref::rmsnorm_backward(db, c.x_mid, params[p("mlp_norm.weight")], c.rstd2,
@@ -280,8 +296,8 @@ Tensor<T> mp_block_backward(const BlockEnv& env, const ref::ParamMap<T>& params,
   Tensor<T> dq, dk, dv;
   cp_attention_backward(*env.cp, d_o, c.attn, dq, dk, dv);
   const std::vector<int32_t> pos = positions_of<T>(env, seq);
-  ref::rope_apply(dq, std::span<const int32_t>(pos), hl, true);
-  ref::rope_apply(dk, std::span<const int32_t>(pos), kvl, true);
+  ref::rope_apply(dq, std::span<const int32_t>(pos), hl, true, env.model->rope);
+  ref::rope_apply(dk, std::span<const int32_t>(pos), kvl, true, env.model->rope);
   Tensor<T> da_full = ref::linear_backward(dq, c.a_full, params[p("attn.wq")], grads[p("attn.wq")]);
   ref::add_inplace(da_full,
                    ref::linear_backward(dk, c.a_full, params[p("attn.wk")], grads[p("attn.wk")]));

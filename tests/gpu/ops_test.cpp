@@ -197,11 +197,11 @@ TYPED_TEST(GpuOps, RopeForwardAndInverse) {
   ops::rope_apply(*this->ctx_, dxv.data(), dpos.data(), s, heads, d, false);
   this->ctx_->synchronize();
   ref::Tensor<T> want = x;
-  ref::rope_apply(want, pos, heads, false);
+  ref::rope_apply(want, pos, heads, false, ref::RopeConfig{});
   EXPECT_LE(rel_err(dxv.download(), want.vec()), kTol<T>) << this->seed_;
   ops::rope_apply(*this->ctx_, dxv.data(), dpos.data(), s, heads, d, true);
   this->ctx_->synchronize();
-  ref::rope_apply(want, pos, heads, true);
+  ref::rope_apply(want, pos, heads, true, ref::RopeConfig{});
   EXPECT_LE(rel_err(dxv.download(), want.vec()), kTol<T>) << this->seed_;
 }
 

@@ -94,8 +94,8 @@ TEST_P(DrillScenario, EveryDrillPasses) {
 
 INSTANTIATE_TEST_SUITE_P(Scenarios, DrillScenario,
                          ::testing::Values("ddp", "zero3", "fsdp_full_shard", "bf16_zero2",
-                                           "tp2-pp2", "bf16_pp2_tied", "mesh_zero3_ep",
-                                           "bf16_ddp"));
+                                           "tp2-pp2", "bf16_pp2_tied", "mesh_zero3_ep", "bf16_ddp",
+                                           "swiglu_tp_reshard"));
 
 // Runs `drills` of a scenario in-process with a planted restore bug.
 DrillReport planted(const std::string& scenario, std::vector<std::string> drills, PlantedBug bug) {
@@ -211,6 +211,15 @@ TEST(DrillCli, KeepDirKeepsTheCheckpointsAndMustBeEmpty) {
       shardcheck("drill checkpoint " + file.string() + " --keep-dir " + keep.string());
   EXPECT_EQ(again, 2) << out2;
   EXPECT_NE(out2.find("not empty"), std::string::npos) << out2;
+}
+
+TEST(DrillMutation, LostFusedGateUpOrderFailsTheReshardedRestore) {
+  // Gate and up read back from [gate_0 | up_0 | gate_1 | up_1] split in halves: the resharded run
+  // starts from other weights (and optimizer moments) than were saved.
+  const DrillReport r =
+      planted("swiglu_tp_reshard", {"restore_resharded"}, PlantedBug::fused_gate_up_order);
+  EXPECT_FALSE(drill(r, "restore_resharded").pass) << drill(r, "restore_resharded").detail;
+  EXPECT_FALSE(r.broke());
 }
 
 TEST(DrillMutation, TensorPipelineMeshCatchesAnUnrestoredSamplerAndSwallowedErrors) {

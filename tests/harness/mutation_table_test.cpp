@@ -111,12 +111,14 @@ std::string file_name(const ::testing::TestParamInfo<std::string>& p) {
   return p.param.substr(0, p.param.find('.'));
 }
 
-// The scenarios: f64, f32 and bf16 rows of every axis.
+// The scenarios: f64, f32 and bf16 rows of every axis, with the GELU and the SwiGLU MLP.
 INSTANTIATE_TEST_SUITE_P(Parity, MutationTable,
                          ::testing::Values("mp_compose.json", "mp_compose_moe.json", "mp_cp.json",
                                            "fsdp_dense.json", "mp_f32.json",
                                            "data_parallel_f32.json", "mp_ep_f32.json",
-                                           "mp_bf16.json", "bf16_recipe.json", "mp_ep_bf16.json"),
+                                           "mp_bf16.json", "bf16_recipe.json", "mp_ep_bf16.json",
+                                           "swiglu.json", "swiglu_f32.json", "swiglu_bf16.json",
+                                           "llama_rope.json"),
                          file_name);
 
 const std::vector<Case>& cases() {
@@ -143,6 +145,10 @@ const std::vector<Case>& cases() {
       Case{"row_parallel_not_reduced", Mutation::kRowParallelNotReduced, tp},
       Case{"gqa_wrong_head_mapping", Mutation::kGqaWrongHeadMapping, tp},
       Case{"vocab_target_not_reduced", Mutation::kVocabTargetNotReduced, tp},
+      Case{"gate_up_swapped", Mutation::kGateUpSwapped,
+           [](const Scenario& s, const ParallelSpec& p) {
+             return p.mesh.tp > 1 && s.model.gated_mlp();
+           }},
       Case{"replica_not_updated", Mutation::kReplicaNotUpdated, tp},
       Case{"norm_over_wrong_group", Mutation::kNormOverWrongGroup, tp},
       Case{"cp_rope_chunk_offset", Mutation::kCpRopeChunkOffset, cp},

@@ -138,7 +138,8 @@ TEST(Plan, DdpOneBucketIsTheClosedForm) {
         flash ? t(costs::flash_forward(u, 4)) + t(costs::flash_backward(u, 4))
               : t(costs::ulysses_forward(u, 4)) + t(costs::ulysses_backward(u, true, 4));
     const double block = t(costs::qkv(sq, h, q, kv)) + attention + t(costs::wo(sq, q, h)) +
-                         t(costs::mlp(sq, h, m.ffn)) + t(costs::mlp_backward(sq, h, m.ffn)) +
+                         t(costs::mlp(sq, h, m.ffn, m.gated_mlp())) +
+                         t(costs::mlp_backward(sq, h, m.ffn, m.gated_mlp())) +
                          t(costs::projections_backward(sq, h, q, kv));
     const double sequence = m.layers * block + t(costs::vocab_head_forward(sq, h, m.vocab, 4)) +
                             t(costs::vocab_head_backward(sq, h, m.vocab, 4));

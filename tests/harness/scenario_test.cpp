@@ -197,6 +197,17 @@ TEST(Scenario, BadInputNamesThePathAndTheExpectation) {
        "does not divide model.vocab (31)"},
       {R"({"model": {"ffn": 31}, "parallel": {"tp": 2}})", "$.parallel.tp",
        "does not divide model.ffn (31)"},
+      {R"({"model": {"mlp": "geglu"}})", "$.model.mlp", "expected one of"},
+      {R"({"model": {"mlp": "swiglu", "ffn": 31}, "parallel": {"tp": 2}})", "$.parallel.tp",
+       "does not divide model.ffn (31)"},
+      {R"({"model": {"rope": {"layout": "neox"}}})", "$.model.rope.layout", "expected one of"},
+      {R"({"model": {"rope": {"theta": 1}}})", "$.model.rope.theta", "expected a number in"},
+      {R"({"model": {"rope": {"scaling": {"rope_type": "yarn"}}}})",
+       "$.model.rope.scaling.rope_type", "expected one of"},
+      {R"({"model": {"rope": {"scaling": {"low_freq_factor": 4, "high_freq_factor": 1}}}})",
+       "$.model.rope.scaling.high_freq_factor", "greater than low_freq_factor"},
+      {R"({"model": {"rope": {"scaling": {"factor": 8, "beta": 1}}}})", "$.model.rope.scaling.beta",
+       "unknown key"},
       {R"({"model": {"kv_heads": 4, "seq_len": 12}, "parallel": {"tp": 4, "cp": 2,
           "sequence_parallel": true}})",
        "$.parallel.sequence_parallel", "6 rows per CP rank"},
@@ -252,7 +263,8 @@ TEST(Scenario, BadInputNamesThePathAndTheExpectation) {
       {R"({"matrix": [{"dp": 2, "zero": 1}, {"dp": 2}, {"dp": 2, "zero": 1}]})", "$.matrix[2]",
        "configuration label 'dp2-zero1' is also $.matrix[0]'s"},
       // Integers are integers everywhere: 2.0 is refused as "seed": 2.0 always was (item 8).
-      {R"({"parallel": {"dp": 2.0}})", "$.parallel.dp", "expected an integer in [1, 65536], got 2.0"},
+      {R"({"parallel": {"dp": 2.0}})", "$.parallel.dp",
+       "expected an integer in [1, 65536], got 2.0"},
       {R"({"train": {"steps": 3.0}})", "$.train.steps", "expected an integer"},
       {R"({"seed": 2.0})", "$.seed", "expected an integer >= 0"},
       // A fault at an op the rank never issues would never fire and the run would pass (item 5):
@@ -267,10 +279,11 @@ TEST(Scenario, BadInputNamesThePathAndTheExpectation) {
        "$.faults[0].op_index", "done for configurations of at most 1024 ranks"},
       {R"({"faults": [{"kind": "skip_collective", "rank": 0, "step": 1}]})", "$.faults[0].op_index",
        "missing"},
-      {R"({"faults": [{"kind": "nan_gradient", "rank": 0, "op_index": 3}]})", "$.faults[0].op_index",
-       "unknown key"},
+      {R"({"faults": [{"kind": "nan_gradient", "rank": 0, "op_index": 3}]})",
+       "$.faults[0].op_index", "unknown key"},
       // A name is printed: a newline would forge a line, ESC[2J clear the screen (item 7).
-      {R"({"name": "x\nparity: 99 passed, 0 failed"})", "$.name", "control character (\\n at byte 1)"},
+      {R"({"name": "x\nparity: 99 passed, 0 failed"})", "$.name",
+       "control character (\\n at byte 1)"},
       {R"({"name": "\u001b[2J"})", "$.name", "control character (\\x1b at byte 0)"},
       // A key with control characters is named escaped.
       {R"({"mo\u001bdel": {}})", "$.mo\\x1bdel", "unknown key"},
@@ -371,7 +384,8 @@ TEST(Scenario, AFaultAtAnOpIsBoundedByTheOpsTheRankIssues) {
     }
     return -1;
   };
-  for (const char* par : {R"({"dp": 2})", R"({"tp": 2})", R"({"pp": 2})", R"({"dp": 2, "zero": 3})"}) {
+  for (const char* par :
+       {R"({"dp": 2})", R"({"tp": 2})", R"({"pp": 2})", R"({"dp": 2, "zero": 3})"}) {
     nlohmann::json j = base();
     j["parallel"] = nlohmann::json::parse(par);
     j["train"]["steps"] = 3;

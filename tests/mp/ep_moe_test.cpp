@@ -96,12 +96,12 @@ Problem<T> make_problem(int sequences, double capacity_factor, uint64_t seed) {
     p.doc.push_back(doc);
     ref::MoeCache<T> cache;
     double aux = 0;
-    p.y.push_back(ref::moe_forward(p.x[q], doc, p.router, up, down, p.spec, &cache, &aux));
+    p.y.push_back(ref::moe_forward(p.x[q], doc, p.router, {}, up, down, p.spec, &cache, &aux));
     p.aux.push_back(aux);
     p.dropped.push_back(cache.routing.dropped);
     ref::Tensor<T> dr({kHidden, p.spec.experts});
-    p.dx.push_back(ref::moe_backward(p.dy[q], p.x[q], p.router, up, down, p.spec, cache, kAuxWeight,
-                                     dr, dup, ddown));
+    p.dx.push_back(ref::moe_backward(p.dy[q], p.x[q], p.router, {}, up, down, p.spec, cache,
+                                     kAuxWeight, dr, {}, dup, ddown));
     p.drouter.push_back(std::move(dr));
   }
   return p;
@@ -151,11 +151,11 @@ Result<T> run_ep(const Case& cs, const Problem<T>& p,
     }
     EpMoeCache<T> cache;
     const auto qs = static_cast<std::size_t>(q);
-    o.y = ep_moe_forward(g, layout, take_rows(p.x[qs], o.rows), p.doc[qs], p.router, up, down,
+    o.y = ep_moe_forward(g, layout, take_rows(p.x[qs], o.rows), p.doc[qs], p.router, {}, up, down,
                          p.spec, cache, &o.aux, &o.dropped, planted);
     o.drouter = ref::Tensor<T>({kHidden, e_n});
-    o.dx =
-        ep_moe_backward(g, take_rows(p.dy[qs], o.rows), cache, kAuxWeight, o.drouter, dup, ddown);
+    o.dx = ep_moe_backward(g, take_rows(p.dy[qs], o.rows), cache, kAuxWeight, o.drouter, {}, dup,
+                           ddown);
   });
   Result<T> r;
   const int sequences = cs.shape.dp;
@@ -322,8 +322,8 @@ TEST(EpMoe, ExpertsNotDivisibleByEpAreNamed) {
       EpMoeCache<double> cache;
       const EpGroups g{.ep = &w, .cp = nullptr, .tp = nullptr};
       const std::vector<const ref::Tensor<double>*> one = {&p.w_up[0]};
-      (void)ep_moe_forward(g, layout, p.x[0], p.doc[0], p.router, one, one, p.spec, cache, nullptr,
-                           nullptr);
+      (void)ep_moe_forward(g, layout, p.x[0], p.doc[0], p.router, {}, one, one, p.spec, cache,
+                           nullptr, nullptr);
     });
   } catch (const sim::RankFailure& f) {
     try {

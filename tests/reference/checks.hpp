@@ -42,7 +42,7 @@ inline double rope_hand_error() {
   Tensor<double> x({2, 4}, std::vector<double>{1, 0, 1, 0, 0.5, -2, 3, 1});
   const std::vector<int32_t> pos = {0, 5};
   const Tensor<double> in = x;
-  rope_apply(x, std::span<const int32_t>(pos), 1, false);
+  rope_apply(x, std::span<const int32_t>(pos), 1, false, RopeConfig{});
   double err = 0.0;
   for (int64_t t = 0; t < 2; ++t)
     for (int64_t j = 0; j < 2; ++j) {

@@ -44,8 +44,8 @@ TEST(MoeRouting, OverCapacityDropsContributeZeroAndGatesRenormalise) {
   ASSERT_EQ(moe_capacity(spec, 4), 2);
   MoeCache<double> c;
   double aux = 0;
-  const Tensor<double> y =
-      moe_forward(f.x, std::span<const int32_t>(docs), f.router, f.up_p, f.down_p, spec, &c, &aux);
+  const Tensor<double> y = moe_forward(f.x, std::span<const int32_t>(docs), f.router, {}, f.up_p,
+                                       f.down_p, spec, &c, &aux);
   // Slots are [t * k + choice]: tokens 0, 1 keep both choices; tokens 2, 3 lose both (expert 0
   // filled by first choices of 0, 1; expert 1 then by second choices of 0, 1).
   EXPECT_EQ(c.routing.choice, (std::vector<int32_t>{0, 1, 0, 1, 0, 1, 0, 1}));
@@ -58,8 +58,8 @@ TEST(MoeRouting, OverCapacityDropsContributeZeroAndGatesRenormalise) {
   // Token 0's output: renormalised gates over its top-2 times each expert's MLP.
   const double p0 = c.probs.at(0, 0), p1 = c.probs.at(0, 1);
   const Tensor<double> row({1, 2}, std::vector<double>{1, 0});
-  const Tensor<double> e0 = mlp_forward(row, f.up[0], f.down[0]);
-  const Tensor<double> e1 = mlp_forward(row, f.up[1], f.down[1]);
+  const Tensor<double> e0 = mlp_forward(row, nullptr, f.up[0], f.down[0]);
+  const Tensor<double> e1 = mlp_forward(row, nullptr, f.up[1], f.down[1]);
   for (int64_t col = 0; col < 2; ++col)
     EXPECT_NEAR(y.at(0, col), (p0 * e0[col] + p1 * e1[col]) / (p0 + p1), 1e-15);
 }
@@ -83,7 +83,7 @@ TEST(MoeRouting, FirstChoicesOfLaterTokensBeatSecondChoicesOfEarlierOnes) {
   ASSERT_EQ(moe_capacity(spec, 2), 1);
   MoeCache<double> c;
   const Tensor<double> y =
-      moe_forward(x, std::span<const int32_t>(docs), router, up_p, down_p, spec, &c, nullptr);
+      moe_forward(x, std::span<const int32_t>(docs), router, {}, up_p, down_p, spec, &c, nullptr);
   EXPECT_EQ(c.routing.choice, (std::vector<int32_t>{0, 1, 1, 0}));
   EXPECT_EQ(c.routing.kept, (std::vector<uint8_t>{1, 0, 1, 0}));
   EXPECT_EQ(c.routing.dropped, 2);
@@ -93,7 +93,7 @@ TEST(MoeRouting, FirstChoicesOfLaterTokensBeatSecondChoicesOfEarlierOnes) {
   for (int64_t t = 0; t < 2; ++t) {
     const Tensor<double> row({1, 2}, std::vector<double>{x.at(t, 0), x.at(t, 1)});
     const auto e = static_cast<size_t>(t);  // token t's first choice is expert t
-    const Tensor<double> out = mlp_forward(row, up[e], down[e]);
+    const Tensor<double> out = mlp_forward(row, nullptr, up[e], down[e]);
     for (int64_t col = 0; col < 2; ++col)
       EXPECT_NEAR(y.at(t, col), c.probs.at(t, t) * out[col], 1e-15);
   }
@@ -109,14 +109,14 @@ TEST(MoeRouting, CapacityUsesTheFullSequenceLengthIncludingPadding) {
   ASSERT_EQ(moe_capacity(spec, 4), 2);
   ASSERT_EQ(moe_capacity(spec, 2), 1);
   MoeCache<double> c;
-  const Tensor<double> y = moe_forward(f.x, std::span<const int32_t>(docs), f.router, f.up_p,
+  const Tensor<double> y = moe_forward(f.x, std::span<const int32_t>(docs), f.router, {}, f.up_p,
                                        f.down_p, spec, &c, nullptr);
   EXPECT_EQ(c.routing.routed_tokens, 2);
   EXPECT_EQ(c.routing.choice, (std::vector<int32_t>{0, 0, -1, -1}));
   EXPECT_EQ(c.routing.kept, (std::vector<uint8_t>{1, 1, 0, 0}));
   EXPECT_EQ(c.routing.dropped, 0);
   const Tensor<double> row({1, 2}, std::vector<double>{1, 0});
-  const Tensor<double> e0 = mlp_forward(row, f.up[0], f.down[0]);
+  const Tensor<double> e0 = mlp_forward(row, nullptr, f.up[0], f.down[0]);
   for (int64_t col = 0; col < 2; ++col) {
     EXPECT_NEAR(y.at(1, col), e0[col], 1e-15);  // top-1 gate renormalises to 1
     EXPECT_EQ(y.at(2, col), 0.0);
@@ -130,8 +130,8 @@ TEST(MoeRouting, TiesGoToTheLowerExpertAndPaddingIsNotRouted) {
   const MoeSpec spec{3, 2, 4.0, 0.3};
   MoeCache<double> c;
   double aux = 0;
-  const Tensor<double> y =
-      moe_forward(f.x, std::span<const int32_t>(docs), f.router, f.up_p, f.down_p, spec, &c, &aux);
+  const Tensor<double> y = moe_forward(f.x, std::span<const int32_t>(docs), f.router, {}, f.up_p,
+                                       f.down_p, spec, &c, &aux);
   EXPECT_EQ(c.routing.choice, (std::vector<int32_t>{0, 1, 0, 1, -1, -1, -1, -1}));
   EXPECT_EQ(c.routing.routed_tokens, 2);
   for (int64_t col = 0; col < 2; ++col) EXPECT_EQ(y.at(3, col), 0.0);
@@ -144,11 +144,11 @@ TEST(MoeRouting, AuxLossGrowsWithRouterSkew) {
   const std::vector<int32_t> docs = {0, 0, 0, 0};
   MoeCache<double> c;
   double skewed = 0, balanced = 0;
-  moe_forward(f.x, std::span<const int32_t>(docs), f.router, f.up_p, f.down_p, {3, 1, 4.0, 1.0}, &c,
-              &skewed);
+  moe_forward(f.x, std::span<const int32_t>(docs), f.router, {}, f.up_p, f.down_p, {3, 1, 4.0, 1.0},
+              &c, &skewed);
   f.router.fill(0.0);
-  moe_forward(f.x, std::span<const int32_t>(docs), f.router, f.up_p, f.down_p, {3, 1, 4.0, 1.0}, &c,
-              &balanced);
+  moe_forward(f.x, std::span<const int32_t>(docs), f.router, {}, f.up_p, f.down_p, {3, 1, 4.0, 1.0},
+              &c, &balanced);
   // Top-1 with equal probabilities: all tokens to expert 0, f = (1,0,0), P = 1/3 each: aux = 1.
   EXPECT_NEAR(balanced, 1.0, 1e-15);
   EXPECT_GT(skewed, balanced);

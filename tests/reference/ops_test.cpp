@@ -93,13 +93,40 @@ TEST(OpsGrad, Mlp) {
   Tensor<double> down = random_tensor({10, 6}, 16, 0.5);
   const Tensor<double> c = random_tensor({4, 6}, 17);
   MlpCache<double> cache;
-  mlp_forward(x, up, down, &cache);
+  mlp_forward(x, nullptr, up, down, &cache);
   Tensor<double> dup({6, 10}), ddown({10, 6});
-  const Tensor<double> dx = mlp_backward(c, x, up, down, cache, dup, ddown);
-  auto loss = [&] { return dot(c, mlp_forward(x, up, down, nullptr)); };
+  const Tensor<double> dx = mlp_backward(c, x, nullptr, up, down, cache, nullptr, dup, ddown);
+  auto loss = [&] { return dot(c, mlp_forward(x, nullptr, up, down, nullptr)); };
   EXPECT_LT(fd_rel_error(x, dx, loss), kTol);
   EXPECT_LT(fd_rel_error(up, dup, loss), kTol);
   EXPECT_LT(fd_rel_error(down, ddown, loss), kTol);
+}
+
+TEST(OpsGrad, SwigluMlp) {
+  Tensor<double> x = random_tensor({4, 6}, 24);
+  Tensor<double> gate = random_tensor({6, 10}, 25, 0.5);
+  Tensor<double> up = random_tensor({6, 10}, 26, 0.5);
+  Tensor<double> down = random_tensor({10, 6}, 27, 0.5);
+  const Tensor<double> c = random_tensor({4, 6}, 28);
+  MlpCache<double> cache;
+  mlp_forward(x, &gate, up, down, &cache);
+  EXPECT_EQ(cache.gate.numel(), 40);
+  Tensor<double> dgate({6, 10}), dup({6, 10}), ddown({10, 6});
+  const Tensor<double> dx = mlp_backward(c, x, &gate, up, down, cache, &dgate, dup, ddown);
+  auto loss = [&] { return dot(c, mlp_forward(x, &gate, up, down, nullptr)); };
+  EXPECT_LT(fd_rel_error(x, dx, loss), kTol);
+  EXPECT_LT(fd_rel_error(gate, dgate, loss), kTol);
+  EXPECT_LT(fd_rel_error(up, dup, loss), kTol);
+  EXPECT_LT(fd_rel_error(down, ddown, loss), kTol);
+}
+
+TEST(OpsValue, SwigluByHand) {
+  // silu(g) * u with g = 1, u = 2: 2 / (1 + e^-1); g = -3, u = 0.5: -1.5 / (1 + e^3).
+  const Tensor<double> g({1, 2}, std::vector<double>{1.0, -3.0});
+  const Tensor<double> u({1, 2}, std::vector<double>{2.0, 0.5});
+  const Tensor<double> y = swiglu_forward(g, u);
+  EXPECT_DOUBLE_EQ(y[0], 2.0 / (1.0 + std::exp(-1.0)));
+  EXPECT_DOUBLE_EQ(y[1], -1.5 / (1.0 + std::exp(3.0)));
 }
 
 TEST(OpsGrad, CrossEntropyMasked) {
@@ -134,10 +161,10 @@ TEST(OpsGrad, Rope) {
   const std::vector<int32_t> pos = {0, 1, 2, 0, 1};
   const Tensor<double> c = random_tensor({5, 8}, 20);
   Tensor<double> dx = c;
-  rope_apply(dx, std::span<const int32_t>(pos), 2, true);
+  rope_apply(dx, std::span<const int32_t>(pos), 2, true, RopeConfig{});
   auto loss = [&] {
     Tensor<double> y = x;
-    rope_apply(y, std::span<const int32_t>(pos), 2, false);
+    rope_apply(y, std::span<const int32_t>(pos), 2, false, RopeConfig{});
     return dot(c, y);
   };
   EXPECT_LT(fd_rel_error(x, dx, loss), kTol);
@@ -147,11 +174,66 @@ TEST(OpsValue, RopeRotatesPairsByPositionTimesFrequency) {
   // One head, d = 4: pair j rotates by pos * 10000^(-2j/4).
   Tensor<double> x({1, 4}, std::vector<double>{1.0, 0.0, 1.0, 0.0});
   const std::vector<int32_t> pos = {3};
-  rope_apply(x, std::span<const int32_t>(pos), 1, false);
+  rope_apply(x, std::span<const int32_t>(pos), 1, false, RopeConfig{});
   EXPECT_NEAR(x[0], std::cos(3.0), 1e-15);
   EXPECT_NEAR(x[1], std::sin(3.0), 1e-15);
   EXPECT_NEAR(x[2], std::cos(3.0 / 100.0), 1e-15);
   EXPECT_NEAR(x[3], std::sin(3.0 / 100.0), 1e-15);
+}
+
+TEST(OpsGrad, RopeHalfLayoutWithLlama3Scaling) {
+  Tensor<double> x = random_tensor({5, 16}, 21);
+  const std::vector<int32_t> pos = {0, 7, 2, 300, 9000};
+  const RopeConfig rope{.theta = 500000.0, .layout = RopeLayout::kHalf, .scaling = RopeScaling{}};
+  const Tensor<double> c = random_tensor({5, 16}, 22);
+  Tensor<double> dx = c;
+  rope_apply(dx, std::span<const int32_t>(pos), 2, true, rope);
+  auto loss = [&] {
+    Tensor<double> y = x;
+    rope_apply(y, std::span<const int32_t>(pos), 2, false, rope);
+    return dot(c, y);
+  };
+  EXPECT_LT(fd_rel_error(x, dx, loss), kTol);
+}
+
+TEST(OpsValue, RopeHalfLayoutRotatesChannelJWithJPlusHalf) {
+  // One head, d = 4, half layout: pairs (0, 2) and (1, 3); pair j at pos * 10000^(-2j/4).
+  Tensor<double> x({1, 4}, std::vector<double>{1.0, 1.0, 0.0, 0.0});
+  const std::vector<int32_t> pos = {3};
+  rope_apply(x, std::span<const int32_t>(pos), 1, false,
+             RopeConfig{.layout = RopeLayout::kHalf, .scaling = std::nullopt});
+  EXPECT_NEAR(x[0], std::cos(3.0), 1e-15);
+  EXPECT_NEAR(x[2], std::sin(3.0), 1e-15);
+  EXPECT_NEAR(x[1], std::cos(3.0 / 100.0), 1e-15);
+  EXPECT_NEAR(x[3], std::sin(3.0 / 100.0), 1e-15);
+}
+
+TEST(OpsValue, Llama3ScalingKeepsHighFrequenciesDividesLowOnesAndBlendsBetween) {
+  // Llama 3.1 (theta 500000, d = 128): wavelengths under 8192 / 4 = 2048 keep their frequency,
+  // those over 8192 are divided by 8, those between blend (Meta's apply_scaling).
+  const RopeConfig plain{.theta = 500000.0, .scaling = std::nullopt};
+  RopeConfig scaled = plain;
+  scaled.scaling = RopeScaling{};
+  const std::vector<double> f = plain.frequencies(128), g = scaled.frequencies(128);
+  ASSERT_EQ(g.size(), 64U);
+  int kept = 0, divided = 0, blended = 0;
+  for (std::size_t j = 0; j < f.size(); ++j) {
+    const double wavelen = 2 * std::numbers::pi / f[j];
+    if (wavelen < 2048) {
+      EXPECT_EQ(g[j], f[j]);
+      ++kept;
+    } else if (wavelen > 8192) {
+      EXPECT_DOUBLE_EQ(g[j], f[j] / 8);
+      ++divided;
+    } else {
+      const double smooth = (8192 / wavelen - 1) / 3;
+      EXPECT_DOUBLE_EQ(g[j], (1 - smooth) * f[j] / 8 + smooth * f[j]);
+      ++blended;
+    }
+  }
+  EXPECT_GT(kept, 0);
+  EXPECT_GT(divided, 0);
+  EXPECT_GT(blended, 0);
 }
 
 RC_GTEST_PROP(OpsProperty, RopeIsAnInvertibleRotation, ()) {
@@ -160,14 +242,14 @@ RC_GTEST_PROP(OpsProperty, RopeIsAnInvertibleRotation, ()) {
   const auto pos = *rc::gen::container<std::vector<int32_t>>(3, rc::gen::inRange(0, 5000));
   Tensor<double> x = random_tensor({3, heads * d}, *rc::gen::arbitrary<uint64_t>());
   const Tensor<double> in = x;
-  rope_apply(x, std::span<const int32_t>(pos), heads, false);
+  rope_apply(x, std::span<const int32_t>(pos), heads, false, RopeConfig{});
   for (int64_t t = 0; t < 3; ++t) {  // every pair keeps its length
     for (int64_t p = 0; p < heads * d; p += 2) {
       const double before = std::hypot(in.at(t, p), in.at(t, p + 1));
       RC_ASSERT(std::abs(std::hypot(x.at(t, p), x.at(t, p + 1)) - before) <= 1e-12 * (1 + before));
     }
   }
-  rope_apply(x, std::span<const int32_t>(pos), heads, true);
+  rope_apply(x, std::span<const int32_t>(pos), heads, true, RopeConfig{});
   for (int64_t i = 0; i < x.numel(); ++i) RC_ASSERT(std::abs(x[i] - in[i]) <= 1e-12);
 }
 
@@ -303,13 +385,14 @@ TEST_P(MoeGrad, RouterAndExperts) {
   };
   auto loss = [&] {
     double aux = 0;
-    const Tensor<double> y = moe_forward(x, std::span<const int32_t>(docs), router, ptrs(up),
+    const Tensor<double> y = moe_forward(x, std::span<const int32_t>(docs), router, {}, ptrs(up),
                                          ptrs(down), spec, nullptr, &aux);
     return dot(c, y) + aux_weight * aux;
   };
   MoeCache<double> cache;
   double aux = 0;
-  moe_forward(x, std::span<const int32_t>(docs), router, ptrs(up), ptrs(down), spec, &cache, &aux);
+  moe_forward(x, std::span<const int32_t>(docs), router, {}, ptrs(up), ptrs(down), spec, &cache,
+              &aux);
   EXPECT_GT(aux, 0.0);
   Tensor<double> drouter({h, e_n});
   std::vector<Tensor<double>> dup, ddown;
@@ -322,8 +405,8 @@ TEST_P(MoeGrad, RouterAndExperts) {
     pu.push_back(&dup[static_cast<size_t>(e)]);
     pd.push_back(&ddown[static_cast<size_t>(e)]);
   }
-  const Tensor<double> dx =
-      moe_backward(c, x, router, ptrs(up), ptrs(down), spec, cache, aux_weight, drouter, pu, pd);
+  const Tensor<double> dx = moe_backward(c, x, router, {}, ptrs(up), ptrs(down), spec, cache,
+                                         aux_weight, drouter, {}, pu, pd);
   EXPECT_LT(fd_rel_error(x, dx, loss), kTol);
   EXPECT_LT(fd_rel_error(router, drouter, loss), kTol);
   for (int e = 0; e < e_n; ++e) {
