@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """Independent re-implementation of the reference model from reference/README.md alone, in plain
 Python (no NumPy), checked against a --dump-tensors directory: initial parameters (Philox init),
-the parameters' names, order and shapes, the step-1 loss (forward incl. RoPE, GQA, document
-mask, dropout, MoE, the GELU or SwiGLU MLP), the step-1 gradients (central differences of that
-loss along fixed ±1 directions: each MLP matrix kind, every parameter) and the step-1 AdamW
-update.
+the parameters' names, order and shapes, the step-1 loss (forward incl. RoPE with its theta,
+layout and Llama 3.1 scaling, GQA, document mask, dropout, MoE, the GELU or SwiGLU MLP), the
+step-1 gradients (central differences of that loss along fixed ±1 directions: the RoPE'd
+projections wq and wk, each MLP matrix kind, every parameter) and the step-1 AdamW update.
 Not a trainer: it recomputes one step. Usage: check_dump.py DIR (DIR holds index.json, config.json)
 or check_dump.py --run REFERENCE_TESTS_BINARY (writes the dumps through the test binary first)."""
 
@@ -99,16 +99,93 @@ def silu(v):
     return v / (1 + math.exp(-v))
 
 
-def rope(x, pos, heads):
+ROPE_KEYS = {"theta": 10000.0, "layout": "interleaved", "scaling": None}
+ROPE_SCALING_KEYS = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                     "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+
+
+def rope_config(cfg):
+    """config.json's "rope" with the defaults filled in (absent or null: theta 10000,
+    interleaved, no scaling; "scaling": {} is Llama 3.1's llama3 values); raises ValueError
+    naming the key for an unknown key or value."""
+    def number(v, key):
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise ValueError("rope.%s: expected a number, got %r" % (key, v))
+        return float(v)
+
+    r = cfg.get("rope")
+    r = {} if r is None else r
+    if not isinstance(r, dict):
+        raise ValueError("rope: expected an object, got %r" % (r,))
+    unknown = sorted(set(r) - set(ROPE_KEYS))
+    if unknown:
+        raise ValueError("rope: unknown key(s) %s" % unknown)
+    out = dict(ROPE_KEYS, **r)
+    out["theta"] = number(out["theta"], "theta")
+    if not out["theta"] > 1.0:
+        raise ValueError("rope.theta: expected > 1, got %r" % out["theta"])
+    if out["layout"] not in ("interleaved", "half"):
+        raise ValueError("rope.layout: expected \"interleaved\" or \"half\", got %r"
+                         % out["layout"])
+    if out["scaling"] is not None:
+        sc = out["scaling"]
+        if not isinstance(sc, dict):
+            raise ValueError("rope.scaling: expected an object or null, got %r" % (sc,))
+        unknown = sorted(set(sc) - set(ROPE_SCALING_KEYS))
+        if unknown:
+            raise ValueError("rope.scaling: unknown key(s) %s" % unknown)
+        sc = dict(ROPE_SCALING_KEYS, **sc)
+        if sc["rope_type"] != "llama3":
+            raise ValueError("rope.scaling.rope_type: expected \"llama3\", got %r"
+                             % sc["rope_type"])
+        for k in ROPE_SCALING_KEYS:
+            if k != "rope_type":
+                sc[k] = number(sc[k], "scaling." + k)
+        if not (sc["factor"] >= 1 and 0 < sc["low_freq_factor"] < sc["high_freq_factor"]
+                and sc["original_max_position_embeddings"] > 0):
+            raise ValueError("rope.scaling: expected factor >= 1, 0 < low_freq_factor < "
+                             "high_freq_factor, original_max_position_embeddings > 0: %r" % sc)
+        out["scaling"] = sc
+    return out
+
+
+def rope_frequencies(r, d):
+    """Angle per position of pair j < d/2: theta^(-2j/d) (the C library's pow); with Llama 3.1's
+    scaling (Meta's apply_scaling), by wavelength 2π/f against original / low_freq_factor (longer:
+    f / factor) and original / high_freq_factor (not shorter: the two blended linearly in
+    original / wavelength; shorter: f kept)."""
+    out = []
+    for j in range(d // 2):
+        f = r["theta"] ** (-2.0 * j / d)
+        sc = r["scaling"]
+        if sc is not None:
+            wavelen = 2.0 * math.pi / f
+            old = sc["original_max_position_embeddings"]
+            lo, hi = sc["low_freq_factor"], sc["high_freq_factor"]
+            if wavelen > old / lo:
+                f = f / sc["factor"]
+            elif wavelen >= old / hi:
+                smooth = (old / wavelen - lo) / (hi - lo)
+                f = (1.0 - smooth) * f / sc["factor"] + smooth * f
+        out.append(f)
+    return out
+
+
+def rope(x, pos, heads, r):
+    """Rotates pair j of every head by pos · f_j: channels (2j, 2j+1) when r["layout"] is
+    "interleaved", (j, j + d/2) when "half"; (a, b) -> (a cos - b sin, a sin + b cos)."""
     d = len(x[0]) // heads
-    out = [list(r) for r in x]
+    freqs = rope_frequencies(r, d)
+    half = r["layout"] == "half"
+    out = [list(row) for row in x]
     for t, p in enumerate(pos):
         for h in range(heads):
             for j in range(d // 2):
-                ang = p * 10000.0 ** (-2.0 * j / d)
-                a, b = x[t][h * d + 2 * j], x[t][h * d + 2 * j + 1]
-                out[t][h * d + 2 * j] = a * math.cos(ang) - b * math.sin(ang)
-                out[t][h * d + 2 * j + 1] = a * math.sin(ang) + b * math.cos(ang)
+                ang = p * freqs[j]
+                c0, c1 = h * d + (j if half else 2 * j), h * d + (j + d // 2 if half else 2 * j + 1)
+                a, b = x[t][c0], x[t][c1]
+                out[t][c0] = a * math.cos(ang) - b * math.sin(ang)
+                out[t][c1] = a * math.sin(ang) + b * math.cos(ang)
     return out
 
 
@@ -116,6 +193,7 @@ class Model:
     def __init__(self, cfg, params, seed, step):
         self.c, self.p, self.seed, self.step = cfg, params, seed, step
         self.routing = []  # per MoE call: its top-k choices and the kept assignments
+        self.rope = rope_config(cfg)
 
     def w(self, name):
         return self.p[name]
@@ -124,8 +202,8 @@ class Model:
         c = self.c
         heads, kv, d = c["heads"], c["kv_heads"], c["hidden"] // c["heads"]
         pre = "layers.%d.attn." % i
-        q = rope(matmul(a, self.w(pre + "wq")), seq["positions"], heads)
-        k = rope(matmul(a, self.w(pre + "wk")), seq["positions"], kv)
+        q = rope(matmul(a, self.w(pre + "wq")), seq["positions"], heads, self.rope)
+        k = rope(matmul(a, self.w(pre + "wk")), seq["positions"], kv, self.rope)
         v = matmul(a, self.w(pre + "wv"))
         s = len(a)
         o = [[0.0] * (heads * d) for _ in range(s)]
@@ -324,7 +402,8 @@ def permutation(seed, epoch, n):
 
 
 FD_EPS = 3e-6  # central-difference step along a ±1 direction (parameters are ~0.02)
-FD_BOUND = 1e-6  # of sum|grad|; measured ≤ 3e-9, a wrong gradient formula is off by far more
+FD_BOUND = 1e-6  # of sum|grad|; measured ≤ 3e-8 (wq, wk; the rest ≤ 3e-9), a wrong gradient
+# formula is off by far more
 
 
 def step_loss(cfg, params, seed, t):
@@ -358,6 +437,19 @@ def check(dirname):
     if cfg.get("mlp", "gelu") not in ("gelu", "swiglu"):
         expect(False, "config.json: mlp %r is neither \"gelu\" nor \"swiglu\"" % cfg["mlp"])
         return failures
+    try:
+        r = rope_config(cfg)
+    except ValueError as e:
+        expect(False, "config.json: %s" % e)
+        return failures
+    sc, hd = r["scaling"], cfg["hidden"] // cfg["heads"]
+    unscaled = rope_frequencies(dict(r, scaling=None), hd)
+    regime = ["kept" if f == f0 else "divided" if f == f0 / sc["factor"] else "blended"
+              for f, f0 in zip(rope_frequencies(r, hd), unscaled)] if sc else []
+    print("     rope theta %g, layout %s, scaling %s" % (
+        r["theta"], r["layout"], "none" if sc is None else "llama3 factor %g low %g high %g "
+        "original %g: pairs %s" % (sc["factor"], sc["low_freq_factor"], sc["high_freq_factor"],
+                                   sc["original_max_position_embeddings"], " ".join(regime))))
     names = [e["name"][len("init/param/"):] for e in index if e["name"].startswith("init/param/")]
     expected = param_shapes(cfg)
     got = [(n, t["init/param/" + n][0]) for n in names]
@@ -395,9 +487,10 @@ def check(dirname):
     expect(abs(loss - ref) <= 1e-12 * abs(ref), "step-1 loss %.15f vs dump %.15f" % (loss, ref))
 
     # The dumped step-1 gradients against central differences of the loss along a fixed
-    # pseudo-random ±1 direction over each MLP matrix kind and over every parameter.
+    # pseudo-random ±1 direction over the RoPE'd projections (wq, wk: RoPE's backward), each
+    # MLP matrix kind and every parameter.
     groups = [(kind, [n for n in names if n.endswith("." + kind)])
-              for kind in ("w_gate", "w_up", "w_down")]
+              for kind in ("wq", "wk", "w_gate", "w_up", "w_down")]
     for label, group in [g for g in groups if g[1]] + [("every parameter", names)]:
         rng = random.Random(label)
         d = {n: [rng.choice((-1.0, 1.0)) for _ in t["init/param/" + n][1]] for n in group}

@@ -4,13 +4,18 @@ relative error per tensor, max|a − b| / max|b|) in f64, with bitwise-equal ini
 batches; FSDP2 built from the module's pieces reaches the same numbers; planted bugs (RoPE at
 position + 1, a mean of microbatch means, dropout keyed by a microbatch-local index) fail the
 same comparison; so do SwiGLU bugs (gate and up swapped, a sigmoid gate, the gate unused, w_gate
-initialised at w_down's scale) against SwiGLU dumps, dense and MoE. The f32 and bf16 recipes
+initialised at w_down's scale) against SwiGLU dumps, dense and MoE, and RoPE bugs (the half
+layout rotated as interleaved, Llama 3.1's scaling ignored, theta ignored) against dumps of
+model.rope (theta 500000 half with llama3 scaling as scenarios/parity/llama_rope.json,
+interleaved at theta 500000, half with non-default scaling values). The f32 and bf16 recipes
 track the C++ oracle's within measured norm-wise bounds (bf16: planted rounding bugs exceed
 them). Philox, the corpus and the sampler are also checked against the scalar re-implementation
 in reference/tools/check_dump.py."""
 
 import copy
+import dataclasses
 import importlib.util
+import math
 import json
 import os
 import subprocess
@@ -280,6 +285,135 @@ def test_swiglu_init_math_and_gradient():
         assert torch.allclose(got, want, rtol=1e-13, atol=1e-14)
 
 
+LLAMA_ROPE = {"theta": 500000, "layout": "half",
+              "scaling": {"rope_type": "llama3", "factor": 8, "low_freq_factor": 1,
+                          "high_freq_factor": 4, "original_max_position_embeddings": 8192}}
+
+
+def test_rope_config_defaults_and_refusals():
+    """model.rope: absent or null = theta 10000, interleaved, no scaling; "scaling": {} = Llama
+    3.1's published values; scenarios/parity/llama_rope.json's block read field by field;
+    unknown keys and values refused naming the key (as harness/scenario.cpp does)."""
+    default = so.RopeConfig()
+    assert (default.theta, default.layout, default.scaling) == (10000.0, "interleaved", None)
+    assert default.theta == so.ROPE_THETA
+    assert so.Config.from_scenario({"name": "x"}).model.rope == default
+    assert so.Config.from_scenario({"name": "x", "model": {"rope": None}}).model.rope == default
+    assert so.Config.from_scenario({"name": "x", "model": {"rope": {}}}).model.rope == default
+    llama = so.Config.from_scenario(os.path.join(ROOT, "scenarios", "parity", "llama_rope.json"))
+    assert llama.model.rope == so.RopeConfig(500000.0, "half", so.RopeScaling(
+        "llama3", 8.0, 1.0, 4.0, 8192))
+    assert so.RopeConfig.from_json(LLAMA_ROPE) == llama.model.rope
+    assert so.RopeConfig.from_json({"scaling": {}}).scaling == so.RopeScaling()
+    assert so.RopeConfig.from_json({"scaling": None}).scaling is None
+    for bad, where in (
+            ({"thetta": 5e5}, "model.rope"), ({"theta": 1}, "model.rope.theta"),
+            ({"theta": 0.5}, "model.rope.theta"), ({"theta": "5e5"}, "model.rope.theta"),
+            ({"theta": True}, "model.rope.theta"), ({"theta": 2e12}, "model.rope.theta"),
+            ({"layout": "neox"}, "model.rope.layout"), ({"layout": "Half"}, "model.rope.layout"),
+            ({"layout": None}, "model.rope.layout"),
+            ({"scaling": {"rope_type": "yarn"}}, "model.rope.scaling.rope_type"),
+            ({"scaling": {"type": "llama3"}}, "model.rope.scaling"),
+            ({"scaling": {"factor": 0.5}}, "model.rope.scaling.factor"),
+            ({"scaling": {"factor": "8"}}, "model.rope.scaling.factor"),
+            ({"scaling": {"low_freq_factor": 4, "high_freq_factor": 4}},
+             "model.rope.scaling.high_freq_factor"),
+            ({"scaling": {"original_max_position_embeddings": 8192.0}},
+             "model.rope.scaling.original_max_position_embeddings"),
+            ({"scaling": {"original_max_position_embeddings": 0}},
+             "model.rope.scaling.original_max_position_embeddings"),
+            ({"scaling": "llama3"}, "model.rope.scaling"), ("half", "model.rope")):
+        with pytest.raises(ValueError, match=where.replace(".", r"\.")):
+            so.Config.from_scenario({"name": "x", "model": {"rope": bad}})
+    with pytest.raises(ValueError, match="model.rope"):
+        so.ModelConfig(rope={"theta": 5e5})
+
+
+def meta_apply_scaling(freqs, s):
+    """Meta's apply_scaling (llama-models, Llama 3.1), transcribed with the scaling's fields."""
+    low_freq_wavelen = s.original_max_position_embeddings / s.low_freq_factor
+    high_freq_wavelen = s.original_max_position_embeddings / s.high_freq_factor
+    out = []
+    for freq in freqs:
+        wavelen = 2 * math.pi / freq
+        if wavelen < high_freq_wavelen:
+            out.append(freq)
+        elif wavelen > low_freq_wavelen:
+            out.append(freq / s.factor)
+        else:
+            smooth = ((s.original_max_position_embeddings / wavelen - s.low_freq_factor)
+                      / (s.high_freq_factor - s.low_freq_factor))
+            out.append((1 - smooth) * freq / s.factor + smooth * freq)
+    return out
+
+
+def test_rope_frequencies():
+    """rope_frequencies: the default is today's pow(10000, -2j/d) (bitwise); with scaling equal
+    to Meta's apply_scaling on 1 / theta^(2j/d) (to a few ulps) and bitwise to the scalar
+    re-implementation in check_dump.py; llama_rope's head dim 8 keeps pairs 0-1, blends pair 2
+    and divides pair 3 by 8."""
+    ref = load_check_dump()
+    for d in (6, 8, 64, 128):
+        assert so.rope_frequencies(so.RopeConfig(), d) == tuple(
+            math.pow(10000.0, -2.0 * j / d) for j in range(d // 2))
+    configs = [so.RopeConfig(), so.RopeConfig.from_json(LLAMA_ROPE),
+               so.RopeConfig.from_json({"theta": 20000, "scaling": {
+                   "factor": 4, "high_freq_factor": 8, "original_max_position_embeddings": 256}}),
+               so.RopeConfig.from_json({"theta": 1e6, "layout": "half", "scaling": {
+                   "factor": 32, "low_freq_factor": 0.5, "high_freq_factor": 7,
+                   "original_max_position_embeddings": 4096}})]
+    for r in configs:
+        flat = {"theta": r.theta, "layout": r.layout, "scaling": None if r.scaling is None else
+                dataclasses.asdict(r.scaling)}
+        for d in (6, 8, 64, 128):
+            got = so.rope_frequencies(r, d)
+            assert list(got) == ref.rope_frequencies(ref.rope_config({"rope": flat}), d)
+            plain = [1.0 / r.theta ** (2.0 * j / d) for j in range(d // 2)]
+            want = plain if r.scaling is None else meta_apply_scaling(plain, r.scaling)
+            np.testing.assert_allclose(got, want, rtol=1e-15, atol=0)
+    llama = so.RopeConfig.from_json(LLAMA_ROPE)
+    f, f0 = so.rope_frequencies(llama, 8), so.rope_frequencies(
+        dataclasses.replace(llama, scaling=None), 8)
+    assert [2 * math.pi / x for x in f0] == pytest.approx([6.283, 167.1, 4443, 118170], rel=1e-3)
+    assert f[0] == f0[0] and f[1] == f0[1] and f[3] == f0[3] / 8
+    assert f0[2] / 8 < f[2] < f0[2]
+
+
+def test_rope_layouts_and_tables():
+    """The half layout is the interleaved rotation on channels reordered (j, j + d/2) → (2j,
+    2j+1), bitwise; the tables are cos and sin (the C library's) of position · frequency cast to
+    the dtype, and without a RopeConfig the default's (today's)."""
+    gen = torch.Generator().manual_seed(5)
+    d, heads = 8, 3
+    x = torch.randn(2, 7, heads, d, dtype=torch.float64, generator=gen)
+    pos = torch.tensor([[0, 1, 2, 3, 0, 1, 40], [5, 6, 7, 8, 9, 10, 11]])
+    r = so.RopeConfig.from_json(LLAMA_ROPE)
+    cos, sin = so.rope_tables(pos, d, torch.float64, r)
+    assert cos.shape == sin.shape == (2, 7, 1, d // 2)
+    freqs = so.rope_frequencies(r, d)
+    for b, t, j in ((0, 6, 2), (1, 3, 3), (0, 0, 0)):
+        angle = int(pos[b, t]) * freqs[j]
+        assert float(cos[b, t, 0, j]) == math.cos(angle)
+        assert float(sin[b, t, 0, j]) == math.sin(angle)
+    order = [c for j in range(d // 2) for c in (j, j + d // 2)]  # interleaved slot ← half channel
+    inverse = [order.index(c) for c in range(d)]
+    half = so.rope(x, cos, sin, "half")
+    assert torch.equal(half, so.rope(x[..., order], cos, sin, "interleaved")[..., inverse])
+    assert not torch.allclose(half, so.rope(x, cos, sin, "interleaved"))
+    assert torch.equal(so.rope(x, cos, sin), so.rope(x, cos, sin, "interleaved"))
+    # rotation: norms of each pair kept, angle 0 the identity
+    assert torch.allclose(half.norm(dim=-1), x.norm(dim=-1), rtol=1e-14)
+    assert torch.equal(half[0, 0], x[0, 0])
+    with pytest.raises(ValueError, match="layout"):
+        so.rope(x, cos, sin, "neox")
+    c0, s0 = so.rope_tables(pos, d, torch.float64)
+    c1, s1 = so.rope_tables(pos, d, torch.float64, so.RopeConfig())
+    assert torch.equal(c0, c1) and torch.equal(s0, s1)
+    assert float(c0[1, 6, 0, 1]) == math.cos(11 * math.pow(10000.0, -2.0 / d))
+    c32, _ = so.rope_tables(pos, d, torch.float32, r)
+    assert c32.dtype == torch.float32 and torch.equal(c32, cos.to(torch.float32))
+
+
 def test_clip_rule_and_schedule():
     cfg = so.Config.from_scenario({"name": "x", "train": {
         "steps": 5, "optimizer": {"lr": 1.0, "warmup": 2, "min_lr": 0.1}}})
@@ -316,7 +450,20 @@ CASES = {
     "swiglu_moe_dropout": lambda: scenario(
         "data_parallel_moe", model={"mlp": "swiglu", "dropout": 0.1},
         train={"global_batch": 16}, data={"documents": 120}),
+    # scenarios/parity/llama_rope.json on one rank: RoPE theta 500000 in the half layout with
+    # Llama 3.1's scaling (head dim 8: pairs kept, kept, blended, divided), SwiGLU, GQA 4/2, untied
+    "rope_llama_half_scaled": lambda: scenario("llama_rope"),
+    # the same model with interleaved pairs at theta 500000, no scaling
+    "rope_interleaved_theta": lambda: scenario(
+        "llama_rope", model={"rope": {"theta": 500000, "layout": "interleaved"}}),
+    # half layout, theta 20000, scaling away from its defaults (factor 4, high 8, original 256:
+    # head dim 6 keeps, blends, divides), tied, MQA, dropout 0.1, GELU
+    "rope_half_short_context": lambda: scenario(
+        "data_parallel_dense", model={"rope": {"theta": 20000, "layout": "half", "scaling": {
+            "factor": 4, "high_freq_factor": 8, "original_max_position_embeddings": 256}}},
+        train={"global_batch": 16}, data={"documents": 120}),
 }
+ROPE_CASES = ["rope_llama_half_scaled", "rope_interleaved_theta", "rope_half_short_context"]
 
 
 @pytest.fixture(scope="module")
@@ -416,6 +563,78 @@ def test_swiglu_public_pieces_match_the_cpp_oracle(swiglu_dumps, case):
     """The unpatched pieces on the same dumps the planted bugs fail (the bugs are the only
     difference)."""
     cfg, ref = swiglu_dumps[case]
+    worst, bad = compare(steps_only(ref), run_with_pieces(cfg), F64_BOUND)
+    assert not bad, bad
+    assert set(worst) == {"loss", "grad", "param"}, worst
+
+
+@pytest.fixture(scope="module")
+def rope_dumps(tmp_path_factory):
+    if not os.path.exists(CLI):
+        pytest.skip(f"the shardcheck CLI is not built ({CLI})")
+    out = {}
+    for case in ROPE_CASES:
+        scen = CASES[case]()
+        out[case] = (so.Config.from_scenario(scen),
+                     cpp_dump(tmp_path_factory.mktemp(case), scen))
+    return out
+
+
+ORIGINAL_ROPE_FREQUENCIES = so.model.rope_frequencies
+
+
+def rope_half_as_interleaved(x, cos, sin, layout="interleaved"):
+    """The configured layout ignored: pairs (2j, 2j+1) even where model.rope.layout is "half"."""
+    return ORIGINAL_ROPE(x, cos, sin, "interleaved")
+
+
+def rope_scaling_ignored(rope_cfg, head_dim):
+    """theta^(-2j/d) without Llama 3.1's rescaling."""
+    return ORIGINAL_ROPE_FREQUENCIES(dataclasses.replace(rope_cfg, scaling=None), head_dim)
+
+
+def rope_theta_ignored(rope_cfg, head_dim):
+    """The default base 10000 instead of model.rope.theta (scaling applied)."""
+    return ORIGINAL_ROPE_FREQUENCIES(dataclasses.replace(rope_cfg, theta=so.ROPE_THETA),
+                                     head_dim)
+
+
+ROPE_BUGS = {"rope_half_as_interleaved": ("rope", rope_half_as_interleaved),
+             "rope_scaling_ignored": ("rope_frequencies", rope_scaling_ignored),
+             "rope_theta_ignored": ("rope_frequencies", rope_theta_ignored)}
+
+
+def rope_bug_applies(cfg, bug):
+    r = cfg.model.rope
+    return {"rope_half_as_interleaved": r.layout == "half",
+            "rope_scaling_ignored": r.scaling is not None,
+            "rope_theta_ignored": r.theta != so.ROPE_THETA}[bug]
+
+
+@needs_cli
+@pytest.mark.parametrize("case", ROPE_CASES)
+@pytest.mark.parametrize("bug", sorted(ROPE_BUGS))
+def test_rope_planted_bugs_fail_the_comparison(rope_dumps, case, bug, monkeypatch):
+    """Each planted RoPE bug keeps names, shapes and the batches and fails the f64 bound on
+    every dump whose model.rope it concerns. Measured worst relative errors (loss, gradients):
+    half as interleaved 5.4e-5, 1.2 (llama) and 2.3e-6, 1.6 (short context); scaling ignored,
+    which moves only the long wavelengths, 1.8e-7, 6.2e-3 and 1.3e-6, 7.6e-2; theta ignored
+    3.8e-5, 0.28 / 5.3e-5, 0.20 (interleaved) / 1.3e-7, 1.7e-2."""
+    cfg, ref = rope_dumps[case]
+    if not rope_bug_applies(cfg, bug):
+        pytest.skip(f"{case}: model.rope {cfg.model.rope} does not exercise {bug}")
+    where, fn = ROPE_BUGS[bug]
+    monkeypatch.setattr(so.model, where, fn)
+    worst, bad = compare(steps_only(ref), run_with_pieces(cfg), F64_BOUND)
+    assert bad, f"{bug} was not caught on {case}: {worst}"
+    assert worst["loss"] > 1e-8 and max(worst.values()) > 1e-3, worst
+
+
+@needs_cli
+@pytest.mark.parametrize("case", ROPE_CASES)
+def test_rope_public_pieces_match_the_cpp_oracle(rope_dumps, case):
+    """The unpatched pieces on the same dumps the planted RoPE bugs fail."""
+    cfg, ref = rope_dumps[case]
     worst, bad = compare(steps_only(ref), run_with_pieces(cfg), F64_BOUND)
     assert not bad, bad
     assert set(worst) == {"loss", "grad", "param"}, worst
@@ -592,19 +811,19 @@ def test_the_public_pieces_match_the_cpp_oracle(dense_dump):
     assert not bad, bad
 
 
-def rope_half_split(x, cos, sin):
+def rope_half_split(x, cos, sin, layout="interleaved"):
     """RoPE on pairs (j, j + d/2) (the rotate_half convention) instead of (2j, 2j+1)."""
     h = x.shape[-1] // 2
     x0, x1 = x[..., :h], x[..., h:]
     return torch.cat((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1)
 
 
-def rope_query_offset(x, cos, sin):
+def rope_query_offset(x, cos, sin, layout="interleaved"):
     """The queries rotated at the next slot's angles, the keys at their own (off by one)."""
     if x.shape[-2] == rope_query_offset.heads:
         cos = torch.cat((cos[:, 1:], cos[:, -1:]), dim=1)
         sin = torch.cat((sin[:, 1:], sin[:, -1:]), dim=1)
-    return ORIGINAL_ROPE(x, cos, sin)
+    return ORIGINAL_ROPE(x, cos, sin, layout)
 
 
 ORIGINAL_ROPE = so.rope
@@ -633,7 +852,8 @@ def test_rope_at_positions_plus_one_is_invisible(dense_dump, monkeypatch):
     the pairs are wrong, above)."""
     cfg, ref = dense_dump
     original = so.rope_tables
-    monkeypatch.setattr(so.model, "rope_tables", lambda pos, d, dtype: original(pos + 1, d, dtype))
+    monkeypatch.setattr(so.model, "rope_tables",
+                        lambda pos, d, dtype, rope_cfg=None: original(pos + 1, d, dtype, rope_cfg))
     worst, bad = compare(steps_only(ref), run_with_pieces(cfg), F64_BOUND)
     assert not bad, bad
 

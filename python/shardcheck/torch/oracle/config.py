@@ -9,6 +9,84 @@ import os
 import torch
 
 MLP_KINDS = ("gelu", "swiglu")
+ROPE_LAYOUTS = ("interleaved", "half")
+
+
+def _is_number(v):
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+@dataclasses.dataclass(frozen=True)
+class RopeScaling:
+    """Llama 3.1's frequency scaling ("rope_type": "llama3", Meta's apply_scaling), its published
+    values as defaults: wavelengths 2π/f longer than original_max_position_embeddings /
+    low_freq_factor take f / factor, those shorter than original / high_freq_factor keep f, and
+    those between blend the two linearly in original / wavelength."""
+
+    rope_type: str = "llama3"
+    factor: float = 8.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int = 8192
+
+    def __post_init__(self):
+        w = "model.rope.scaling"
+        if self.rope_type != "llama3":
+            raise ValueError(f"{w}.rope_type must be \"llama3\", got {self.rope_type!r}")
+        for name, lo, hi in (("factor", 1.0, 1e6), ("low_freq_factor", 1e-6, 1e6),
+                             ("high_freq_factor", 1e-6, 1e6)):
+            v = getattr(self, name)
+            if not _is_number(v) or not lo <= v <= hi:
+                raise ValueError(f"{w}.{name} must be a number in [{lo:g}, {hi:g}], got {v!r}")
+        if not self.high_freq_factor > self.low_freq_factor:
+            raise ValueError(f"{w}.high_freq_factor must be greater than low_freq_factor "
+                             f"({self.low_freq_factor!r}), got {self.high_freq_factor!r}")
+        v = self.original_max_position_embeddings
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise ValueError(f"{w}.original_max_position_embeddings must be a positive integer, "
+                             f"got {v!r}")
+        for name in ("factor", "low_freq_factor", "high_freq_factor"):
+            object.__setattr__(self, name, float(getattr(self, name)))
+
+
+@dataclasses.dataclass(frozen=True)
+class RopeConfig:
+    """Rotary position embedding as the model families define it (scenario key model.rope):
+    pair j < d/2 of each head turns by position · theta^(-2j/d), rescaled by `scaling` (None or
+    RopeScaling); layout "interleaved" pairs channels (2j, 2j+1) (Meta's Llama code,
+    torchtitan), "half" pairs (j, j + d/2) (GPT-NeoX, Hugging Face's rotate_half). The angles
+    are model.rope_frequencies(self, d)."""
+
+    theta: float = 10000.0
+    layout: str = "interleaved"
+    scaling: RopeScaling = None
+
+    def __post_init__(self):
+        if not _is_number(self.theta) or not 1.0 < self.theta <= 1e12:
+            raise ValueError(f"model.rope.theta must be a number > 1 and <= 1e12, got "
+                             f"{self.theta!r}")
+        if self.layout not in ROPE_LAYOUTS:
+            raise ValueError(f"model.rope.layout must be \"interleaved\" or \"half\", got "
+                             f"{self.layout!r}")
+        if self.scaling is not None and not isinstance(self.scaling, RopeScaling):
+            raise ValueError(f"model.rope.scaling must be None or a RopeScaling, got "
+                             f"{self.scaling!r}")
+        object.__setattr__(self, "theta", float(self.theta))
+
+    @classmethod
+    def from_json(cls, r):
+        """From a scenario's model.rope (None or absent: the defaults; "scaling": {} is the
+        llama3 defaults); unknown keys and values refused naming the key."""
+        if r is None:
+            return cls()
+        _known(r, [f.name for f in dataclasses.fields(cls)], "$.model.rope")
+        scaling = r.get("scaling")
+        if scaling is not None:
+            _known(scaling, [f.name for f in dataclasses.fields(RopeScaling)],
+                   "$.model.rope.scaling")
+            scaling = RopeScaling(**scaling)
+        return cls(theta=r.get("theta", cls.theta), layout=r.get("layout", cls.layout),
+                   scaling=scaling)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,11 +110,14 @@ class ModelConfig:
     seq_len: int = 16
     tie_embeddings: bool = True
     dropout: float = 0.0
+    rope: RopeConfig = RopeConfig()
     moe: MoeConfig = None
 
     def __post_init__(self):
         if self.mlp not in MLP_KINDS:
             raise ValueError(f"model.mlp must be \"gelu\" or \"swiglu\", got {self.mlp!r}")
+        if not isinstance(self.rope, RopeConfig):
+            raise ValueError(f"model.rope must be a RopeConfig, got {self.rope!r}")
 
     @property
     def head_dim(self):
@@ -127,6 +208,7 @@ class Config:
             seq_len=int(m.get("seq_len", ModelConfig.seq_len)),
             tie_embeddings=bool(m.get("tie_embeddings", True)),
             dropout=float(m.get("dropout", 0.0)),
+            rope=RopeConfig.from_json(m.get("rope")),
             moe=moe)
         t = scenario.get("train") or {}
         _known(t, ["steps", "global_batch", "micro_batch", "precision", "optimizer",

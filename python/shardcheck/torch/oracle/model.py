@@ -1,7 +1,8 @@
 """The reference model in torch ops: initialisation (Philox normal per element), RMSNorm, GELU,
-SwiGLU, RoPE, Philox-keyed attention dropout, GQA attention with the document-causal mask, MLP
-(GELU or SwiGLU), top-k MoE with capacity and aux loss, Block and Model ([in, out] weights named
-as in the dump), and init_ (plain or DTensor parameters)."""
+SwiGLU, RoPE (model.rope: theta, interleaved or half layout, Llama 3.1 scaling), Philox-keyed
+attention dropout, GQA attention with the document-causal mask, MLP (GELU or SwiGLU), top-k MoE
+with capacity and aux loss, Block and Model ([in, out] weights named as in the dump), and init_
+(plain or DTensor parameters)."""
 
 import functools
 import math
@@ -10,10 +11,10 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from .config import Config
+from .config import Config, RopeConfig
 from .rng import RngStream, _libm
 
-ROPE_THETA = 10000.0
+ROPE_THETA = 10000.0  # RopeConfig's default theta
 RMSNORM_EPS = 1e-5
 GELU_C = 0.7978845608028654  # sqrt(2 / pi)
 
@@ -57,27 +58,61 @@ def swiglu(gate, up):
     return gate / (1.0 + torch.exp(-gate)) * up
 
 
+def rope_frequencies(rope_cfg, head_dim):
+    """The angle per position of pair j < head_dim / 2, a tuple of floats computed as the C++
+    RopeConfig::frequencies does (bitwise): theta^(-2j/d) with the C library's pow; with
+    Llama 3.1's scaling (Meta's apply_scaling), wavelength = 2π / f, longer than original /
+    low_freq_factor: f / factor; not shorter than original / high_freq_factor: (1 − smooth) ·
+    f / factor + smooth · f with smooth = (original / wavelength − low) / (high − low); else f."""
+    r = rope_cfg
+    out = []
+    for j in range(head_dim // 2):
+        freq = math.pow(float(r.theta), -2.0 * j / head_dim)
+        s = r.scaling
+        if s is not None:
+            wavelen = 2.0 * math.pi / freq
+            old = float(s.original_max_position_embeddings)
+            if wavelen > old / s.low_freq_factor:
+                freq /= s.factor
+            elif wavelen >= old / s.high_freq_factor:
+                smooth = (old / wavelen - s.low_freq_factor) / (s.high_freq_factor
+                                                                - s.low_freq_factor)
+                freq = (1.0 - smooth) * freq / s.factor + smooth * freq
+        out.append(freq)
+    return tuple(out)
+
+
 @functools.lru_cache(maxsize=64)
-def _rope_table(max_pos, head_dim):
-    """cos and sin [max_pos + 1, head_dim / 2] in float64 of angle = pos · θ^(-2j/d), with the C
-    library's pow, cos and sin (bitwise the C++'s)."""
-    freq = np.array([math.pow(ROPE_THETA, -2.0 * j / head_dim) for j in range(head_dim // 2)])
-    angle = np.arange(max_pos + 1, dtype=np.float64)[:, None] * freq[None, :]
+def _rope_table(max_pos, freqs):
+    """cos and sin [max_pos + 1, len(freqs)] in float64 of angle = pos · freqs[j], with the C
+    library's cos and sin (bitwise the C++'s)."""
+    angle = np.arange(max_pos + 1, dtype=np.float64)[:, None] * np.array(freqs)[None, :]
     return (torch.from_numpy(_libm(math.cos, angle)), torch.from_numpy(_libm(math.sin, angle)))
 
 
-def rope_tables(positions, head_dim, dtype):
-    """cos, sin [..., 1, head_dim / 2] for int64 positions [...] (broadcast over heads)."""
+def rope_tables(positions, head_dim, dtype, rope_cfg=None):
+    """cos, sin [..., 1, head_dim / 2] for int64 positions [...] (broadcast over heads), at the
+    angles of rope_cfg (a RopeConfig; None: the default, theta 10000 without scaling), computed
+    in float64 and cast to dtype as the C++ does."""
+    freqs = rope_frequencies(RopeConfig() if rope_cfg is None else rope_cfg, head_dim)
     max_pos = int(positions.max()) if positions.numel() else 0
-    cos, sin = _rope_table(max(64, 1 << max(max_pos, 0).bit_length()), head_dim)
+    cos, sin = _rope_table(max(64, 1 << max(max_pos, 0).bit_length()), freqs)
     pos = positions.cpu().long()
     dev = positions.device
     return (cos[pos].to(dtype=dtype, device=dev).unsqueeze(-2),
             sin[pos].to(dtype=dtype, device=dev).unsqueeze(-2))
 
 
-def rope(x, cos, sin):
-    """RoPE on pairs (2j, 2j+1) of the last dimension: x [..., heads, d], cos/sin [..., 1, d/2]."""
+def rope(x, cos, sin, layout="interleaved"):
+    """RoPE on the last dimension of x [..., heads, d], cos/sin [..., 1, d/2]: pair j is channels
+    (2j, 2j+1) for layout "interleaved", (j, j + d/2) for "half"; (x0, x1) → (x0 cos − x1 sin,
+    x0 sin + x1 cos)."""
+    if layout == "half":
+        h = x.shape[-1] // 2
+        x0, x1 = x[..., :h], x[..., h:]
+        return torch.cat((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1)
+    if layout != "interleaved":
+        raise ValueError(f"RoPE layout must be \"interleaved\" or \"half\", got {layout!r}")
     x0, x1 = x[..., 0::2], x[..., 1::2]
     return torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1).flatten(-2)
 
@@ -112,7 +147,7 @@ class Context:
         causal = torch.ones(s, s, dtype=torch.bool, device=doc_ids.device).tril()
         # visible[b, 1, i, j]: j <= i and doc_ids[j] == doc_ids[i] (padding, doc -1, sees padding)
         self.visible = (causal & (doc_ids[:, :, None] == doc_ids[:, None, :])).unsqueeze(1)
-        self.cos, self.sin = rope_tables(positions, cfg.head_dim, dtype)
+        self.cos, self.sin = rope_tables(positions, cfg.head_dim, dtype, cfg.rope)
 
     def dropout(self, layer, head_offset=0, local_heads=None, total_heads=None):
         rate = self.cfg.dropout
@@ -148,8 +183,9 @@ class Attention(nn.Module):
         cfg = self.cfg
         b, s, _ = n.shape
         a, kv, d = self.heads, self.kv_heads, cfg.head_dim
-        q = rope((n @ self.wq).view(b, s, a, d), ctx.cos, ctx.sin).transpose(1, 2)
-        k = rope((n @ self.wk).view(b, s, kv, d), ctx.cos, ctx.sin).transpose(1, 2)
+        layout = cfg.rope.layout
+        q = rope((n @ self.wq).view(b, s, a, d), ctx.cos, ctx.sin, layout).transpose(1, 2)
+        k = rope((n @ self.wk).view(b, s, kv, d), ctx.cos, ctx.sin, layout).transpose(1, 2)
         v = (n @ self.wv).view(b, s, kv, d).transpose(1, 2)
         if kv != a:  # query head g uses kv head g / (a / kv)
             k = k.repeat_interleave(a // kv, dim=1)
