@@ -7,6 +7,8 @@
 #include <cstdio>
 #include <cstring>
 #include <optional>
+#include <stdexcept>
+#include <string>
 #include <type_traits>
 
 namespace shardcheck::harness {
@@ -158,6 +160,12 @@ class Case {
       case BenchOp::broadcast:
         c_.broadcast(s, d, {.root = 0})->wait();
         break;
+      case BenchOp::reduce:  // to rank 0, as nccl-tests' reduce_perf's default root
+        if (in_place_)
+          c_.reduce(all, 0, {.op = o_.redop})->wait();
+        else
+          c_.reduce(s, d, 0, {.op = o_.redop})->wait();
+        break;
       case BenchOp::all_to_all:
         c_.all_to_all(s, d)->wait();
         break;
@@ -173,8 +181,8 @@ class Case {
         else
           c_.reduce_scatter(s, d, {.op = o_.redop})->wait();
         break;
-      default:  // not a bench op (is_bench_op)
-        break;
+      default:  // an op is_bench_op admits but this switch does not run: never time nothing
+        throw std::logic_error("bench: no run for " + std::string(comm::info(o_.op).name));
     }
     (void)r;
   }
@@ -192,6 +200,10 @@ class Case {
       case BenchOp::broadcast:
         for (std::size_t k = 0; k < count_; ++k) bad += !same(out[k], value<T>(0, k, o_.redop));
         break;
+      case BenchOp::reduce:  // the root's result; other ranks' receive buffers are not written
+        if (r == 0)
+          for (std::size_t k = 0; k < count_; ++k) bad += !same(out[k], table_[k % kPeriod]);
+        break;
       case BenchOp::all_gather:
         for (std::size_t q = 0; q < static_cast<std::size_t>(n); ++q)
           for (std::size_t i = 0; i < per; ++i)
@@ -208,8 +220,8 @@ class Case {
           for (std::size_t i = 0; i < per; ++i)
             bad += !same(out[j * per + i], value<T>(static_cast<int>(j), r * per + i, o_.redop));
         break;
-      default:  // not a bench op (is_bench_op)
-        break;
+      default:
+        throw std::logic_error("bench: no check for " + std::string(comm::info(o_.op).name));
     }
     return bad;
   }

@@ -35,7 +35,7 @@ BenchResult small_bench(int ranks, BenchOp op, comm::DType dt, comm::ReduceOp re
 
 TEST(BenchCollectives, NoWrongElementsOnEveryOpAndDtype) {
   for (BenchOp op : {BenchOp::all_reduce, BenchOp::all_gather, BenchOp::reduce_scatter,
-                     BenchOp::all_to_all, BenchOp::broadcast})
+                     BenchOp::all_to_all, BenchOp::broadcast, BenchOp::reduce})
     for (comm::DType dt : comm::kAllDTypes)
       for (comm::ReduceOp redop : {comm::ReduceOp::sum, comm::ReduceOp::avg, comm::ReduceOp::prod,
                                    comm::ReduceOp::max, comm::ReduceOp::min}) {
@@ -57,6 +57,23 @@ TEST(BenchCollectives, BusBandwidthFactorsAreNcclTests) {
   EXPECT_DOUBLE_EQ(bus_factor(BenchOp::reduce_scatter, 4), 3.0 / 4);
   EXPECT_DOUBLE_EQ(bus_factor(BenchOp::all_to_all, 2), 0.5);
   EXPECT_DOUBLE_EQ(bus_factor(BenchOp::broadcast, 8), 1.0);
+  EXPECT_DOUBLE_EQ(bus_factor(BenchOp::reduce, 8), 1.0);
+}
+
+TEST(BenchCollectives, EveryOpTheCommandAcceptsRunsAndIsChecked) {
+  // An op the op table makes a bench op (parse_bench_op accepts its name) must be run and checked:
+  // `bench collectives --op reduce` once timed an empty loop with #wrong 0.
+  int ops = 0;
+  for (int i = 0; i <= static_cast<int>(comm::Op::begin_step); ++i) {
+    const auto op = static_cast<BenchOp>(i);
+    BenchOp parsed{};
+    if (!parse_bench_op(comm::name_of(op), parsed)) continue;
+    ++ops;
+    EXPECT_EQ(parsed, op);
+    EXPECT_NO_THROW((void)small_bench(2, op, comm::DType::f32, comm::ReduceOp::sum))
+        << comm::name_of(op);
+  }
+  EXPECT_EQ(ops, 6);
 }
 
 TEST(BenchCollectives, PlantedBugsShowUpAsWrongElements) {
@@ -67,6 +84,9 @@ TEST(BenchCollectives, PlantedBugsShowUpAsWrongElements) {
   EXPECT_GT(small_bench(4, BenchOp::reduce_scatter, comm::DType::i32, comm::ReduceOp::max, planted)
                 .total_wrong(),
             0u);
+  EXPECT_GT(
+      small_bench(4, BenchOp::reduce, comm::DType::f64, comm::ReduceOp::sum, planted).total_wrong(),
+      0u);
   EXPECT_EQ(
       small_bench(4, BenchOp::all_reduce, comm::DType::f32, comm::ReduceOp::sum).total_wrong(), 0u);
 }
