@@ -215,6 +215,29 @@ def test_reduce_to_a_dst_the_ranks_disagree_on_is_a_mismatch_naming_both():
     assert "root=2" in str(f.cause) and "root=1" in str(f.cause)
 
 
+def test_gather_and_scatter_to_a_root_the_ranks_disagree_on_are_mismatches_naming_both():
+    def gather(rank):
+        gl = [torch.empty(1) for _ in range(4)] if rank in (1, 2) else None
+        dist.gather(torch.tensor([float(rank)]), gl, dst=2 if rank == 2 else 1)
+
+    f = failure(gather)
+    assert isinstance(f.cause, errors.MismatchError)
+    assert 2 in f.cause.ranks and len(f.cause.ranks) == 2
+    assert f.cause.op == "reduce" and f.cause.seq == 0
+    assert "root=2" in str(f.cause) and "root=1" in str(f.cause)
+
+    def scatter(rank):
+        src = 0 if rank == 3 else 1
+        sc = torch.empty(1)
+        dist.scatter(sc, [torch.tensor([float(i)]) for i in range(4)] if rank == src else None,
+                     src=src)
+
+    f = failure(scatter)
+    assert isinstance(f.cause, errors.MismatchError)
+    assert 3 in f.cause.ranks and len(f.cause.ranks) == 2
+    assert f.cause.op == "broadcast" and f.cause.seq == 0
+
+
 def test_reduce_to_an_agreed_dst_changes_only_the_dst():
     def fn(rank):
         t = torch.arange(4, dtype=torch.float32) + rank

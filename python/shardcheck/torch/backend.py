@@ -13,7 +13,9 @@ alltoall_base, allgather_into_tensor_coalesced, reduce_scatter_tensor_coalesced)
 Tensors must be on the CPU. Non-contiguous tensors are copied in and out; bool travels as u8.
 reduce is the simulator's rooted reduce (a root mismatch across ranks is a MismatchError). gather
 and scatter are carried by all_gather and broadcast (the simulator has no rooted gather or
-scatter), so they appear under those names on the timeline and disagreeing roots go unseen."""
+scatter), so they appear under those names on the timeline; scatter's root is broadcast's, and
+gather first issues a one-element rooted reduce to its dst, so ranks that disagree on the root of
+either are a MismatchError naming both (op "broadcast" or "reduce")."""
 
 import torch
 import torch.distributed as dist
@@ -260,13 +262,19 @@ class ShardcheckProcessGroup(dist.ProcessGroup):
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
     def gather(self, output_lists, inputs, opts=c10d.GatherOptions()):
+        # The root is checked by a rooted reduce of one element to dst (the simulator compares
+        # the roots of rooted ops); the data travels in an all_gather.
+        root = c10d.ReduceOptions()
+        root.rootRank = opts.rootRank
+        root.reduceOp = dist.ReduceOp.SUM
+        check = self.reduce([torch.zeros(1, dtype=torch.int32)], root)._works[0]
         inp = inputs[0]
         flat = torch.empty(inp.numel() * self._size, dtype=inp.dtype)
         work = self._all_gather_flat(flat, inp)
         if self._rank == opts.rootRank:
             for o, chunk in zip(output_lists[0], flat.chunk(self._size), strict=True):
                 o.copy_(chunk.view(o.shape))
-        return ShardcheckWork([work], output_lists)
+        return ShardcheckWork([check, work], output_lists)
 
     def broadcast(self, tensors, opts=c10d.BroadcastOptions()):
         works = []
