@@ -11,8 +11,9 @@ namespace shardcheck::parallel {
 
 // One block's forward over one sequence of s tokens:
 //   attention projections 2·s·h·(a·d + 2·kv·d) + output 2·s·(a·d)·h + scores and p·V 4·a·s²·d;
-//   dense MLP 4·s·h·f; MoE router 2·s·h·E + experts 4·(s·k)·h·f (every top-k assignment, before
-//   capacity drops: an upper bound when assignments are dropped).
+//   dense MLP 2·m·s·h·f with m = cfg.mlp_matrices() (2 GELU, 3 SwiGLU); MoE router 2·s·h·E +
+//   experts 2·m·(s·k)·h·f (every top-k assignment, before capacity drops: an upper bound when
+//   assignments are dropped).
 double block_forward_flops(const ref::ModelConfig& cfg, int layer, double s);
 // The attention core of one block over one sequence (scores, softmax, probabilities·V): 4·a·s²·d,
 // what selective recomputation repeats in the backward.
