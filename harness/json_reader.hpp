@@ -2,11 +2,13 @@
 // "$.parallel.tp: expected an integer >= 1, got \"two\"". Unknown keys are errors, never ignored.
 #pragma once
 
+#include <cstdint>
 #include <initializer_list>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace shardcheck::harness {
@@ -60,5 +62,23 @@ class ObjectReader {
 };
 
 std::string describe_json(const nlohmann::json& v);  // short rendering for messages
+
+// The input limits of scenarios/README.md for a JSON file a command reads (a scenario, a model
+// configuration), checked before parsing: nlohmann's parser and the error messages recurse per
+// level, and a FIFO or device would block or never end.
+inline constexpr std::uintmax_t kMaxInputBytes = std::uintmax_t{16} << 20;
+inline constexpr int kMaxJsonDepth = 64;
+struct JsonInput {
+  std::string file;  // for "cannot open <file>": "the scenario file"
+  std::string noun;  // for "<noun> may have at most ...": "a scenario"
+};
+// The whole text of a regular file of at most kMaxInputBytes; ScenarioError naming the file (as
+// comm::printable shows it) otherwise.
+std::string read_input_file(const std::string& file, const JsonInput& input);
+// The JSON tree of text, refused with ScenarioError at `origin` (a printable name) when it is over
+// kMaxInputBytes, not JSON, holds a number past double range or is nested deeper than
+// kMaxJsonDepth, and at "<origin>: <path>" for a key given twice in one object.
+nlohmann::json parse_input_json(std::string_view text, const std::string& origin,
+                                const JsonInput& input);
 
 }  // namespace shardcheck::harness

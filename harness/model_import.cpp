@@ -7,8 +7,6 @@
 
 #include <cmath>
 #include <cstdint>
-#include <filesystem>
-#include <fstream>
 #include <map>
 #include <optional>
 #include <set>
@@ -26,8 +24,6 @@ namespace shardcheck::harness {
 namespace import_detail {
 
 constexpr int kBig = 1 << 30;  // the scenario loader's bound on sizes
-constexpr std::uintmax_t kMaxConfigBytes = std::uintmax_t{16} << 20;
-constexpr int kMaxJsonDepth = 64;
 
 // What the scenario model fixes (reference/README.md "Forward, one sequence").
 constexpr double kModelNormEps = 1e-5;
@@ -625,81 +621,6 @@ ModelImport import_torchtitan(Fields& f) {
   return m;
 }
 
-// The streaming pass before the tree is built (as the scenario loader's): nesting deeper than
-// kMaxJsonDepth is refused as soon as it is seen, and a key given twice in one object (nlohmann
-// keeps the last) is refused naming it.
-class Limits {
- public:
-  using number_integer_t = nlohmann::json::number_integer_t;
-  using number_unsigned_t = nlohmann::json::number_unsigned_t;
-  using number_float_t = nlohmann::json::number_float_t;
-  using string_t = nlohmann::json::string_t;
-  using binary_t = nlohmann::json::binary_t;
-
-  bool null() { return value(); }
-  bool boolean(bool) { return value(); }
-  bool number_integer(number_integer_t) { return value(); }
-  bool number_unsigned(number_unsigned_t) { return value(); }
-  bool number_float(number_float_t, const string_t&) { return value(); }
-  bool string(string_t&) { return value(); }
-  bool binary(binary_t&) { return value(); }
-  bool start_object(std::size_t) { return open(false); }
-  bool start_array(std::size_t) { return open(true); }
-  bool key(string_t& k) {
-    depth();
-    Frame& f = open_.back();
-    if (!f.keys.insert(k).second)
-      throw ScenarioError(f.path + "." + comm::printable(k),
-                          "duplicate key: given twice in " + f.path +
-                              "; JSON readers differ on which one wins, so give it once");
-    f.last_key = k;
-    return true;
-  }
-  bool end_object() { return close(); }
-  bool end_array() { return close(); }
-  template <class Exception>
-  bool parse_error(std::size_t, const std::string&, const Exception& e) {
-    throw e;
-  }
-
- private:
-  struct Frame {
-    std::string path;
-    bool array = false;
-    std::size_t elements = 0;
-    std::set<std::string> keys;
-    std::string last_key;
-  };
-  void depth() const {
-    if (open_.size() > static_cast<std::size_t>(kMaxJsonDepth))
-      throw ScenarioError("$", "JSON nested deeper than " + std::to_string(kMaxJsonDepth) +
-                                   " levels; a model configuration needs a few");
-  }
-  bool value() {
-    depth();
-    done();
-    return true;
-  }
-  bool open(bool array) {
-    depth();
-    std::string path = "$";
-    if (!open_.empty())
-      path = open_.back().array ? open_.back().path + "[" + num(open_.back().elements) + "]"
-                                : open_.back().path + "." + comm::printable(open_.back().last_key);
-    open_.push_back({std::move(path), array, 0, {}, {}});
-    return true;
-  }
-  bool close() {
-    open_.pop_back();
-    done();
-    return true;
-  }
-  void done() {
-    if (!open_.empty() && open_.back().array) ++open_.back().elements;
-  }
-  std::vector<Frame> open_;
-};
-
 }  // namespace import_detail
 
 ModelImport import_model(const nlohmann::json& config) {
@@ -726,25 +647,13 @@ ModelImport import_model(const nlohmann::json& config) {
   return m;
 }
 
+namespace {
+const JsonInput kConfigInput{.file = "the model configuration", .noun = "a model configuration"};
+}  // namespace
+
 ModelImport import_model_text(std::string_view text, const std::string& origin_name) {
   const std::string origin = comm::printable(origin_name);
-  if (text.size() > import_detail::kMaxConfigBytes)
-    throw ScenarioError(origin, std::to_string(text.size()) +
-                                    " bytes; a model configuration may have at most " +
-                                    std::to_string(import_detail::kMaxConfigBytes));
-  nlohmann::json j;
-  try {
-    import_detail::Limits limits;
-    nlohmann::json::sax_parse(text, &limits);
-    j = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::parse_error& e) {
-    throw ScenarioError(origin, std::string("not valid JSON: ") + e.what());
-  } catch (const nlohmann::json::out_of_range& e) {
-    throw ScenarioError(origin, std::string("a number out of range: ") + e.what());
-  } catch (const ScenarioError& e) {
-    throw ScenarioError(origin + ": " + e.path(),
-                        std::string(e.what()).substr(e.path().size() + 2));
-  }
+  const nlohmann::json j = parse_input_json(text, origin, kConfigInput);
   try {
     return import_model(j);
   } catch (const ScenarioError& e) {
@@ -754,29 +663,7 @@ ModelImport import_model_text(std::string_view text, const std::string& origin_n
 }
 
 ModelImport load_model_config(const std::string& file) {
-  const std::string shown = comm::printable(file);
-  std::error_code ec;
-  const std::filesystem::file_status st = std::filesystem::status(file, ec);
-  if (ec || !std::filesystem::exists(st))
-    throw ScenarioError(shown, "cannot open the model configuration (" +
-                                   (ec ? ec.message() : std::string("no such file")) + ")");
-  if (!std::filesystem::is_regular_file(st))
-    throw ScenarioError(shown,
-                        "not a regular file; a model configuration is read only from a "
-                        "regular file");
-  const std::uintmax_t bytes = std::filesystem::file_size(file, ec);
-  if (!ec && bytes > import_detail::kMaxConfigBytes)
-    throw ScenarioError(shown, std::to_string(bytes) +
-                                   " bytes; a model configuration may have at most " +
-                                   std::to_string(import_detail::kMaxConfigBytes));
-  std::ifstream in(file, std::ios::binary);
-  if (!in) throw ScenarioError(shown, "cannot open the model configuration");
-  std::string text;
-  text.resize(static_cast<std::size_t>(ec ? 0 : bytes));
-  in.read(text.data(), static_cast<std::streamsize>(text.size()));
-  if (!in || in.peek() != std::ifstream::traits_type::eof())
-    throw ScenarioError(shown, "could not read the whole file (it changed while being read)");
-  return import_model_text(text, file);
+  return import_model_text(read_input_file(file, kConfigInput), file);
 }
 
 std::string import_note(const ModelImport& m) {
