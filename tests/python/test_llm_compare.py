@@ -19,20 +19,26 @@ CLI = os.path.join(BUILD, "harness", "shardcheck")
 pytestmark = pytest.mark.skipif(not os.path.exists(CLI), reason=f"no shardcheck CLI at {CLI}")
 
 
-@pytest.fixture(scope="module")
-def oracle(tmp_path_factory):
-    """data_parallel_dense (MQA, tied head, dropout, clipping active) on a smaller batch."""
-    with open(os.path.join(ROOT, "scenarios", "parity", "data_parallel_dense.json")) as f:
+def oracle_dump(tmp_path_factory, name, **train):
+    """scenarios/parity/<name>.json without its matrix (train settings overridden) and the C++
+    oracle's dump of it: (scenario path, dump directory)."""
+    with open(os.path.join(ROOT, "scenarios", "parity", name + ".json")) as f:
         s = copy.deepcopy(json.load(f))
     s.pop("matrix")
-    s["train"].update(steps=2, global_batch=16)
-    d = tmp_path_factory.mktemp("oracle")
+    s["train"].update(train)
+    d = tmp_path_factory.mktemp(name)
     path = str(d / "scenario.json")
     with open(path, "w") as f:
         json.dump(s, f)
     subprocess.run([CLI, "run", path, "--dump-tensors", str(d / "dump")], check=True,
                    capture_output=True, timeout=120)
     return path, str(d / "dump")
+
+
+@pytest.fixture(scope="module")
+def oracle(tmp_path_factory):
+    """data_parallel_dense (MQA, tied head, dropout, clipping active) on a smaller batch."""
+    return oracle_dump(tmp_path_factory, "data_parallel_dense", steps=2, global_batch=16)
 
 
 def compare(oracle_dump, run_dump, *extra):
@@ -65,16 +71,7 @@ def test_a_planted_bug_fails_naming_step_and_tensor(oracle, tmp_path, bug):
 def llama_oracle(tmp_path_factory):
     """A Llama 3.1-style model (SwiGLU, GQA 4/2, untied head, RoPE theta 500000 half-rotated with
     Llama 3.1 scaling): scenarios/parity/llama_rope.json, on the batch llm.py splits over 4."""
-    with open(os.path.join(ROOT, "scenarios", "parity", "llama_rope.json")) as f:
-        s = copy.deepcopy(json.load(f))
-    s.pop("matrix")
-    d = tmp_path_factory.mktemp("llama_oracle")
-    path = str(d / "scenario.json")
-    with open(path, "w") as f:
-        json.dump(s, f)
-    subprocess.run([CLI, "run", path, "--dump-tensors", str(d / "dump")], check=True,
-                   capture_output=True, timeout=120)
-    return path, str(d / "dump")
+    return oracle_dump(tmp_path_factory, "llama_rope")
 
 
 @pytest.mark.parametrize("strategy", ("fsdp2", "hsdp"))
