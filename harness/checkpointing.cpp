@@ -351,8 +351,18 @@ checkpoint::SaveResult save_training(comm::Communicator& world, const parallel::
   st.step = static_cast<std::uint64_t>(cursor.step);
   st.consumed_samples = static_cast<std::uint64_t>(cursor.consumed_samples);
   st.consumed_tokens = static_cast<std::uint64_t>(cursor.consumed_tokens);
-  st.mesh = {{"dp", p.mesh.dp}, {"tp", p.mesh.tp}, {"pp", p.mesh.pp},
-             {"cp", p.mesh.cp}, {"ep", p.mesh.ep}, {"config", p.label()}};
+  // The vocabulary padding is a layout of the saving mesh, as the axes are: the tensors hold the
+  // logical [V, h] rows, so a restore onto another tp pads anew.
+  st.mesh = {{"dp", p.mesh.dp},
+             {"tp", p.mesh.tp},
+             {"pp", p.mesh.pp},
+             {"cp", p.mesh.cp},
+             {"ep", p.mesh.ep},
+             {"config", p.label()},
+             {"vocab",
+              {{"logical", s.model.vocab},
+               {"padded", s.model.padded_vocab(p.mesh.tp)},
+               {"pad_multiple", s.model.vocab_pad_multiple}}}};
   st.order = p.order;
   st.code_version = code_version();
   st.code_commit = code_commit();

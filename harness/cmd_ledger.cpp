@@ -5,6 +5,7 @@
 // `run --report` has the tracked side, which equals it on the small models.
 #include <cstdio>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -65,7 +66,9 @@ struct Mode {
 struct Row {
   std::string config, strategy;
   int ranks = 0;
-  std::vector<Mode> modes;  // none, selective, full
+  int tp = 1;
+  int64_t vocab_padded = 0;  // the mesh engine's padded vocabulary (ModelConfig::padded_vocab)
+  std::vector<Mode> modes;   // none, selective, full
   const Mode& scenario_mode(ref::Recompute r) const {
     for (const Mode& m : modes)
       if (m.recompute == r) return m;
@@ -97,7 +100,14 @@ int ledger_cmd(const LedgerArgs& a) {
       skipped.push_back(p.label() + ": " + why);
       continue;
     }
-    Row r{p.label(), strategy_name(p), p.mesh.world_size(), {}};
+    // The mesh engine pads the vocabulary for its tp (the data-parallel engines hold V ids).
+    const bool mesh = model_parallel(p);
+    Row r{p.label(),
+          strategy_name(p),
+          p.mesh.world_size(),
+          p.mesh.tp,
+          mesh ? s.model.padded_vocab(p.mesh.tp) : s.model.vocab,
+          {}};
     for (const ref::Recompute m :
          {ref::Recompute::kNone, ref::Recompute::kSelective, ref::Recompute::kFull})
       r.modes.push_back(fullest(s, p, m));
@@ -141,6 +151,7 @@ int ledger_cmd(const LedgerArgs& a) {
       out["configs"].push_back({{"config", r.config},
                                 {"strategy", r.strategy},
                                 {"ranks", r.ranks},
+                                {"vocab_padded", r.vocab_padded},
                                 {"per_rank", per_rank(m)},
                                 {"per_recompute", modes},
                                 {"fits", static_cast<double>(m.total) <= device}});
@@ -169,6 +180,24 @@ int ledger_cmd(const LedgerArgs& a) {
       std::cout << line;
     }
   for (const auto& k : skipped) std::cout << "  " << k << " (not built)\n";
+  // Megatron's vocabulary padding, per tp size where it pads.
+  std::map<int, int64_t> padded;
+  for (const Row& r : rows)
+    if (r.vocab_padded != s.model.vocab) padded[r.tp] = r.vocab_padded;
+  if (!padded.empty()) {
+    std::cout << "# vocabulary " << s.model.vocab << " padded to a multiple of tp x "
+              << s.model.vocab_pad_multiple << " (model.vocab_pad_multiple), the padding rows of "
+              << (s.model.tie_embeddings ? "embed.weight"
+                                         : "embed.weight and columns of lm_head.weight")
+              << " counted in params, grads and optimizer state:";
+    const char* sep = " ";
+    for (const auto& [tp, vp] : padded) {
+      std::cout << sep << "tp " << tp << " -> " << vp << " ids (" << vp - s.model.vocab
+                << " padding)";
+      sep = ", ";
+    }
+    std::cout << "\n";
+  }
   std::cout
       << "# model = params + grads + optimizer (held while the optimizer runs); total = model with "
          "the "

@@ -26,6 +26,8 @@ std::string num(int v) {
 ref::ModelConfig parse_model(ObjectReader o) {
   ref::ModelConfig m;
   m.vocab = o.integer("vocab", m.vocab, 2, kBig);
+  m.vocab_pad_multiple =
+      o.integer("vocab_pad_multiple", m.vocab_pad_multiple, 1, ref::kMaxVocabPadMultiple);
   m.hidden = o.integer("hidden", m.hidden, 1, kBig);
   m.layers = o.integer("layers", m.layers, 1, 100000);
   m.heads = o.integer("heads", m.heads, 1, 100000);

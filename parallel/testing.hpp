@@ -25,6 +25,7 @@ enum class Mutation {
   kAuxPerRankMean,         // EP: aux loss normalised by this rank's sequences, not the global batch
   kExpertSumOverDenseGroup,  // EP: expert gradients summed over dp x cp, not expert DP (edp)
   kVocabTargetNotReduced,    // vocab-parallel CE: the target logit is not summed over TP ranks
+  kVocabPadNotMasked,        // vocab-parallel CE: the padded columns enter the softmax
   // Data parallel, every mesh: the gradient reduction averages (ReduceOp::avg) where the loss is
   // already normalised by the global token count, so every gradient is 1/D of the reference's.
   // Under clipping and AdamW the parameters barely move (the update is nearly scale-invariant);

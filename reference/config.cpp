@@ -18,6 +18,9 @@ std::string num(int64_t v) {
 
 void ModelConfig::validate() const {
   require(vocab > 0, "model.vocab", "model.vocab must be positive");
+  require(vocab_pad_multiple >= 1 && vocab_pad_multiple <= kMaxVocabPadMultiple,
+          "model.vocab_pad_multiple",
+          "model.vocab_pad_multiple must be in [1, " + num(kMaxVocabPadMultiple) + "]");
   require(hidden > 0, "model.hidden", "model.hidden must be positive");
   require(layers > 0, "model.layers", "model.layers must be positive");
   require(ffn > 0, "model.ffn", "model.ffn must be positive");

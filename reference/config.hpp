@@ -51,8 +51,20 @@ struct RopeConfig {
   bool operator==(const RopeConfig&) const = default;
 };
 
+// vocab rounded up to a multiple of `multiple` (>= 1).
+inline int64_t padded_vocab(int64_t vocab, int64_t multiple) {
+  return (vocab + multiple - 1) / multiple * multiple;
+}
+// Bounds the padded vocabulary (tp * multiple <= 2^30 with the mesh's tp bound).
+inline constexpr int kMaxVocabPadMultiple = 1 << 16;
+
 struct ModelConfig {
   int vocab = 64;
+  // Megatron's make-vocab-size-divisible-by: under tensor parallelism of size tp the embedding and
+  // the head hold padded_vocab(tp) = round_up(vocab, tp * vocab_pad_multiple) rows/columns, the
+  // pad masked out of the softmax and never updated. Checkpoints, dumps and the reference keep
+  // the logical vocab.
+  int vocab_pad_multiple = 1;
   int hidden = 32;
   int layers = 2;
   int heads = 4;
@@ -66,6 +78,9 @@ struct ModelConfig {
   std::optional<MoeConfig> moe;
 
   int head_dim() const { return hidden / heads; }
+  int64_t padded_vocab(int tp) const {
+    return ref::padded_vocab(vocab, int64_t{tp} * vocab_pad_multiple);
+  }
   bool gated_mlp() const { return mlp == MlpKind::kSwiglu; }
   int mlp_matrices() const { return gated_mlp() ? 3 : 2; }
   bool is_moe_layer(int layer) const { return moe && (layer + 1) % moe->every == 0; }

@@ -63,7 +63,8 @@ MeshImpl<T>::MeshImpl(comm::Communicator& world, const ref::ModelConfig& model,
   for (const LocalParam& p : specs_) {
     Tensor<T>& t = params_.add(p.name, p.local_shape);
     for (int64_t i = 0; i < t.numel(); ++i) {
-      t[i] = static_cast<T>(ref::init_value(model_, seed_, p.name, p.global_index(i)));
+      const int64_t g = p.global_index(i);  // -1: vocabulary padding, zero
+      t[i] = g < 0 ? T{0} : static_cast<T>(ref::init_value(model_, seed_, p.name, g));
     }
   }
   grads_ = params_.zeros_like();
@@ -238,7 +239,7 @@ ref::ParamMap<double> MeshImpl<T>::full_params() {
   ref::ParamMap<double> full;
   for (const auto& [name, shape] : ref::param_shapes(model_)) full.add(name, shape);
   zopt_->for_each_counted(params_, [&](const LocalParam& p, int64_t i, T v) {
-    full[p.name][p.global_index(i)] = static_cast<double>(v);
+    if (const int64_t g = p.global_index(i); g >= 0) full[p.name][g] = static_cast<double>(v);
   });
   std::vector<double> flat;
   flat.reserve(static_cast<std::size_t>(full.numel()));

@@ -54,7 +54,7 @@ Shape shape_of(const ref::ModelConfig& m, const MeshOptions& o) {
   x.kvl = std::max(1, m.kv_heads / tp);
   x.d = m.head_dim();
   x.fl = static_cast<double>(m.ffn) / tp;
-  x.vocab_local = static_cast<double>(m.vocab) / tp;
+  x.vocab_local = static_cast<double>(m.padded_vocab(tp)) / tp;  // padding included
   x.cp = cp;
   x.tp = tp;
   return x;
@@ -289,8 +289,8 @@ namespace {
 
 // What mesh_ledger reads of a rank's parameters: their units (wrap units and chunks), local
 // shapes and the expert flag, in order. Ranks of one stage equal in these (TP ranks of a model
-// whose heads, kv heads, FFN and vocabulary split evenly; EP ranks holding as many experts) have
-// the same row.
+// whose heads, kv heads and FFN split evenly, the padded vocabulary always does; EP ranks holding
+// as many experts) have the same row.
 bool same_ledger_params(const std::vector<LocalParam>& a, const std::vector<LocalParam>& b) {
   return std::equal(a.begin(), a.end(), b.begin(), b.end(), [](const auto& x, const auto& y) {
     return x.unit == y.unit && x.expert == y.expert && x.local_shape == y.local_shape;

@@ -18,17 +18,23 @@ int64_t LocalParam::global_index(int64_t i) const {
   if (split == TpSplit::replicated || local_shape.size() < 2) return i;
   const int64_t cols = local_shape[1];
   const int64_t r = i / cols, c = i % cols;
-  if (split == TpSplit::rows) return (offset + r) * global_shape[1] + c;
-  return r * global_shape[1] + offset + c;
+  if (split == TpSplit::rows)
+    return r < local_shape[0] - pad ? (offset + r) * global_shape[1] + c : -1;
+  return c < cols - pad ? r * global_shape[1] + offset + c : -1;
 }
 
 std::vector<LocalParam::Run> LocalParam::runs() const {
-  const int64_t n = ref::numel_of(local_shape);
-  if (split != TpSplit::columns) return {{0, global_index(0), n}};
+  if (split != TpSplit::columns) {
+    const int64_t n =
+        ref::numel_of(local_shape) - (split == TpSplit::rows ? pad * local_shape[1] : 0);
+    if (n <= 0) return {};
+    return {{0, global_index(0), n}};
+  }
   std::vector<Run> out;
-  const int64_t cols = local_shape[1];
+  const int64_t cols = local_shape[1], real = cols - pad;
+  if (real <= 0) return out;
   for (int64_t r = 0; r < local_shape[0]; ++r)
-    out.push_back({r * cols, global_index(r * cols), cols});
+    out.push_back({r * cols, global_index(r * cols), real});
   return out;
 }
 
@@ -144,7 +150,13 @@ std::vector<LocalParam> local_params(const ref::ModelConfig& model, const comm::
           p.tp_replicated = true;  // norms, router
         }
       }
-      if (p.split == TpSplit::rows) {
+      if (name == "embed.weight" || name == "lm_head.weight") {
+        // Split over the padded vocabulary: a trailing slice past V is padding.
+        const VocabShard v = vocab_shard(model.vocab, tp, t, model.vocab_pad_multiple);
+        p.local_shape[name == "embed.weight" ? 0 : 1] = v.size;
+        p.offset = v.offset;
+        p.pad = v.size - v.real;
+      } else if (p.split == TpSplit::rows) {
         p.local_shape[0] = shape[0] / tp;
         p.offset = t * p.local_shape[0];
       } else if (p.split == TpSplit::columns &&

@@ -12,6 +12,8 @@
 //   moe.experts.<j>           experts split over EP (EP rank e holds j in [e*E/ep, (e+1)*E/ep)),
 //                             not split over TP
 //   lm_head.weight  [h, V]    columns over TP, on the last stage
+// The embedding and the head are split over the padded vocabulary (ModelConfig::padded_vocab):
+// their local slices end in `pad` rows/columns past the full tensor, zero and never updated.
 // Layers go to pipeline chunks by partition_layers over a FLOP profile (virtual stage c*pp + s
 // is chunk c of stage s).
 #pragma once
@@ -54,16 +56,19 @@ struct LocalParam {
   ref::Shape global_shape;
   ref::Shape local_shape;
   TpSplit split = TpSplit::replicated;
-  int64_t offset = 0;          // first global row (rows) or column (columns) of the slice
+  int64_t offset = 0;  // first global row (rows) or column (columns) of the slice
+  // Trailing local rows (rows) or columns (columns) past the full tensor: vocabulary padding.
+  int64_t pad = 0;
   bool expert = false;         // gradient summed over the expert-DP group (edp), not dp x cp
   bool tp_replicated = false;  // same value on every TP rank (norms, router, experts)
   bool tied_copy = false;      // the last stage's copy of the tied embedding (pp > 1)
   // wk / wv when tp > kv_heads: the TP ranks holding the same kv head (tp / kv_heads of them,
   // consecutive); their gradients are summed over them and the first counts the slice.
   int kv_replicas = 1;
-  int64_t global_index(int64_t local_flat) const;  // flat index in the full tensor
+  // Flat index in the full tensor; -1 for a padding element.
+  int64_t global_index(int64_t local_flat) const;
   // The slice as runs of elements contiguous in both the local and the full tensor (one run for
-  // replicated and row slices, one per row for column slices).
+  // replicated and row slices, one per row for column slices), padding left out.
   struct Run {
     int64_t local = 0, global = 0, count = 0;
   };

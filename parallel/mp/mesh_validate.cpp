@@ -4,6 +4,7 @@
 // Each message names the value and what it must divide.
 #include <algorithm>
 #include <iterator>
+#include <limits>
 #include <map>
 #include <memory>
 #include <optional>
@@ -62,9 +63,11 @@ void validate_mesh(const ref::ModelConfig& m, const ref::TrainConfig& t, const M
               "tp / kv_heads ranks)");
   require(m.ffn % s.tp == 0, "tp",
           "tp " + n(s.tp) + " does not divide model.ffn (" + n(m.ffn) + ")");
-  require(m.vocab % s.tp == 0, "tp",
-          "tp " + n(s.tp) + " does not divide model.vocab (" + n(m.vocab) +
-              ") for the vocab-parallel embedding and LM head");
+  // A vocabulary tp does not divide is padded (ModelConfig::padded_vocab); token ids stay int32.
+  require(m.padded_vocab(s.tp) <= std::numeric_limits<int32_t>::max(), "tp",
+          "model.vocab (" + n(m.vocab) + ") padded to a multiple of tp " + n(s.tp) +
+              " x model.vocab_pad_multiple (" + n(m.vocab_pad_multiple) +
+              ") exceeds 2^31 - 1 rows");
   if (s.ep > 1) {
     require(m.moe.has_value(), "ep", "ep = " + n(s.ep) + " needs a model with moe experts");
     require(m.moe->experts % s.ep == 0, "ep",

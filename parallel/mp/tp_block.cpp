@@ -145,8 +145,8 @@ auto gate_up(const BlockEnv& env, Map& m, LayerName& p) {
   return std::pair<P*, P*>{gate, up};
 }
 
-int64_t vocab_offset(const BlockEnv& env) {
-  return static_cast<int64_t>(env.tp_rank()) * (env.model->vocab / env.tp_size());
+VocabShard vocab_shard_of(const BlockEnv& env) {
+  return vocab_shard(env.model->vocab, env.tp_size(), env.tp_rank(), env.model->vocab_pad_multiple);
 }
 
 }  // namespace
@@ -180,7 +180,7 @@ Tensor<T> mp_embed_forward(const BlockEnv& env, const ref::ParamMap<T>& params,
     part = Tensor<T>({env.layout->cp_row_count(), params["embed.weight"].dim(1)});
   } else {
     const std::vector<int32_t> tokens = pick(seq.tokens, env.cp_rows());
-    part = vocab_embed_forward(params["embed.weight"], vocab_offset(env),
+    part = vocab_embed_forward(params["embed.weight"], vocab_shard_of(env),
                                std::span<const int32_t>(tokens));
   }
   return reduce_out(env, std::move(part), false);
@@ -192,7 +192,7 @@ void mp_embed_backward(const BlockEnv& env, const ref::Sequence& seq, const Tens
   const Tensor<T> dy = reduce_out_backward(env, dx);
   if constexpr (!kIsMeta<T>) {
     const std::vector<int32_t> tokens = pick(seq.tokens, env.cp_rows());
-    vocab_embed_backward(dy, vocab_offset(env), std::span<const int32_t>(tokens),
+    vocab_embed_backward(dy, vocab_shard_of(env), std::span<const int32_t>(tokens),
                          grads["embed.weight"]);
   }
 }
@@ -323,7 +323,7 @@ void mp_head_forward(const BlockEnv& env, const ref::ParamMap<T>& params, const 
   const std::vector<int32_t> targets = ids_at<T>(env, seq.targets);
   const std::vector<int32_t> mask = ids_at<T>(env, seq.loss_mask);
   const std::vector<double> losses = vocab_head_forward(
-      *env.tp, c.y_full, w, tied, vocab_offset(env), std::span<const int32_t>(targets),
+      *env.tp, c.y_full, w, tied, vocab_shard_of(env), std::span<const int32_t>(targets),
       std::span<const int32_t>(mask), c.vocab, env.planted);
   if (loss) {
     for (const double l : losses) loss->loss_sum += l;

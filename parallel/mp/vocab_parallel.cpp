@@ -2,10 +2,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <string>
 
 #include "parallel/costs.hpp"
 #include "parallel/testing.hpp"
+#include "reference/config.hpp"
 #include "reference/ops.hpp"
 
 namespace shardcheck::parallel {
@@ -39,23 +41,23 @@ int64_t local_vocab(const ref::Tensor<T>& y, const ref::Tensor<T>& w, bool tied)
 
 }  // namespace
 
-VocabShard vocab_shard(int64_t vocab, int tp, int rank) {
+VocabShard vocab_shard(int64_t vocab, int tp, int rank, int pad_multiple) {
   check_tp(tp, rank);
-  if (vocab % tp != 0) {
-    throw LayoutError("vocab parallel: V = " + std::to_string(vocab) +
-                      " is not divisible by tp = " + std::to_string(tp));
+  if (pad_multiple < 1) {
+    throw LayoutError("vocab parallel: pad multiple " + std::to_string(pad_multiple) + " < 1");
   }
-  const int64_t size = vocab / tp;
-  return {.offset = size * rank, .size = size};
+  const int64_t size = ref::padded_vocab(vocab, int64_t{tp} * pad_multiple) / tp;
+  const int64_t offset = size * rank;
+  return {.offset = offset, .size = size, .real = std::clamp<int64_t>(vocab - offset, 0, size)};
 }
 
 template <class T>
-ref::Tensor<T> vocab_embed_forward(const ref::Tensor<T>& table_local, int64_t vocab_offset,
+ref::Tensor<T> vocab_embed_forward(const ref::Tensor<T>& table_local, const VocabShard& shard,
                                    std::span<const int32_t> tokens) {
-  const int64_t vl = table_local.dim(0), h = table_local.dim(1);
+  const int64_t vl = std::min(table_local.dim(0), shard.real), h = table_local.dim(1);
   ref::Tensor<T> y({static_cast<int64_t>(tokens.size()), h});
   for (std::size_t t = 0; t < tokens.size(); ++t) {
-    const int64_t local = int64_t{tokens[t]} - vocab_offset;
+    const int64_t local = int64_t{tokens[t]} - shard.offset;
     if (local < 0 || local >= vl) continue;
     std::copy_n(table_local.data() + local * h, h, y.data() + static_cast<int64_t>(t) * h);
   }
@@ -63,16 +65,16 @@ ref::Tensor<T> vocab_embed_forward(const ref::Tensor<T>& table_local, int64_t vo
 }
 
 template <class T>
-void vocab_embed_backward(const ref::Tensor<T>& dy, int64_t vocab_offset,
+void vocab_embed_backward(const ref::Tensor<T>& dy, const VocabShard& shard,
                           std::span<const int32_t> tokens, ref::Tensor<T>& dtable_local) {
-  const int64_t vl = dtable_local.dim(0), h = dtable_local.dim(1);
+  const int64_t vl = std::min(dtable_local.dim(0), shard.real), h = dtable_local.dim(1);
   if (dy.rank() != 2 || dy.dim(0) != static_cast<int64_t>(tokens.size()) || dy.dim(1) != h) {
     throw LayoutError("vocab_embed_backward: dy " + shape_str(dy.shape()) + " for " +
                       std::to_string(tokens.size()) + " tokens and table shard " +
                       shape_str(dtable_local.shape()));
   }
   for (std::size_t t = 0; t < tokens.size(); ++t) {
-    const int64_t local = int64_t{tokens[t]} - vocab_offset;
+    const int64_t local = int64_t{tokens[t]} - shard.offset;
     if (local < 0 || local >= vl) continue;
     for (int64_t c = 0; c < h; ++c) dtable_local.at(local, c) += dy.at(static_cast<int64_t>(t), c);
   }
@@ -81,10 +83,14 @@ void vocab_embed_backward(const ref::Tensor<T>& dy, int64_t vocab_offset,
 template <class T>
 std::vector<double> vocab_head_forward(comm::Communicator& tp, const ref::Tensor<T>& y,
                                        const ref::Tensor<T>& weight_local, bool tied,
-                                       int64_t vocab_offset, std::span<const int32_t> targets,
+                                       const VocabShard& shard, std::span<const int32_t> targets,
                                        std::span<const int32_t> mask, VocabHeadCache<T>& cache,
                                        testing::Mutation planted) {
   const int64_t vl = local_vocab(y, weight_local, tied);
+  // The columns in the softmax: the real ones (padding masked out).
+  const int64_t real = planted == testing::Mutation::kVocabPadNotMasked
+                           ? vl
+                           : std::clamp<int64_t>(shard.real, 0, vl);
   const int64_t n = y.dim(0), h = y.dim(1);
   const auto un = static_cast<std::size_t>(n);
   if (!kIsMeta<T> && (targets.size() != un || mask.size() != un)) {  // a timing-only run has none
@@ -99,14 +105,17 @@ std::vector<double> vocab_head_forward(comm::Communicator& tp, const ref::Tensor
   tp.compute(costs::vocab_head_forward(static_cast<double>(n), static_cast<double>(h),
                                        static_cast<double>(vl), kElemBytes<T>));
   cache.targets.assign(targets.begin(), targets.end());
-  cache.vocab_offset = vocab_offset;
+  cache.shard = shard;
+  cache.softmax_columns = real;
 
-  // 1. Row max over the full vocabulary.
+  // 1. Row max over the full vocabulary; a rank holding padding only offers -inf.
   cache.row_max.assign(un, T{});
   if constexpr (!kIsMeta<T>) {
+    const auto none = static_cast<T>(-std::numeric_limits<float>::infinity());
     for (int64_t r = 0; r < n; ++r) {
       const T* row = cache.logits.data() + r * vl;
-      cache.row_max[static_cast<std::size_t>(r)] = vl > 0 ? *std::max_element(row, row + vl) : T{0};
+      cache.row_max[static_cast<std::size_t>(r)] =
+          real > 0 ? *std::max_element(row, row + real) : none;
     }
   }
   const bool reduce = tp.size() > 1 && n > 0;
@@ -119,11 +128,11 @@ std::vector<double> vocab_head_forward(comm::Communicator& tp, const ref::Tensor
       const auto ur = static_cast<std::size_t>(r);
       const T mx = cache.row_max[ur];
       T s = 0;
-      for (int64_t c = 0; c < vl; ++c) s += std::exp(cache.logits.at(r, c) - mx);
+      for (int64_t c = 0; c < real; ++c) s += std::exp(cache.logits.at(r, c) - mx);
       sums[ur] = s;
       if (!mask[ur]) continue;
-      const int64_t local = int64_t{targets[ur]} - vocab_offset;
-      if (local >= 0 && local < vl) sums[un + ur] = cache.logits.at(r, local);
+      const int64_t local = int64_t{targets[ur]} - shard.offset;
+      if (local >= 0 && local < real) sums[un + ur] = cache.logits.at(r, local);
     }
   }
   const std::vector<T> local_sums = sums;
@@ -167,10 +176,11 @@ ref::Tensor<T> vocab_head_backward(comm::Communicator& tp, const ref::Tensor<T>&
       const auto wt = static_cast<T>(row_weight[ur]);
       if (wt == T{0}) continue;
       const T mx = cache.row_max[ur], sum = cache.sum_exp[ur];
-      for (int64_t c = 0; c < vl; ++c)
+      const int64_t real = std::min(cache.softmax_columns, vl);  // padded columns stay 0
+      for (int64_t c = 0; c < real; ++c)
         dlogits.at(r, c) = wt * std::exp(cache.logits.at(r, c) - mx) / sum;
-      const int64_t local = int64_t{cache.targets[ur]} - cache.vocab_offset;
-      if (local >= 0 && local < vl) dlogits.at(r, local) -= wt;
+      const int64_t local = int64_t{cache.targets[ur]} - cache.shard.offset;
+      if (local >= 0 && local < real) dlogits.at(r, local) -= wt;
     }
   }
   ref::Tensor<T> dy = tied ? ref::linear_t_backward(dlogits, y, weight_local, dweight_local)
@@ -243,7 +253,7 @@ void tp_unslice(const ref::Tensor<T>& local, TpSplit split, int tp, int rank,
 
 #define SHARDCHECK_VOCAB_HEAD(T)                                                                  \
   template std::vector<double> vocab_head_forward(                                                \
-      comm::Communicator&, const ref::Tensor<T>&, const ref::Tensor<T>&, bool, int64_t,           \
+      comm::Communicator&, const ref::Tensor<T>&, const ref::Tensor<T>&, bool, const VocabShard&, \
       std::span<const int32_t>, std::span<const int32_t>, VocabHeadCache<T>&, testing::Mutation); \
   template ref::Tensor<T> vocab_head_backward(                                                    \
       comm::Communicator&, const ref::Tensor<T>&, const ref::Tensor<T>&, bool,                    \
@@ -253,12 +263,12 @@ SHARDCHECK_VOCAB_HEAD(float)
 SHARDCHECK_VOCAB_HEAD(Meta<double>)
 SHARDCHECK_VOCAB_HEAD(Meta<float>)
 #undef SHARDCHECK_VOCAB_HEAD
-#define SHARDCHECK_VOCAB(T)                                                                    \
-  template ref::Tensor<T> vocab_embed_forward(const ref::Tensor<T>&, int64_t,                  \
-                                              std::span<const int32_t>);                       \
-  template void vocab_embed_backward(const ref::Tensor<T>&, int64_t, std::span<const int32_t>, \
-                                     ref::Tensor<T>&);                                         \
-  template ref::Tensor<T> tp_slice(const ref::Tensor<T>&, TpSplit, int, int);                  \
+#define SHARDCHECK_VOCAB(T)                                                             \
+  template ref::Tensor<T> vocab_embed_forward(const ref::Tensor<T>&, const VocabShard&, \
+                                              std::span<const int32_t>);                \
+  template void vocab_embed_backward(const ref::Tensor<T>&, const VocabShard&,          \
+                                     std::span<const int32_t>, ref::Tensor<T>&);        \
+  template ref::Tensor<T> tp_slice(const ref::Tensor<T>&, TpSplit, int, int);           \
   template void tp_unslice(const ref::Tensor<T>&, TpSplit, int, int, ref::Tensor<T>&);
 SHARDCHECK_VOCAB(double)
 SHARDCHECK_VOCAB(float)

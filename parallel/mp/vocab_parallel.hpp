@@ -3,9 +3,11 @@
 // three reductions per row (max, sum of exponentials, target logit), never gathering the full
 // [n, V] logits. Also the TP parameter slicing helpers the mesh engine uses for every TP weight.
 //
-// Layout: V must be divisible by tp (LayoutError otherwise). TP rank t holds vocab rows
-// [t*V/tp, (t+1)*V/tp) of embed.weight [V, h] and, when untied, the same columns of
-// lm_head.weight [h, V].
+// Layout (Megatron's): the vocabulary is padded to Vp = round_up(V, tp * pad_multiple)
+// (ModelConfig::padded_vocab) and TP rank t holds vocab rows [t*Vp/tp, (t+1)*Vp/tp) of the padded
+// embed.weight [Vp, h] and, when untied, the same columns of lm_head.weight [h, Vp]. Ids >= V are
+// padding: zero rows that no token reads, logits masked out of the softmax (so their gradient is
+// zero and they stay zero). A rank may hold padding only.
 #pragma once
 
 #include <cstdint>
@@ -19,26 +21,29 @@
 
 namespace shardcheck::parallel {
 
-// This TP rank's vocab range [offset, offset + size). Throws LayoutError naming V and tp when V is
-// not divisible by tp (or tp < 1, rank outside [0, tp)).
+// This TP rank's padded vocab range [offset, offset + size), of which the first `real` ids are
+// < V (the rest padding). Throws LayoutError when tp < 1, rank is outside [0, tp) or
+// pad_multiple < 1.
 struct VocabShard {
   int64_t offset = 0;
   int64_t size = 0;
+  int64_t real = 0;
 };
-VocabShard vocab_shard(int64_t vocab, int tp, int rank);
+VocabShard vocab_shard(int64_t vocab, int tp, int rank, int pad_multiple = 1);
 
 // ---- Embedding ------------------------------------------------------------------------------
 
-// table_local: this rank's rows of embed.weight [V/tp, h], the first being vocab id vocab_offset.
-// Returns [n, h]: the table row for tokens in this rank's range, zero rows otherwise (a PARTIAL
-// sum: the caller reduces it over tp with all_reduce, or reduce-scatters rows under SP).
+// table_local: this rank's rows of embed.weight [Vp/tp, h], the first being vocab id
+// shard.offset. Returns [n, h]: the table row for tokens in this rank's real range, zero rows
+// otherwise (a PARTIAL sum: the caller reduces it over tp with all_reduce, or reduce-scatters rows
+// under SP).
 template <class T>
-ref::Tensor<T> vocab_embed_forward(const ref::Tensor<T>& table_local, int64_t vocab_offset,
+ref::Tensor<T> vocab_embed_forward(const ref::Tensor<T>& table_local, const VocabShard& shard,
                                    std::span<const int32_t> tokens);
 // dy [n, h]: the gradient of the (reduced) embedding output for these tokens; ADDS into
-// dtable_local [V/tp, h] the rows of the tokens in this rank's range.
+// dtable_local [Vp/tp, h] the rows of the tokens in this rank's real range.
 template <class T>
-void vocab_embed_backward(const ref::Tensor<T>& dy, int64_t vocab_offset,
+void vocab_embed_backward(const ref::Tensor<T>& dy, const VocabShard& shard,
                           std::span<const int32_t> tokens, ref::Tensor<T>& dtable_local);
 
 // ---- LM head + parallel cross-entropy -------------------------------------------------------
@@ -47,25 +52,27 @@ void vocab_embed_backward(const ref::Tensor<T>& dy, int64_t vocab_offset,
 // over tp), for every row (masked or not), so backward accepts any row weights.
 template <class T>
 struct VocabHeadCache {
-  ref::Tensor<T> logits;         // [n, V/tp] this rank's logit columns
-  std::vector<T> row_max;        // [n] max over the full vocabulary
+  ref::Tensor<T> logits;         // [n, Vp/tp] this rank's logit columns, padding included
+  std::vector<T> row_max;        // [n] max over the full (real) vocabulary
   std::vector<T> sum_exp;        // [n] sum over the full vocabulary of exp(logit - row_max)
   std::vector<int32_t> targets;  // [n] global vocab ids
-  int64_t vocab_offset = 0;      // first vocab id of this rank's columns
+  VocabShard shard;              // this rank's columns
+  int64_t softmax_columns = 0;   // local columns in the softmax: shard.real (planted: all)
 };
 
 // y [n, h] (the final-normed hidden, identical on every TP rank). weight_local: tied -> the
-// embedding shard [V/tp, h] (logits = y . W^T); untied -> lm_head columns [h, V/tp]
-// (logits = y . W). Collective over tp: all_reduce(max) of the row max, then one all_reduce(sum)
-// of [sum exp | target logit] (only the owner of a row's target contributes its logit). Returns
-// the per-row loss logsumexp - logit[target] where mask == 1, 0 elsewhere, identical on every TP
-// rank, equal to ref::cross_entropy_forward on the full logits. Targets of masked-out rows are not
-// read (they may be out of range). planted (tests): kVocabTargetNotReduced leaves the target logit
-// unsummed over TP.
+// embedding shard [Vp/tp, h] (logits = y . W^T); untied -> lm_head columns [h, Vp/tp]
+// (logits = y . W); padded columns are left out of the max, the sum and the target. Collective over
+// tp: all_reduce(max) of the row max, then one all_reduce(sum) of [sum exp | target logit] (only
+// the owner of a row's target contributes its logit). Returns the per-row loss logsumexp -
+// logit[target] where mask == 1, 0 elsewhere, identical on every TP rank, equal to
+// ref::cross_entropy_forward on the full logits. Targets of masked-out rows are not read (they may
+// be out of range). planted (tests): kVocabTargetNotReduced leaves the target logit unsummed over
+// TP; kVocabPadNotMasked lets the padded columns into the softmax.
 template <class T>
 std::vector<double> vocab_head_forward(comm::Communicator& tp, const ref::Tensor<T>& y,
                                        const ref::Tensor<T>& weight_local, bool tied,
-                                       int64_t vocab_offset, std::span<const int32_t> targets,
+                                       const VocabShard& shard, std::span<const int32_t> targets,
                                        std::span<const int32_t> mask, VocabHeadCache<T>& cache,
                                        testing::Mutation planted = testing::Mutation::kNone);
 

@@ -111,14 +111,16 @@ std::string file_name(const ::testing::TestParamInfo<std::string>& p) {
   return p.param.substr(0, p.param.find('.'));
 }
 
-// The scenarios: f64, f32 and bf16 rows of every axis, with the GELU and the SwiGLU MLP.
+// The scenarios: f64, f32 and bf16 rows of every axis, with the GELU and the SwiGLU MLP, and a
+// padded vocabulary.
 INSTANTIATE_TEST_SUITE_P(Parity, MutationTable,
                          ::testing::Values("mp_compose.json", "mp_compose_moe.json", "mp_cp.json",
                                            "fsdp_dense.json", "mp_f32.json",
                                            "data_parallel_f32.json", "mp_ep_f32.json",
                                            "mp_bf16.json", "bf16_recipe.json", "mp_ep_bf16.json",
                                            "swiglu.json", "swiglu_f32.json", "swiglu_bf16.json",
-                                           "llama_rope.json"),
+                                           "llama_rope.json", "vocab_padding.json",
+                                           "vocab_padding_f32.json", "vocab_padding_bf16.json"),
                          file_name);
 
 const std::vector<Case>& cases() {
@@ -145,6 +147,10 @@ const std::vector<Case>& cases() {
       Case{"row_parallel_not_reduced", Mutation::kRowParallelNotReduced, tp},
       Case{"gqa_wrong_head_mapping", Mutation::kGqaWrongHeadMapping, tp},
       Case{"vocab_target_not_reduced", Mutation::kVocabTargetNotReduced, tp},
+      Case{"vocab_pad_not_masked", Mutation::kVocabPadNotMasked,
+           [](const Scenario& s, const ParallelSpec& p) {
+             return p.mesh.tp > 1 && s.model.padded_vocab(p.mesh.tp) != s.model.vocab;
+           }},
       Case{"gate_up_swapped", Mutation::kGateUpSwapped,
            [](const Scenario& s, const ParallelSpec& p) {
              return p.mesh.tp > 1 && s.model.gated_mlp();

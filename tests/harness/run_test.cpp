@@ -330,6 +330,37 @@ TEST(LedgerCommand, SeventyBillionFollowsTheClosedForms) {
   EXPECT_EQ(mesh.at("per_rank").at("activation_peak").get<double>(), act("full"));
 }
 
+// A vocabulary tp does not divide (41, untied head): the ledger names the padded size per tp and
+// counts the padding, so tp 2 holds what a model with 42 ids (which it pads to) holds.
+TEST(LedgerCommand, APaddedVocabularyIsNamedAndCounted) {
+  const std::string file = kScenarios + "/parity/vocab_padding_f32.json";
+  const auto [code, out] = shardcheck("ledger --json " + file);
+  ASSERT_EQ(code, 0) << out;
+  const auto j0 = nlohmann::json::parse(out);
+  std::map<std::string, nlohmann::json> by;
+  for (const auto& c : j0.at("configs")) by[c.at("config").get<std::string>()] = c;
+  EXPECT_EQ(by.at("tp2").at("vocab_padded"), 42);
+  EXPECT_EQ(by.at("tp4").at("vocab_padded"), 44);
+  auto j = nlohmann::json::parse(std::ifstream(file));
+  j["model"]["vocab"] = 42;
+  const fs::path unpadded = fs::temp_directory_path() / "shardcheck_ledger_vocab42.json";
+  std::ofstream(unpadded) << j.dump();
+  const auto [code42, out42] = shardcheck("ledger --json " + unpadded.string());
+  ASSERT_EQ(code42, 0) << out42;
+  const auto j42 = nlohmann::json::parse(out42);
+  for (const auto& c : j42.at("configs")) {
+    if (c.at("config") != "tp2") continue;
+    EXPECT_EQ(c.at("vocab_padded"), 42);
+    EXPECT_EQ(c.at("per_rank").at("params"), by.at("tp2").at("per_rank").at("params"));
+    EXPECT_EQ(c.at("per_rank").at("optimizer"), by.at("tp2").at("per_rank").at("optimizer"));
+  }
+  fs::remove(unpadded);
+  const auto [tcode, text] = shardcheck("ledger " + file);
+  EXPECT_EQ(tcode, 0);
+  EXPECT_NE(text.find("tp 2 -> 42 ids (1 padding), tp 4 -> 44 ids (3 padding)"), std::string::npos)
+      << text;
+}
+
 TEST(LedgerCommand, BadScenarioIsExitTwo) {
   const auto [code, out] = shardcheck("ledger /nonexistent.json");
   EXPECT_EQ(code, 2) << out;

@@ -1,6 +1,8 @@
 // Vocab-parallel embedding, LM head and cross-entropy on the simulator (tp 1, 2, 4; tied and
-// untied; f64 and f32) against the reference on the full vocabulary, the planted bug of a target
-// logit that is not summed over TP, and the TP slicing helpers as a round-trip property.
+// untied; f64 and f32) against the reference on the full vocabulary, also over a padded vocabulary
+// (tp not dividing V, a rank holding padding only), the planted bugs of a target logit that is not
+// summed over TP and of padded logits left in the softmax, and the TP slicing helpers as a
+// round-trip property.
 #include "parallel/mp/vocab_parallel.hpp"
 
 #include <gtest/gtest.h>
@@ -19,10 +21,20 @@ namespace shardcheck::parallel {
 namespace {
 
 constexpr int64_t kV = 32, kH = 8, kN = 6;
-// Targets across every shard at tp 4 (8 ids each); row 2 is masked with an out-of-range target
-// (never read), row 5 is masked with a valid one.
-const std::vector<int32_t> kTargets = {3, 31, -1, 17, 8, 25};
+// Targets across every shard at tp 4 (8 ids each of V = 32); row 2 is masked with an out-of-range
+// target (never read), row 5 is masked with a valid one.
+std::vector<int32_t> targets_for(int64_t vocab) {
+  const auto v = static_cast<int32_t>(vocab);
+  return {3, v - 1, -1, 17, 8, v - 7};
+}
+const std::vector<int32_t> kTargets = targets_for(kV);
 const std::vector<int32_t> kMask = {1, 1, 0, 1, 1, 0};
+
+// A vocabulary and its padding for TP (ModelConfig::vocab and vocab_pad_multiple).
+struct Vocab {
+  int64_t v = kV;
+  int pad_multiple = 1;
+};
 
 template <class T>
 ref::Tensor<T> random_tensor(ref::Shape shape, unsigned seed) {
@@ -55,19 +67,51 @@ template <class T>
 struct HeadRun {
   std::vector<std::vector<double>> loss;  // per TP rank
   std::vector<ref::Tensor<T>> dy;         // per TP rank
-  ref::Tensor<T> dweight;                 // gathered from the shards
+  ref::Tensor<T> dweight;                 // gathered from the shards, padding left out
+  int64_t nonzero_padding = 0;            // padded entries of the gathered gradient that are not 0
 };
 
 // The full weight: tied -> embed.weight [V, h]; untied -> lm_head.weight [h, V].
 template <class T>
-ref::Tensor<T> full_weight(bool tied) {
-  return tied ? random_tensor<T>({kV, kH}, 11) : random_tensor<T>({kH, kV}, 12);
+ref::Tensor<T> full_weight(bool tied, int64_t vocab = kV) {
+  return tied ? random_tensor<T>({vocab, kH}, 11) : random_tensor<T>({kH, vocab}, 12);
+}
+
+// `full` [V, h] (rows) or [h, V] (columns) with zero vocabulary entries up to vp, and back.
+template <class T>
+ref::Tensor<T> padded(const ref::Tensor<T>& full, bool tied, int64_t vp) {
+  const int64_t v = tied ? full.dim(0) : full.dim(1);
+  ref::Tensor<T> out(tied ? ref::Shape{vp, kH} : ref::Shape{kH, vp});
+  for (int64_t i = 0; i < v; ++i)
+    for (int64_t c = 0; c < kH; ++c)
+      (tied ? out.at(i, c) : out.at(c, i)) = tied ? full.at(i, c) : full.at(c, i);
+  return out;
+}
+// The logical part; counts the padding entries that are not zero.
+template <class T>
+ref::Tensor<T> unpadded(const ref::Tensor<T>& p, bool tied, int64_t v, int64_t& nonzero_padding) {
+  ref::Tensor<T> out(tied ? ref::Shape{v, kH} : ref::Shape{kH, v});
+  const int64_t vp = tied ? p.dim(0) : p.dim(1);
+  for (int64_t i = 0; i < vp; ++i) {
+    for (int64_t c = 0; c < kH; ++c) {
+      const T x = tied ? p.at(i, c) : p.at(c, i);
+      if (i >= v) {
+        nonzero_padding += x != T{0};
+      } else {
+        (tied ? out.at(i, c) : out.at(c, i)) = x;
+      }
+    }
+  }
+  return out;
 }
 
 template <class T>
-HeadRun<T> run_head(int tp, bool tied, testing::Mutation planted = testing::Mutation::kNone) {
+HeadRun<T> run_head(int tp, bool tied, testing::Mutation planted = testing::Mutation::kNone,
+                    Vocab vocab = {}) {
   const ref::Tensor<T> y = random_tensor<T>({kN, kH}, 7);
-  const ref::Tensor<T> w = full_weight<T>(tied);
+  const int64_t vp = ref::padded_vocab(vocab.v, int64_t{tp} * vocab.pad_multiple);
+  const ref::Tensor<T> w = padded(full_weight<T>(tied, vocab.v), tied, vp);
+  const std::vector<int32_t> targets = targets_for(vocab.v);
   const std::vector<double> weights = row_weights();
   const TpSplit split = tied ? TpSplit::rows : TpSplit::columns;
   HeadRun<T> out{.loss = std::vector<std::vector<double>>(static_cast<std::size_t>(tp)),
@@ -76,33 +120,36 @@ HeadRun<T> run_head(int tp, bool tied, testing::Mutation planted = testing::Muta
   std::vector<ref::Tensor<T>> dw_local(static_cast<std::size_t>(tp));
   sim::SimWorld(tp).run([&](comm::Communicator& g) {
     const auto r = static_cast<std::size_t>(g.rank());
-    const VocabShard shard = vocab_shard(kV, tp, g.rank());
+    const VocabShard shard = vocab_shard(vocab.v, tp, g.rank(), vocab.pad_multiple);
     const ref::Tensor<T> w_local = tp_slice(w, split, tp, g.rank());
     VocabHeadCache<T> cache;
-    out.loss[r] =
-        vocab_head_forward(g, y, w_local, tied, shard.offset, kTargets, kMask, cache, planted);
+    out.loss[r] = vocab_head_forward(g, y, w_local, tied, shard, targets, kMask, cache, planted);
     dw_local[r] = ref::Tensor<T>(w_local.shape());
     out.dy[r] = vocab_head_backward(g, y, w_local, tied, cache, weights, dw_local[r]);
   });
   for (int r = 0; r < tp; ++r) {
     tp_unslice(dw_local[static_cast<std::size_t>(r)], split, tp, r, out.dweight);
   }
+  out.dweight = unpadded(out.dweight, tied, vocab.v, out.nonzero_padding);
   return out;
 }
 
 template <class T>
-void check_head(int tp, bool tied, double tol) {
-  SCOPED_TRACE("tp " + std::to_string(tp) + (tied ? " tied" : " untied"));
+void check_head(int tp, bool tied, double tol, Vocab vocab = {}) {
+  SCOPED_TRACE("tp " + std::to_string(tp) + (tied ? " tied" : " untied") + ", V " +
+               std::to_string(vocab.v) + " padded to a multiple of tp x " +
+               std::to_string(vocab.pad_multiple));
   const ref::Tensor<T> y = random_tensor<T>({kN, kH}, 7);
-  const ref::Tensor<T> w = full_weight<T>(tied);
+  const ref::Tensor<T> w = full_weight<T>(tied, vocab.v);
+  const std::vector<int32_t> targets = targets_for(vocab.v);
   const ref::Tensor<T> logits = tied ? ref::linear_t_forward(y, w) : ref::linear_forward(y, w);
-  const std::vector<double> want_loss = ref::cross_entropy_forward(logits, kTargets, kMask);
-  const ref::Tensor<T> dlogits = ref::cross_entropy_backward(logits, kTargets, row_weights());
+  const std::vector<double> want_loss = ref::cross_entropy_forward(logits, targets, kMask);
+  const ref::Tensor<T> dlogits = ref::cross_entropy_backward(logits, targets, row_weights());
   ref::Tensor<T> want_dw(w.shape());
   const ref::Tensor<T> want_dy = tied ? ref::linear_t_backward(dlogits, y, w, want_dw)
                                       : ref::linear_backward(dlogits, y, w, want_dw);
 
-  const HeadRun<T> got = run_head<T>(tp, tied);
+  const HeadRun<T> got = run_head<T>(tp, tied, testing::Mutation::kNone, vocab);
   for (int r = 0; r < tp; ++r) {
     const auto ur = static_cast<std::size_t>(r);
     // Identical on every TP rank.
@@ -119,6 +166,7 @@ void check_head(int tp, bool tied, double tol) {
     }
   }
   EXPECT_LE(max_rel_err(got.dweight.vec(), want_dw.vec()), tol);
+  EXPECT_EQ(got.nonzero_padding, 0) << "the padding got a gradient";
 }
 
 TEST(VocabHead, ParallelCrossEntropyEqualsReferenceF64) {
@@ -131,6 +179,33 @@ TEST(VocabHead, ParallelCrossEntropyEqualsReferenceF32) {
   for (const int tp : {1, 2, 4}) {
     for (const bool tied : {true, false}) check_head<float>(tp, tied, 2e-6);
   }
+}
+
+// V = 23: tp 2 and 3 pad to 24; tp 4 x 8 pads to 32, rank 3 holding padding only (ids 24..31).
+TEST(VocabHead, PaddedVocabularyEqualsTheUnpaddedReference) {
+  for (const Vocab vocab : {Vocab{23, 1}, Vocab{23, 8}, Vocab{kV, 8}}) {
+    for (const int tp : {1, 2, 3, 4}) {
+      for (const bool tied : {true, false}) {
+        check_head<double>(tp, tied, 1e-12, vocab);
+        check_head<float>(tp, tied, 2e-6, vocab);
+      }
+    }
+  }
+}
+
+// Planted bug: the padded (zero) logits enter the softmax: exp(0 - max) joins every row's sum,
+// the loss moves, and the padded weights get a gradient.
+TEST(VocabHead, UnmaskedPaddingIsCaught) {
+  const Vocab vocab{23, 8};
+  const ref::Tensor<double> y = random_tensor<double>({kN, kH}, 7);
+  const std::vector<double> want = ref::cross_entropy_forward(
+      ref::linear_t_forward(y, full_weight<double>(true, vocab.v)), targets_for(vocab.v), kMask);
+  EXPECT_LE(max_rel_err(run_head<double>(2, true, testing::Mutation::kNone, vocab).loss[0], want),
+            1e-12);
+  const HeadRun<double> bad =
+      run_head<double>(2, true, testing::Mutation::kVocabPadNotMasked, vocab);
+  EXPECT_GT(max_rel_err(bad.loss[0], want), 1e-3);
+  EXPECT_GT(bad.nonzero_padding, 0);
 }
 
 TEST(VocabHead, AtTpOneItIsBitwiseTheReference) {
@@ -168,7 +243,7 @@ TEST(VocabHead, ReportsTheHeadMatmulAsCompute) {
     const VocabShard shard = vocab_shard(kV, 2, g.rank());
     const ref::Tensor<double> w_local = tp_slice(w, TpSplit::rows, 2, g.rank());
     VocabHeadCache<double> cache;
-    (void)vocab_head_forward(g, y, w_local, true, shard.offset, kTargets, kMask, cache);
+    (void)vocab_head_forward(g, y, w_local, true, shard, kTargets, kMask, cache);
     ref::Tensor<double> dw(w_local.shape());
     (void)vocab_head_backward(g, y, w_local, true, cache, row_weights(), dw);
   });
@@ -198,10 +273,10 @@ void check_embedding(int tp) {
     const auto r = static_cast<std::size_t>(g.rank());
     const VocabShard shard = vocab_shard(kV, tp, g.rank());
     const ref::Tensor<T> local = tp_slice(table, TpSplit::rows, tp, g.rank());
-    ys[r] = vocab_embed_forward(local, shard.offset, tokens);
+    ys[r] = vocab_embed_forward(local, shard, tokens);
     all_reduce_sum(g, ys[r]);
     dts[r] = ref::Tensor<T>(local.shape());
-    vocab_embed_backward(dy, shard.offset, tokens, dts[r]);
+    vocab_embed_backward(dy, shard, tokens, dts[r]);
   });
   ref::Tensor<T> dtable(table.shape());
   for (int r = 0; r < tp; ++r) {
@@ -222,7 +297,8 @@ TEST(VocabEmbed, ReducedForwardAndShardedBackwardEqualReference) {
 TEST(VocabEmbed, PartialSumHasZeroRowsOutsideTheShard) {
   const ref::Tensor<double> local = random_tensor<double>({8, kH}, 3);
   const std::vector<int32_t> tokens = {7, 8, 15, 16};
-  const ref::Tensor<double> y = vocab_embed_forward(local, 8, tokens);
+  const ref::Tensor<double> y =
+      vocab_embed_forward(local, {.offset = 8, .size = 8, .real = 8}, tokens);
   for (int64_t c = 0; c < kH; ++c) {
     EXPECT_EQ(y.at(0, c), 0.0);
     EXPECT_EQ(y.at(1, c), local.at(0, c));
@@ -231,18 +307,34 @@ TEST(VocabEmbed, PartialSumHasZeroRowsOutsideTheShard) {
   }
 }
 
-TEST(VocabLayout, IndivisibleVocabIsNamed) {
-  EXPECT_THROW(vocab_shard(kV, 3, 0), LayoutError);
+TEST(VocabLayout, AnIndivisibleVocabIsPaddedAsMegatronPadsIt) {
   EXPECT_THROW(tp_slice(random_tensor<double>({kV, kH}, 1), TpSplit::rows, 3, 1), LayoutError);
-  try {
-    vocab_shard(kV, 3, 0);
-  } catch (const LayoutError& e) {
-    const std::string what = e.what();
-    EXPECT_NE(what.find("V = 32"), std::string::npos) << what;
-    EXPECT_NE(what.find("tp = 3"), std::string::npos) << what;
+  EXPECT_THROW(vocab_shard(kV, 0, 0), LayoutError);
+  EXPECT_THROW(vocab_shard(kV, 2, 0, 0), LayoutError);
+  auto shard = [](int64_t v, int tp, int rank, int multiple) {
+    const VocabShard s = vocab_shard(v, tp, rank, multiple);
+    return std::vector<int64_t>{s.offset, s.size, s.real};
+  };
+  EXPECT_EQ(shard(kV, 4, 3, 1), (std::vector<int64_t>{24, 8, 8}));    // divisible: no padding
+  EXPECT_EQ(shard(kV, 3, 2, 1), (std::vector<int64_t>{22, 11, 10}));  // 32 -> 33
+  EXPECT_EQ(shard(23, 4, 2, 8), (std::vector<int64_t>{16, 8, 7}));    // 23 -> 32
+  EXPECT_EQ(shard(23, 4, 3, 8), (std::vector<int64_t>{24, 8, 0}));    // padding only
+  // Llama 3 under Megatron's default (make-vocab-size-divisible-by 128) at tp 8: 129,024 ids.
+  EXPECT_EQ(shard(128256, 8, 7, 128), (std::vector<int64_t>{112896, 16128, 15360}));
+}
+
+// Tokens past V (in the padding) read no row: the embedding of a rank holding padding is zero.
+TEST(VocabEmbed, PaddingRowsAreNeverRead) {
+  const ref::Tensor<double> local = random_tensor<double>({8, kH}, 3);
+  const std::vector<int32_t> tokens = {16, 22, 23, 31};
+  const ref::Tensor<double> y =
+      vocab_embed_forward(local, {.offset = 16, .size = 8, .real = 7}, tokens);
+  for (int64_t c = 0; c < kH; ++c) {
+    EXPECT_EQ(y.at(0, c), local.at(0, c));
+    EXPECT_EQ(y.at(1, c), local.at(6, c));
+    EXPECT_EQ(y.at(2, c), 0.0);
+    EXPECT_EQ(y.at(3, c), 0.0);
   }
-  EXPECT_EQ(vocab_shard(kV, 4, 3).offset, 24);
-  EXPECT_EQ(vocab_shard(kV, 4, 3).size, 8);
 }
 
 RC_GTEST_PROP(TpSlice, SlicesTileTheTensorAndUnsliceInvertsThem, ()) {

@@ -101,6 +101,9 @@ class MoeConfig:
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
     vocab: int = 64
+    # Tensor parallelism's vocabulary padding (masked, never updated): a layout, not the math;
+    # the oracle computes over the logical vocabulary.
+    vocab_pad_multiple: int = 1
     hidden: int = 32
     layers: int = 2
     heads: int = 4
@@ -199,6 +202,7 @@ class Config:
         heads = int(m.get("heads", ModelConfig.heads))
         model = ModelConfig(
             vocab=int(m.get("vocab", ModelConfig.vocab)),
+            vocab_pad_multiple=int(m.get("vocab_pad_multiple", 1)),
             hidden=int(m.get("hidden", ModelConfig.hidden)),
             layers=int(m.get("layers", ModelConfig.layers)),
             heads=heads,
