@@ -426,7 +426,8 @@ std::string_view name_of(PlantedBug b) {
                                            "off_by_one_step",
                                            "accept_uncommitted",
                                            "skip_bad_latest",
-                                           "fused_gate_up_order"};
+                                           "fused_gate_up_order",
+                                           "head_read_as_padded"};
   return kNames[static_cast<int>(b)];
 }
 

@@ -29,6 +29,10 @@ enum class PlantedBug {
   // block per TP rank t of the saving mesh splits their concatenation in halves on load instead of
   // undoing the per-rank interleave (a no-op for a checkpoint saved at TP 1)
   fused_gate_up_order,
+  // Vocabulary padding: a loader that takes the untied head lm_head.weight [h, V] for the padded
+  // [h, Vp] Megatron stores (Vp the saving mesh's ModelConfig::padded_vocab) reads each row at a
+  // stride of Vp instead of V (a no-op when the saver did not pad)
+  head_read_as_padded,
 };
 std::string_view name_of(PlantedBug b);
 

@@ -89,6 +89,37 @@ TrainCursor restore_fused_gate_up(comm::Communicator& world, parallel::MeshEngin
   return cur;
 }
 
+// PlantedBug::head_read_as_padded: validated and imported as restore_training does, but every
+// lm_head.weight tensor (the parameter and its optimizer state) is read as if stored [h, Vp] with
+// the saving mesh's padded vocabulary Vp: element (row, col) from row * Vp + col, zero past the
+// end.
+TrainCursor restore_head_as_padded(comm::Communicator& world, parallel::MeshEngine& e, const Ctx& x,
+                                   const fs::path& step_dir) {
+  const ck::Checkpoint c = ck::Checkpoint::open_collective(world, step_dir);
+  const TrainCursor cur =
+      resume_cursor(c.manifest().state, x.s, static_cast<std::int64_t>(x.ds.samples.size()));
+  const auto vocab = static_cast<std::size_t>(x.s.model.vocab);
+  const auto padded = static_cast<std::size_t>(x.s.model.padded_vocab(x.base.mesh.tp));
+  e.import_state([&](const std::string& tensor, comm::DType dtype, std::size_t begin,
+                     std::size_t count, std::span<std::byte> out) {
+    if (!tensor.ends_with("lm_head.weight"))
+      return c.read(tensor, ck::FlatRange{begin, count}, out);
+    const ck::TensorRecord& t = c.tensor(tensor);
+    const std::size_t n = static_cast<std::size_t>(t.shape.at(0)) * vocab,
+                      es = comm::size_of(dtype);
+    std::vector<std::byte> all(n * es);
+    c.read(tensor, ck::FlatRange{0, n}, all);
+    std::fill(out.begin(), out.end(), std::byte{0});
+    for (std::size_t i = 0; i < count; ++i) {
+      const std::size_t src = (begin + i) / vocab * padded + (begin + i) % vocab;
+      if (src < n)
+        std::copy_n(all.begin() + static_cast<std::ptrdiff_t>(src * es), es,
+                    out.begin() + static_cast<std::ptrdiff_t>(i * es));
+    }
+  });
+  return cur;
+}
+
 // restore_training as the drills call it, or with the planted bug a test asked for.
 TrainCursor restore(comm::Communicator& c, parallel::MeshEngine& e, const Ctx& x,
                     const fs::path& step_dir) {
@@ -104,6 +135,8 @@ TrainCursor restore(comm::Communicator& c, parallel::MeshEngine& e, const Ctx& x
       return restore_unverified(e, x.s, samples, step_dir);
     case PlantedBug::fused_gate_up_order:
       return restore_fused_gate_up(c, e, x, step_dir);
+    case PlantedBug::head_read_as_padded:
+      return restore_head_as_padded(c, e, x, step_dir);
     case PlantedBug::off_by_one_step: {
       TrainCursor cur = restore_training(c, e, x.s, samples, step_dir);
       cur.step -= 1;

@@ -95,7 +95,7 @@ TEST_P(DrillScenario, EveryDrillPasses) {
 INSTANTIATE_TEST_SUITE_P(Scenarios, DrillScenario,
                          ::testing::Values("ddp", "zero3", "fsdp_full_shard", "bf16_zero2",
                                            "tp2-pp2", "bf16_pp2_tied", "mesh_zero3_ep", "bf16_ddp",
-                                           "swiglu_tp_reshard"));
+                                           "swiglu_tp_reshard", "vocab_pad_reshard"));
 
 // Runs `drills` of a scenario in-process with a planted restore bug.
 DrillReport planted(const std::string& scenario, std::vector<std::string> drills, PlantedBug bug) {
@@ -218,6 +218,16 @@ TEST(DrillMutation, LostFusedGateUpOrderFailsTheReshardedRestore) {
   // starts from other weights (and optimizer moments) than were saved.
   const DrillReport r =
       planted("swiglu_tp_reshard", {"restore_resharded"}, PlantedBug::fused_gate_up_order);
+  EXPECT_FALSE(drill(r, "restore_resharded").pass) << drill(r, "restore_resharded").detail;
+  EXPECT_FALSE(r.broke());
+}
+
+TEST(DrillMutation, AHeadReadAsPaddedFailsTheRestores) {
+  // Saved by TP 4 with 41 ids padded to 64: a loader reading lm_head.weight [h, 41] at the padded
+  // row stride of 64 shifts every row but the first; both restores start from other weights.
+  const DrillReport r = planted("vocab_pad_reshard", {"restore_same", "restore_resharded"},
+                                PlantedBug::head_read_as_padded);
+  EXPECT_FALSE(drill(r, "restore_same").pass) << drill(r, "restore_same").detail;
   EXPECT_FALSE(drill(r, "restore_resharded").pass) << drill(r, "restore_resharded").detail;
   EXPECT_FALSE(r.broke());
 }
