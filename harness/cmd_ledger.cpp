@@ -67,7 +67,7 @@ struct Row {
   std::string config, strategy;
   int ranks = 0;
   int tp = 1;
-  int64_t vocab_padded = 0;  // the mesh engine's padded vocabulary (ModelConfig::padded_vocab)
+  int64_t vocab_padded = 0;  // the engine's padded vocabulary (ModelConfig::padded_vocab)
   std::vector<Mode> modes;   // none, selective, full
   const Mode& scenario_mode(ref::Recompute r) const {
     for (const Mode& m : modes)
@@ -100,13 +100,12 @@ int ledger_cmd(const LedgerArgs& a) {
       skipped.push_back(p.label() + ": " + why);
       continue;
     }
-    // The mesh engine pads the vocabulary for its tp (the data-parallel engines hold V ids).
-    const bool mesh = model_parallel(p);
+    // The engine pads the vocabulary for its tp (tp 1 too, with a multiple > 1).
     Row r{p.label(),
           strategy_name(p),
           p.mesh.world_size(),
           p.mesh.tp,
-          mesh ? s.model.padded_vocab(p.mesh.tp) : s.model.vocab,
+          s.model.padded_vocab(p.mesh.tp),
           {}};
     for (const ref::Recompute m :
          {ref::Recompute::kNone, ref::Recompute::kSelective, ref::Recompute::kFull})

@@ -55,15 +55,16 @@ struct RopeConfig {
 inline int64_t padded_vocab(int64_t vocab, int64_t multiple) {
   return (vocab + multiple - 1) / multiple * multiple;
 }
-// Bounds the padded vocabulary (tp * multiple <= 2^30 with the mesh's tp bound).
+// Bounds the multiple; the padded vocabulary is computed in 64 bits and validate_mesh bounds it
+// to int32 ids.
 inline constexpr int kMaxVocabPadMultiple = 1 << 16;
 
 struct ModelConfig {
   int vocab = 64;
-  // Megatron's make-vocab-size-divisible-by: under tensor parallelism of size tp the embedding and
-  // the head hold padded_vocab(tp) = round_up(vocab, tp * vocab_pad_multiple) rows/columns, the
-  // pad masked out of the softmax and never updated. Checkpoints, dumps and the reference keep
-  // the logical vocab.
+  // Megatron's make-vocab-size-divisible-by: under tensor parallelism of size tp (1 included) the
+  // embedding and the head hold padded_vocab(tp) = round_up(vocab, tp * vocab_pad_multiple)
+  // rows/columns, the pad masked out of the softmax and never updated. Checkpoints, dumps and the
+  // reference keep the logical vocab.
   int vocab_pad_multiple = 1;
   int hidden = 32;
   int layers = 2;

@@ -34,7 +34,7 @@ int64_t local_vocab(const ref::Tensor<T>& y, const ref::Tensor<T>& w, bool tied)
   if ((tied ? w.dim(1) : w.dim(0)) != h) {
     throw LayoutError("vocab head: weight " + shape_str(w.shape()) + " does not match y " +
                       shape_str(y.shape()) +
-                      (tied ? " (tied: [V/tp, h])" : " (untied: [h, V/tp])"));
+                      (tied ? " (tied: [Vp/tp, h])" : " (untied: [h, Vp/tp])"));
   }
   return tied ? w.dim(0) : w.dim(1);
 }

@@ -149,7 +149,7 @@ const std::vector<Case>& cases() {
       Case{"vocab_target_not_reduced", Mutation::kVocabTargetNotReduced, tp},
       Case{"vocab_pad_not_masked", Mutation::kVocabPadNotMasked,
            [](const Scenario& s, const ParallelSpec& p) {
-             return p.mesh.tp > 1 && s.model.padded_vocab(p.mesh.tp) != s.model.vocab;
+             return s.model.padded_vocab(p.mesh.tp) != s.model.vocab;
            }},
       Case{"gate_up_swapped", Mutation::kGateUpSwapped,
            [](const Scenario& s, const ParallelSpec& p) {

@@ -247,6 +247,16 @@ def test_swiglu_config_and_parameter_order():
         so.ModelConfig(mlp="relu")
 
 
+def test_vocab_pad_multiple_is_read_and_checked():
+    # TP's vocabulary padding is a layout: the oracle keeps the logical vocabulary, reads the key
+    # and refuses what the C++ loader refuses.
+    cfg = so.Config.from_scenario({"name": "p", "model": {"vocab": 41, "vocab_pad_multiple": 16}})
+    assert (cfg.model.vocab, cfg.model.vocab_pad_multiple) == (41, 16)
+    for bad in (0, 65537, 1.5, "8", True):
+        with pytest.raises(ValueError, match="model.vocab_pad_multiple"):
+            so.Config.from_scenario({"name": "p", "model": {"vocab_pad_multiple": bad}})
+
+
 def test_swiglu_init_math_and_gradient():
     """w_gate's init is w_up's rule (0.02 · N(name, n), equal to the scalar version's); the MLP is
     (silu(x·w_gate) * x·w_up)·w_down and autograd's gradients equal the reference's closed form

@@ -117,6 +117,9 @@ class ModelConfig:
     moe: MoeConfig = None
 
     def __post_init__(self):
+        m = self.vocab_pad_multiple
+        if isinstance(m, bool) or not isinstance(m, int) or not 1 <= m <= 65536:
+            raise ValueError(f"model.vocab_pad_multiple must be an integer in [1, 65536], got {m!r}")
         if self.mlp not in MLP_KINDS:
             raise ValueError(f"model.mlp must be \"gelu\" or \"swiglu\", got {self.mlp!r}")
         if not isinstance(self.rope, RopeConfig):
@@ -202,7 +205,7 @@ class Config:
         heads = int(m.get("heads", ModelConfig.heads))
         model = ModelConfig(
             vocab=int(m.get("vocab", ModelConfig.vocab)),
-            vocab_pad_multiple=int(m.get("vocab_pad_multiple", 1)),
+            vocab_pad_multiple=m.get("vocab_pad_multiple", 1),
             hidden=int(m.get("hidden", ModelConfig.hidden)),
             layers=int(m.get("layers", ModelConfig.layers)),
             heads=heads,
