@@ -28,45 +28,6 @@ json rope_json(const ref::RopeConfig& r) {
   return j;
 }
 
-// What must match between the saving and the restoring run, whatever the mesh: everything that
-// changes the trajectory besides the optimizer and the LR schedule (their own sections). Not in it:
-// activation recomputation (the same bits by design) and the mesh (resharding is the point).
-json identity(const Scenario& s) {
-  const ref::ModelConfig& m = s.model;
-  json model{{"vocab", m.vocab},
-             {"hidden", m.hidden},
-             {"layers", m.layers},
-             {"heads", m.heads},
-             {"kv_heads", m.kv_heads},
-             {"ffn", m.ffn},
-             {"mlp", ref::to_string(m.mlp)},
-             {"rope", rope_json(m.rope)},
-             {"seq_len", m.seq_len},
-             {"tie_embeddings", m.tie_embeddings},
-             {"dropout", m.dropout},
-             {"moe", nullptr}};
-  if (m.moe)
-    model["moe"] = {{"experts", m.moe->experts},
-                    {"top_k", m.moe->top_k},
-                    {"capacity_factor", m.moe->capacity_factor},
-                    {"every", m.moe->every},
-                    {"aux_loss", m.moe->aux_loss}};
-  const ref::DataConfig& d = s.data;
-  return {{"model", model},
-          {"precision", ref::to_string(s.train.precision)},
-          {"seed", s.seed},
-          {"global_batch", s.train.global_batch},
-          // Microbatches are accumulated in order (and rounded each in the bf16 recipe).
-          {"micro_batch", s.train.micro_batch},
-          {"steps", s.train.steps},
-          {"data",
-           {{"documents", d.documents},
-            {"min_len", d.min_len},
-            {"max_len", d.max_len},
-            {"packing", d.packing},
-            {"drop_last", d.drop_last}}}};
-}
-
 json optimizer_json(const Scenario& s) {
   const auto& o = s.train.optimizer;
   return {{"name", "adamw"},
@@ -227,10 +188,49 @@ std::string shape_text(const checkpoint::Shape& shape) {
 
 }  // namespace
 
+// What must match between the saving and the restoring run, whatever the mesh: everything that
+// changes the trajectory besides the optimizer and the LR schedule (their own sections). Not in it:
+// activation recomputation (the same bits by design) and the mesh (resharding is the point).
+json run_identity(const Scenario& s) {
+  const ref::ModelConfig& m = s.model;
+  json model{{"vocab", m.vocab},
+             {"hidden", m.hidden},
+             {"layers", m.layers},
+             {"heads", m.heads},
+             {"kv_heads", m.kv_heads},
+             {"ffn", m.ffn},
+             {"mlp", ref::to_string(m.mlp)},
+             {"rope", rope_json(m.rope)},
+             {"seq_len", m.seq_len},
+             {"tie_embeddings", m.tie_embeddings},
+             {"dropout", m.dropout},
+             {"moe", nullptr}};
+  if (m.moe)
+    model["moe"] = {{"experts", m.moe->experts},
+                    {"top_k", m.moe->top_k},
+                    {"capacity_factor", m.moe->capacity_factor},
+                    {"every", m.moe->every},
+                    {"aux_loss", m.moe->aux_loss}};
+  const ref::DataConfig& d = s.data;
+  return {{"model", model},
+          {"precision", ref::to_string(s.train.precision)},
+          {"seed", s.seed},
+          {"global_batch", s.train.global_batch},
+          // Microbatches are accumulated in order (and rounded each in the bf16 recipe).
+          {"micro_batch", s.train.micro_batch},
+          {"steps", s.train.steps},
+          {"data",
+           {{"documents", d.documents},
+            {"min_len", d.min_len},
+            {"max_len", d.max_len},
+            {"packing", d.packing},
+            {"drop_last", d.drop_last}}}};
+}
+
 TrainCursor resume_cursor(const checkpoint::RunState& st, const Scenario& s,
                           std::int64_t dataset_samples) {
   check_ranges(st);
-  same(&st.training, identity(s), "$.training");
+  same(&st.training, run_identity(s), "$.training");
   same(&st.optimizer, optimizer_json(s), "$.optimizer");
   same(&st.lr_schedule, lr_schedule_json(s, st.step), "$.lr_schedule");
   const auto steps = static_cast<std::uint64_t>(s.train.steps);
@@ -370,7 +370,7 @@ checkpoint::SaveResult save_training(comm::Communicator& world, const parallel::
   st.sampler = sampler_json(cursor.sampler);
   st.lr_schedule = lr_schedule_json(s, st.step);
   st.optimizer = optimizer_json(s);
-  st.training = identity(s);
+  st.training = run_identity(s);
   st.model = st.training.at("model");
   // Randomness is counter-based, keyed by (seed, stream, global index, step): the step and seed
   // are the whole RNG state of every rank.

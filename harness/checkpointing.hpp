@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -31,6 +32,11 @@ checkpoint::SaveResult save_training(comm::Communicator& world, const parallel::
                                      const Scenario& s, const ParallelSpec& p,
                                      const TrainCursor& cursor, const std::filesystem::path& dir,
                                      const checkpoint::SaveOptions& opts = {});
+
+// The run's identity: everything that changes the trajectory besides the optimizer and the LR
+// schedule, whatever the mesh ({model, precision, seed, global_batch, micro_batch, steps, data});
+// what a checkpoint records as $.training and a run manifest describes its model and data with.
+nlohmann::json run_identity(const Scenario& s);
 
 // What a restore reads besides tensors, checked against the scenario before any state changes:
 // the optimizer and LR schedule values within what a scenario accepts (finite, in the loader's

@@ -19,6 +19,7 @@
 #include "harness/drill.hpp"
 #include "harness/html.hpp"
 #include "harness/output.hpp"
+#include "harness/provenance.hpp"
 #include "harness/report.hpp"
 #include "harness/scenario.hpp"
 
@@ -88,7 +89,7 @@ int drill_cmd(const DrillArgs& a) {
   print_drill_table(std::cout, r);
   std::cout << std::flush;
   if (report) {
-    const nlohmann::json j = drill_report_json(r);
+    const nlohmann::json j = drill_report_json(r, new_run_id());
     write_output_in(*report, "report.json", j.dump(2) + "\n", "--report");
     write_output_in(*report, "index.html", render_html(j), "--report");
   }
@@ -102,7 +103,7 @@ int drill_cmd(const DrillArgs& a) {
 
 }  // namespace
 
-nlohmann::json drill_report_json(const DrillReport& r) {
+nlohmann::json drill_report_json(const DrillReport& r, const std::string& run_id) {
   const Scenario& s = r.scenario;
   nlohmann::json drills = nlohmann::json::array();
   for (const DrillResult& d : r.drills)
@@ -125,7 +126,7 @@ nlohmann::json drill_report_json(const DrillReport& r) {
            {{"save_step", r.save_step}, {"steps", r.steps}, {"every", s.checkpoint.every}}},
           {"work_dir",
            r.work_dir.empty() ? nlohmann::json(nullptr) : nlohmann::json(r.work_dir.string())},
-          {"manifest", manifest_json(s)},
+          {"manifest", manifest_json(s, run_id)},
           {"goodput", goodput_json(r.goodput)},
           {"drills", drills}};
 }

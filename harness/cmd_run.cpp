@@ -19,6 +19,7 @@
 #include "harness/cli_commands.hpp"
 #include "harness/html.hpp"
 #include "harness/output.hpp"
+#include "harness/provenance.hpp"
 #include "harness/report.hpp"
 #include "harness/runner.hpp"
 #include "harness/scenario.hpp"
@@ -39,6 +40,7 @@ struct RunArgs {
   std::string resume;
   std::uint64_t max_memory = 0;  // 0: the machine's
   double max_time = kDefaultMaxTimeSeconds;
+  bool quiet = false;  // leave out the rank -> group tables printed at start
 };
 
 // Progress goes to stderr only when it is a terminal, so logs and pipes stay clean.
@@ -94,9 +96,10 @@ nlohmann::json write_traces(const files::Dir& dir, const RunResult& r,
 
 // The run manifest, written before anything runs so that a run that breaks still leaves it: one
 // scenario's, or {"scenarios": [...]} with every scenario's of a matrix.
-void write_manifest(const files::Dir& dir, const std::vector<Scenario>& scenarios) {
+void write_manifest(const files::Dir& dir, const std::vector<Scenario>& scenarios,
+                    const std::string& run_id) {
   nlohmann::json all = nlohmann::json::array();
-  for (const Scenario& s : scenarios) all.push_back(manifest_json(s));
+  for (const Scenario& s : scenarios) all.push_back(manifest_json(s, run_id));
   write_json(dir, "manifest.json",
              scenarios.size() == 1 ? all[0] : nlohmann::json{{"scenarios", all}});
 }
@@ -171,8 +174,8 @@ void check_outputs(const RunArgs& a, const std::vector<std::string>& files,
   for (std::size_t i = 0; i < files.size(); ++i)
     for (std::size_t j = 0; j < i; ++j)
       if (std::error_code ec; std::filesystem::equivalent(files[i], files[j], ec))
-        throw BadInput("the scenario file '" + files[i] + "' is given twice (also as '" +
-                       files[j] + "'); each scenario runs once");
+        throw BadInput("the scenario file '" + files[i] + "' is given twice (also as '" + files[j] +
+                       "'); each scenario runs once");
   std::map<std::string, std::size_t> trace_dirs;
   for (std::size_t i = 0; i < scenarios.size(); ++i) {
     const std::string dir =
@@ -245,7 +248,14 @@ int run_scenarios(const RunArgs& a) {
     checkpoints.emplace(open_output_dir("--checkpoint-dir", a.checkpoint_dir));
   check_outputs(a, files, scenarios, report ? &*report : nullptr,
                 checkpoints ? &*checkpoints : nullptr);
-  if (report) write_manifest(*report, scenarios);
+  const std::string run_id = new_run_id();
+  if (report) write_manifest(*report, scenarios, run_id);
+  // The rank -> group table of every configuration, logged before anything runs (a reader of the
+  // log need not work it out from the configuration).
+  if (!a.quiet)
+    for (const Scenario& s : scenarios)
+      for (const ParallelSpec& p : s.configs)
+        out << "# groups " << s.name << " " << groups_line(p) << "\n";
   // One writer per checkpoint directory, for the whole run: a second run is refused at once.
   std::optional<checkpoint::DirLock> lock;
   if (checkpoints) {
@@ -279,7 +289,7 @@ int run_scenarios(const RunArgs& a) {
     }
     print_summary(out, runs.back());
     out << std::flush;
-    all.push_back(report_json(runs.back(), a.backend));
+    all.push_back(report_json(runs.back(), a.backend, run_id));
     if (report) views.push_back(write_traces(*report, runs.back(), all.back()));
   }
   bool pass = true;
@@ -313,6 +323,8 @@ void check_backend(const std::string& backend) {
 }
 
 namespace {
+constexpr const char* kQuietHelp =
+    "Leave out the rank -> group table of each configuration printed at start";
 constexpr const char* kComputeHelp =
     "Where the strategies' ranks compute the model's ops: cpu or cuda (GPUs; default: cpu with "
     "--backend sim, cuda with --backend nccl). The reference run is always on the CPU";
@@ -343,6 +355,7 @@ void add_run_commands(CLI::App& app, int& exit_code) {
                   "first; the scenario may give another mesh)");
   add_max_memory_option(*run, ra.max_memory);
   add_max_time_option(*run, ra.max_time);
+  run->add_flag("--quiet", ra.quiet, kQuietHelp);
   ma.paths = {"scenarios/parity"};
   auto* matrix =
       app.add_subcommand("matrix", "Run every scenario in the given files or directories");
@@ -356,6 +369,7 @@ void add_run_commands(CLI::App& app, int& exit_code) {
   matrix->add_option("--junit", ma.junit, "Write JUnit XML (one testcase per configuration)");
   add_max_memory_option(*matrix, ma.max_memory);
   add_max_time_option(*matrix, ma.max_time);
+  matrix->add_flag("--quiet", ma.quiet, kQuietHelp);
 
   run->callback([ra_ptr, &exit_code] { exit_code = run_scenarios(*ra_ptr); });
   matrix->callback([ma_ptr, &exit_code] { exit_code = run_scenarios(*ma_ptr); });

@@ -74,7 +74,7 @@ DrillReport run_drills(const Scenario& s, const DrillOptions& o = {});
 
 // report.json ({pass, scenario, backend, world_size, manifest, drills: [{name, pass, detail}],
 // ...}), JUnit XML (one testcase per drill), and the table printed on stdout.
-nlohmann::json drill_report_json(const DrillReport& r);
+nlohmann::json drill_report_json(const DrillReport& r, const std::string& run_id = "");
 void write_drill_junit(const DrillReport& r, const std::string& file);
 void print_drill_table(std::ostream& os, const DrillReport& r);
 

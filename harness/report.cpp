@@ -13,6 +13,7 @@
 #include "comm/text.hpp"
 #include "harness/build_info.hpp"
 #include "harness/output.hpp"
+#include "harness/provenance.hpp"
 #include "harness/trace.hpp"
 #include "sim/recorder.hpp"
 #include "sim/topology.hpp"
@@ -31,19 +32,6 @@ nlohmann::json mesh_json(const ParallelSpec& p) {
           {"zero", p.zero_given()},
           {"fsdp", p.fsdp() ? nlohmann::json(std::string(parallel::name_of(p.fsdp()->sharding)))
                             : nlohmann::json(nullptr)}};
-}
-
-nlohmann::json groups_json(const ParallelSpec& p) {
-  const comm::DeviceMesh mesh(p.mesh, p.order);
-  nlohmann::json groups = nlohmann::json::array();
-  for (int r = 0; r < mesh.world_size(); ++r) {
-    nlohmann::json g{{"rank", r}};
-    for (comm::Axis a : comm::kAllAxes) g[std::string(comm::name_of(a))] = mesh.group(r, a);
-    // The expert parameters' gradient-sum group: dp x cp / ep ranks (Megatron's expert DP).
-    g["edp"] = mesh.group(r, comm::Axis::edp);
-    groups.push_back(g);
-  }
-  return groups;
 }
 
 // DESIGN.md's memory rows: params .. temporary are the breakdown at the rank's peak.
@@ -208,9 +196,10 @@ std::string xml_escape(const std::string& s) {
   return o;
 }
 
-nlohmann::json manifest_json(const Scenario& s) {
+nlohmann::json manifest_json(const Scenario& s, const std::string& run_id) {
   const auto per_rank = [&](int n) { return n / s.parallel.mesh.dp; };
-  return {{"scenario", s.name},
+  return {{"run_id", run_id.empty() ? nlohmann::json(nullptr) : nlohmann::json(run_id)},
+          {"scenario", s.name},
           {"mesh", mesh_json(s.parallel)},
           {"world_size", s.parallel.mesh.world_size()},
           {"order", comm::DeviceMesh(s.parallel.mesh, s.parallel.order).order_string()},
@@ -221,7 +210,8 @@ nlohmann::json manifest_json(const Scenario& s) {
              for (const ParallelSpec& p : s.configs)
                c.push_back({{"config", p.label()},
                             {"world_size", p.mesh.world_size()},
-                            {"mesh", mesh_json(p)}});
+                            {"mesh", mesh_json(p)},
+                            {"groups", groups_json(p)}});
              return c;
            }()},
           {"seed", s.seed},
@@ -231,6 +221,9 @@ nlohmann::json manifest_json(const Scenario& s) {
           {"sequences_per_dp_rank", per_rank(s.train.global_batch)},
           {"seq_len", s.model.seq_len},
           {"steps", s.train.steps},
+          {"model", model_manifest(s)},
+          {"data", data_manifest(s, ref::build_dataset(s.data, s.model, s.seed))},
+          {"checkpoint", checkpoint_policy(s)},
           {"code_version", code_version()},
           {"code_commit", code_commit()}};
 }
@@ -249,7 +242,8 @@ nlohmann::json noise_json(const NoiseFloor& n) {
           {"probe", steps}};
 }
 
-nlohmann::json report_json(const RunResult& r, const std::string& backend) {
+nlohmann::json report_json(const RunResult& r, const std::string& backend,
+                           const std::string& run_id) {
   const Scenario& s = r.scenario;
   nlohmann::json parity = nlohmann::json::array();
   for (std::size_t index = 0; index < r.configs.size(); ++index) {
@@ -314,7 +308,7 @@ nlohmann::json report_json(const RunResult& r, const std::string& backend) {
       {"backend", backend},
       {"compute", r.compute},
       {"world_size", s.parallel.mesh.world_size()},
-      {"manifest", manifest_json(s)},
+      {"manifest", manifest_json(s, run_id)},
       {"parity", parity},
       {"noise", noise_json(r.noise)},
       {"noise_tied_apart",
@@ -377,8 +371,9 @@ void write_junit(const std::vector<RunResult>& runs, const std::string& file) {
 // a newline in a name would forge a line of the summary, an escape sequence drive the terminal.
 // Messages of several lines written here keep their newlines.
 void print_summary(std::ostream& os, const RunResult& r) {
-  os << "# scenario " << comm::printable(r.scenario.name) << ": " << r.configs.size() << " configuration(s), "
-     << ref::to_string(r.scenario.train.precision) << ", " << r.scenario.train.steps << " steps"
+  os << "# scenario " << comm::printable(r.scenario.name) << ": " << r.configs.size()
+     << " configuration(s), " << ref::to_string(r.scenario.train.precision) << ", "
+     << r.scenario.train.steps << " steps"
      << (r.compute == "cpu" ? ""
                             : ", ranks compute on " + r.compute + " (the reference on the CPU)")
      << "\n";

@@ -11,10 +11,13 @@
 
 namespace shardcheck::harness {
 
-// The run manifest (DESIGN.md report contract): mesh, order, every rank's groups, precision, batch,
-// seed, code version. Also the "manifest" field of report.json.
-nlohmann::json manifest_json(const Scenario& s);
-nlohmann::json report_json(const RunResult& r, const std::string& backend);
+// The run manifest (DESIGN.md report contract): the run id (null when ""), mesh, order, every
+// rank's groups (of the base configuration, and of each configuration), precision, batch, seed,
+// the model and data manifests, the checkpoint policy (harness/provenance.hpp), code version and
+// commit. Also the "manifest" field of report.json.
+nlohmann::json manifest_json(const Scenario& s, const std::string& run_id = "");
+nlohmann::json report_json(const RunResult& r, const std::string& backend,
+                           const std::string& run_id = "");
 // {tokens_processed, tokens_skipped, tokens_replayed, tokens_discarded, tokens_good, fraction,
 // seconds, tokens_per_s, good_tokens_per_s}; null when not measured.
 nlohmann::json goodput_json(const GoodputResult& g);
