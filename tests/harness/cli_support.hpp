@@ -4,6 +4,7 @@
 #pragma once
 
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <filesystem>
@@ -70,10 +71,12 @@ inline nlohmann::json small_scenario(const std::string& name, const nlohmann::js
           {"matrix", matrix}};
 }
 
-// A scratch directory under the system temp dir, emptied on creation and removed at the end.
+// A scratch directory under the system temp dir, emptied on creation and removed at the end; the
+// process id in its name keeps two test runs on one machine out of each other's way.
 class TempDir {
  public:
-  explicit TempDir(const std::string& name) : dir_(std::filesystem::temp_directory_path() / name) {
+  explicit TempDir(const std::string& name)
+      : dir_(std::filesystem::temp_directory_path() / (name + "." + std::to_string(getpid()))) {
     std::filesystem::remove_all(dir_);
     std::filesystem::create_directories(dir_);
   }

@@ -32,7 +32,8 @@ using shardcheck::testing::read_json;
 using shardcheck::testing::TempDir;
 
 TEST(RunCommand, ParityMatrixPassesAndWritesReports) {
-  const fs::path dir = fs::temp_directory_path() / "shardcheck_matrix_report";
+  const fs::path dir =
+      fs::temp_directory_path() / ("shardcheck_matrix_report." + std::to_string(getpid()));
   fs::remove_all(dir);
   const auto [code, out] = shardcheck("matrix " + kScenarios + "/parity --report " + dir.string() +
                                       " --junit " + (dir / "junit.xml").string());
@@ -343,7 +344,8 @@ TEST(LedgerCommand, APaddedVocabularyIsNamedAndCounted) {
   EXPECT_EQ(by.at("tp4").at("vocab_padded"), 44);
   auto j = nlohmann::json::parse(std::ifstream(file));
   j["model"]["vocab"] = 42;
-  const fs::path unpadded = fs::temp_directory_path() / "shardcheck_ledger_vocab42.json";
+  const fs::path unpadded = fs::temp_directory_path() /
+                            ("shardcheck_ledger_vocab42." + std::to_string(getpid()) + ".json");
   std::ofstream(unpadded) << j.dump();
   const auto [code42, out42] = shardcheck("ledger --json " + unpadded.string());
   ASSERT_EQ(code42, 0) << out42;
