@@ -13,13 +13,13 @@
 namespace shardcheck::parallel {
 namespace {
 
-struct Case {
+struct PadCase {
   int vocab, tp, multiple;
 };
 
 TEST(MeshParams, PaddedVocabularySlicesTileTheLogicalTensorsOnce) {
-  for (const Case c : {Case{41, 4, 16}, Case{41, 2, 1}, Case{41, 4, 1}, Case{64, 4, 1},
-                       Case{23, 4, 8}, Case{41, 1, 16}}) {
+  for (const PadCase c : {PadCase{41, 4, 16}, PadCase{41, 2, 1}, PadCase{41, 4, 1},
+                          PadCase{64, 4, 1}, PadCase{23, 4, 8}, PadCase{41, 1, 16}}) {
     for (const bool tied : {true, false}) {
       SCOPED_TRACE("V " + std::to_string(c.vocab) + " tp " + std::to_string(c.tp) + " x " +
                    std::to_string(c.multiple) + (tied ? " tied" : " untied"));
