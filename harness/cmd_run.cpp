@@ -12,6 +12,7 @@
 
 #include "checkpoint/errors.hpp"
 #include "checkpoint/lock.hpp"
+#include "comm/text.hpp"
 #include "harness/backend.hpp"
 #include "harness/budget.hpp"
 #include "harness/checkpointing.hpp"
@@ -255,7 +256,7 @@ int run_scenarios(const RunArgs& a) {
   if (!a.quiet)
     for (const Scenario& s : scenarios)
       for (const ParallelSpec& p : s.configs)
-        out << "# groups " << s.name << " " << groups_line(p) << "\n";
+        out << "# groups " << comm::printable(s.name) << " " << groups_line(p) << "\n";
   // One writer per checkpoint directory, for the whole run: a second run is refused at once.
   std::optional<checkpoint::DirLock> lock;
   if (checkpoints) {

@@ -55,6 +55,39 @@ std::string goodput_table(const Json& g) {
                   {});
 }
 
+// report.json's "moe": the reference run's expert load over the whole run (routed and kept per
+// expert), then per step its drops and aux loss.
+std::string moe_section(const Json& m) {
+  std::string o = "<p>" + escape(str(m, "source")) + "; " + cell(field(m, "experts")) +
+                  " experts, top-" + cell(field(m, "top_k")) + ", capacity factor " +
+                  cell(field(m, "capacity_factor")) + ".</p>\n";
+  if (const Json* t = object_of(m, "total")) {
+    const Json* routed = array_of(*t, "routed");
+    const Json* kept = array_of(*t, "kept");
+    o += "<p>Over the run: " + cell(field(*t, "dropped")) + " assignments dropped (" +
+         (has_num(*t, "drop_fraction") ? pct(num(*t, "drop_fraction")) : std::string("–")) +
+         "); the busiest expert took " +
+         (has_num(*t, "max_over_mean") ? fmt(num(*t, "max_over_mean"), "%.3g") : std::string("–")) +
+         "× the mean.</p>\n";
+    if (routed && kept && routed->size() == kept->size()) {
+      o += "<table><tr><th>expert</th><th>routed</th><th>kept</th></tr>\n";
+      for (std::size_t e = 0; e < routed->size(); ++e)
+        o += "<tr><td class=\"num\">" + std::to_string(e) + "</td><td class=\"num\">" +
+             cell(&(*routed)[e]) + "</td><td class=\"num\">" + cell(&(*kept)[e]) + "</td></tr>\n";
+      o += "</table>\n";
+    }
+  }
+  if (const Json* steps = array_of(m, "steps")) {
+    o += "<table><tr><th>step</th><th>aux loss</th><th>dropped</th></tr>\n";
+    for (const Json& s : *steps)
+      o += "<tr><td class=\"num\">" + cell(field(s, "step")) + "</td><td class=\"num\">" +
+           (has_num(s, "aux") ? fmt(num(s, "aux"), "%.4g") : std::string("–")) +
+           "</td><td class=\"num\">" + cell(field(s, "dropped")) + "</td></tr>\n";
+    o += "</table>\n";
+  }
+  return o;
+}
+
 std::string memory_section(const Json& rows, const std::string& id) {
   std::string o = memory_svg(rows, id);
   o += "<details><summary>bytes per rank</summary><table><tr><th>rank</th>";
@@ -384,6 +417,8 @@ std::string scenario_body(const Json& r, const std::string& idp, int level) {
     sections.push_back({"timeline", "Timeline", timeline_section(*tl, idp + "timeline")});
   if (const Json* mem = array_of(r, "memory"))
     sections.push_back({"memory", "Memory per rank", memory_section(*mem, idp + "memory")});
+  if (const Json* moe = object_of(r, "moe"))
+    sections.push_back({"moe", "MoE load", moe_section(*moe)});
   if (const Json* f = field(r, "faults"); f && f->is_array())
     sections.push_back({"faults", "Faults and diagnosis", faults_section(*f)});
   if (const Json* d = array_of(r, "drills"))
@@ -399,13 +434,13 @@ std::string scenario_body(const Json& r, const std::string& idp, int level) {
 
   o += "<nav>";
   for (const char* id :
-       {"parity", "timing", "timeline", "memory", "faults", "drills", "plan", "search"}) {
+       {"parity", "timing", "timeline", "memory", "moe", "faults", "drills", "plan", "search"}) {
     bool present = false;
     for (const Section& s : sections) present = present || std::string_view(s.id) == id;
     const std::string_view v(id);
     if (present)
       o += "<a href=\"#" + idp + id + "\">" + id + "</a>";
-    else if (v != "drills" && v != "plan" && v != "search")
+    else if (v != "drills" && v != "plan" && v != "search" && v != "moe")
       o += "<span class=\"absent\" title=\"not recorded in this report\">" + std::string(id) +
            "</span>";
   }

@@ -55,6 +55,8 @@ nlohmann::json data_manifest(const Scenario& s, const ref::Dataset& ds) {
     append(stream, q.tokens);
     append(stream, q.targets);
     append(stream, q.loss_mask);
+    append(stream, q.doc_ids);    // the attention's document mask
+    append(stream, q.positions);  // RoPE's
   }
   return {{"config", run_identity(s).at("data")},
           {"seed", s.seed},
@@ -88,8 +90,9 @@ nlohmann::json groups_json(const ParallelSpec& p) {
 
 std::string groups_line(const ParallelSpec& p) {
   const comm::DeviceMesh mesh(p.mesh, p.order);
-  std::string out = p.label() + " (" + std::to_string(mesh.world_size()) + " ranks, order " +
-                    mesh.order_string() + "):";
+  const int n = mesh.world_size();
+  std::string out = p.label() + " (" + std::to_string(n) + (n == 1 ? " rank" : " ranks") +
+                    ", order " + mesh.order_string() + "):";
   std::vector<comm::Axis> axes(comm::kAllAxes.begin(), comm::kAllAxes.end());
   if (p.mesh.ep > 1) axes.push_back(comm::Axis::edp);
   const char* sep = " ";

@@ -18,8 +18,9 @@ std::string new_run_id();
 // {"config": the model block of the run's identity, "hash": "xxh3:<16 hex>"} over its JSON text.
 nlohmann::json model_manifest(const Scenario& s);
 // {"config": the data block of the run's identity, "seed", "documents", "sequences",
-// "tokens" (non-padding), "hash": "xxh3:<16 hex>"} over every packed sequence's tokens, targets
-// and loss mask in dataset order: two runs with the same hash trained on the same stream.
+// "tokens" (non-padding), "hash": "xxh3:<16 hex>"} over every packed sequence's tokens, targets,
+// loss mask, document ids and positions in dataset order: two runs with the same hash trained on
+// the same stream.
 nlohmann::json data_manifest(const Scenario& s, const ref::Dataset& ds);
 // {"every", "keep", "restore_parallel" (label or null), "drills"}.
 nlohmann::json checkpoint_policy(const Scenario& s);

@@ -12,6 +12,7 @@
 #include "comm/mesh.hpp"
 #include "comm/text.hpp"
 #include "harness/build_info.hpp"
+#include "harness/moe_load.hpp"
 #include "harness/output.hpp"
 #include "harness/provenance.hpp"
 #include "harness/trace.hpp"
@@ -295,6 +296,10 @@ nlohmann::json report_json(const RunResult& r, const std::string& backend,
          {"goodput", goodput_json(c.goodput)},
          {"phases", phases_json(c.phases)},
          {"pipeline", pipeline_json(c.pipeline)},
+         // Rows that did not train the whole run have no load.
+         {"ep_load", c.supported && c.resumed_from.empty() && !c.steps.empty() && !c.broke
+                         ? ep_load_json(s, c.spec, r.reference_moe_load)
+                         : nlohmann::json(nullptr)},
          {"trace", c.timeline.empty()
                        ? nlohmann::json(nullptr)
                        : nlohmann::json{{"file", trace_file(s.name, index, c.config)},
@@ -311,6 +316,7 @@ nlohmann::json report_json(const RunResult& r, const std::string& backend,
       {"manifest", manifest_json(s, run_id)},
       {"parity", parity},
       {"noise", noise_json(r.noise)},
+      {"moe", moe_load_json(s, r.reference_steps, r.reference_moe_load)},
       {"noise_tied_apart",
        r.noise_tied_apart ? noise_json(*r.noise_tied_apart) : nlohmann::json(nullptr)},
       // The first configuration's ranks (each parity row carries its own).

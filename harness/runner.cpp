@@ -264,7 +264,7 @@ bool RunResult::pass() const {
 }
 
 RunResult run_scenario(const Scenario& s, const RunOptions& o) {
-  RunResult out{s, {}, {}, {}, o.compute.name};
+  RunResult out{s, {}, {}, {}, o.compute.name, {}, {}};
   const ref::Dataset ds = ref::build_dataset(s.data, s.model, s.seed);
   if (static_cast<int64_t>(ds.samples.size()) < s.train.global_batch)
     throw ScenarioError("$.data.documents",
@@ -282,6 +282,8 @@ RunResult run_scenario(const Scenario& s, const RunOptions& o) {
   };
   const Trace want = checked(detail::reference_run(s, ds, o.dump_tensors));
   out.noise = want.noise;
+  out.reference_steps = want.steps;
+  out.reference_moe_load = want.moe_load;
   // Meshes that round the tied embedding's two uses apart (bf16 pipelines) are compared against
   // the reference of that recipe (ref::Trainer::round_tied_uses_apart).
   std::optional<Trace> want_apart;

@@ -18,6 +18,7 @@
 #include "harness/scenario.hpp"
 #include "parallel/data_parallel.hpp"
 #include "reference/compute.hpp"
+#include "reference/trainer.hpp"
 
 namespace shardcheck::harness {
 
@@ -97,6 +98,9 @@ struct RunResult {
   // configuration was compared against it (ConfigResult::tied_apart_reference)
   std::optional<NoiseFloor> noise_tied_apart;
   std::string compute = "cpu";  // RunOptions::compute.name
+  // The reference run's step records and, per step, its MoE expert load: report.json's "moe".
+  std::vector<ref::StepRecord> reference_steps;
+  std::vector<std::vector<ref::MoeLoad>> reference_moe_load;
   bool pass() const;
   bool broke() const;
 };

@@ -33,7 +33,8 @@ struct TiedRounding {
 // The reference run: its step records and parameters after each step.
 struct Trace {
   std::vector<ref::StepRecord> steps;
-  std::vector<ref::ParamMap<double>> params;  // after each step
+  std::vector<std::vector<ref::MoeLoad>> moe_load;  // per step (the reference's; empty: engines)
+  std::vector<ref::ParamMap<double>> params;        // after each step
   NoiseFloor noise;   // the noise probe's errors against this run (noise_floor), the bounds' base
   TiedRounding tied;  // the recipe's rounding of the tied embedding's uses
 };
@@ -102,7 +103,8 @@ Trace reference_run(const Scenario& s, const ref::Dataset& ds, const std::string
                     TiedRounding tied = {});
 // The noise probe (parity_bound.hpp): the reference trained again under ref::RoundingNoise, its
 // errors against `want` (its recipe, want.tied) per step and measure. With a `dump` writer, the
-// probe's tensors through it (reference_run gives DIR/noise: what `compare` derives its bounds from).
+// probe's tensors through it (reference_run gives DIR/noise: what `compare` derives its bounds
+// from).
 NoiseFloor noise_floor(const Scenario& s, const ref::Dataset& ds, const Trace& want,
                        const ref::TensorDumper::Writer& dump);
 // A configuration's row before it runs: label, spec, and, when it cannot run,

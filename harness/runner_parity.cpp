@@ -153,8 +153,9 @@ void note_params(StepErrors& se, const ref::ParamMap<double>& got,
   se.note(norm, err, who + "all parameters" + what + ", most in " + part);
 }
 
-Trace train_reference(const Scenario& s, const ref::Dataset& ds, const ref::TensorDumper::Writer& dump,
-                      ref::Compute* compute, TiedRounding tied) {
+Trace train_reference(const Scenario& s, const ref::Dataset& ds,
+                      const ref::TensorDumper::Writer& dump, ref::Compute* compute,
+                      TiedRounding tied) {
   const ref::ComputeScope scope(compute);
   ref::DistributedSampler sampler(static_cast<int64_t>(ds.samples.size()), s.train.global_batch,
                                   s.seed, s.data.drop_last);
@@ -169,6 +170,7 @@ Trace train_reference(const Scenario& s, const ref::Dataset& ds, const ref::Tens
   for (int n = 1; n <= s.train.steps; ++n) {
     trainer.round_tied_uses_apart(tied.at(n));
     t.steps.push_back(trainer.step(ref::gather_batch(ds, sampler.next_global_batch())));
+    t.moe_load.push_back(trainer.last_moe_load());
     t.params.push_back(trainer.params());
   }
   if (dumper) dumper->write_index();

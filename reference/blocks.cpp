@@ -115,6 +115,11 @@ Tensor<T> block_forward(const ModelConfig& cfg, const ParamMap<T>& params, int l
     if (loss) {
       loss->aux += aux;
       loss->moe_dropped += c.moe.routing.dropped;
+      MoeLoad load{.layer = layer,
+                   .routed = std::vector<int64_t>(static_cast<std::size_t>(cfg.moe->experts)),
+                   .kept = std::vector<int64_t>(static_cast<std::size_t>(cfg.moe->experts))};
+      load.add(c.moe.routing);
+      loss->moe_load.push_back(std::move(load));
     }
   } else {
     add_inplace(x_out, mlp_forward(c.b, w.w_gate, *w.w_up, *w.w_down, &c.mlp));

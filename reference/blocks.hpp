@@ -33,6 +33,7 @@ struct SequenceLoss {
   int64_t tokens = 0;  // mask count
   double aux = 0.0;    // sum over MoE layers of alpha * E * sum_e f_e P_e
   int64_t moe_dropped = 0;
+  std::vector<MoeLoad> moe_load;  // one per MoE layer, in layer order
 };
 
 // Everything a block's backward reads. Under selective recompute probs is dropped (block_backward

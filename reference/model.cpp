@@ -89,6 +89,7 @@ void LossParts::merge(const LossParts& other) {
   tokens += other.tokens;
   aux_sum += other.aux_sum;
   sequences += other.sequences;
+  merge_loads(moe_load, other.moe_load);
   per_sequence.insert(per_sequence.end(), other.per_sequence.begin(), other.per_sequence.end());
 }
 
@@ -152,6 +153,7 @@ LossParts forward_backward(const ModelConfig& cfg, const ParamMap<T>& params,
     parts.tokens += sl.tokens;
     parts.aux_sum += sl.aux;
     parts.sequences += 1;
+    merge_loads(parts.moe_load, sl.moe_load);
     parts.per_sequence.push_back(std::move(sl));
   }
   return parts;

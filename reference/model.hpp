@@ -48,6 +48,7 @@ struct LossParts {
   int64_t tokens = 0;
   double aux_sum = 0.0;
   int64_t sequences = 0;
+  std::vector<MoeLoad> moe_load;  // summed over the sequences, one per MoE layer
   std::vector<SequenceLoss> per_sequence;
 
   void merge(const LossParts& other);

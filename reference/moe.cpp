@@ -3,8 +3,48 @@
 #include "reference/moe.hpp"
 
 #include <cmath>
+#include <stdexcept>
+#include <string>
 
 namespace shardcheck::ref {
+
+int64_t MoeLoad::dropped() const {
+  int64_t d = 0;
+  for (std::size_t e = 0; e < routed.size(); ++e) d += routed[e] - kept[e];
+  return d;
+}
+
+void MoeLoad::add(const MoeRouting& r) {
+  for (std::size_t i = 0; i < r.choice.size(); ++i) {
+    const int32_t e = r.choice[i];
+    if (e < 0 || static_cast<std::size_t>(e) >= routed.size()) continue;
+    ++routed[static_cast<std::size_t>(e)];
+    kept[static_cast<std::size_t>(e)] += r.kept[i] != 0;
+  }
+}
+
+void MoeLoad::merge(const MoeLoad& other) {
+  if (other.layer != layer || other.routed.size() != routed.size())
+    throw std::invalid_argument("MoeLoad::merge: layer " + std::to_string(other.layer) + " with " +
+                                std::to_string(other.routed.size()) + " experts into layer " +
+                                std::to_string(layer) + " with " + std::to_string(routed.size()));
+  for (std::size_t e = 0; e < routed.size(); ++e) {
+    routed[e] += other.routed[e];
+    kept[e] += other.kept[e];
+  }
+}
+
+void merge_loads(std::vector<MoeLoad>& into, const std::vector<MoeLoad>& from) {
+  if (into.empty()) {
+    into = from;
+    return;
+  }
+  if (from.empty()) return;
+  if (from.size() != into.size())
+    throw std::invalid_argument("merge_loads: " + std::to_string(from.size()) +
+                                " MoE layers into " + std::to_string(into.size()));
+  for (std::size_t i = 0; i < into.size(); ++i) into[i].merge(from[i]);
+}
 
 int64_t moe_capacity(const MoeSpec& spec, int64_t s) {
   const double c = spec.capacity_factor * static_cast<double>(s) * spec.top_k / spec.experts;

@@ -34,6 +34,21 @@ struct MoeRouting {
   int64_t dropped = 0;          // assignments over capacity
 };
 
+// Expert load of one MoE layer over some sequences: per expert, the assignments routed to it (top-k
+// choices of non-padding tokens, before capacity) and those kept within capacity.
+struct MoeLoad {
+  int layer = 0;
+  std::vector<int64_t> routed;  // [E]
+  std::vector<int64_t> kept;    // [E]
+  int64_t dropped() const;      // sum(routed) - sum(kept)
+  void add(const MoeRouting& r);
+  // Adds another count of the same layer and expert count (throws std::invalid_argument otherwise).
+  void merge(const MoeLoad& other);
+  bool operator==(const MoeLoad&) const = default;
+};
+// Adds `from` into `into` layer by layer (both in layer order; an empty `into` takes `from`).
+void merge_loads(std::vector<MoeLoad>& into, const std::vector<MoeLoad>& from);
+
 template <class T>
 struct MoeCache {
   Tensor<T> probs;      // [s, E] router softmax

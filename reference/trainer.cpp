@@ -24,6 +24,7 @@ struct Trainer::Engine {
   bool tied_uses_apart = false;  // Trainer::round_tied_uses_apart
   int steps_done = 0;
   int total_steps = 0;
+  std::vector<MoeLoad> moe_load;  // the last step's
 };
 
 namespace {
@@ -113,6 +114,8 @@ class EngineImpl final : public Trainer::Engine {
     for (const Sequence& seq : batch)
       for (int32_t id : seq.doc_ids) rec.non_padding_tokens += id >= 0;
     rec.aux = parts.sequences > 0 ? parts.aux_sum / static_cast<double>(parts.sequences) : 0.0;
+    for (const MoeLoad& l : parts.moe_load) rec.moe_dropped += l.dropped();
+    this->moe_load = std::move(parts.moe_load);
     rec.grad_norm = global_grad_norm(grads_);
     rec.lr = lr_at(train_.optimizer, n, train_.steps);
     if (observer) {
@@ -195,6 +198,9 @@ ParamMap<double> Trainer::params() const {
 ParamMap<double> Trainer::last_grads() const {
   return engine_->grads();
 }
+const std::vector<MoeLoad>& Trainer::last_moe_load() const {
+  return engine_->moe_load;
+}
 int Trainer::steps_done() const {
   return engine_->steps_done;
 }
@@ -207,8 +213,10 @@ void Trainer::load(const TrainerState& state) {
 
 TrainResult Trainer::run(const BatchSource& source) {
   TrainResult out;
-  while (engine_->steps_done < engine_->total_steps)
+  while (engine_->steps_done < engine_->total_steps) {
     out.steps.push_back(step(source(engine_->steps_done + 1)));
+    out.moe_load.push_back(engine_->moe_load);
+  }
   out.params = params();
   return out;
 }

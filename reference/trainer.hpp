@@ -11,6 +11,7 @@
 
 #include "reference/batch.hpp"
 #include "reference/config.hpp"
+#include "reference/moe.hpp"
 #include "reference/npy.hpp"
 #include "reference/tensor.hpp"
 
@@ -27,6 +28,7 @@ struct StepRecord {
   double grad_norm = 0.0;          // global L2 norm before clipping
   double clip_factor = 1.0;
   double lr = 0.0;
+  int64_t moe_dropped = 0;  // MoE assignments dropped over capacity, all layers
 };
 
 // Receives named tensors (DESIGN.md "Tensor dumps" names): init/param/<p> once, batch/<k>/<field>
@@ -39,7 +41,8 @@ using BatchSource = std::function<Batch(int step)>;
 
 struct TrainResult {
   std::vector<StepRecord> steps;
-  ParamMap<double> params;  // final master parameters, widened to f64
+  std::vector<std::vector<MoeLoad>> moe_load;  // per step: the expert load of each MoE layer
+  ParamMap<double> params;                     // final master parameters, widened to f64
 };
 
 // Everything a resumed run needs besides the data cursor (randomness is counter-based: no RNG
@@ -73,6 +76,8 @@ class Trainer {
 
   ParamMap<double> params() const;      // master parameters, widened to f64
   ParamMap<double> last_grads() const;  // accumulated gradients of the last step, before clipping
+  // The last step's expert load over its global batch, one per MoE layer (empty: dense).
+  const std::vector<MoeLoad>& last_moe_load() const;
   int steps_done() const;
 
   TrainerState save() const;

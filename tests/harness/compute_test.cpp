@@ -307,7 +307,7 @@ TEST(ComputeOption, TheNcclPathComputesThereAndMeasuresWallTime) {
   }
   expect_every_rank_dispatched(ledger, s);
   // The wall timing reaches report.json, labelled as such.
-  RunResult run{s, {}, want.noise, {}, "fake"};
+  RunResult run{s, {}, want.noise, {}, "fake", {}, {}};
   run.configs.push_back(detail::run_config_ranks(
       s, ds, want, s.configs[0], [](const auto& fn) { sim::SimWorld(2).run(fn); }, true, 2, "",
       fake_factory(nullptr)));

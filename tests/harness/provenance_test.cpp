@@ -23,11 +23,12 @@ using shardcheck::testing::read_json;
 using shardcheck::testing::shardcheck;
 using shardcheck::testing::TempDir;
 
-const std::string kFile = std::string(SHARDCHECK_SCENARIOS_DIR) + "/parity/vocab_padding_f32.json";
+const std::string kProvenanceFile =
+    std::string(SHARDCHECK_SCENARIOS_DIR) + "/parity/vocab_padding_f32.json";
 
 // The scenario with one step and the configurations tp2 and dp2-tp2-pp2.
-fs::path small_scenario(const fs::path& dir) {
-  auto j = nlohmann::json::parse(std::ifstream(kFile));
+fs::path provenance_scenario(const fs::path& dir) {
+  auto j = nlohmann::json::parse(std::ifstream(kProvenanceFile));
   j["train"]["steps"] = 1;
   j["checkpoint"] = {{"every", 1}, {"keep", 3}};
   j["matrix"] = {{{"tp", 2}}, {{"dp", 2}, {"tp", 2}, {"pp", 2}}};
@@ -38,7 +39,7 @@ fs::path small_scenario(const fs::path& dir) {
 
 TEST(Provenance, TheManifestNamesTheRunItsModelDataPolicyAndGroups) {
   const TempDir tmp("shardcheck_provenance");
-  const fs::path file = small_scenario(tmp.path());
+  const fs::path file = provenance_scenario(tmp.path());
   const auto [code, out] =
       shardcheck("run " + file.string() + " --report " + (tmp.path() / "a").string());
   ASSERT_EQ(code, 0) << out;
@@ -82,7 +83,7 @@ TEST(Provenance, TheManifestNamesTheRunItsModelDataPolicyAndGroups) {
 }
 
 TEST(Provenance, TheHashesFollowTheModelAndTheTokenStreamOnly) {
-  Scenario s = load_scenario(kFile);
+  Scenario s = load_scenario(kProvenanceFile);
   const auto base = manifest_json(s);
   const auto hashes = [](const nlohmann::json& m) {
     return std::pair{m.at("model").at("hash"), m.at("data").at("hash")};

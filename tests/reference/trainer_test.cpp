@@ -229,6 +229,56 @@ TEST(Trainer, ObserverSeesTheContractedNames) {
   EXPECT_FALSE(names.count("batch/2/tokens"));
 }
 
+// Each step's expert load: every non-padding token's top-k choices counted once per MoE layer,
+// kept within capacity, and the drops are what the layers dropped (capacity factor 0.5 forces
+// some).
+TEST(Trainer, StepRecordsCountEachMoeLayersExpertLoad) {
+  ModelConfig cfg = test::tiny_moe();
+  cfg.moe->capacity_factor = 0.5;
+  TrainConfig train;
+  train.steps = 2;
+  train.global_batch = 4;
+  train.micro_batch = 2;
+  Batch batch = test::tiny_batch(cfg, 4);
+  for (int t = cfg.seq_len - 4; t < cfg.seq_len; ++t) {  // the last sequence ends in padding
+    Sequence& last = batch.back();
+    const auto i = static_cast<std::size_t>(t);
+    last.tokens[i] = last.targets[i] = last.loss_mask[i] = 0;
+    last.doc_ids[i] = -1;
+  }
+  int64_t tokens = 0;
+  for (const Sequence& s : batch)
+    for (int32_t id : s.doc_ids) tokens += id >= 0;
+  ASSERT_LT(tokens, 4 * cfg.seq_len);  // padding, which is not routed
+  Trainer t(cfg, train, 5);
+  const TrainResult r = t.run([&](int) { return batch; });
+  const ParamMap<double> params = init_params<double>(cfg, 5);
+  const LossParts parts =
+      forward_backward(cfg, params, std::span<const Sequence>(batch), StepContext{}, nullptr);
+  int64_t dropped = 0;
+  for (const SequenceLoss& s : parts.per_sequence) dropped += s.moe_dropped;
+  ASSERT_GT(dropped, 0);
+  ASSERT_EQ(r.moe_load.size(), 2u);
+  for (const std::vector<MoeLoad>& step : r.moe_load) {
+    ASSERT_EQ(step.size(), 1u);  // layers 0, 1 with every 2: layer 1
+    const MoeLoad& l = step[0];
+    EXPECT_EQ(l.layer, 1);
+    ASSERT_EQ(l.routed.size(), 4u);
+    int64_t routed = 0;
+    for (std::size_t e = 0; e < 4; ++e) {
+      EXPECT_LE(l.kept[e], l.routed[e]);
+      routed += l.routed[e];
+    }
+    EXPECT_EQ(routed, tokens * cfg.moe->top_k);
+  }
+  // Step 1 routes with the initial parameters, as forward_backward above does.
+  EXPECT_EQ(r.moe_load[0], parts.moe_load);
+  EXPECT_EQ(r.moe_load[0][0].dropped(), dropped);
+  EXPECT_EQ(r.steps[0].moe_dropped, dropped);
+  EXPECT_TRUE(
+      Trainer(test::tiny_dense(), train, 5).run([&](int) { return batch; }).moe_load[0].empty());
+}
+
 class Resume : public ::testing::TestWithParam<Precision> {};
 
 TEST_P(Resume, SaveLoadContinuesBitwise) {
