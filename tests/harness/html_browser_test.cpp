@@ -56,7 +56,7 @@ TEST(HtmlBrowser, RendersWithOneLanePerRankAndNoConsoleErrors) {
   for (int rank = 0; rank < 4; ++rank)
     EXPECT_NE(r.dom.find("data-rank=\"" + std::to_string(rank) + "\""), std::string::npos);
   EXPECT_EQ(occurrences(r.dom, "<section id="),
-            8u);  // parity timing timeline memory faults drills plan search
+            9u);  // parity timing timeline memory moe faults drills plan search
   const auto errors = console_errors(r.log);
   std::string all;
   for (const auto& e : errors) all += e + "\n";

@@ -139,6 +139,26 @@ json sample_report(int ranks) {
         {"code_version", "0.1.0"}}},
       {"parity", parity},
       {"memory", memory},
+      {"moe",
+       {{"source", "the reference run's routing"},
+        {"experts", 4},
+        {"top_k", 2},
+        {"capacity_factor", 1.0},
+        {"steps",
+         {{{"step", 1},
+           {"aux", 0.0202},
+           {"dropped", 6},
+           {"layers",
+            {{{"layer", 1},
+              {"routed", {10, 14, 9, 15}},
+              {"kept", {10, 12, 9, 11}},
+              {"dropped", 6}}}}}}},
+        {"total",
+         {{"routed", {10, 14, 9, 15}},
+          {"kept", {10, 12, 9, 11}},
+          {"dropped", 6},
+          {"drop_fraction", 0.125},
+          {"max_over_mean", 1.25}}}}},
       {"timing",
        {{"step_time_s", 0.0165},
         {"rank_step_time_s", {{"p50", 0.011}, {"p95", 0.016}, {"max", 0.0165}}},
@@ -225,8 +245,10 @@ std::size_t count(const std::string& hay, const std::string& needle) {
 TEST(Html, EverySectionAppearsWhenItsDataIsPresent) {
   const std::string h = render_html(sample_report(4));
   for (const char* id :
-       {"parity", "timing", "timeline", "memory", "faults", "drills", "plan", "search"})
+       {"parity", "timing", "timeline", "memory", "moe", "faults", "drills", "plan", "search"})
     EXPECT_NE(h.find(std::string("<section id=\"") + id + "\">"), std::string::npos) << id;
+  EXPECT_NE(h.find("6 assignments dropped (12.50 %); the busiest expert took 1.25× the mean"),
+            std::string::npos);
   EXPECT_NE(h.find("<svg id=\"timeline\" class=\"timeline\""), std::string::npos);
   EXPECT_NE(h.find("<svg id=\"memory\" class=\"memory\""), std::string::npos);
   EXPECT_NE(h.find("<svg id=\"scaling\" class=\"scaling\""), std::string::npos);
